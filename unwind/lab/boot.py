@@ -1,0 +1,189 @@
+"""Boot a fetched kernel under QEMU TCG with a busybox initramfs, a gdbstub and a monitor.
+
+One guest per arch lives in ``<cache>/run/<arch>/``: ``qemu.pid``, ``mon.sock``
+(HMP), ``con.sock`` (serial console, takes input), ``console.log`` (everything
+the console printed) and ``lab.json`` (ports and paths, read by ``capture``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .fetch import ARCHES, Kernel, cache_dir, canonical_arch, ensure_tools
+
+READY = "UNWIND-LAB-READY"
+
+#: /init: workloads, sysrq, function_graph on a few hot functions and a kretprobe.
+INIT_SCRIPT = r"""#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
+echo 1 > /proc/sys/kernel/sysrq
+echo 8 > /proc/sys/kernel/printk
+[ -f /qemu_fw_cfg.ko ] && insmod /qemu_fw_cfg.ko
+T=/sys/kernel/tracing
+if [ -d $T/events ]; then
+  echo 64 > $T/buffer_size_kb
+  echo 'r:krp_ksys_read ksys_read' >> $T/kprobe_events
+  echo 1 > $T/events/kprobes/krp_ksys_read/enable
+  echo vfs_read > $T/set_graph_function
+  echo vfs_write >> $T/set_graph_function
+  echo do_sys_openat2 >> $T/set_graph_function
+  echo 4 > $T/max_graph_depth
+  echo function_graph > $T/current_tracer
+  mkdir $T/instances/irq
+  echo 'stacktrace' > $T/instances/irq/events/timer/hrtimer_expire_entry/trigger
+  echo 1 > $T/instances/irq/events/timer/hrtimer_expire_entry/enable
+fi
+(while :; do cat /proc/meminfo /proc/stat /proc/interrupts /proc/self/maps > /dev/null; done) &
+(while :; do dd if=/dev/zero of=/dev/null bs=4k count=200 2>/dev/null; done) &
+(while :; do dd if=/dev/urandom bs=4k count=16 2>/dev/null | md5sum > /dev/null; done) &
+(while :; do ls -R /sys/kernel > /dev/null 2>&1; sleep 1; done) &
+(while :; do sleep 1; done) &
+sleep 100000 &
+echo UNWIND-LAB-READY
+exec setsid cttyhack sh
+"""
+
+
+class LabError(Exception):
+    """A lab step failed; the message is one line for the user."""
+
+
+def run_dir(arch: str) -> Path:
+    """Runtime folder of the guest for ``arch``."""
+    return cache_dir() / "run" / canonical_arch(arch)
+
+
+def build_initramfs(k: Kernel, out: Path) -> Path:
+    """Write a gzip'ed newc cpio with busybox, /init and qemu_fw_cfg.ko to ``out``."""
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        for sub in ("bin", "proc", "sys", "dev", "tmp", "sys/kernel/tracing"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        shutil.copy(k.busybox, root / "bin" / "busybox")
+        os.chmod(root / "bin" / "busybox", 0o755)
+        if k.fw_cfg_module.exists():
+            shutil.copy(k.fw_cfg_module, root / "qemu_fw_cfg.ko")
+        (root / "init").write_text(INIT_SCRIPT)
+        os.chmod(root / "init", 0o755)
+        with open(out, "wb") as f:
+            subprocess.run("find . | cpio -o -H newc --quiet | gzip -9", shell=True, cwd=root,
+                           stdout=f, check=True)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def qemu_command(k: Kernel, run: Path, initrd: Path, port: int, mem: str, smp: int) -> list[str]:
+    """The QEMU command line for ``k`` (TCG, gdbstub, HMP socket, logged console socket)."""
+    _, _, qemu, _ = ARCHES[k.arch]
+    common = ["-accel", "tcg", "-m", mem, "-smp", str(smp), "-display", "none", "-nodefaults",
+              "-kernel", str(k.boot_image), "-initrd", str(initrd),
+              "-chardev", f"socket,id=con,path={run}/con.sock,server=on,wait=off,"
+                          f"logfile={run}/console.log",
+              "-serial", "chardev:con",
+              "-gdb", f"tcp:127.0.0.1:{port}",
+              "-monitor", f"unix:{run}/mon.sock,server=on,wait=off",
+              "-pidfile", f"{run}/qemu.pid", "-daemonize"]
+    tail = "nokaslr panic=-1 rdinit=/init loglevel=7 log_buf_len=4M"
+    if k.arch == "x86_64":
+        return [qemu, *common, "-device", "vmcoreinfo",
+                "-append", f"console=ttyS0 {tail}"]
+    if k.arch == "arm64":
+        return [qemu, "-M", "virt", "-cpu", "max,pauth-impdef=on", *common, "-device", "vmcoreinfo",
+                "-append", f"console=ttyAMA0 {tail}"]
+    return [qemu, "-M", "virt", "-bios", "default", *common, "-append", f"console=ttyS0 {tail}"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def lab_state(arch: str) -> dict:
+    """The running guest's lab.json for ``arch``; LabError when none is running."""
+    run = run_dir(arch)
+    p = run / "lab.json"
+    if not p.exists():
+        raise LabError(f"no lab guest for {arch}; run: unwind lab boot --arch {arch}")
+    st = json.loads(p.read_text())
+    if not _alive(st["pid"]):
+        raise LabError(f"lab guest for {arch} (pid {st['pid']}) is not running")
+    return st
+
+
+def boot(k: Kernel, mem: str = "1G", smp: int = 2, timeout: float = 180.0) -> dict:
+    """Boot ``k`` and wait until /init reports ready; returns the lab state."""
+    ensure_tools(k.arch)
+    run = run_dir(k.arch)
+    try:
+        st = lab_state(k.arch)
+        print(f"[lab] {k.arch} guest already running (pid {st['pid']})", file=sys.stderr)
+        return st
+    except LabError:
+        pass
+    run.mkdir(parents=True, exist_ok=True)
+    for f in ("console.log", "qemu.pid", "lab.json", "mon.sock", "con.sock"):
+        (run / f).unlink(missing_ok=True)
+    initrd = build_initramfs(k, run / "initrd.gz")
+    port = _free_port()
+    cmd = qemu_command(k, run, initrd, port, mem, smp)
+    print("[lab] $ " + " ".join(cmd), file=sys.stderr)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise LabError(f"qemu failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+    pid = int((run / "qemu.pid").read_text())
+    st = {"arch": k.arch, "release": k.release, "kernel": str(k.root), "pid": pid,
+          "gdb": f"127.0.0.1:{port}", "monitor": str(run / "mon.sock"),
+          "console": str(run / "con.sock"), "console_log": str(run / "console.log"),
+          "qemu": cmd, "booted": time.time()}
+    (run / "lab.json").write_text(json.dumps(st, indent=1) + "\n")
+    t0 = time.time()
+    log = run / "console.log"
+    while time.time() - t0 < timeout:
+        if log.exists() and READY.encode() in log.read_bytes():
+            print(f"[lab] {k.arch} guest ready in {time.time() - t0:.1f}s (pid {pid}, gdb {st['gdb']})",
+                  file=sys.stderr)
+            return st
+        if not _alive(pid):
+            raise LabError(f"qemu exited during boot; see {log}")
+        time.sleep(0.5)
+    raise LabError(f"guest not ready after {timeout:.0f}s; see {log}")
+
+
+def stop(arch: str, timeout: float = 15.0) -> None:
+    """Quit the guest for ``arch`` through its monitor (SIGTERM if the monitor does not answer)."""
+    from .monitor import Monitor
+
+    st = lab_state(arch)
+    try:
+        with Monitor(st["monitor"]) as mon:
+            mon.send_quit()
+    except OSError:
+        pass
+    t0 = time.time()
+    while _alive(st["pid"]) and time.time() - t0 < timeout:
+        time.sleep(0.2)
+    if _alive(st["pid"]):
+        os.kill(st["pid"], signal.SIGTERM)
+    (run_dir(arch) / "lab.json").unlink(missing_ok=True)
+    print(f"[lab] {arch} guest stopped", file=sys.stderr)
