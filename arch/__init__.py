@@ -1,0 +1,1 @@
+"""Architecture backends, installed as ``unwind.arch``; each registers itself on import."""

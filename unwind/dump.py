@@ -1,0 +1,306 @@
+"""The dump format: an ELF64 core file that readelf, gdb and drgn can open.
+
+See ``docs/dump-format.md``. A dump holds one ``PT_LOAD`` per captured range
+at its kernel virtual address, an ``NT_PRSTATUS`` per CPU (the i-th note is
+CPU i), the kernel's ``VMCOREINFO`` note, and one note of ours holding JSON
+(stack ranges, tasks, symbols hints, capture details, oracle traces).
+Files ending ``.xz`` or ``.gz`` are (de)compressed transparently.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import lzma
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from construct import ConstructError
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+from . import elfcore, registry
+from .memory import Memory, Segment
+from .stackinfo import StackInfo
+from .target import FgraphEntry, KretprobeInstance, Task
+
+FORMAT_VERSION = 1
+
+
+class DumpError(Exception):
+    """The dump is unusable; the message is one line for the user."""
+
+
+@dataclass(slots=True)
+class CpuState:
+    """One CPU at the stop: its registers and what the capture knew of it."""
+
+    cpu: int
+    regs: dict[str, int]
+    pid: int | None = None
+    mode: str = "kernel"
+    sysregs: dict[str, int] | None = None
+    normalised: str | None = None
+
+
+def _hex(v: Any) -> int:
+    """Decode an address from the JSON note (hex string or int)."""
+    return int(v, 0) if isinstance(v, str) else int(v)
+
+
+def _backend(arch: "str | registry.ArchBackend") -> registry.ArchBackend:
+    return registry.get(arch) if isinstance(arch, str) else arch
+
+
+class DumpWriter:
+    """Build a dump: memory ranges, CPU registers, VMCOREINFO text and the JSON note."""
+
+    def __init__(self, arch: "str | registry.ArchBackend") -> None:
+        self.backend = _backend(arch)
+        self._ranges: dict[int, bytearray] = {}
+        self.cpus: list[tuple[int, dict[str, int], int | None]] = []
+        self.vmcoreinfo: str = ""
+        self.meta: dict[str, Any] = {"format": FORMAT_VERSION, "arch": self.backend.name}
+
+    def add_memory(self, addr: int, data: bytes) -> None:
+        """Capture ``data`` at ``addr``; overlapping ranges must agree and are merged."""
+        if not data:
+            return
+        new = bytearray(data)
+        start, end = addr, addr + len(data)
+        for s in sorted(self._ranges):
+            old = self._ranges[s]
+            e = s + len(old)
+            if e < start or s > end:
+                continue
+            lo, hi = max(s, start), min(e, end)
+            if old[lo - s:hi - s] != new[lo - start:hi - start]:
+                raise ValueError(f"conflicting bytes captured at {lo:#x}")
+            merged_start = min(s, start)
+            merged = bytearray(max(e, end) - merged_start)
+            merged[s - merged_start:e - merged_start] = old
+            merged[start - merged_start:end - merged_start] = new
+            del self._ranges[s]
+            new, start, end = merged, merged_start, merged_start + len(merged)
+        self._ranges[start] = new
+
+    def add_cpu(self, cpu: int, regs: dict[str, int], pid: int | None = None) -> None:
+        """Registers of CPU ``cpu`` by name (names missing from the layout are ignored)."""
+        self.cpus.append((cpu, dict(regs), pid))
+
+    def to_bytes(self) -> bytes:
+        """The ELF core as bytes."""
+        names = self.backend.prstatus_regs
+        notes = b""
+        for cpu, regs, _pid in sorted(self.cpus, key=lambda c: c[0]):
+            pr = elfcore.prstatus_bytes(len(names), [regs.get(n, 0) & (2**64 - 1) for n in names], cpu + 1)
+            notes += elfcore.note("CORE", elfcore.NT_PRSTATUS, pr)
+        if self.vmcoreinfo:
+            notes += elfcore.note(elfcore.VMCOREINFO_NOTE_NAME, elfcore.VMCOREINFO_NOTE_TYPE,
+                                  self.vmcoreinfo.encode())
+        meta = json.dumps(self.meta, sort_keys=True, separators=(",", ":")).encode()
+        notes += elfcore.note(elfcore.UNWIND_NOTE_NAME, elfcore.NT_UNWIND_META, meta)
+
+        loads = sorted(self._ranges.items())
+        phnum = 1 + len(loads)
+        offset = elfcore.Elf64_Ehdr.sizeof() + phnum * elfcore.Elf64_Phdr.sizeof()
+        phdrs = [dict(p_type=elfcore.PT_NOTE, p_flags=0, p_offset=offset, p_vaddr=0, p_paddr=0,
+                      p_filesz=len(notes), p_memsz=0, p_align=4)]
+        body = [notes]
+        offset += len(notes)
+        for addr, data in loads:
+            pad = -offset % 8
+            body.append(bytes(pad))
+            offset += pad
+            phdrs.append(dict(p_type=elfcore.PT_LOAD, p_flags=elfcore.PF_R | elfcore.PF_W, p_offset=offset,
+                              p_vaddr=addr, p_paddr=0, p_filesz=len(data), p_memsz=len(data), p_align=8))
+            body.append(bytes(data))
+            offset += len(data)
+        ehdr = elfcore.Elf64_Ehdr.build(dict(
+            e_type=elfcore.ET_CORE, e_machine=self.backend.e_machine, e_version=1, e_entry=0,
+            e_phoff=elfcore.Elf64_Ehdr.sizeof(), e_shoff=0, e_flags=self.backend.e_flags,
+            e_ehsize=elfcore.Elf64_Ehdr.sizeof(), e_phentsize=elfcore.Elf64_Phdr.sizeof(), e_phnum=phnum,
+            e_shentsize=0, e_shnum=0, e_shstrndx=0))
+        return ehdr + b"".join(elfcore.Elf64_Phdr.build(p) for p in phdrs) + b"".join(body)
+
+    def write(self, path: str | Path) -> None:
+        """Write the dump, compressed when ``path`` ends in ``.xz`` or ``.gz``."""
+        data = self.to_bytes()
+        p = str(path)
+        if p.endswith(".xz"):
+            data = lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)
+        elif p.endswith(".gz"):
+            data = gzip.compress(data, 9, mtime=0)
+        Path(path).write_bytes(data)
+
+
+def _decompress(raw: bytes, path: str) -> bytes:
+    try:
+        if raw.startswith(b"\xfd7zXZ\x00"):
+            return lzma.decompress(raw)
+        if raw.startswith(b"\x1f\x8b"):
+            return gzip.decompress(raw)
+    except (lzma.LZMAError, EOFError, OSError) as e:
+        raise DumpError(f"{path}: corrupt compressed dump: {e}") from None
+    return raw
+
+
+class Dump:
+    """A dump opened for replay."""
+
+    def __init__(self, data: bytes, path: str = "<bytes>") -> None:
+        self.path = path
+        try:
+            self._parse(data)
+        except DumpError:
+            raise
+        except (ELFError, ConstructError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            raise DumpError(f"{path}: malformed dump: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+    @classmethod
+    def open(cls, path: str | Path) -> "Dump":
+        """Open a dump file (``.xz``/``.gz`` accepted)."""
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as e:
+            raise DumpError(f"cannot read {path}: {e.strerror}") from None
+        return cls(_decompress(raw, str(path)), str(path))
+
+    def _parse(self, data: bytes) -> None:
+        if data[:4] != b"\x7fELF":
+            raise DumpError(f"{self.path}: not an ELF file")
+        if len(data) < 64:
+            raise DumpError(f"{self.path}: truncated ELF header")
+        if data[4] != 2:
+            raise DumpError(f"{self.path}: not a 64-bit ELF (class {data[4]})")
+        if data[5] != 1:
+            raise DumpError(f"{self.path}: not little-endian")
+        elf = ELFFile(io.BytesIO(data))
+        if elf["e_type"] != "ET_CORE":
+            raise DumpError(f"{self.path}: not an ELF core file ({elf['e_type']})")
+        try:
+            self.backend = registry.for_machine(elf["e_machine"])
+        except registry.ArchError:
+            raise DumpError(f"{self.path}: unknown machine {elf['e_machine']}") from None
+        self.arch = self.backend.name
+        if elf["e_phoff"] + elf["e_phnum"] * elf["e_phentsize"] > len(data):
+            raise DumpError(f"{self.path}: truncated: program headers past the end of the file")
+
+        segments: list[Segment] = []
+        prstatus: list[bytes] = []
+        self.vmcoreinfo_text = ""
+        meta_raw: bytes | None = None
+        for seg in elf.iter_segments():
+            end = seg["p_offset"] + seg["p_filesz"]
+            if end > len(data):
+                raise DumpError(f"{self.path}: truncated: segment at {seg['p_vaddr']:#x} ends past the file")
+            if seg["p_type"] == "PT_LOAD":
+                segments.append(Segment(seg["p_vaddr"], data[seg["p_offset"]:end]))
+            elif seg["p_type"] == "PT_NOTE":
+                for note in seg.iter_notes():
+                    name = note["n_name"]
+                    if note["n_type"] in ("NT_PRSTATUS", elfcore.NT_PRSTATUS) and name == "CORE":
+                        prstatus.append(_desc_bytes(note))
+                    elif name == elfcore.VMCOREINFO_NOTE_NAME:
+                        self.vmcoreinfo_text = _desc_bytes(note).decode("ascii", "replace")
+                    elif name == elfcore.UNWIND_NOTE_NAME:
+                        meta_raw = _desc_bytes(note)
+        try:
+            self.memory = Memory(segments)
+        except ValueError as e:
+            raise DumpError(f"{self.path}: {e}") from None
+        if meta_raw is None:
+            raise DumpError(f"{self.path}: missing the UNWIND note (not a dump written by unwind)")
+        try:
+            self.meta: dict[str, Any] = json.loads(meta_raw.rstrip(b"\0"))
+        except json.JSONDecodeError as e:
+            raise DumpError(f"{self.path}: malformed UNWIND note: {e}") from None
+        if not isinstance(self.meta, dict):
+            raise DumpError(f"{self.path}: malformed UNWIND note: not a JSON object")
+        if self.meta.get("arch", self.arch) != self.arch:
+            raise DumpError(f"{self.path}: note says arch {self.meta['arch']} but the ELF machine is {self.arch}")
+        self.vmcoreinfo: dict[str, str] = _parse_vmcoreinfo(self.vmcoreinfo_text)
+
+        names = self.backend.prstatus_regs
+        layout = elfcore.elf_prstatus(len(names))
+        cpu_meta = {int(c["cpu"]): c for c in self.meta.get("cpus", [])}
+        self.cpus: list[CpuState] = []
+        for i, raw in enumerate(prstatus):
+            if len(raw) < layout.sizeof():
+                raise DumpError(f"{self.path}: NT_PRSTATUS {i} is {len(raw)} bytes, expected {layout.sizeof()}")
+            pr = layout.parse(raw)
+            cm = cpu_meta.get(i, {})
+            self.cpus.append(CpuState(
+                cpu=i, regs=dict(zip(names, pr.pr_reg)), pid=cm.get("pid"), mode=cm.get("mode", "kernel"),
+                sysregs={k: _hex(v) for k, v in cm.get("sysregs", {}).items()} or None,
+                normalised=cm.get("normalised")))
+
+    @property
+    def build_id(self) -> str | None:
+        """The build-id of the kernel image the dump was taken from."""
+        return self.meta.get("build_id")
+
+    @property
+    def release(self) -> str | None:
+        """The kernel release: the JSON note's, else VMCOREINFO ``OSRELEASE``."""
+        return self.meta.get("kernel", {}).get("release") or self.vmcoreinfo.get("OSRELEASE")
+
+    def tasks(self) -> list[Task]:
+        """Every task in the dump, running ones first in CPU order."""
+        stacks = self.meta.get("stacks", [])
+        out: list[Task] = []
+        for t in self.meta.get("tasks", []):
+            out.append(self._task(t, stacks))
+        out.sort(key=lambda t: (t.cpu is None, t.cpu if t.cpu is not None else 0))
+        return out
+
+    def _task(self, t: dict[str, Any], stacks: list[dict[str, Any]]) -> Task:
+        pid = t.get("pid")
+        cpu = t.get("cpu")
+        regs = None
+        usable: list[StackInfo] = []
+        for s in stacks:
+            info = StackInfo(_hex(s["low"]), _hex(s["high"]), s["kind"], s.get("cpu"))
+            if s.get("pid") is not None and s["pid"] == pid and (s.get("cpu") is None or s.get("cpu") == cpu):
+                usable.append(info)
+            elif cpu is not None and s.get("pid") is None and s.get("cpu") == cpu:
+                usable.append(info)  # per-CPU stacks: only for the task running on that CPU
+        if cpu is not None:
+            if not 0 <= cpu < len(self.cpus):
+                raise DumpError(f"{self.path}: task {pid} runs on cpu{cpu}, which has no NT_PRSTATUS")
+            regs = dict(self.cpus[cpu].regs)
+        return Task(
+            pid=pid, comm=t.get("comm", "?"), state=t.get("state", ""), cpu=cpu, regs=regs,
+            context={k: _hex(v) for k, v in t["context"].items()} if t.get("context") else None,
+            stacks=usable,
+            fgraph=[FgraphEntry(_hex(e["ret"]), _hex(e["retp"]), _hex(e.get("func", 0))) for e in t.get("fgraph", [])],
+            kretprobes=[KretprobeInstance(_hex(e["ret"]), _hex(e["fp"])) for e in t.get("kretprobes", [])],
+            user_regs={k: _hex(v) for k, v in t["user_regs"].items()} if t.get("user_regs") else None,
+            extra={k: v for k, v in t.items() if k not in _TASK_KEYS},
+        )
+
+    def oracles(self) -> list[dict[str, Any]]:
+        """The oracle traces stored with the dump."""
+        return list(self.meta.get("oracles", []))
+
+
+_TASK_KEYS = {"pid", "comm", "state", "cpu", "context", "fgraph", "kretprobes", "user_regs"}
+
+
+def _desc_bytes(note: Any) -> bytes:
+    """The raw descriptor of a note (pyelftools decodes some descriptors)."""
+    raw = bytes(note["n_descdata"])
+    if len(raw) != note["n_descsz"]:
+        raise ValueError(f"note {note['n_name']!r} is truncated")
+    return raw
+
+
+def _parse_vmcoreinfo(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = value.strip().rstrip("\0")
+    return out

@@ -1,0 +1,103 @@
+"""ELF core structures the dump writer builds, declared once with construct.
+
+Layouts follow ``include/uapi/linux/elf.h`` and ``include/linux/elfcore.h``
+(64-bit, little-endian). pyelftools reads them back.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from construct import Array, Const, Int16ul, Int32sl, Int32ul, Int64ul, Padding, Struct
+
+ET_CORE = 4
+PT_LOAD = 1
+PT_NOTE = 4
+PF_R = 4
+PF_W = 2
+NT_PRSTATUS = 1
+VMCOREINFO_NOTE_TYPE = 0
+#: our JSON note: name "UNWIND", type "UWJS" read as a little-endian u32
+NT_UNWIND_META = 0x534A5755
+UNWIND_NOTE_NAME = "UNWIND"
+VMCOREINFO_NOTE_NAME = "VMCOREINFO"
+
+Elf64_Ehdr = Struct(
+    "e_ident" / Const(b"\x7fELF\x02\x01\x01" + bytes(9)),
+    "e_type" / Int16ul,
+    "e_machine" / Int16ul,
+    "e_version" / Int32ul,
+    "e_entry" / Int64ul,
+    "e_phoff" / Int64ul,
+    "e_shoff" / Int64ul,
+    "e_flags" / Int32ul,
+    "e_ehsize" / Int16ul,
+    "e_phentsize" / Int16ul,
+    "e_phnum" / Int16ul,
+    "e_shentsize" / Int16ul,
+    "e_shnum" / Int16ul,
+    "e_shstrndx" / Int16ul,
+)
+
+Elf64_Phdr = Struct(
+    "p_type" / Int32ul,
+    "p_flags" / Int32ul,
+    "p_offset" / Int64ul,
+    "p_vaddr" / Int64ul,
+    "p_paddr" / Int64ul,
+    "p_filesz" / Int64ul,
+    "p_memsz" / Int64ul,
+    "p_align" / Int64ul,
+)
+
+Elf64_Nhdr = Struct(
+    "n_namesz" / Int32ul,
+    "n_descsz" / Int32ul,
+    "n_type" / Int32ul,
+)
+
+Timeval = Struct("tv_sec" / Int64ul, "tv_usec" / Int64ul)
+
+
+@lru_cache(maxsize=None)
+def elf_prstatus(nregs: int) -> Struct:
+    """``struct elf_prstatus`` with an ``elf_gregset_t`` of ``nregs`` longs."""
+    return Struct(
+        "si_signo" / Int32sl,
+        "si_code" / Int32sl,
+        "si_errno" / Int32sl,
+        "pr_cursig" / Int16ul,
+        Padding(2),
+        "pr_sigpend" / Int64ul,
+        "pr_sighold" / Int64ul,
+        "pr_pid" / Int32ul,
+        "pr_ppid" / Int32ul,
+        "pr_pgrp" / Int32ul,
+        "pr_sid" / Int32ul,
+        "pr_utime" / Timeval,
+        "pr_stime" / Timeval,
+        "pr_cutime" / Timeval,
+        "pr_cstime" / Timeval,
+        "pr_reg" / Array(nregs, Int64ul),
+        "pr_fpvalid" / Int32ul,
+        Padding(4),
+    )
+
+
+def note(name: str, ntype: int, desc: bytes) -> bytes:
+    """One ELF note: header, name and descriptor, each padded to 4 bytes."""
+    raw_name = name.encode() + b"\0"
+    pad = lambda b: b + bytes(-len(b) % 4)  # noqa: E731
+    hdr = Elf64_Nhdr.build(dict(n_namesz=len(raw_name), n_descsz=len(desc), n_type=ntype))
+    return hdr + pad(raw_name) + pad(desc)
+
+
+def prstatus_bytes(nregs: int, regs: list[int], pid: int) -> bytes:
+    """An ``elf_prstatus`` for one thread."""
+    zero_tv = dict(tv_sec=0, tv_usec=0)
+    return elf_prstatus(nregs).build(dict(
+        si_signo=0, si_code=0, si_errno=0, pr_cursig=0, pr_sigpend=0, pr_sighold=0,
+        pr_pid=pid, pr_ppid=0, pr_pgrp=0, pr_sid=0,
+        pr_utime=zero_tv, pr_stime=zero_tv, pr_cutime=zero_tv, pr_cstime=zero_tv,
+        pr_reg=regs, pr_fpvalid=0))
+

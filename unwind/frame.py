@@ -1,0 +1,121 @@
+"""What a walk reports: one :class:`Frame` per return address, with its provenance."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, IntFlag
+from typing import Any
+
+
+class Source(str, Enum):
+    """Where a frame's pc came from (``enum kunwind_source`` and its kin)."""
+
+    UNKNOWN = "unknown"
+    FRAME = "frame record"
+    CALLER = "caller"
+    TASK = "blocked-task context"
+    REGS_PC = "exception registers"
+    ORC_CALL = "orc call"
+    ORC_REGS = "orc regs"
+    ORC_REGS_PARTIAL = "orc partial regs"
+    FP_GUESS = "frame-pointer guess"
+    EXCEPTION_FRAME = "exception frame"
+    LIVE_LR = "live link register"
+    STACK_SWITCH = "stack-switch record"
+
+
+class Flag(IntFlag):
+    """Per-frame facts; several may hold at once."""
+
+    NONE = 0
+    PAC_STRIPPED = 1 << 0   # a pointer-authentication code was removed from the pc
+    FGRAPH = 1 << 1         # return_to_handler resolved through the fgraph return stack
+    KRETPROBE = 1 << 2      # a kretprobe/rethook trampoline resolved through its instances
+    UNRELIABLE = 1 << 3     # the unwinder guessed (no metadata) or had an error
+    BOUNDARY = 1 << 4       # pc taken from exception registers: the LR there is unknown
+    COMPLETE = 1 << 5       # the kernel would not print this frame; complete mode added it
+    CALLSITE_OK = 1 << 6    # the instruction before the return address is a call
+    CALLSITE_BAD = 1 << 7   # ... is not a call (evidence only: faithful output is unchanged)
+
+    def letters(self) -> str:
+        """Short letters for text output and JSON."""
+        out = []
+        for bit, name in _FLAG_NAMES.items():
+            if self & bit:
+                out.append(name)
+        return ",".join(out)
+
+
+_FLAG_NAMES = {
+    Flag.PAC_STRIPPED: "pac-stripped",
+    Flag.FGRAPH: "fgraph",
+    Flag.KRETPROBE: "kretprobe",
+    Flag.UNRELIABLE: "unreliable",
+    Flag.BOUNDARY: "boundary",
+    Flag.COMPLETE: "complete",
+    Flag.CALLSITE_OK: "call-ok",
+    Flag.CALLSITE_BAD: "call-bad",
+}
+
+
+@dataclass(slots=True)
+class Read:
+    """One memory read the unwinder made, and what it stood for."""
+
+    addr: int
+    size: int
+    value: int
+    what: str
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form: addresses and values as hex strings."""
+        return {"addr": hex(self.addr), "size": self.size, "value": hex(self.value), "what": self.what}
+
+
+@dataclass(slots=True)
+class Provenance:
+    """Why a frame is believed: the rule applied, the words read, free-form notes."""
+
+    rule: str
+    reads: list[Read] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def read(self, addr: int, size: int, value: int, what: str) -> None:
+        """Record a read."""
+        self.reads.append(Read(addr, size, value, what))
+
+    def note(self, text: str) -> None:
+        """Record a note."""
+        self.notes.append(text)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"rule": self.rule, "reads": [r.to_json() for r in self.reads], "notes": list(self.notes)}
+
+
+@dataclass(slots=True)
+class Frame:
+    """One reported frame.
+
+    ``sp`` and ``fp`` are ``None`` where the unwinder does not know them
+    (arm64 kunwind tracks no sp; x86 ORC tracks no frame pointer chain).
+    """
+
+    pc: int
+    sp: int | None = None
+    fp: int | None = None
+    source: Source = Source.UNKNOWN
+    stack: str | None = None
+    flags: Flag = Flag.NONE
+    provenance: Provenance | None = None
+    symbol: str | None = None
+    extra: dict[str, Any] | None = None
+
+    @property
+    def reliable(self) -> bool:
+        """False for guessed frames and frames the kernel would not have printed."""
+        return not (self.flags & (Flag.UNRELIABLE | Flag.COMPLETE))
+
+    def __repr__(self) -> str:
+        sym = f" {self.symbol}" if self.symbol else ""
+        return f"<Frame {self.pc:#x}{sym} [{self.source.name}] {self.stack or '-'} {self.flags.letters()}>"

@@ -1,0 +1,195 @@
+"""A kernel image: full debug vmlinux, stripped vmlinux, or a slim image.
+
+pyelftools opens the file lazily; the symbol table is decoded with numpy in
+one pass (a debug vmlinux holds ~200k symbols), and text bytes are read on
+demand for the call-site check and complete modes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+import numpy as np
+from elftools.common.exceptions import ELFError
+from elftools.elf.constants import SH_FLAGS
+from elftools.elf.elffile import ELFFile
+
+from .symbols import SymbolError, SymbolTable
+
+NT_GNU_BUILD_ID = "NT_GNU_BUILD_ID"
+IMAGE_PATH_ENV = "UNWIND_IMAGE_PATH"
+
+# Elf64_Sym as numpy sees it, to decode .symtab in one pass.
+_ELF64_SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"),
+                       ("shndx", "<u2"), ("value", "<u8"), ("size", "<u8")])
+_SHN_UNDEF, _SHN_ABS = 0, 0xFFF1
+_STB_LOCAL, _STB_WEAK = 0, 2
+_STT_SECTION, _STT_FILE = 3, 4
+
+
+class ImageError(Exception):
+    """The image is unusable (not ELF, no symbols, wrong build-id, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TextRange:
+    """An executable section's bytes."""
+
+    start: int
+    data: bytes
+
+
+class Image:
+    """Symbols, text and unwind sections of a kernel ELF image."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self._file: BinaryIO = open(self.path, "rb")
+            self.elf = ELFFile(self._file)
+        except OSError as e:
+            raise ImageError(f"cannot open image {path}: {e.strerror}") from None
+        except ELFError as e:
+            raise ImageError(f"{path} is not an ELF image: {e}") from None
+        self.machine: str = self.elf["e_machine"]
+        self._text: list[TextRange] | None = None
+
+    def close(self) -> None:
+        """Close the underlying file."""
+        self._file.close()
+
+    @cached_property
+    def build_id(self) -> str | None:
+        """The hex NT_GNU_BUILD_ID, or ``None``."""
+        return read_build_id(self.elf)
+
+    @cached_property
+    def symbols(self) -> SymbolTable:
+        """The kallsyms-like symbol table from ``.symtab``."""
+        symtab = self.elf.get_section_by_name(".symtab")
+        if symtab is None or symtab["sh_type"] == "SHT_NOBITS":
+            raise ImageError(f"{self.path}: no .symtab (use a System.map)")
+        strtab = self.elf.get_section(symtab["sh_link"]).data()
+        raw = np.frombuffer(symtab.data(), dtype=_ELF64_SYM)
+        exec_sections = {i for i, s in enumerate(self.elf.iter_sections())
+                         if s["sh_flags"] & SH_FLAGS.SHF_EXECINSTR}
+        entries = []
+        for name_off, info, shndx, value in zip(raw["name"].tolist(), raw["info"].tolist(),
+                                                raw["shndx"].tolist(), raw["value"].tolist()):
+            stt, stb = info & 0xF, info >> 4
+            if stt in (_STT_SECTION, _STT_FILE) or shndx == _SHN_UNDEF or not name_off:
+                continue
+            end = strtab.index(b"\0", name_off)
+            name = strtab[name_off:end].decode("ascii", "replace")
+            if shndx == _SHN_ABS:
+                typ = "A"
+            elif stb == _STB_WEAK:
+                typ = "W"
+            else:
+                typ = "T" if shndx in exec_sections else "D"
+                if stb == _STB_LOCAL:
+                    typ = typ.lower()
+            entries.append((value, typ, name))
+        try:
+            return SymbolTable(entries)
+        except SymbolError as e:
+            raise ImageError(f"{self.path}: {e}") from None
+
+    def section(self, name: str) -> tuple[int, bytes] | None:
+        """``(sh_addr, data)`` of a section with file contents, or ``None``."""
+        sec = self.elf.get_section_by_name(name)
+        if sec is None or sec["sh_type"] == "SHT_NOBITS":
+            return None
+        return sec["sh_addr"], sec.data()
+
+    def _text_ranges(self) -> list[TextRange]:
+        if self._text is None:
+            ranges = []
+            for sec in self.elf.iter_sections():
+                if (sec["sh_flags"] & SH_FLAGS.SHF_EXECINSTR and sec["sh_flags"] & SH_FLAGS.SHF_ALLOC
+                        and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_size"]):
+                    ranges.append(TextRange(sec["sh_addr"], sec.data()))
+            self._text = ranges
+        return self._text
+
+    @property
+    def has_text(self) -> bool:
+        """True when the image carries the kernel's instructions."""
+        return bool(self._text_ranges())
+
+    def text(self, addr: int, size: int) -> bytes | None:
+        """Instruction bytes at ``[addr, addr + size)``, or ``None`` when not in the image."""
+        for r in self._text_ranges():
+            if r.start <= addr and addr + size <= r.start + len(r.data):
+                return r.data[addr - r.start:addr - r.start + size]
+        return None
+
+    @cached_property
+    def release(self) -> str | None:
+        """The kernel release from ``linux_banner`` when the image holds it."""
+        sym = self.symbols.address("linux_banner")
+        if sym is None:
+            return None
+        for sec in self.elf.iter_sections():
+            if sec["sh_type"] == "SHT_PROGBITS" and sec["sh_addr"] <= sym < sec["sh_addr"] + sec["sh_size"]:
+                data = sec.data()[sym - sec["sh_addr"]:sym - sec["sh_addr"] + 256]
+                parts = data.split(b"\0", 1)[0].split()
+                if len(parts) >= 3 and parts[0] == b"Linux" and parts[1] == b"version":
+                    return parts[2].decode("ascii", "replace")
+        return None
+
+
+def read_build_id(elf: ELFFile) -> str | None:
+    """The hex build-id from any note section of ``elf``."""
+    for sec in elf.iter_sections():
+        if sec["sh_type"] != "SHT_NOTE":
+            continue
+        for note in sec.iter_notes():
+            if note["n_type"] == NT_GNU_BUILD_ID:
+                return note["n_desc"]
+    return None
+
+
+def image_build_id(path: str | Path) -> str | None:
+    """The build-id of an ELF file, or ``None`` if it is not a readable ELF."""
+    try:
+        with open(path, "rb") as f:
+            return read_build_id(ELFFile(f))
+    except (OSError, ELFError, Exception):  # noqa: BLE001 - any unreadable file is "not it"
+        return None
+
+
+def _candidates(dump_path: Path) -> Iterator[Path]:
+    """Files beside the dump and in its parent folders, then on ``$UNWIND_IMAGE_PATH``."""
+    folder = dump_path.resolve().parent
+    for d in [folder, *folder.parents][:4]:
+        yield from sorted(p for p in d.iterdir() if p.is_file() and _looks_like_image(p))
+    for d in os.environ.get(IMAGE_PATH_ENV, "").split(os.pathsep):
+        if d and Path(d).is_dir():
+            yield from sorted(p for p in Path(d).iterdir() if p.is_file() and _looks_like_image(p))
+
+
+def _looks_like_image(p: Path) -> bool:
+    return p.name.startswith("vmlinux") or p.suffix in (".elf", ".slim") or p.name.endswith(".slim.elf")
+
+
+def find_image(build_id: str | None, dump_path: str | Path, explicit: str | Path | None) -> Image | None:
+    """Find the image for a dump by build-id: ``explicit``, beside the dump, then the search path.
+
+    An explicit image whose build-id differs from the dump's is refused.
+    """
+    if explicit is not None:
+        img = Image(explicit)
+        if build_id and img.build_id and img.build_id != build_id:
+            raise ImageError(f"{explicit}: build-id {img.build_id} does not match the dump's {build_id}")
+        return img
+    if not build_id:
+        return None
+    for cand in _candidates(Path(dump_path)):
+        if image_build_id(cand) == build_id:
+            return Image(cand)
+    return None

@@ -1,0 +1,91 @@
+"""Memory of a captured kernel: reads served only from the dump's segments.
+
+The kernel unwinders read stacks with ``READ_ONCE_NOCHECK``; a replay reads
+the same words from the memory captured in a dump. Nothing here ever reads
+past a captured segment: a read that is not wholly inside one raises
+:class:`MemoryFault` carrying the address and size.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass
+from typing import Iterable
+
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+
+
+class MemoryFault(Exception):
+    """A read that is not wholly inside one captured segment."""
+
+    def __init__(self, addr: int, size: int) -> None:
+        super().__init__(f"no captured memory at {addr:#x} (+{size})")
+        self.addr = addr
+        self.size = size
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One captured range: ``data`` holds the bytes at ``[start, start + len(data))``."""
+
+    start: int
+    data: bytes
+
+    @property
+    def end(self) -> int:
+        """First address past the segment."""
+        return self.start + len(self.data)
+
+
+class Memory:
+    """Little-endian reads from a set of non-overlapping captured segments."""
+
+    def __init__(self, segments: Iterable[Segment]) -> None:
+        segs = sorted((s for s in segments if s.data), key=lambda s: s.start)
+        for a, b in zip(segs, segs[1:]):
+            if b.start < a.end:
+                raise ValueError(f"overlapping segments at {a.start:#x} and {b.start:#x}")
+        self.segments: list[Segment] = segs
+        self._starts = [s.start for s in segs]
+        # The last segment hit: stack walks read many words from one stack.
+        self._hit: Segment | None = segs[0] if segs else None
+
+    def _segment(self, addr: int, size: int) -> Segment:
+        seg = self._hit
+        if seg is not None and seg.start <= addr and addr + size <= seg.start + len(seg.data):
+            return seg
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i >= 0:
+            seg = self.segments[i]
+            if addr + size <= seg.start + len(seg.data) and size >= 0:
+                self._hit = seg
+                return seg
+        raise MemoryFault(addr, size)
+
+    def contains(self, addr: int, size: int = 1) -> bool:
+        """True when ``[addr, addr + size)`` is captured in one segment."""
+        try:
+            self._segment(addr, size)
+        except MemoryFault:
+            return False
+        return True
+
+    def read(self, addr: int, size: int) -> bytes:
+        """Return ``size`` bytes at ``addr``."""
+        seg = self._segment(addr, size)
+        off = addr - seg.start
+        return seg.data[off:off + size]
+
+    def read_u64(self, addr: int) -> int:
+        """Return the little-endian 64-bit word at ``addr``."""
+        seg = self._hit
+        if seg is None or addr < seg.start or addr + 8 > seg.start + len(seg.data):
+            seg = self._segment(addr, 8)
+        return _U64.unpack_from(seg.data, addr - seg.start)[0]
+
+    def read_u32(self, addr: int) -> int:
+        """Return the little-endian 32-bit word at ``addr``."""
+        seg = self._segment(addr, 4)
+        return _U32.unpack_from(seg.data, addr - seg.start)[0]

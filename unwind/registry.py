@@ -1,0 +1,114 @@
+"""Arch backends register here by name; a dump's ELF machine selects one.
+
+The core names no architecture: backends are the subpackages of
+``unwind.arch``, each of which calls :func:`register` on import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from .frame import Frame
+    from .target import Target
+    from .walk import Stop, Unwinder
+
+
+class ArchError(Exception):
+    """Unknown arch, or an arch that disagrees with the dump."""
+
+
+class ArchBackend(ABC):
+    """What the core needs from an architecture."""
+
+    #: registry name: "arm64", "x86_64", "riscv"
+    name: ClassVar[str]
+    #: ELF machine as pyelftools names it, e.g. "EM_AARCH64", and its number
+    elf_machine: ClassVar[str]
+    e_machine: ClassVar[int]
+    #: ELF header flags for a core of this arch
+    e_flags: ClassVar[int] = 0
+    #: register names in NT_PRSTATUS ``pr_reg`` order
+    prstatus_regs: ClassVar[tuple[str, ...]]
+    #: the registers holding pc and sp
+    pc_reg: ClassVar[str]
+    sp_reg: ClassVar[str]
+    #: capstone (arch, mode) for the call-site check
+    capstone: ClassVar[tuple[int, int]]
+    #: byte lengths a call instruction may have, shortest first
+    call_lengths: ClassVar[tuple[int, ...]]
+
+    @abstractmethod
+    def unwinder(self, target: "Target") -> "Unwinder":
+        """A walk of ``target.task`` under ``target.options``."""
+
+    @abstractmethod
+    def is_call(self, mnemonic: str, op_str: str) -> bool:
+        """Is this decoded instruction a call that leaves a return address?"""
+
+    @abstractmethod
+    def format_trace(self, frames: "list[Frame]", stop: "Stop",
+                     target: "Target") -> "list[tuple[str, Frame | None]]":
+        """The trace as the kernel of ``target.release`` prints it.
+
+        Each line comes with the frame it prints, or ``None`` for headers
+        and stack markers, so ``--explain`` can put provenance under it.
+        """
+
+    def symbolize(self, frame: "Frame", target: "Target") -> str:
+        """The symbol text the kernel would print for this frame (``%pS`` by default)."""
+        if target.symbols is None:
+            return hex(frame.pc)
+        return target.symbols.format(frame.pc)
+
+
+_BACKENDS: dict[str, ArchBackend] = {}
+_loaded = False
+
+
+def register(backend: ArchBackend) -> ArchBackend:
+    """Register a backend under its name."""
+    _BACKENDS[backend.name] = backend
+    return backend
+
+
+def _load_all() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    try:
+        pkg = importlib.import_module("unwind.arch")
+    except ImportError:
+        return
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if mod.ispkg:
+            importlib.import_module(f"unwind.arch.{mod.name}")
+
+
+def backends() -> dict[str, ArchBackend]:
+    """All registered backends by name."""
+    _load_all()
+    return dict(_BACKENDS)
+
+
+def get(name: str) -> ArchBackend:
+    """The backend called ``name``."""
+    _load_all()
+    try:
+        return _BACKENDS[name]
+    except KeyError:
+        known = ", ".join(sorted(_BACKENDS)) or "none"
+        raise ArchError(f"unknown arch {name!r} (known: {known})") from None
+
+
+def for_machine(machine: str) -> ArchBackend:
+    """The backend for an ELF machine name such as ``EM_AARCH64``."""
+    _load_all()
+    for b in _BACKENDS.values():
+        if b.elf_machine == machine:
+            return b
+    raise ArchError(f"no backend for ELF machine {machine}")

@@ -1,0 +1,128 @@
+"""Replay: open a dump and its image, pick tasks, run the arch's walk on each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import registry
+from .callsite import CallSite, CallSiteChecker
+from .dump import Dump, DumpError
+from .frame import Frame
+from .image import Image, ImageError, find_image
+from .symbols import SymbolError, SymbolTable
+from .target import Options, Target, Task
+from .walk import DEFAULT_MAX_FRAMES, ReliableResult, Stop, collect, stack_walk_reliable
+
+
+class ReplayError(Exception):
+    """Unusable input for a replay (exit status 2)."""
+
+
+@dataclass
+class Replay:
+    """The outcome of one task's walk."""
+
+    target: Target
+    frames: list[Frame]
+    stop: Stop
+    reliable: ReliableResult | None = None
+    callsites: dict[int, CallSite] = field(default_factory=dict)
+
+    @property
+    def task(self) -> Task:
+        """The task walked."""
+        return self.target.task
+
+
+class Session:
+    """A dump with its backend, image and symbols, ready to replay tasks."""
+
+    def __init__(self, dump: Dump, image: Image | None, symbols: SymbolTable | None) -> None:
+        self.dump = dump
+        self.backend = dump.backend
+        self.image = image
+        self.symbols = symbols
+        self.warnings: list[str] = []
+        self._callsites = CallSiteChecker(self.backend, image)
+
+    @classmethod
+    def load(cls, dump_path: str | Path, *, arch: str | None = None, vmlinux: str | Path | None = None,
+             system_map: str | Path | None = None) -> "Session":
+        """Open ``dump_path``; find its image by build-id unless ``vmlinux`` is given."""
+        dump = Dump.open(dump_path)
+        if arch is not None:
+            try:
+                wanted = registry.get(arch)
+            except registry.ArchError as e:
+                raise ReplayError(str(e)) from None
+            if wanted.name != dump.arch:
+                raise ReplayError(f"--arch {arch} disagrees with the dump, which is {dump.arch}")
+        try:
+            image = find_image(dump.build_id, dump_path, vmlinux)
+        except ImageError as e:
+            raise ReplayError(str(e)) from None
+        if image is not None and image.machine != dump.backend.elf_machine:
+            raise ReplayError(f"{image.path} is {image.machine}, the dump is {dump.backend.elf_machine}")
+        symbols = None
+        try:
+            if system_map is not None:
+                symbols = SymbolTable.from_system_map(system_map)
+            elif image is not None:
+                symbols = image.symbols
+        except (SymbolError, ImageError) as e:
+            raise ReplayError(str(e)) from None
+        session = cls(dump, image, symbols)
+        if symbols is None:
+            session.warnings.append(f"no image with build-id {dump.build_id} found "
+                                    "(use --vmlinux or $UNWIND_IMAGE_PATH): printing raw addresses")
+        return session
+
+    def select(self, pid: int | None = None, cpu: int | None = None, every: bool = False) -> list[Task]:
+        """The tasks to replay: by pid, by CPU, all, or (default) those running on a CPU."""
+        tasks = self.dump.tasks()
+        if pid is not None:
+            chosen = [t for t in tasks if t.pid == pid]
+            if not chosen:
+                raise ReplayError(f"no task with pid {pid} in the dump")
+            return chosen
+        if cpu is not None:
+            chosen = [t for t in tasks if t.cpu == cpu]
+            if not chosen:
+                raise ReplayError(f"no task running on cpu{cpu} in the dump")
+            return chosen
+        if every:
+            return tasks
+        running = [t for t in tasks if t.running]
+        return running or tasks
+
+    def target(self, task: Task, options: Options) -> Target:
+        """Everything a walk of ``task`` reads."""
+        return Target(arch=self.backend.name, mem=self.dump.memory, task=task, release=self.dump.release,
+                      vmcoreinfo=self.dump.vmcoreinfo, symbols=self.symbols, image=self.image,
+                      meta=self.dump.meta, options=options)
+
+    def replay(self, task: Task, options: Options | None = None, *, reliable: bool = False,
+               max_frames: int = DEFAULT_MAX_FRAMES, symbolize: bool = True) -> Replay:
+        """Walk ``task``: all frames and the stop; with ``reliable``, the reliable verdict too."""
+        target = self.target(task, options or Options())
+        frames, stop = collect(self.backend.unwinder(target), max_frames)
+        verdict = None
+        if reliable:
+            verdict = stack_walk_reliable(self.backend.unwinder(target), lambda pc: True, max_frames)
+        out = Replay(target, frames, stop, verdict)
+        for f in frames:
+            if symbolize:
+                f.symbol = self.backend.symbolize(f, target)
+            site = self._callsites.annotate(f)
+            if site is not None:
+                out.callsites[f.pc] = site
+        return out
+
+
+def load_session(dump_path: str | Path, **kw: object) -> Session:
+    """:meth:`Session.load`, turning every input problem into :class:`ReplayError`."""
+    try:
+        return Session.load(dump_path, **kw)  # type: ignore[arg-type]
+    except DumpError as e:
+        raise ReplayError(str(e)) from None

@@ -1,0 +1,131 @@
+"""Kernel symbols, looked up as kallsyms does.
+
+The table comes from a ``System.map`` or from the ``.symtab`` of an ELF image
+(full debug vmlinux, stripped vmlinux, or a slim image). Aliases are ordered
+as ``scripts/kallsyms.c: compare_symbols()`` orders them, and a symbol's size
+is the distance to the next symbol at a higher address, as
+``kernel/kallsyms.c: get_symbol_pos()`` computes it, so ``name+0xoff/0xsize``
+prints as the kernel prints it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+
+class SymbolError(Exception):
+    """The symbol source is unusable."""
+
+
+@dataclass(frozen=True, slots=True)
+class Symbol:
+    """A resolved address: ``name+offset/size``."""
+
+    name: str
+    addr: int
+    size: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.name}+{self.offset:#x}/{self.size:#x}"
+
+
+# scripts/kallsyms.c: may_be_linker_script_provide_symbol()
+def _linker_provided(name: str) -> bool:
+    if len(name) < 8 or not name.startswith("__"):
+        return False
+    return (name.startswith(("__start_", "__stop_", "__end_"))
+            or name.endswith(("_start", "_end")))
+
+
+# scripts/kallsyms.c: compare_symbols(), for symbols at one address
+def _alias_key(item: tuple[int, str, str, int]) -> tuple[int, int, int, int, int]:
+    addr, typ, name, seq = item
+    weak = typ in "wW"
+    underscores = len(name) - len(name.lstrip("_"))
+    return (addr, weak, _linker_provided(name), underscores, seq)
+
+
+def _ignored(name: str, typ: str) -> bool:
+    """``is_ignored_symbol()`` plus the names ``mksysmap`` never writes."""
+    if typ in "unUN" or typ in "aA":
+        return True
+    return name.startswith(("$", ".L")) or not name
+
+
+class SymbolTable:
+    """A sorted kallsyms-like table with scalar and batch lookup."""
+
+    def __init__(self, entries: Iterable[tuple[int, str, str]]) -> None:
+        """``entries`` are ``(addr, nm type, name)`` in source order."""
+        items = [(a, t, n, i) for i, (a, t, n) in enumerate(entries) if not _ignored(n, t)]
+        if not items:
+            raise SymbolError("no symbols")
+        items.sort(key=_alias_key)
+        addrs: list[int] = []
+        names: list[str] = []
+        for addr, _typ, name, _seq in items:
+            if addrs and addrs[-1] == addr:
+                continue  # get_symbol_pos() reports the first alias
+            addrs.append(addr)
+            names.append(name)
+        by_name: dict[str, int] = {}
+        for addr, _typ, name, _seq in items:
+            by_name.setdefault(name, addr)
+        self._by_name = by_name
+        self.addrs: list[int] = addrs
+        self.names: list[str] = names
+        end = by_name.get("_end") or by_name.get("_etext") or addrs[-1]
+        self.ends: list[int] = addrs[1:] + [max(end, addrs[-1])]
+        self.np_addrs = np.array(addrs, dtype=np.uint64)
+
+    def __len__(self) -> int:
+        return len(self.addrs)
+
+    # get_symbol_pos()
+    def lookup(self, addr: int) -> Symbol | None:
+        """The symbol containing ``addr``, or ``None`` below the first symbol."""
+        i = bisect.bisect_right(self.addrs, addr) - 1
+        if i < 0:
+            return None
+        start = self.addrs[i]
+        return Symbol(self.names[i], start, self.ends[i] - start, addr - start)
+
+    def lookup_many(self, addrs: np.ndarray) -> np.ndarray:
+        """Indices into :attr:`names` for an array of addresses (-1 below the first)."""
+        return np.searchsorted(self.np_addrs, np.asarray(addrs, dtype=np.uint64), side="right") - 1
+
+    def format(self, addr: int) -> str:
+        """``%pS``: ``name+0xoff/0xsize``, or the bare hex address when unknown."""
+        sym = self.lookup(addr)
+        return str(sym) if sym is not None else hex(addr)
+
+    def address(self, name: str) -> int | None:
+        """The address of a symbol by name."""
+        return self._by_name.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    @classmethod
+    def from_system_map(cls, path: str | Path) -> "SymbolTable":
+        """Read a ``System.map``: lines of ``hexaddr type name``."""
+        entries = []
+        try:
+            with open(path, "r", encoding="ascii", errors="replace") as f:
+                for lineno, line in enumerate(f, 1):
+                    parts = line.split()
+                    if len(parts) < 3:
+                        continue
+                    try:
+                        entries.append((int(parts[0], 16), parts[1], parts[2]))
+                    except ValueError:
+                        raise SymbolError(f"{path}:{lineno}: not a System.map line") from None
+        except OSError as e:
+            raise SymbolError(f"cannot read {path}: {e.strerror}") from None
+        return cls(entries)

@@ -1,0 +1,177 @@
+"""The arch-free walk: hand frames to a consumer until the unwinder stops.
+
+Mirrors ``do_kunwind()`` in ``arch/arm64/kernel/stacktrace.c`` and the
+consumer adapters the kernel builds on it (``arch_stack_walk``,
+``arch_stack_walk_reliable``, ``arch_bpf_stack_walk``). A backend supplies an
+:class:`Unwinder`: ``start()`` gives the first frame, ``next()`` each further
+one, and both raise :class:`UnwindStop` where the kernel returns ``-ENOENT``
+(a clean end) or an error.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Iterator
+
+from .frame import Flag, Frame
+
+DEFAULT_MAX_FRAMES = 4096
+
+
+class StopReason(Enum):
+    """Why a walk ended. ``clean`` tells a normal end from an error."""
+
+    END_OF_STACK = ("end of stack", True)
+    USER_MODE = ("reached user-mode registers", True)
+    CONSUMER_STOPPED = ("consumer stopped the walk", True)
+    MISALIGNED_FP = ("misaligned frame pointer", False)
+    OUTSIDE_STACK = ("record outside every stack", False)
+    TRANSITION_REFUSED = ("stack transition refused", False)
+    MEMORY_FAULT = ("memory not in the dump", False)
+    UNKNOWN_METADATA = ("unknown unwind metadata", False)
+    RECOVERY_FAILED = ("return address could not be recovered", False)
+    BAD_PC = ("pc is not kernel text", False)
+    MISSING_REGISTER = ("register value not available", False)
+    FRAME_LIMIT = ("frame limit reached", False)
+    UNRELIABLE = ("walk is not reliable", False)
+
+    def __init__(self, text: str, clean: bool) -> None:
+        self.text = text
+        self.clean = clean
+
+
+@dataclass(slots=True)
+class Stop:
+    """The end of a walk: the reason, a sentence of detail, frames consumed."""
+
+    reason: StopReason
+    detail: str = ""
+    frames: int = 0
+
+    @property
+    def clean(self) -> bool:
+        """True for a normal end of the walk."""
+        return self.reason.clean
+
+    def __str__(self) -> str:
+        return f"{self.reason.text}: {self.detail}" if self.detail else self.reason.text
+
+
+class UnwindStop(Exception):
+    """Raised by a backend step to end the walk (``-ENOENT`` or an error)."""
+
+    def __init__(self, reason: StopReason, detail: str = "") -> None:
+        super().__init__(f"{reason.text}: {detail}" if detail else reason.text)
+        self.reason = reason
+        self.detail = detail
+
+
+class Unwinder(ABC):
+    """One walk of one task, as an arch backend implements it."""
+
+    #: arm64 and the proposed RISC-V port refuse any frame taken from exception
+    #: registers in the reliable walk; x86 ORC accepts kernel pt_regs.
+    reliable_refuses_boundary: bool = True
+
+    @abstractmethod
+    def start(self) -> Frame:
+        """Initialise from the task's registers or saved context; return the first frame."""
+
+    @abstractmethod
+    def next(self) -> Frame:
+        """Step to the caller's frame; raise :class:`UnwindStop` at the end."""
+
+    def bpf_args(self, frame: Frame) -> tuple[int, int, int]:
+        """What ``arch_bpf_stack_walk`` hands its consumer: ``(ip, sp, fp)``."""
+        return frame.pc, 0, frame.fp or 0
+
+
+Consumer = Callable[[Frame], bool]
+
+
+# do_kunwind()
+def kunwind_stack_walk(unwinder: Unwinder, consume: Consumer,
+                       max_frames: int = DEFAULT_MAX_FRAMES) -> Stop:
+    """Run the walk: consume each frame, then step, until a stop."""
+    count = 0
+    try:
+        frame = unwinder.start()
+        while True:
+            if not consume(frame):
+                return Stop(StopReason.CONSUMER_STOPPED, frames=count + 1)
+            count += 1
+            if count >= max_frames:
+                return Stop(StopReason.FRAME_LIMIT, f"{max_frames} frames", count)
+            frame = unwinder.next()
+    except UnwindStop as stop:
+        return Stop(stop.reason, stop.detail, count)
+
+
+# arch_stack_walk()
+def stack_walk(unwinder: Unwinder, consume_pc: Callable[[int], bool],
+               max_frames: int = DEFAULT_MAX_FRAMES) -> Stop:
+    """The plain walk: the consumer sees each pc."""
+    return kunwind_stack_walk(unwinder, lambda f: consume_pc(f.pc), max_frames)
+
+
+@dataclass(slots=True)
+class ReliableResult:
+    """Outcome of :func:`stack_walk_reliable`: ``ok`` or the reason it is not."""
+
+    ok: bool
+    stop: Stop
+    reason: str = ""
+
+
+# arch_stack_walk_reliable() and arch_reliable_kunwind_consume_entry()
+def stack_walk_reliable(unwinder: Unwinder, consume_pc: Callable[[int], bool],
+                        max_frames: int = DEFAULT_MAX_FRAMES) -> ReliableResult:
+    """The reliable walk: any exception boundary, guess or error fails it all."""
+    refusal: list[str] = []
+
+    def consume(frame: Frame) -> bool:
+        if frame.flags & Flag.UNRELIABLE:
+            refusal.append(f"guessed frame at {frame.pc:#x}")
+            return False
+        if unwinder.reliable_refuses_boundary and frame.flags & Flag.BOUNDARY:
+            refusal.append(f"exception boundary at {frame.pc:#x}: the LR there may be live")
+            return False
+        return consume_pc(frame.pc)
+
+    stop = kunwind_stack_walk(unwinder, consume, max_frames)
+    if refusal:
+        return ReliableResult(False, stop, refusal[0])
+    if stop.reason is StopReason.CONSUMER_STOPPED or not stop.clean:
+        return ReliableResult(False, stop, str(stop))
+    return ReliableResult(True, stop)
+
+
+# arch_bpf_stack_walk()
+def bpf_stack_walk(unwinder: Unwinder, consume: Callable[[int, int, int], bool],
+                   max_frames: int = DEFAULT_MAX_FRAMES) -> Stop:
+    """The BPF walk: the consumer sees ``(ip, sp, fp)``; arm64 passes sp as 0."""
+    return kunwind_stack_walk(unwinder, lambda f: consume(*unwinder.bpf_args(f)), max_frames)
+
+
+def iter_frames(unwinder: Unwinder, max_frames: int = DEFAULT_MAX_FRAMES) -> Iterator[Frame]:
+    """A convenience iterator over the frames; the :class:`Stop` is its return value."""
+    count = 0
+    try:
+        frame = unwinder.start()
+        while True:
+            yield frame
+            count += 1
+            if count >= max_frames:
+                return Stop(StopReason.FRAME_LIMIT, f"{max_frames} frames", count)
+            frame = unwinder.next()
+    except UnwindStop as stop:
+        return Stop(stop.reason, stop.detail, count)
+
+
+def collect(unwinder: Unwinder, max_frames: int = DEFAULT_MAX_FRAMES) -> tuple[list[Frame], Stop]:
+    """Run a walk and return all frames with the stop."""
+    frames: list[Frame] = []
+    stop = kunwind_stack_walk(unwinder, lambda f: frames.append(f) is None, max_frames)
+    return frames, stop
