@@ -204,7 +204,7 @@ class RspClient:
         def walk(annex: str) -> None:
             # QEMU's XML uses an undeclared xi: prefix, so scan the tags in order.
             nonlocal num
-            xml = self._xfer(annex)
+            xml = re.sub(r"<!--.*?-->", "", self._xfer(annex), flags=re.S)
             for m in re.finditer(r"<(xi:include|reg|architecture)\b([^>]*)>([^<]*)", xml):
                 tag, attrs = m.group(1), dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
                 if tag == "architecture":

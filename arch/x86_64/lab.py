@@ -1,0 +1,90 @@
+"""x86-64 capture knowledge for ``unwind capture`` (QEMU gdbstub, 64-bit kernels).
+
+Which registers to read, when a stopped vCPU is in the kernel, where
+``current`` and the per-CPU stacks (IRQ, entry, IST exception stacks) are,
+and what a blocked task's saved context is. Layouts come from BTF.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from unwind.lab.capture import Session
+
+NAME = "x86_64"
+#: gdb ``set architecture`` value and Z1 breakpoint kind
+GDB_ARCH = "i386:x86-64"
+BREAK_KIND = 1
+#: registers outside the ``g`` block we record
+SYSREGS = ["fs_base", "gs_base", "k_gs_base", "cr0", "cr2", "cr3", "cr4", "efer"]
+#: cpu_entry_area of CPU n is at CEA_PER_CPU_BASE + n * sizeof(struct cpu_entry_area)
+#: (CPU_ENTRY_AREA_BASE + PAGE_SIZE; the same with 4- and 5-level paging)
+CEA_PER_CPU_BASE = 0xFFFFFE0000001000
+#: where random/breakpoint stops go for each capture kind
+SYSCALL_ENTRY = ["do_syscall_64"]
+IRQ_BREAKS = ["hrtimer_interrupt", "__sysvec_apic_timer_interrupt"]
+HIJACK_BREAKS = ["read_zero", "urandom_read_iter"]
+#: return trampolines whose addresses the JSON note records
+TRAMPOLINES = ["return_to_handler", "arch_rethook_trampoline", "__kretprobe_trampoline"]
+
+
+def prstatus(raw: dict[str, int]) -> dict[str, int]:
+    """Registers named as the dump's NT_PRSTATUS layout (user_regs_struct)."""
+    out = {k: raw[k] for k in ("r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8",
+                               "rax", "rcx", "rdx", "rsi", "rdi", "rip", "cs", "eflags", "rsp", "ss",
+                               "fs_base", "gs_base", "ds", "es", "fs", "gs") if k in raw}
+    out["orig_rax"] = 2**64 - 1
+    return out
+
+
+def classify(raw: dict[str, int], s: "Session") -> tuple[str, dict[str, int], str | None]:
+    """(mode, registers to record, normalisation note) of a stopped vCPU."""
+    mode = "user" if raw.get("cs", 0) & 3 == 3 else "kernel"
+    return mode, prstatus(raw), None
+
+
+def pc_sp(regs: dict[str, int]) -> tuple[int, int]:
+    """Program counter and stack pointer of recorded registers."""
+    return regs["rip"], regs["rsp"]
+
+
+def current_task(s: "Session", cpu: int, raw: dict[str, int]) -> tuple[int, str]:
+    """(task_struct address, where it was read) for ``cpu``.
+
+    Not ``gs_base``: before ``swapgs`` it holds the user value.
+    """
+    addr = s.percpu_addr("pcpu_hot", cpu) + s.btf.offsetof("pcpu_hot", "current_task")
+    return s.read_u64(addr), "pcpu_hot.current_task"
+
+
+def percpu_stacks(s: "Session", cpu: int) -> list[tuple[str, int, int]]:
+    """(kind, low, high) of the per-CPU stacks of ``cpu``."""
+    out: list[tuple[str, int, int]] = []
+    irq_size = s.thread_size
+    ptr = s.read_u64(s.percpu_addr("pcpu_hot", cpu) + s.btf.offsetof("pcpu_hot", "hardirq_stack_ptr"))
+    if ptr:
+        # the pointer holds top - 8; the top word holds the interrupted sp
+        out.append(("irq", ptr + 8 - irq_size, ptr + 8))
+    cea = CEA_PER_CPU_BASE + cpu * s.btf.sizeof("cpu_entry_area")
+    m = s.btf.member("cpu_entry_area", "entry_stack_page")
+    out.append(("entry", cea + m.offset, cea + m.offset + m.size))
+    est = cea + s.btf.offsetof("cpu_entry_area", "estacks")
+    for name in ("DF", "NMI", "DB", "MCE", "VC", "VC2"):
+        try:
+            m = s.btf.member("cea_exception_stacks", f"{name}_stack")
+        except Exception:
+            continue
+        out.append((f"exception:{name}", est + m.offset, est + m.offset + m.size))
+    return out
+
+
+def blocked_context(s: "Session", task: int, tbytes: bytes) -> dict[str, int]:
+    """Saved context of a task that is not running: ``thread.sp``."""
+    off = s.btf.offsetof("task_struct", "thread.sp")
+    return {"sp": int.from_bytes(tbytes[off:off + 8], "little")}
+
+
+def context_sp(ctx: dict[str, int]) -> int:
+    """Lowest stack address a walk from ``ctx`` reads."""
+    return ctx["sp"]

@@ -1,0 +1,494 @@
+"""Capture dumps of a stopped kernel through a GDB stub (see ``unwind capture``).
+
+Per stop: every CPU's registers (trap-entry stops normalised by the arch's
+``lab`` module), each running task with its task stack and its CPU's typed
+per-CPU stacks, every blocked task (walked from ``init_task.tasks``) with its
+saved context and task stack trimmed to ``[sp, top)``, the function-graph
+return stack and kretprobe/rethook instances per task, and VMCOREINFO read
+from guest memory. Layouts come from the vmlinux's BTF; symbols from its
+``.symtab``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from elftools.elf.elffile import ELFFile
+
+from .btf import Btf, BtfError
+from .fetch import build_id
+from .rsp import RspClient, RspError, RspMemoryError
+
+#: our arch name -> lab module (imported lazily: the backend packages own arch/)
+LAB_MODULES = {"x86_64": "unwind.arch.x86_64.lab", "arm64": "unwind.arch.arm64.lab",
+               "riscv": "unwind.arch.riscv.lab"}
+#: ELF e_machine -> our arch name
+MACHINES = {"EM_X86_64": "x86_64", "EM_AARCH64": "arm64", "EM_RISCV": "riscv"}
+MAX_TASKS = 4096
+
+
+class CaptureError(Exception):
+    """The capture cannot go on; the message is one line for the user."""
+
+
+def arch_lab(arch: str) -> ModuleType:
+    """The capture knowledge module of ``arch``."""
+    try:
+        return importlib.import_module(LAB_MODULES[arch])
+    except KeyError:
+        raise CaptureError(f"unknown arch {arch!r}") from None
+
+
+def _hex(v: int) -> str:
+    return f"{v:#x}"
+
+
+class Image:
+    """What capture needs from the vmlinux: arch, build-id, symbols (with sizes), BTF."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            f = open(self.path, "rb")
+        except OSError as e:
+            raise CaptureError(f"cannot open vmlinux {path}: {e.strerror}") from None
+        with f:
+            try:
+                elf = ELFFile(f)
+            except Exception:
+                raise CaptureError(f"{path} is not an ELF file") from None
+            self.arch = MACHINES.get(elf["e_machine"])
+            if self.arch is None:
+                raise CaptureError(f"{path}: unsupported machine {elf['e_machine']}")
+            symtab = elf.get_section_by_name(".symtab")
+            if symtab is None:
+                raise CaptureError(f"{path} has no .symtab (need the -dbg vmlinux)")
+            strtab = elf.get_section(symtab["sh_link"]).data()
+            dt = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
+                           ("value", "<u8"), ("size", "<u8")])
+            syms = np.frombuffer(symtab.data(), dtype=dt)
+            self.symbols: dict[str, tuple[int, int]] = {}
+            for name_off, value, size, info in zip(syms["name"].tolist(), syms["value"].tolist(),
+                                                   syms["size"].tolist(), syms["info"].tolist()):
+                if not name_off or value == 0:
+                    continue
+                end = strtab.index(b"\0", name_off)
+                name = strtab[name_off:end].decode(errors="replace")
+                # prefer global definitions over file-local duplicates
+                if name not in self.symbols or info >> 4 == 1:
+                    self.symbols[name] = (value, size)
+            notes = elf.get_section_by_name(".notes")
+            self.notes_addr = notes["sh_addr"] if notes is not None else 0
+            self.notes_data = notes.data() if notes is not None else b""
+        self.build_id = build_id(self.path)
+        try:
+            self.btf = Btf.from_elf(self.path)
+        except BtfError as e:
+            raise CaptureError(str(e)) from None
+
+    def addr(self, name: str) -> int:
+        """Address of ``name``; CaptureError when missing."""
+        try:
+            return self.symbols[name][0]
+        except KeyError:
+            raise CaptureError(f"symbol {name} not in {self.path.name}") from None
+
+    def get(self, name: str) -> int | None:
+        """Address of ``name`` or None."""
+        v = self.symbols.get(name)
+        return v[0] if v else None
+
+    def size(self, name: str) -> int:
+        """st_size of ``name`` (0 when unknown)."""
+        v = self.symbols.get(name)
+        return v[1] if v else 0
+
+
+@dataclass
+class CpuStop:
+    """One vCPU at a stop."""
+
+    cpu: int
+    tid: str
+    raw: dict[str, int]
+    mode: str
+    regs: dict[str, int]
+    normalised: str | None
+    current: int = 0
+    current_src: str = ""
+    skip_reason: str | None = None
+
+
+@dataclass
+class StopResult:
+    """A captured stop: the writer inputs as plain data."""
+
+    memory: dict[int, bytes] = field(default_factory=dict)
+    cpus: list[CpuStop] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class Session:
+    """A GDB-stub connection plus the vmlinux knowledge to read the kernel behind it."""
+
+    def __init__(self, rsp: RspClient, image: Image, log=None) -> None:
+        self.rsp = rsp
+        self.img = image
+        self.btf = image.btf
+        self.arch = image.arch
+        self.lab = arch_lab(self.arch)
+        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.threads = rsp.threads()
+        if not self.threads:
+            raise CaptureError("the stub reports no threads")
+        self.ncpu = len(self.threads)
+        self.mem_tid = self.threads[0]
+        self.thread_size = image.addr("__end_init_stack") - image.addr("init_stack") \
+            if image.get("__end_init_stack") else image.btf.sizeof("thread_union")
+        self.per_cpu_offset: list[int] = []
+        self.vmcoreinfo = ""
+        self._tsize = self.btf.sizeof("task_struct")
+
+    # -- memory through a vCPU that can read kernel addresses ----------------
+    def read(self, addr: int, size: int) -> bytes:
+        """Guest memory through the memory thread."""
+        self.rsp.select_thread(self.mem_tid)
+        return self.rsp.read_memory(addr, size)
+
+    def read_u64(self, addr: int) -> int:
+        """A 64-bit word of guest memory."""
+        return int.from_bytes(self.read(addr, 8), "little")
+
+    def read_u32(self, addr: int) -> int:
+        """A 32-bit word of guest memory."""
+        return int.from_bytes(self.read(addr, 4), "little")
+
+    def percpu_addr(self, sym: str, cpu: int) -> int:
+        """Address of per-CPU variable ``sym`` on ``cpu``."""
+        return (self.img.addr(sym) + self.per_cpu_offset[cpu]) & (2**64 - 1)
+
+    def readable(self, addr: int) -> bool:
+        """Can one word at ``addr`` be read?"""
+        try:
+            self.read(addr, 8)
+            return True
+        except RspMemoryError:
+            return False
+
+    # -- once per session ----------------------------------------------------
+    def setup(self) -> None:
+        """Per-CPU offsets, VMCOREINFO and the build-id check (needs a stopped guest)."""
+        nr = self.img.get("nr_cpu_ids")
+        ncpu = min(self.ncpu, self.read_u32(nr)) if nr else self.ncpu
+        base = self.img.addr("__per_cpu_offset")
+        data = self.read(base, 8 * ncpu)
+        self.per_cpu_offset = [int.from_bytes(data[i * 8:i * 8 + 8], "little") for i in range(ncpu)]
+        ptr = self.read_u64(self.img.addr("vmcoreinfo_data"))
+        size = self.read_u64(self.img.addr("vmcoreinfo_size"))
+        if ptr and 0 < size < 1 << 16:
+            self.vmcoreinfo = self.read(ptr, size).decode(errors="replace").rstrip("\0")
+        self.check_build_id()
+
+    def running_build_id(self) -> str | None:
+        """The build-id of the running kernel (VMCOREINFO ``BUILD-ID``, else its ``.notes``)."""
+        for line in self.vmcoreinfo.splitlines():
+            if line.startswith("BUILD-ID="):
+                return line.split("=", 1)[1].strip()
+        if self.img.notes_addr and self.img.notes_data:
+            live = self.read(self.img.notes_addr, len(self.img.notes_data))
+            return self.img.build_id if live == self.img.notes_data else ""
+        return None
+
+    def check_build_id(self) -> None:
+        """Refuse a vmlinux that is not the running kernel."""
+        try:
+            live = self.running_build_id()
+        except RspMemoryError:
+            live = ""
+        if live is None:
+            self.log("[capture] warning: cannot read the running kernel's build-id")
+            return
+        if live != self.img.build_id:
+            raise CaptureError(f"vmlinux build-id {self.img.build_id} does not match the running kernel "
+                               f"({live or 'unreadable'})")
+        off = [ln for ln in self.vmcoreinfo.splitlines() if ln.startswith("KERNELOFFSET=")]
+        if off and int(off[0].split("=")[1], 16) != 0:
+            raise CaptureError(f"KASLR is on ({off[0]}); boot with nokaslr")
+
+    # -- per stop ------------------------------------------------------------
+    def read_cpus(self) -> list[CpuStop]:
+        """Registers, mode and normalisation of every vCPU."""
+        out = []
+        for cpu, tid in enumerate(self.threads[: len(self.per_cpu_offset) or self.ncpu]):
+            self.rsp.select_thread(tid)
+            raw = self.rsp.read_registers(self.lab.SYSREGS)
+            mode, regs, note = self.lab.classify(raw, self)
+            out.append(CpuStop(cpu, tid, raw, mode, regs, note))
+        return out
+
+    def pick_memory_thread(self, cpus: list[CpuStop]) -> bool:
+        """Use a vCPU whose MMU view reads kernel addresses; False if none can."""
+        probe = self.img.addr("init_task")
+        order = [c for c in cpus if c.mode == "kernel"] + [c for c in cpus if c.mode != "kernel"]
+        for c in order:
+            self.mem_tid = c.tid
+            if self.readable(probe):
+                return True
+        return False
+
+    def task_fields(self, task: int, tb: bytes) -> dict[str, Any]:
+        """pid, comm, state, stack, on_cpu and cpu of a task from its bytes."""
+        b = self.btf
+
+        def u(path: str, size: int | None = None) -> int:
+            m = b.member("task_struct", path)
+            n = size or m.size
+            return int.from_bytes(tb[m.offset:m.offset + n], "little")
+
+        comm_m = b.member("task_struct", "comm")
+        comm = tb[comm_m.offset:comm_m.offset + comm_m.size].split(b"\0")[0].decode(errors="replace")
+        cpu = None
+        for p in ("thread_info.cpu", "cpu"):
+            try:
+                cpu = u(p, 4)
+                break
+            except BtfError:
+                continue
+        state = u("__state", 4)
+        exit_state = u("exit_state", 4)
+        return {"pid": u("pid", 4), "comm": comm, "state": _state_char(state | exit_state),
+                "stack": u("stack", 8), "on_cpu": u("on_cpu", 4), "cpu": cpu,
+                "switches": u("nvcsw", 8) + u("nivcsw", 8)}
+
+    def fgraph(self, tb: bytes) -> tuple[list[dict[str, str]], tuple[int, bytes] | None]:
+        """The function-graph return stack (bottom to top) and its raw used words."""
+        b = self.btf
+        try:
+            rs = b.member("task_struct", "ret_stack")
+            cur = b.member("task_struct", "curr_ret_stack")
+        except BtfError:
+            return [], None
+        ptr = int.from_bytes(tb[rs.offset:rs.offset + 8], "little")
+        curr = int.from_bytes(tb[cur.offset:cur.offset + 4], "little", signed=True)
+        if not ptr or curr <= 0 or curr > 4096:
+            return [], None
+        words_raw = self.read(ptr, curr * 8)
+        words = [int.from_bytes(words_raw[i * 8:i * 8 + 8], "little") for i in range(curr)]
+        frame_words = b.sizeof("ftrace_ret_stack") // 8
+        fields = {n: b.offsetof("ftrace_ret_stack", n) // 8 for n in ("ret", "func", "retp", "fp")
+                  if _has(b, "ftrace_ret_stack", n)}
+        out = []
+        top = curr
+        while top > 0:
+            hdr = words[top - 1]
+            off = hdr & 0x3FF  # FGRAPH_FRAME_OFFSET_MASK: words back to the ftrace_ret_stack
+            start = top - 1 - off
+            if off < frame_words or start < 0:
+                break
+            e = {n: _hex(words[start + i]) for n, i in fields.items()}
+            out.append(e)
+            top = start
+        out.reverse()
+        return out, (ptr, words_raw)
+
+    def kretprobes(self, tb: bytes) -> list[dict[str, str]]:
+        """kretprobe (``kretprobe_instances``) or rethook (``rethooks``) instances, newest first."""
+        b = self.btf
+        for head, node_t, ret_f, fp_f in (("kretprobe_instances", "kretprobe_instance", "ret_addr", "fp"),
+                                          ("rethooks", "rethook_node", "ret_addr", "frame")):
+            if not all(_has(b, st, f) for st, f in (("task_struct", head), (node_t, "llist"),
+                                                     (node_t, ret_f), (node_t, fp_f))):
+                continue
+            m = b.member("task_struct", head)
+            node = int.from_bytes(tb[m.offset:m.offset + 8], "little")
+            llist = b.offsetof(node_t, "llist")
+            ro, fo = b.offsetof(node_t, ret_f), b.offsetof(node_t, fp_f)
+            out = []
+            while node and len(out) < 256:
+                base = node - llist
+                data = self.read(base, max(ro, fo) + 8)
+                out.append({"ret": _hex(int.from_bytes(data[ro:ro + 8], "little")),
+                            "fp": _hex(int.from_bytes(data[fo:fo + 8], "little"))})
+                node = self.read_u64(node)
+            return out
+        return []
+
+    def walk_tasks(self) -> list[int]:
+        """Every task in ``init_task.tasks`` (init_task first) plus its threads."""
+        off = self.btf.offsetof("task_struct", "tasks")
+        init = self.img.addr("init_task")
+        out, seen = [init], {init}
+        node = self.read_u64(init + off)
+        while node != init + off and len(out) < MAX_TASKS:
+            t = node - off
+            if t in seen:
+                break
+            seen.add(t)
+            out.append(t)
+            node = self.read_u64(node)
+        return out
+
+    def capture_stop(self, kind: str, hit_tid: str | None = None) -> StopResult | str:
+        """Capture the stopped guest; a string is the reason the stop was skipped."""
+        t0 = time.monotonic()
+        res = StopResult()
+        cpus = self.read_cpus()
+        if not self.pick_memory_thread(cpus):
+            return "no vCPU can read kernel memory (all in user/firmware mode)"
+        if not any(c.mode == "kernel" for c in cpus):
+            return "no vCPU in kernel mode"
+        current: dict[int, int] = {}
+        for c in cpus:
+            try:
+                task, src = self.lab.current_task(self, c.cpu, c.raw)
+            except RspMemoryError:
+                task, src = 0, "unreadable"
+            c.current, c.current_src = task, src
+            if task:
+                current[task] = c.cpu
+        tasks = self.walk_tasks()
+        for task in current:
+            if task not in tasks:
+                tasks.append(task)  # idle tasks of other CPUs are not on the list
+        stacks_meta: list[dict[str, Any]] = []
+        task_meta: list[dict[str, Any]] = []
+        top_of: dict[int, int] = {}
+
+        def add_mem(lo: int, hi: int) -> None:
+            if hi <= lo:
+                return
+            try:
+                res.memory[lo] = self.read(lo, hi - lo)
+            except RspMemoryError:
+                pass
+
+        for task in tasks:
+            try:
+                tb = self.read(task, self._tsize)
+            except RspMemoryError:
+                continue
+            f = self.task_fields(task, tb)
+            lo, hi = f["stack"], f["stack"] + self.thread_size
+            cpu = current.get(task)
+            if task == self.img.addr("init_task") and cpu is None:
+                continue  # swapper/0 is the list head; only interesting when running
+            entry: dict[str, Any] = {"pid": f["pid"], "comm": f["comm"], "state": f["state"],
+                                     "cpu": cpu, "task": _hex(task), "switches": f["switches"]}
+            stacks_meta.append({"kind": "task", "low": _hex(lo), "high": _hex(hi), "cpu": cpu,
+                                "pid": f["pid"]})
+            if cpu is None:
+                if f["on_cpu"]:
+                    entry["note"] = "on_cpu but no stopped vCPU runs it (switching)"
+                ctx = self.lab.blocked_context(self, task, tb)
+                entry["context"] = {k: _hex(v) for k, v in ctx.items()}
+                sp = self.lab.context_sp(ctx)
+                if lo <= sp <= hi:
+                    add_mem(sp, hi)
+                else:
+                    entry["note"] = f"saved sp {sp:#x} is off its stack"
+            else:
+                c = cpus[cpu]
+                _, sp = self.lab.pc_sp(c.regs)
+                if c.mode != "kernel":
+                    entry["mode"] = c.mode
+                if lo <= sp <= hi:
+                    add_mem(sp, hi)
+                else:
+                    add_mem(lo, hi)
+                    for kind, plo, phi in self.lab.percpu_stacks(self, cpu):
+                        if plo <= sp <= phi:
+                            add_mem(sp, phi)
+                        elif kind == "irq":
+                            add_mem(plo, phi)  # an exception on top of an IRQ needs both
+                user = self.lab_user_regs(task, hi)
+                if user:
+                    entry["user_regs"] = user
+            fg, raw = self.fgraph(tb)
+            if fg:
+                entry["fgraph"] = fg
+                res.memory[raw[0]] = raw[1]
+            kr = self.kretprobes(tb)
+            if kr:
+                entry["kretprobes"] = kr
+            top_of[task] = hi
+            task_meta.append(entry)
+        for c in cpus:
+            for kind, plo, phi in self.lab.percpu_stacks(self, c.cpu):
+                stacks_meta.append({"kind": kind, "low": _hex(plo), "high": _hex(phi), "cpu": c.cpu,
+                                    "pid": None})
+        cpu_meta = []
+        for c in cpus:
+            pid = next((t["pid"] for t in task_meta if t["cpu"] == c.cpu), None)
+            cpu_meta.append({"cpu": c.cpu, "pid": pid, "mode": c.mode,
+                             "sysregs": {k: _hex(c.raw[k]) for k in self.lab.SYSREGS if k in c.raw},
+                             "normalised": c.normalised, "current": _hex(c.current),
+                             "current_from": c.current_src,
+                             "hit": hit_tid == c.tid if hit_tid else None})
+        res.cpus = cpus
+        res.meta = {"cpus": cpu_meta, "stacks": stacks_meta, "tasks": task_meta,
+                    "capture": {"tool": "unwind capture", "kind": kind, "time": time.time()}}
+        res.seconds = time.monotonic() - t0
+        res.meta["capture"]["seconds"] = round(res.seconds, 3)
+        return res
+
+    def lab_user_regs(self, task: int, top: int) -> dict[str, str] | None:
+        """The arch's user-mode pt_regs summary at the top of a running task's stack, if defined."""
+        fn = getattr(self.lab, "user_regs", None)
+        return fn(self, task, top) if fn else None
+
+    def symbols_meta(self) -> dict[str, str]:
+        """Handy symbol values for the JSON note."""
+        out = {}
+        for name in ["_stext", "_etext", "_text", "init_task", *self.lab.TRAMPOLINES,
+                     *getattr(self.lab, "EXTRA_SYMBOLS", [])]:
+            v = self.img.get(name)
+            if v is not None:
+                out[name] = _hex(v)
+        return out
+
+    def write_dump(self, res: StopResult, path: Path, release: str, extra: dict[str, Any]) -> None:
+        """Write ``res`` as a dump file (compressed by suffix)."""
+        from unwind.dump import DumpWriter
+
+        w = DumpWriter(self.arch)
+        for addr, data in sorted(res.memory.items()):
+            w.add_memory(addr, data)
+        for c in res.cpus:
+            pid = next((t["pid"] for t in res.meta["tasks"] if t["cpu"] == c.cpu), None)
+            w.add_cpu(c.cpu, c.regs, pid)
+        w.vmcoreinfo = self.vmcoreinfo
+        w.meta.update(res.meta)
+        w.meta.update({"kernel": {"release": release}, "build_id": self.img.build_id,
+                       "symbols": self.symbols_meta()})
+        w.meta["capture"].update(extra)
+        w.write(path)
+
+
+def _has(b: Btf, struct: str, member: str) -> bool:
+    try:
+        b.member(struct, member)
+        return True
+    except BtfError:
+        return False
+
+
+def _state_char(state: int) -> str:
+    """The letter ps/sysrq print for a task state word."""
+    if state == 0:
+        return "R"
+    if state & 0x402 == 0x402:
+        return "I"
+    for bit, ch in ((1, "S"), (2, "D"), (4, "T"), (8, "t"), (0x10, "X"), (0x20, "Z"), (0x80, "D")):
+        if state & bit:
+            return ch
+    return "?"
