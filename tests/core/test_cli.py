@@ -1,0 +1,66 @@
+"""``unwind replay`` output forms and exit codes, on the toy architecture."""
+
+from __future__ import annotations
+
+import json
+
+from unwind.cli import main
+from unwind.synth import SynthDump
+
+from .toy import BACKEND
+
+TASK = 0x10000
+
+
+def write(tmp_path, end=(0, 0)):
+    sd = SynthDump(BACKEND)
+    st = sd.stack("task", TASK, 0x4000, pid=7)
+    st.put(TASK + 0x100, TASK + 0x200, 0x2000)
+    st.put(TASK + 0x200, *end)
+    sd.blocked_task(7, "worker", {"fp": TASK + 0x100, "pc": 0x1000})
+    p = tmp_path / "d.bin"
+    p.write_bytes(sd.to_bytes())
+    return p
+
+
+def test_text_output_and_clean_exit(tmp_path, capsys):
+    p = write(tmp_path)
+    assert main(["replay", str(p), "--all"]) == 0
+    out = capsys.readouterr()
+    lines = out.out.splitlines()
+    assert lines == ["pid 7 (worker) blocked:", "Call trace:", " 0x1000", " 0x2000", "-- stop: end of stack (clean)"]
+    assert "no image with build-id" in out.err
+
+
+def test_error_stop_exit_1_keeps_partial_trace(tmp_path, capsys):
+    p = write(tmp_path, end=(TASK + 0x204, 0x2001))   # misaligned next fp
+    assert main(["replay", str(p), "--task", "7"]) == 1
+    out = capsys.readouterr().out
+    assert " 0x2001" in out and "misaligned frame pointer" in out and "(ERROR)" in out
+
+
+def test_json_schema(tmp_path, capsys):
+    p = write(tmp_path)
+    assert main(["replay", str(p), "--all", "--json", "--reliable"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"arch", "kernel", "task", "frames", "stop", "reliable"}
+    assert doc["arch"] == "toy" and doc["task"]["pid"] == 7
+    assert [f["pc"] for f in doc["frames"]] == ["0x1000", "0x2000"]
+    assert set(doc["frames"][0]) == {"pc", "sp", "fp", "symbol", "source", "stack", "flags", "reliable"}
+    assert doc["frames"][1]["source"] == "frame record" and doc["frames"][1]["fp"] == hex(TASK + 0x200)
+    assert doc["stop"] == {"reason": "end_of_stack", "text": "end of stack", "detail": "", "clean": True}
+    assert doc["reliable"] == {"ok": True, "reason": ""}
+
+
+def test_explain_shows_reads(tmp_path, capsys):
+    p = write(tmp_path)
+    assert main(["replay", str(p), "--all", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert f"read {TASK + 0x100:#x}+8 = {TASK + 0x200:#x}  (fp)" in out
+    assert f"read {TASK + 0x108:#x}+8 = 0x2000  (lr)" in out
+
+
+def test_unknown_task_is_bad_input(tmp_path, capsys):
+    p = write(tmp_path)
+    assert main(["replay", str(p), "--task", "99"]) == 2
+    assert "no task with pid 99" in capsys.readouterr().err

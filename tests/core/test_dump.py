@@ -1,0 +1,141 @@
+"""The dump format: round trip, notes readelf sees, and every malformed input."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from unwind.cli import main
+from unwind.dump import Dump, DumpError, DumpWriter
+from unwind.synth import SynthDump
+
+from .toy import BACKEND
+
+
+def sample() -> SynthDump:
+    sd = SynthDump(BACKEND, release="6.12.99-test")
+    task = sd.stack("task", 0x10000, 0x4000, pid=7)
+    task.put(0x10100, 0x10200, 0x2000)
+    task.put(0x10200, 0, 0)
+    irq = sd.stack("irq", 0x40000, 0x4000, cpu=0)
+    irq.put(0x43F00, 0x10100, 0x3000)
+    sd.blocked_task(7, "worker", {"fp": 0x10100, "pc": 0x1000},
+                    fgraph=[{"ret": 0x2000, "retp": 0x10108, "func": 0x1F00}],
+                    kretprobes=[{"ret": 0x3000, "fp": 0x10200}])
+    sd.running_task(8, "busy", 0, {"fp": 0x43F00, "pc": 0x2FFF, "sp": 0x43EF0})
+    sd.vmcoreinfo["NUMBER(KERNELPACMASK)"] = "0xfff0000000000000"
+    sd.oracles.append({"source": "sysrq-t", "pid": 7, "cpu": None, "frames": ["0x1000", "0x2000"]})
+    return sd
+
+
+def test_round_trip_is_identical():
+    raw = sample().to_bytes()
+    d = Dump(raw)
+    w = DumpWriter(d.backend)
+    for seg in d.memory.segments:
+        w.add_memory(seg.start, seg.data)
+    for c in d.cpus:
+        w.add_cpu(c.cpu, c.regs)
+    w.vmcoreinfo = d.vmcoreinfo_text
+    w.meta = d.meta
+    assert w.to_bytes() == raw
+
+
+def test_reader_sees_everything_written():
+    d = sample().dump()
+    assert d.arch == "toy" and d.release == "6.12.99-test"
+    assert d.vmcoreinfo["NUMBER(KERNELPACMASK)"] == "0xfff0000000000000"
+    assert d.memory.read_u64(0x43F08) == 0x3000
+    tasks = {t.pid: t for t in d.tasks()}
+    assert tasks[8].running and tasks[8].regs["pc"] == 0x2FFF and tasks[8].cpu == 0
+    assert [s.kind for s in tasks[8].stacks] == ["irq"]
+    assert not tasks[7].running and tasks[7].context == {"fp": 0x10100, "pc": 0x1000}
+    assert [s.kind for s in tasks[7].stacks] == ["task"]
+    assert (tasks[7].fgraph[0].ret, tasks[7].fgraph[0].retp) == (0x2000, 0x10108)
+    assert (tasks[7].kretprobes[0].ret, tasks[7].kretprobes[0].fp) == (0x3000, 0x10200)
+    assert d.oracles()[0]["frames"] == ["0x1000", "0x2000"]
+
+
+@pytest.mark.parametrize("suffix", [".xz", ".gz"])
+def test_compressed_dumps(tmp_path, suffix):
+    p = tmp_path / f"d.bin{suffix}"
+    sd = sample()
+    sd.to_bytes()
+    sd.writer.write(p)
+    assert p.read_bytes()[:2] in (b"\xfd7", b"\x1f\x8b")
+    assert Dump.open(p).memory.read_u64(0x43F08) == 0x3000
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf not installed")
+def test_readelf_lists_the_notes(tmp_path):
+    p = tmp_path / "d.bin"
+    p.write_bytes(sample().to_bytes())
+    out = subprocess.run(["readelf", "-n", "-l", str(p)], capture_output=True, text=True, check=True).stdout
+    assert "NT_PRSTATUS" in out and "VMCOREINFO" in out and "UNWIND" in out
+    assert out.count("LOAD") == 2
+
+
+def _corrupt(raw: bytes, case: str) -> bytes:
+    b = bytearray(raw)
+    phoff = struct.unpack_from("<Q", b, 32)[0]
+    if case == "not-elf":
+        return b"MZ" + bytes(b[2:])
+    if case == "elf32":
+        b[4] = 1
+    elif case == "big-endian":
+        b[5] = 2
+    elif case == "not-core":
+        struct.pack_into("<H", b, 16, 2)
+    elif case == "unknown-machine":
+        struct.pack_into("<H", b, 18, 0x1234)
+    elif case == "truncated":
+        return bytes(b[: len(b) - 100])
+    elif case == "truncated-header":
+        return bytes(b[:40])
+    elif case == "overlap":
+        # make the second PT_LOAD start inside the first
+        first = phoff + 56
+        vaddr = struct.unpack_from("<Q", b, first + 16)[0]
+        struct.pack_into("<Q", b, first + 56 + 16, vaddr + 8)
+    elif case == "missing-note":
+        i = b.find(b"UNWIND\0")
+        b[i:i + 6] = b"XXXXXX"
+    elif case == "malformed-note":
+        i = b.find(b'{"arch"')
+        b[i] = ord("[")
+    elif case == "truncated-note":
+        struct.pack_into("<Q", b, phoff + 32, 0x10_0000)   # PT_NOTE p_filesz past the file
+    return bytes(b)
+
+
+CASES = ["not-elf", "elf32", "big-endian", "not-core", "unknown-machine", "truncated", "truncated-header",
+         "overlap", "missing-note", "malformed-note", "truncated-note"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_exit_2_with_one_line(tmp_path, capsys, case):
+    p = tmp_path / "bad.bin"
+    p.write_bytes(_corrupt(sample().to_bytes(), case))
+    with pytest.raises(DumpError):
+        Dump.open(p)
+    assert main(["replay", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("unwind: error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_missing_file_and_wrong_arch(tmp_path, capsys):
+    assert main(["replay", str(tmp_path / "nope.bin")]) == 2
+    p = tmp_path / "d.bin"
+    p.write_bytes(sample().to_bytes())
+    assert main(["replay", str(p), "--arch", "x86_64"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "disagrees with the dump" in err[1]
+
+
+def test_python_dash_m_runs_the_cli():
+    r = subprocess.run([sys.executable, "-m", "unwind", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "replay" in r.stdout

@@ -1,0 +1,54 @@
+"""kallsyms-style symbol lookup: aliases, sizes and System.map parsing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from unwind.symbols import SymbolError, SymbolTable
+
+
+def table() -> SymbolTable:
+    # source order as nm -n would give it; aliases at 0x1000
+    return SymbolTable([
+        (0x1000, "W", "weak_alias"), (0x1000, "T", "__start_thing"), (0x1000, "T", "__real"),
+        (0x1000, "T", "real"), (0x1040, "t", "local.constprop.0"), (0x1100, "A", "absolute"),
+        (0x1100, "T", "last"), (0x1200, "T", "_etext"), (0x1050, "U", "undefined"), (0x1060, "t", "$x"),
+    ])
+
+
+def test_alias_order_follows_compare_symbols():
+    # weak after strong, linker-provided after others, fewer underscores first
+    assert table().lookup(0x1010).name == "real"
+
+
+def test_size_is_distance_to_next_symbol():
+    t = table()
+    s = t.lookup(0x1044)
+    assert (s.name, s.offset, s.size) == ("local.constprop.0", 4, 0xC0)
+    assert t.format(0x1044) == "local.constprop.0+0x4/0xc0"
+
+
+def test_ignored_symbols_do_not_split_functions():
+    t = table()
+    assert t.lookup(0x1060).name == "local.constprop.0"   # mapping symbol $x ignored
+    assert t.lookup(0x1100).name == "last"                 # absolute symbol ignored
+
+
+def test_below_first_and_batch():
+    t = table()
+    assert t.lookup(0xFFF) is None and t.format(0xFFF) == "0xfff"
+    idx = t.lookup_many(np.array([0xFFF, 0x1000, 0x1045, 0x1150]))
+    assert [t.names[i] if i >= 0 else None for i in idx] == [None, "real", "local.constprop.0", "last"]
+
+
+def test_system_map(tmp_path):
+    p = tmp_path / "System.map"
+    p.write_text("ffffffff81000000 T _stext\nffffffff81000000 T startup_64\n"
+                 "ffffffff81000040 t helper\nffffffff81000100 T _etext\n")
+    t = SymbolTable.from_system_map(p)
+    assert t.format(0xFFFFFFFF81000044) == "helper+0x4/0xc0"
+    assert t.address("_stext") == 0xFFFFFFFF81000000
+    p.write_text("zzzz T broken\n")
+    with pytest.raises(SymbolError):
+        SymbolTable.from_system_map(p)
