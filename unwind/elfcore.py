@@ -10,7 +10,9 @@ from functools import lru_cache
 
 from construct import Array, Const, Int16ul, Int32sl, Int32ul, Int64ul, Padding, Struct
 
+ET_EXEC = 2
 ET_CORE = 4
+SHT_NOBITS = 8
 PT_LOAD = 1
 PT_NOTE = 4
 PF_R = 4
@@ -48,6 +50,19 @@ Elf64_Phdr = Struct(
     "p_filesz" / Int64ul,
     "p_memsz" / Int64ul,
     "p_align" / Int64ul,
+)
+
+Elf64_Shdr = Struct(
+    "sh_name" / Int32ul,
+    "sh_type" / Int32ul,
+    "sh_flags" / Int64ul,
+    "sh_addr" / Int64ul,
+    "sh_offset" / Int64ul,
+    "sh_size" / Int64ul,
+    "sh_link" / Int32ul,
+    "sh_info" / Int32ul,
+    "sh_addralign" / Int64ul,
+    "sh_entsize" / Int64ul,
 )
 
 Elf64_Nhdr = Struct(

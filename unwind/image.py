@@ -7,7 +7,10 @@ demand for the call-site check and complete modes.
 
 from __future__ import annotations
 
+import io
+import lzma
 import os
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -22,6 +25,7 @@ from .symbols import SymbolError, SymbolTable
 
 NT_GNU_BUILD_ID = "NT_GNU_BUILD_ID"
 IMAGE_PATH_ENV = "UNWIND_IMAGE_PATH"
+_BUILD_ID_IN_NAME = re.compile(r"[0-9a-f]{40}")
 
 # Elf64_Sym as numpy sees it, to decode .symtab in one pass.
 _ELF64_SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"),
@@ -49,7 +53,7 @@ class Image:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         try:
-            self._file: BinaryIO = open(self.path, "rb")
+            self._file: BinaryIO = _open_maybe_compressed(self.path)
             self.elf = ELFFile(self._file)
         except OSError as e:
             raise ImageError(f"cannot open image {path}: {e.strerror}") from None
@@ -75,25 +79,30 @@ class Image:
             raise ImageError(f"{self.path}: no .symtab (use a System.map)")
         strtab = self.elf.get_section(symtab["sh_link"]).data()
         raw = np.frombuffer(symtab.data(), dtype=_ELF64_SYM)
-        exec_sections = {i for i, s in enumerate(self.elf.iter_sections())
-                         if s["sh_flags"] & SH_FLAGS.SHF_EXECINSTR}
+        exec_sections = np.array([bool(sec["sh_flags"] & SH_FLAGS.SHF_EXECINSTR)
+                                  for sec in self.elf.iter_sections()] + [False])
+        stt, stb, shndx = raw["info"] & 0xF, raw["info"] >> 4, raw["shndx"]
+        keep = (stt != _STT_SECTION) & (stt != _STT_FILE) & (shndx != _SHN_UNDEF) & (raw["name"] != 0)
+        raw, stb, shndx = raw[keep], stb[keep], shndx[keep]
+        is_text = exec_sections[np.minimum(shndx, len(exec_sections) - 1)]
+        # the nm letter: A absolute, W weak, T/t text, D/d anything else (lower case when local)
+        letters = np.where(is_text, ord("T"), ord("D"))
+        letters = np.where(stb == _STB_LOCAL, letters + 32, letters)
+        letters = np.where(stb == _STB_WEAK, ord("W"), letters)
+        letters = np.where(shndx == _SHN_ABS, ord("A"), letters)
+        names: dict[int, str] = {}
+        pos = 0
+        for part in strtab.split(b"\0"):
+            names[pos] = part.decode("ascii", "replace")
+            pos += len(part) + 1
         entries = []
-        for name_off, info, shndx, value in zip(raw["name"].tolist(), raw["info"].tolist(),
-                                                raw["shndx"].tolist(), raw["value"].tolist()):
-            stt, stb = info & 0xF, info >> 4
-            if stt in (_STT_SECTION, _STT_FILE) or shndx == _SHN_UNDEF or not name_off:
-                continue
-            end = strtab.index(b"\0", name_off)
-            name = strtab[name_off:end].decode("ascii", "replace")
-            if shndx == _SHN_ABS:
-                typ = "A"
-            elif stb == _STB_WEAK:
-                typ = "W"
-            else:
-                typ = "T" if shndx in exec_sections else "D"
-                if stb == _STB_LOCAL:
-                    typ = typ.lower()
-            entries.append((value, typ, name))
+        for name_off, letter, value in zip(raw["name"].tolist(), letters.tolist(), raw["value"].tolist()):
+            name = names.get(name_off)
+            if name is None:  # a tail-merged string starts inside another
+                name = strtab[name_off:strtab.index(b"\0", name_off)].decode("ascii", "replace")
+            entries.append((value, chr(letter), name))
+        # kallsyms reads `nm -n`, which orders symbols at one address by name
+        entries.sort(key=lambda e: (e[0], e[2]))
         try:
             return SymbolTable(entries)
         except SymbolError as e:
@@ -143,13 +152,28 @@ class Image:
         return None
 
 
+def _open_maybe_compressed(path: Path) -> BinaryIO:
+    """Open an image; an xz-compressed one (a committed slim image) is unpacked in memory."""
+    f = open(path, "rb")
+    if f.read(6) == b"\xfd7zXZ\x00":
+        f.seek(0)
+        try:
+            return io.BytesIO(lzma.decompress(f.read()))
+        except lzma.LZMAError as e:
+            raise ImageError(f"{path}: corrupt xz image: {e}") from None
+        finally:
+            f.close()
+    f.seek(0)
+    return f
+
+
 def read_build_id(elf: ELFFile) -> str | None:
     """The hex build-id from any note section of ``elf``."""
     for sec in elf.iter_sections():
         if sec["sh_type"] != "SHT_NOTE":
             continue
         for note in sec.iter_notes():
-            if note["n_type"] == NT_GNU_BUILD_ID:
+            if note["n_type"] == NT_GNU_BUILD_ID and note["n_name"] == "GNU":
                 return note["n_desc"]
     return None
 
@@ -157,9 +181,9 @@ def read_build_id(elf: ELFFile) -> str | None:
 def image_build_id(path: str | Path) -> str | None:
     """The build-id of an ELF file, or ``None`` if it is not a readable ELF."""
     try:
-        with open(path, "rb") as f:
+        with _open_maybe_compressed(Path(path)) as f:
             return read_build_id(ELFFile(f))
-    except (OSError, ELFError, Exception):  # noqa: BLE001 - any unreadable file is "not it"
+    except (OSError, ELFError, ImageError, ValueError):
         return None
 
 
@@ -174,7 +198,8 @@ def _candidates(dump_path: Path) -> Iterator[Path]:
 
 
 def _looks_like_image(p: Path) -> bool:
-    return p.name.startswith("vmlinux") or p.suffix in (".elf", ".slim") or p.name.endswith(".slim.elf")
+    name = p.name.removesuffix(".xz")
+    return name.startswith("vmlinux") or name.endswith((".elf", ".slim"))
 
 
 def find_image(build_id: str | None, dump_path: str | Path, explicit: str | Path | None) -> Image | None:
@@ -190,6 +215,9 @@ def find_image(build_id: str | None, dump_path: str | Path, explicit: str | Path
     if not build_id:
         return None
     for cand in _candidates(Path(dump_path)):
+        named = _BUILD_ID_IN_NAME.findall(cand.name)
+        if named and build_id not in named:
+            continue  # named after another build: skip without unpacking it
         if image_build_id(cand) == build_id:
             return Image(cand)
     return None

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from .frame import Frame
+    from .replay import Replay
     from .target import Target
     from .walk import Stop, Unwinder
 
@@ -57,6 +58,10 @@ class ArchBackend(ABC):
         Each line comes with the frame it prints, or ``None`` for headers
         and stack markers, so ``--explain`` can put provenance under it.
         """
+
+    def categorize(self, oracle: dict, expected: list[int], replay: "Replay") -> str | None:
+        """Name the documented category of a difference from an oracle, or ``None`` if unexplained."""
+        return None
 
     def symbolize(self, frame: "Frame", target: "Target") -> str:
         """The symbol text the kernel would print for this frame (``%pS`` by default)."""

@@ -11,6 +11,7 @@ prints as the kernel prints it.
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -51,32 +52,48 @@ def _alias_key(item: tuple[int, str, str, int]) -> tuple[int, int, int, int, int
     return (addr, weak, _linker_provided(name), underscores, seq)
 
 
+# scripts/mksysmap: the names System.map (and so kallsyms) never holds
+_MKSYSMAP_DROPPED = re.compile(
+    r"^(\$|\.L|__efistub_|__pi_\$|__pi_\.L|__kvm_nvhe_\$|__kvm_nvhe_\.L|__[A-Za-z0-9]*Thunk_|"
+    r"__kcfi_typeid_|__kvm_nvhe___kcfi_typeid_|__pi___kcfi_typeid_|__crc_|__kstrtab_|__kstrtabns_|L0$|"
+    r"_SDA_BASE_$|_SDA2_BASE_$)|(_from_arm|_from_thumb|_veneer)$|\.long_branch\.|\.plt_branch\.")
+
+
 def _ignored(name: str, typ: str) -> bool:
-    """``is_ignored_symbol()`` plus the names ``mksysmap`` never writes."""
-    if typ in "unUN" or typ in "aA":
+    """``mksysmap``'s filter, then ``scripts/kallsyms.c: is_ignored_symbol()``."""
+    if not name or typ in "aNUwun" or typ == "A":
         return True
-    return name.startswith(("$", ".L")) or not name
+    if name[0] not in "$._L" and "." not in name and not name.endswith(("_arm", "_thumb", "_veneer")):
+        return False  # none of the patterns can match
+    return _MKSYSMAP_DROPPED.search(name) is not None
 
 
 class SymbolTable:
     """A sorted kallsyms-like table with scalar and batch lookup."""
 
     def __init__(self, entries: Iterable[tuple[int, str, str]]) -> None:
-        """``entries`` are ``(addr, nm type, name)`` in source order."""
+        """``entries`` are ``(addr, nm type, name)`` in source (``nm -n``) order."""
         items = [(a, t, n, i) for i, (a, t, n) in enumerate(entries) if not _ignored(n, t)]
         if not items:
             raise SymbolError("no symbols")
-        items.sort(key=_alias_key)
+        items.sort(key=lambda it: it[0])  # stable: source order kept within an address
         addrs: list[int] = []
         names: list[str] = []
-        for addr, _typ, name, _seq in items:
-            if addrs and addrs[-1] == addr:
-                continue  # get_symbol_pos() reports the first alias
-            addrs.append(addr)
-            names.append(name)
         by_name: dict[str, int] = {}
-        for addr, _typ, name, _seq in items:
-            by_name.setdefault(name, addr)
+        i, n = 0, len(items)
+        while i < n:
+            addr = items[i][0]
+            j = i + 1
+            while j < n and items[j][0] == addr:
+                j += 1
+            group = items[i:j]
+            # get_symbol_pos() reports the first alias in compare_symbols() order
+            best = group[0] if j == i + 1 else min(group, key=_alias_key)
+            addrs.append(addr)
+            names.append(best[2])
+            for it in group:
+                by_name.setdefault(it[2], addr)
+            i = j
         self._by_name = by_name
         self.addrs: list[int] = addrs
         self.names: list[str] = names

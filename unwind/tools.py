@@ -1,0 +1,146 @@
+"""``unwind slim`` and ``unwind diff``: corpus tools built on replay."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .replay import Session, load_session
+from .target import Options, Task
+
+
+@dataclass
+class OracleResult:
+    """One oracle trace compared with the replay of the same task."""
+
+    dump: str
+    source: str
+    who: str
+    category: str
+    expected: list[int]
+    got: list[int]
+
+    @property
+    def explained(self) -> bool:
+        """Exact, or a difference the backend documents."""
+        return self.category != "unexplained"
+
+
+@dataclass
+class DiffReport:
+    """All comparisons over a set of dumps."""
+
+    results: list[OracleResult] = field(default_factory=list)
+
+    def counts(self) -> dict[str, Counter[str]]:
+        """Per oracle source, how many comparisons fell in each category."""
+        out: dict[str, Counter[str]] = {}
+        for r in self.results:
+            out.setdefault(r.source, Counter())[r.category] += 1
+        return out
+
+    @property
+    def ok(self) -> bool:
+        """No unexplained difference."""
+        return all(r.explained for r in self.results)
+
+
+#: oracles that are the kernel's own printed trace: compared with faithful replay
+KERNEL_SOURCES = ("sysrq-t", "sysrq-l", "ftrace-stacktrace", "dump_backtrace")
+
+
+def _find_task(session: Session, oracle: dict[str, Any]) -> Task | None:
+    tasks = session.dump.tasks()
+    if oracle.get("cpu") is not None:
+        hit = [t for t in tasks if t.cpu == oracle["cpu"]]
+    else:
+        hit = [t for t in tasks if t.pid == oracle.get("pid") and not t.running]
+        hit = hit or [t for t in tasks if t.pid == oracle.get("pid")]
+    return hit[0] if hit else None
+
+
+def compare_oracle(session: Session, oracle: dict[str, Any]) -> OracleResult | None:
+    """Replay the oracle's task in the mode the oracle stands for and categorise any difference."""
+    task = _find_task(session, oracle)
+    if task is None:
+        return None
+    source = oracle.get("source", "?")
+    options = Options(complete=source not in KERNEL_SOURCES)
+    r = session.replay(task, options, symbolize=False)
+    got = [f.pc for f in r.frames if f.reliable or options.complete]
+    expected = [int(x, 0) if isinstance(x, str) else int(x) for x in oracle.get("frames", [])]
+    if got == expected:
+        category = "exact"
+    else:
+        category = session.backend.categorize(oracle, expected, r) or "unexplained"
+    who = f"cpu{task.cpu}" if oracle.get("cpu") is not None else f"pid {task.pid}"
+    return OracleResult(session.dump.path, source, f"{who} ({task.comm})", category, expected, got)
+
+
+def diff_dumps(paths: list[str], vmlinux: str | None = None) -> DiffReport:
+    """Compare every oracle in every dump."""
+    report = DiffReport()
+    for p in paths:
+        session = load_session(p, vmlinux=vmlinux)
+        for oracle in session.dump.oracles():
+            res = compare_oracle(session, oracle)
+            if res is not None:
+                report.results.append(res)
+    return report
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """``unwind diff``: exit 1 on any unexplained difference."""
+    report = diff_dumps(args.dumps, args.vmlinux)
+    if args.json:
+        print(json.dumps({"counts": {k: dict(v) for k, v in report.counts().items()},
+                          "differences": [{"dump": r.dump, "source": r.source, "who": r.who,
+                                           "category": r.category, "expected": [hex(x) for x in r.expected],
+                                           "got": [hex(x) for x in r.got]}
+                                          for r in report.results if r.category != "exact"]}))
+    else:
+        for r in report.results:
+            if r.category != "exact" and (args.verbose or not r.explained):
+                print(f"{r.dump}: {r.source} {r.who}: {r.category}")
+                print(f"  expected {' '.join(hex(x) for x in r.expected)}")
+                print(f"  replayed {' '.join(hex(x) for x in r.got)}")
+        for source, c in sorted(report.counts().items()):
+            total = sum(c.values())
+            parts = ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
+            print(f"{source}: {total} traces: {parts}")
+    return 0 if report.ok else 1
+
+
+def cmd_slim(args: argparse.Namespace) -> int:
+    """``unwind slim``: write the slim image."""
+    from .slim import write_slim
+
+    n = write_slim(args.vmlinux, args.output, with_text=args.with_text)
+    print(f"wrote {args.output}: {n} bytes", file=sys.stderr)
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``slim`` and ``diff`` to the top-level parser."""
+    d = sub.add_parser("diff", help="replay every task with an oracle and compare frame by frame")
+    d.add_argument("dumps", nargs="+", help="dump files")
+    d.add_argument("--vmlinux", metavar="IMAGE", help="kernel image (default: found by build-id)")
+    d.add_argument("--json", action="store_true", help="counts and differences as JSON")
+    d.add_argument("-v", "--verbose", action="store_true", help="also list explained differences")
+    d.set_defaults(func=cmd_diff)
+
+    s = sub.add_parser("slim", help="write a small image with what replay needs")
+    s.add_argument("vmlinux", help="the full (debug) vmlinux")
+    s.add_argument("-o", "--output", required=True, help="output image (.xz compresses)")
+    s.add_argument("--with-text", action="store_true", help="keep the kernel text (call-site checks, complete modes)")
+    s.set_defaults(func=cmd_slim)
+
+
+def paths_under(folder: str | Path) -> list[str]:
+    """Every dump file below ``folder``."""
+    return sorted(str(p) for p in Path(folder).rglob("*") if p.is_file() and ".bin" in p.name)
