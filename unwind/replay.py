@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import registry
@@ -97,7 +97,10 @@ class Session:
         return running or tasks
 
     def target(self, task: Task, options: Options) -> Target:
-        """Everything a walk of ``task`` reads."""
+        """Everything a walk of ``task`` reads; a dump's ``kernel.generation`` applies unless overridden."""
+        pinned = self.dump.meta.get("kernel", {}).get("generation")
+        if options.generation is None and pinned:
+            options = replace(options, generation=str(pinned))
         return Target(arch=self.backend.name, mem=self.dump.memory, task=task, release=self.dump.release,
                       vmcoreinfo=self.dump.vmcoreinfo, symbols=self.symbols, image=self.image,
                       meta=self.dump.meta, options=options)
