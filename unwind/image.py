@@ -12,7 +12,7 @@ import lzma
 import os
 import re
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -202,13 +202,19 @@ def _looks_like_image(p: Path) -> bool:
     return name.startswith("vmlinux") or name.endswith((".elf", ".slim"))
 
 
+@lru_cache(maxsize=8)
+def open_image(path: Path) -> Image:
+    """Open an image once per process: a corpus has many dumps of one kernel."""
+    return Image(path)
+
+
 def find_image(build_id: str | None, dump_path: str | Path, explicit: str | Path | None) -> Image | None:
     """Find the image for a dump by build-id: ``explicit``, beside the dump, then the search path.
 
     An explicit image whose build-id differs from the dump's is refused.
     """
     if explicit is not None:
-        img = Image(explicit)
+        img = open_image(Path(explicit).resolve())
         if build_id and img.build_id and img.build_id != build_id:
             raise ImageError(f"{explicit}: build-id {img.build_id} does not match the dump's {build_id}")
         return img
@@ -219,5 +225,5 @@ def find_image(build_id: str | None, dump_path: str | Path, explicit: str | Path
         if named and build_id not in named:
             continue  # named after another build: skip without unpacking it
         if image_build_id(cand) == build_id:
-            return Image(cand)
+            return open_image(cand.resolve())
     return None
