@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import registry
-from .callsite import CallSite, CallSiteChecker
+from .callsite import CallSiteChecker
 from .dump import Dump, DumpError
 from .frame import Frame
 from .image import Image, ImageError, find_image
@@ -27,7 +27,6 @@ class Replay:
     frames: list[Frame]
     stop: Stop
     reliable: ReliableResult | None = None
-    callsites: dict[int, CallSite] = field(default_factory=dict)
 
     @property
     def task(self) -> Task:
@@ -113,14 +112,11 @@ class Session:
         verdict = None
         if reliable:
             verdict = stack_walk_reliable(self.backend.unwinder(target), lambda pc: True, max_frames)
-        out = Replay(target, frames, stop, verdict)
         for f in frames:
             if symbolize:
                 f.symbol = self.backend.symbolize(f, target)
-            site = self._callsites.annotate(f)
-            if site is not None:
-                out.callsites[f.pc] = site
-        return out
+            self._callsites.annotate(f)
+        return Replay(target, frames, stop, verdict)
 
 
 def load_session(dump_path: str | Path, **kw: object) -> Session:
