@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import random
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -492,3 +493,167 @@ def _state_char(state: int) -> str:
         if state & bit:
             return ch
     return "?"
+
+
+@dataclass
+class Plan:
+    """What to stop on: ``random`` stops and breakpoint stops (``(kind, symbol)``)."""
+
+    stops: int
+    breaks: list[tuple[str, str]]
+    random_share: int = 2  # random stops per round of breakpoint stops
+    delay: tuple[float, float] = (0.05, 1.5)
+    break_timeout: float = 15.0
+
+    def kinds(self) -> list[tuple[str, str | None]]:
+        """The sequence of stops: random ones interleaved with the breakpoints in turn."""
+        seq: list[tuple[str, str | None]] = []
+        bi = 0
+        while len(seq) < self.stops:
+            for _ in range(self.random_share if self.breaks else self.stops):
+                if len(seq) < self.stops:
+                    seq.append(("random", None))
+            if self.breaks and len(seq) < self.stops:
+                seq.append(self.breaks[bi % len(self.breaks)])
+                bi += 1
+        return seq
+
+
+def default_breaks(lab: ModuleType, img: Image) -> list[tuple[str, str]]:
+    """IRQ-context, syscall-entry and hijack-live breakpoints known for the arch (present ones)."""
+    out = []
+    for kind, names in (("irq", lab.IRQ_BREAKS), ("syscall-entry", lab.SYSCALL_ENTRY),
+                        ("hijack", lab.HIJACK_BREAKS)):
+        out += [(kind, n) for n in names if img.get(n)]
+    return out
+
+
+class SysrqOracle:
+    """sysrq-t through the guest's serial console, checked for tasks that ran meanwhile."""
+
+    def __init__(self, console, smap, timeout: float = 120.0) -> None:
+        self.console = console
+        self.smap = smap
+        self.timeout = timeout
+
+    def collect(self, s: Session, res: StopResult) -> tuple[list[dict], str]:
+        """Resume, trigger sysrq-t, stop again; oracle entries for the stop in ``res``."""
+        from .oracles import sysrq_oracles
+
+        mark = self.console.mark()
+        s.rsp.cont()
+        self.console.type("echo t > /proc/sysrq-trigger")
+        text = ""
+        try:
+            text = self.console.wait_for(mark, r"Showing busy workqueues",
+                                         self.timeout, quiet=1.5)
+        finally:
+            s.rsp.halt()
+        ents = sysrq_oracles(text, self.smap)
+        by_pid = {t["pid"]: t for t in res.meta["tasks"]}
+        off = s.btf.offsetof("task_struct", "nvcsw")
+        off2 = s.btf.offsetof("task_struct", "nivcsw")
+        stale = 0
+        for e in ents:
+            t = by_pid.get(e["pid"])
+            if t is None or t["cpu"] is not None:
+                e["stale"] = True
+                e["why"] = "not a blocked task of the dump"
+                stale += 1
+                continue
+            task = int(t["task"], 16)
+            now = s.read_u64(task + off) + s.read_u64(task + off2)
+            if now != t["switches"]:
+                e["stale"] = True
+                e["why"] = f"ran between capture and sysrq ({now - t['switches']} switches)"
+                stale += 1
+        return ents, f"sysrq-t: {len(ents)} tasks, {stale} stale"
+
+
+def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
+                sysrq: SysrqOracle | None = None, sysrq_every: int = 1, gdb_oracle: bool = False,
+                suffix: str = ".bin.xz", seed: int | None = None) -> int:
+    """Take ``plan.stops`` stops into ``out``; returns the number of dumps written.
+
+    Each dump is written as soon as its stop is done, so a guest that dies
+    mid-run loses only the stop in progress.
+    """
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    written = skipped = 0
+    t_start = time.monotonic()
+    seq = plan.kinds()
+    i = 0
+    attempts = 0
+    while i < len(seq) and attempts < len(seq) * 6:
+        attempts += 1
+        kind, sym = seq[i]
+        hit = None
+        if kind == "random":
+            s.rsp.cont()
+            time.sleep(rng.uniform(*plan.delay))
+            reply = s.rsp.halt()
+            label = "random"
+        else:
+            addr = s.img.addr(sym)
+            s.rsp.breakpoint(addr, s.lab.BREAK_KIND)
+            s.rsp.cont()
+            reply = s.rsp.wait_stop(plan.break_timeout)
+            if reply is None:
+                s.rsp.halt()
+            s.rsp.breakpoint(addr, s.lab.BREAK_KIND, insert=False)
+            if reply is None:
+                s.log(f"[capture] {kind} {sym}: no hit in {plan.break_timeout:.0f}s, skipped")
+                skipped += 1
+                i += 1
+                continue
+            hit = RspClient.stop_thread(reply)
+            label = f"{kind}:{sym}"
+        res = s.capture_stop(label, hit)
+        if isinstance(res, str):
+            skipped += 1
+            s.log(f"[capture] {label}: skipped ({res})")
+            continue
+        extra: dict[str, Any] = {"qemu": qemu, "stop_reply": reply.decode(errors="replace")}
+        oracles: list[dict] = []
+        notes = []
+        if sysrq is not None and (written % max(1, sysrq_every) == 0):
+            try:
+                ents, note = sysrq.collect(s, res)
+                oracles += ents
+                notes.append(note)
+            except TimeoutError as e:
+                notes.append(f"sysrq-t: {e}")
+        res.meta["oracles"] = oracles
+        extra["notes"] = "; ".join(notes) if notes else None
+        path = out / f"stop-{written:03d}-{label.replace(':', '-')}{suffix}"
+        s.write_dump(res, path, release, extra)
+        if gdb_oracle:
+            _add_gdb_oracle(s, path, res, release, extra)
+        written += 1
+        i += 1
+        nblocked = sum(1 for t in res.meta["tasks"] if t["cpu"] is None)
+        size = sum(len(v) for v in res.memory.values())
+        s.log(f"[capture] {written}/{len(seq)} {label}: {len(res.cpus)} cpus "
+              f"({','.join(c.mode for c in res.cpus)}), {nblocked} blocked, {size // 1024} KiB, "
+              f"{res.seconds:.2f}s" + (f"; {notes[0]}" if notes else "") + f" -> {path.name}")
+    s.log(f"[capture] {written} dumps, {skipped} skipped, {time.monotonic() - t_start:.1f}s")
+    return written
+
+
+def _add_gdb_oracle(s: Session, path: Path, res: StopResult, release: str, extra: dict) -> None:
+    """Run gdb's ``bt`` on an uncompressed copy of the dump and store it in the dump."""
+    import tempfile
+
+    from .oracles import gdb_backtrace
+
+    with tempfile.TemporaryDirectory() as d:
+        plain = Path(d) / "core"
+        s.write_dump(res, plain, release, extra)
+        try:
+            ents = gdb_backtrace(s.img.path, plain, s.lab.GDB_ARCH, len(res.cpus))
+        except (OSError, subprocess.TimeoutExpired) as e:
+            s.log(f"[capture] gdb oracle failed: {e}")
+            return
+    res.meta["oracles"] = res.meta.get("oracles", []) + ents
+    s.write_dump(res, path, release, extra)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -60,16 +61,36 @@ class Monitor:
 
 
 class Console:
-    """The guest's serial console: type into ``con.sock``, read back from ``console.log``."""
+    """The guest's serial console: type into ``con.sock``, read back from ``console.log``.
+
+    A thread drains the socket: a connected client that does not read would
+    stall the guest's UART (and with it printk).
+    """
 
     def __init__(self, sock_path: str, log_path: str, timeout: float = 5.0) -> None:
         self.log = Path(log_path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         self.sock.connect(sock_path)
+        self._closed = threading.Event()
+        self._drain = threading.Thread(target=self._drain_loop, daemon=True)
+        self._drain.start()
+
+    def _drain_loop(self) -> None:
+        self.sock.settimeout(0.5)
+        while not self._closed.is_set():
+            try:
+                if not self.sock.recv(65536):
+                    return
+            except socket.timeout:
+                continue
+            except OSError:
+                return
 
     def close(self) -> None:
-        """Close the socket."""
+        """Stop draining and close the socket."""
+        self._closed.set()
+        self._drain.join(timeout=2)
         self.sock.close()
 
     def __enter__(self) -> "Console":

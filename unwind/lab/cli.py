@@ -1,0 +1,177 @@
+"""``unwind kernels``, ``unwind lab`` and ``unwind capture`` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .boot import LabError, boot, lab_state, stop
+from .btf import BtfError
+from .capture import CaptureError, Image, Plan, Session, SysrqOracle, default_breaks, run_capture
+from .fetch import FetchError, canonical_arch, fetch, find_kernel
+from .rsp import RspClient, RspError
+
+_ERRORS = (FetchError, LabError, CaptureError, RspError, BtfError, OSError, TimeoutError)
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"unwind: error: {msg}", file=sys.stderr)
+    return code
+
+
+def cmd_kernels_fetch(args: argparse.Namespace) -> int:
+    """Fetch (or find) a kernel and print its cache folder."""
+    try:
+        k = fetch(args.arch, args.suite, args.release)
+    except _ERRORS as e:
+        return _fail(str(e).splitlines()[0])
+    print(k.root)
+    return 0
+
+
+def cmd_kernels_list(args: argparse.Namespace) -> int:
+    """List fetched kernels."""
+    from .fetch import cache_dir
+
+    for p in sorted((cache_dir() / "kernels").glob("*/kernel.json")):
+        m = json.loads(p.read_text())
+        print(f"{m['arch']:7} {m['release']:28} {m['build_id']}  {p.parent}")
+    return 0
+
+
+def cmd_lab_boot(args: argparse.Namespace) -> int:
+    """Boot (or report) the lab guest of an arch; ``--stop`` quits it."""
+    try:
+        arch = canonical_arch(args.arch)
+        if args.stop:
+            stop(arch)
+            return 0
+        st = boot(find_kernel(arch, args.release), mem=args.mem, smp=args.smp, timeout=args.timeout)
+    except _ERRORS as e:
+        return _fail(str(e).splitlines()[0])
+    print(json.dumps({k: st[k] for k in ("arch", "release", "pid", "gdb", "monitor", "console",
+                                          "console_log")}, indent=1))
+    return 0
+
+
+def cmd_lab_stop(args: argparse.Namespace) -> int:
+    """Quit the lab guest of an arch."""
+    try:
+        stop(canonical_arch(args.arch))
+    except _ERRORS as e:
+        return _fail(str(e).splitlines()[0])
+    return 0
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    """Capture dumps from a GDB stub (see ``unwind capture -h``)."""
+    from .monitor import Console
+    from .oracles import SystemMap
+
+    console = None
+    try:
+        lab = lab_state(args.lab) if args.lab else None
+        gdb = args.gdb or (lab["gdb"] if lab else None)
+        vmlinux = args.vmlinux or (str(Path(lab["kernel"]) / "vmlinux") if lab else None)
+        if not gdb or not vmlinux:
+            return _fail("need --gdb HOST:PORT and --vmlinux V (or --lab ARCH)")
+        host, _, port = gdb.rpartition(":")
+        if not port.isdigit():
+            return _fail(f"bad --gdb {gdb!r}: expected HOST:PORT")
+        con_sock = args.console or (lab["console"] if lab else None)
+        con_log = args.console_log or (lab["console_log"] if lab else None)
+        smap_path = args.system_map or (Path(vmlinux).parent / "System.map")
+        print(f"[capture] loading {vmlinux}", file=sys.stderr)
+        img = Image(vmlinux)
+        rsp = RspClient(host or "127.0.0.1", int(port), timeout=args.timeout)
+    except _ERRORS as e:
+        return _fail(str(e).splitlines()[0])
+    try:
+        if rsp.running:
+            rsp.halt()
+        s = Session(rsp, img)
+        s.setup()
+        release = args.release or (lab["release"] if lab else "") or _osrelease(s.vmcoreinfo)
+        breaks = [("breakpoint", b) for b in args.breaks.split(",") if b] if args.breaks else \
+            default_breaks(s.lab, img)
+        for _, sym in breaks:
+            img.addr(sym)
+        plan = Plan(args.stops, breaks, random_share=0 if args.breaks else 2,
+                    break_timeout=args.break_timeout)
+        sysrq = None
+        if not args.no_sysrq and con_sock and con_log:
+            console = Console(con_sock, con_log)
+            smap = SystemMap(smap_path) if Path(smap_path).exists() else None
+            sysrq = SysrqOracle(console, smap)
+        qemu = " ".join(lab["qemu"]) if lab else ""
+        n = run_capture(s, plan, Path(args.output), release, qemu, sysrq, args.sysrq_every,
+                        args.gdb_oracle, seed=args.seed)
+    except _ERRORS as e:
+        print(f"unwind: error: {str(e).splitlines()[0]} (dumps written so far are kept in {args.output})",
+              file=sys.stderr)
+        return 1
+    finally:
+        try:
+            if not rsp.running:
+                rsp.cont()
+        except RspError:
+            pass
+        rsp.close()
+        if console is not None:
+            console.close()
+    return 0 if n else 1
+
+
+def _osrelease(vmcoreinfo: str) -> str:
+    for line in vmcoreinfo.splitlines():
+        if line.startswith("OSRELEASE="):
+            return line.split("=", 1)[1]
+    return ""
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Add ``kernels``, ``lab`` and ``capture`` to the top-level parser."""
+    k = sub.add_parser("kernels", help="fetch Debian kernels into the cache")
+    ksub = k.add_subparsers(dest="kernels_cmd", required=True)
+    f = ksub.add_parser("fetch", help="download and extract a kernel, its vmlinux and busybox")
+    f.add_argument("--arch", required=True, help="x86_64, arm64 or riscv")
+    f.add_argument("--suite", default="trixie", help="Debian suite (default trixie)")
+    f.add_argument("--release", help="kernel release (default: the suite's current one)")
+    f.set_defaults(func=cmd_kernels_fetch)
+    ksub.add_parser("list", help="list fetched kernels").set_defaults(func=cmd_kernels_list)
+
+    lab = sub.add_parser("lab", help="boot a fetched kernel under QEMU TCG")
+    lsub = lab.add_subparsers(dest="lab_cmd", required=True)
+    b = lsub.add_parser("boot", help="boot the guest (gdbstub, monitor, logged console)")
+    b.add_argument("--arch", required=True)
+    b.add_argument("--release", help="which fetched kernel (default: newest)")
+    b.add_argument("--mem", default="1G")
+    b.add_argument("--smp", type=int, default=2)
+    b.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for /init")
+    b.add_argument("--stop", action="store_true", help="quit the running guest instead")
+    b.set_defaults(func=cmd_lab_boot)
+    st = lsub.add_parser("stop", help="quit the guest")
+    st.add_argument("--arch", required=True)
+    st.set_defaults(func=cmd_lab_stop)
+
+    c = sub.add_parser("capture", help="capture dumps from a GDB stub")
+    c.add_argument("--gdb", help="HOST:PORT of the GDB stub")
+    c.add_argument("--vmlinux", help="the debug vmlinux of the running kernel")
+    c.add_argument("--lab", metavar="ARCH", help="take stub, vmlinux and console from `unwind lab boot`")
+    c.add_argument("--monitor", help="HMP socket (recorded; stops use the stub's ^C)")
+    c.add_argument("--console", help="serial console socket (for sysrq-t)")
+    c.add_argument("--console-log", help="file the console is logged to")
+    c.add_argument("--system-map", help="System.map (default: next to the vmlinux)")
+    c.add_argument("--stops", type=int, default=20)
+    c.add_argument("--break", dest="breaks", metavar="F1,F2", help="breakpoint stops only, on these functions")
+    c.add_argument("--break-timeout", type=float, default=15.0)
+    c.add_argument("--no-sysrq", action="store_true", help="no sysrq-t oracle")
+    c.add_argument("--sysrq-every", type=int, default=1, help="sysrq-t after every N-th stop")
+    c.add_argument("--gdb-oracle", action="store_true", help="store gdb-multiarch bt of each dump")
+    c.add_argument("--release", help="kernel release to record (default: VMCOREINFO OSRELEASE)")
+    c.add_argument("--timeout", type=float, default=20.0, help="stub reply timeout")
+    c.add_argument("--seed", type=int)
+    c.add_argument("-o", "--output", required=True, help="folder for the dumps")
+    c.set_defaults(func=cmd_capture)

@@ -1,0 +1,164 @@
+"""Independent traces stored with each dump: the kernel's own output, and gdb's.
+
+- ``sysrq-t``: the console text of ``echo t > /proc/sysrq-trigger``, split per
+  task; ``sym+off/size`` resolved to addresses with System.map (kallsyms and
+  DWARF disagree on names, addresses do not).
+- ``ftrace-stacktrace``: ``<stack trace>`` blocks of a trace buffer.
+- ``gdb``: ``bt`` of gdb-multiarch on a written dump, inline frames dropped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_TS = re.compile(r"^\[\s*\d+\.\d+\]\s?")
+_TASK = re.compile(r"task:(?P<comm>.*?)\s+state:(?P<state>\S)\s+stack:\s*\d+\s+pid:\s*(?P<pid>\d+)")
+_FRAME = re.compile(r"^\s*(?P<q>\? )?(?:\[<(?P<addr>[0-9a-f]+)>\]\s+)?(?P<sym>[A-Za-z_.$][\w.$]*)"
+                    r"\+0x(?P<off>[0-9a-f]+)/0x(?P<size>[0-9a-f]+)(?:\s+\[(?P<mod>[\w-]+)\])?\s*$")
+_MARKER = re.compile(r"^\s*</?(TASK|IRQ|NMI|SOFTIRQ|#\w+)>\s*$")
+
+
+class SystemMap:
+    """Name -> addresses, with kallsyms-style sizes (distance to the next symbol)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.by_name: dict[str, list[int]] = {}
+        addrs: set[int] = set()
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                a = int(parts[0], 16)
+                self.by_name.setdefault(parts[2], []).append(a)
+                addrs.add(a)
+        self._sorted = sorted(addrs)
+
+    def size_at(self, addr: int) -> int:
+        """Distance from ``addr`` to the next higher symbol."""
+        i = bisect.bisect_right(self._sorted, addr)
+        return self._sorted[i] - addr if i < len(self._sorted) else 0
+
+    def resolve(self, sym: str, off: int, size: int) -> int | None:
+        """Address of ``sym+off`` (the candidate whose kallsyms size is ``size`` when ambiguous)."""
+        cands = self.by_name.get(sym)
+        if not cands:
+            return None
+        if len(cands) > 1:
+            exact = [a for a in cands if self.size_at(a) == size]
+            cands = exact or cands
+        return cands[0] + off
+
+
+@dataclass
+class TaskTrace:
+    """One task's block of a sysrq-t (or similar) dump."""
+
+    pid: int
+    comm: str
+    state: str
+    frames: list[str] = field(default_factory=list)
+    unreliable: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+
+def parse_task_traces(text: str, smap: SystemMap | None) -> list[TaskTrace]:
+    """Split console ``text`` into per-task traces (``task:... pid:N`` blocks)."""
+    out: list[TaskTrace] = []
+    cur: TaskTrace | None = None
+    for raw in text.replace("\r", "").split("\n"):
+        line = _TS.sub("", raw)
+        m = _TASK.search(line)
+        if m:
+            cur = TaskTrace(int(m.group("pid")), m.group("comm").strip(), m.group("state"))
+            cur.lines.append(line)
+            out.append(cur)
+            continue
+        if cur is None:
+            continue
+        if line.strip() in ("Call Trace:", "Call trace:") or _MARKER.match(line):
+            cur.lines.append(line)
+            continue
+        f = _FRAME.match(line)
+        if not f:
+            if cur.frames or cur.unreliable:
+                cur = None  # the block ended
+            continue
+        cur.lines.append(line)
+        if f.group("addr"):
+            addr: int | None = int(f.group("addr"), 16)
+        elif smap is not None and not f.group("mod"):
+            addr = smap.resolve(f.group("sym"), int(f.group("off"), 16), int(f.group("size"), 16))
+        else:
+            addr = None
+        txt = f"{addr:#x}" if addr is not None else f"{f.group('sym')}+0x{f.group('off')}"
+        (cur.unreliable if f.group("q") else cur.frames).append(txt)
+    return out
+
+
+def sysrq_oracles(text: str, smap: SystemMap | None) -> list[dict]:
+    """Oracle entries (JSON note schema) for every task block of a sysrq-t dump."""
+    return [{"source": "sysrq-t", "pid": t.pid, "cpu": None, "comm": t.comm, "state": t.state,
+             "frames": t.frames, "unreliable": t.unreliable, "text": "\n".join(t.lines)}
+            for t in parse_task_traces(text, smap)]
+
+
+def parse_ftrace_stacks(text: str, smap: SystemMap | None) -> list[dict]:
+    """``<stack trace>`` blocks of an ftrace buffer: ``=> sym+off/size`` lines after an event."""
+    out: list[dict] = []
+    cur: dict | None = None
+    for line in text.split("\n"):
+        if "<stack trace>" in line:
+            m = re.match(r"\s*(?P<comm>.+?)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]", line)
+            cur = {"source": "ftrace-stacktrace", "pid": int(m.group("pid")) if m else None,
+                   "cpu": int(m.group("cpu")) if m else None, "frames": [], "text": line}
+            out.append(cur)
+            continue
+        if cur is not None and line.startswith(" => "):
+            cur["text"] += "\n" + line
+            f = re.match(r" => (?P<sym>[\w.$]+)(?:\+0x(?P<off>[0-9a-f]+)/0x(?P<size>[0-9a-f]+))?", line)
+            if f and f.group("off") and smap is not None:
+                a = smap.resolve(f.group("sym"), int(f.group("off"), 16), int(f.group("size"), 16))
+                cur["frames"].append(f"{a:#x}" if a is not None else f.group("sym"))
+            elif f:
+                cur["frames"].append(f.group("sym"))
+        elif cur is not None and line.strip():
+            cur = None
+    return out
+
+
+def gdb_backtrace(vmlinux: str | Path, core: str | Path, gdb_arch: str, threads: int,
+                  timeout: float = 300.0, gdb: str = "gdb-multiarch") -> list[dict]:
+    """``bt`` per thread of a core file with gdb (inline frames dropped), as oracle entries."""
+    script = (
+        "import gdb\n"
+        "for th in gdb.selected_inferior().threads():\n"
+        "    th.switch()\n"
+        "    f = gdb.newest_frame(); pcs = []\n"
+        "    while f is not None and len(pcs) < 64:\n"
+        "        if f.type() != gdb.INLINE_FRAME:\n"
+        "            pcs.append(f.pc())\n"
+        "        try:\n"
+        "            f = f.older()\n"
+        "        except gdb.error:\n"
+        "            break\n"
+        "    print('UNWIND-BT', th.num, ' '.join(hex(p) for p in pcs))\n")
+    sfile = Path(core).with_suffix(".gdb.py")
+    sfile.write_text(script)
+    try:
+        r = subprocess.run([gdb, "-q", "-batch", "-nx", "-ex", f"set architecture {gdb_arch}",
+                            "-ex", f"file {vmlinux}", "-ex", f"core-file {core}", "-x", str(sfile)],
+                           capture_output=True, text=True, timeout=timeout)
+    finally:
+        sfile.unlink(missing_ok=True)
+    out = []
+    for line in r.stdout.splitlines():
+        if line.startswith("UNWIND-BT"):
+            parts = line.split()
+            out.append({"source": "gdb", "pid": None, "cpu": int(parts[1]) - 1,
+                        "frames": parts[2:], "text": "gdb bt (inline frames dropped)"})
+    return out
