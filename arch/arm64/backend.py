@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import capstone
 
-from unwind.frame import Frame
+from unwind.frame import Flag, Frame, Source
 from unwind.registry import ArchBackend
 from unwind.target import Target
 from unwind.walk import Stop, Unwinder
+
+from .stacktrace import META_RECORDS_SINCE, Arm64Unwinder, kernel_generation
+
+# state_source_string() (v6.13+)
+_SOURCE_LETTER = {Source.FRAME: "", Source.CALLER: "C", Source.TASK: "T", Source.REGS_PC: "P"}
+#: what complete mode prints after the frames it adds (never printed by a kernel)
+_COMPLETE_MARK = {Source.LIVE_LR: " [complete: live lr]", Source.EXCEPTION_FRAME: " [complete: vector]"}
 
 
 class Arm64Backend(ArchBackend):
@@ -28,7 +35,28 @@ class Arm64Backend(ArchBackend):
         return mnemonic == "bl" or mnemonic.startswith("blr")
 
     def unwinder(self, target: Target) -> Unwinder:
-        raise NotImplementedError("arm64 unwinder: issue 3")
+        """``kunwind_stack_walk()`` of the dumped kernel's generation (v6.12 or v6.13+)."""
+        return Arm64Unwinder(target)
 
     def format_trace(self, frames: list[Frame], stop: Stop, target: Target) -> list[tuple[str, Frame | None]]:
-        raise NotImplementedError("arm64 trace format: issue 3")
+        """``dump_backtrace()``: ``Call trace:`` then `` %pSb`` per frame.
+
+        From v6.13 each line ends with the source and recovery markers of
+        ``dump_backtrace_entry()``: `` (P)``, `` (T)``, `` (C)``, `` (U)``,
+        `` (F)``, `` (K)`` and their combinations such as `` (TF)``.
+        Frames only complete mode adds carry a ``[complete: ...]`` mark.
+        """
+        gen, _ = kernel_generation(target)
+        markers = gen is not None and gen >= META_RECORDS_SINCE
+        out: list[tuple[str, Frame | None]] = [("Call trace:", None)]
+        for f in frames:
+            line = " " + (f.symbol or self.symbolize(f, target))
+            if f.flags & Flag.COMPLETE:
+                line += _COMPLETE_MARK.get(f.source, " [complete]")
+            elif markers:
+                info = _SOURCE_LETTER.get(f.source, "U")
+                info += ("F" if f.flags & Flag.FGRAPH else "") + ("K" if f.flags & Flag.KRETPROBE else "")
+                if info:
+                    line += f" ({info})"
+            out.append((line, f))
+        return out

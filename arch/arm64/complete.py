@@ -1,0 +1,257 @@
+"""Complete mode: the callers the arm64 kernel unwinder drops, recovered only where the code proves them.
+
+The kernel continues from ``x29`` at every place it takes registers (the start
+of a running CPU's walk, and each exception boundary); when the interrupted
+function has not yet made ``x29`` point at its own frame record (function
+entry, a prologue not finished, or a leaf that never builds one), its caller
+is held only in ``x30`` and the kernel skips it. gdb shows it.
+
+Here ``x30`` is reported as a flagged frame (``Flag.COMPLETE``,
+``Source.LIVE_LR``) only when capstone disassembly of the interrupted function,
+from its symbol start, shows that on every path to the pc neither ``x29`` nor
+``x30`` has been written (PAC sign/authenticate hints aside):
+
+- *leaf*: no instruction of the function writes ``x29``/``x30`` or calls; or
+- *entry*: no instruction before the pc writes them, no direct branch from the
+  pc onwards lands back in ``[start, pc]``, and the function has no indirect
+  branch (so the pc is reached only along the straight line from the entry);
+- and the next record the kernel reads does not already hold the same return
+  address (which would mean ``x29`` did point at the function's own record).
+
+It also reports a stop the capture normalised from an exception vector as a
+marked pseudo-frame before the interrupted pc.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import capstone
+from capstone import arm64 as cs_arm64
+
+from unwind.frame import Flag, Frame, Provenance, Source
+from unwind.memory import MemoryFault
+from unwind.target import Target
+
+from .stacktrace import ftrace_graph_ret_addr, kretprobe_find_ret_addr, ptrauth_strip_kernel_insn_pac
+
+if TYPE_CHECKING:
+    from .stacktrace import KunwindState
+
+#: functions larger than this are not disassembled
+MAX_FUNCTION_BYTES = 0x10000
+#: the exception vector table: 16 entries of 0x80 bytes (VBAR_EL1)
+VECTOR_TABLE_BYTES = 0x800
+
+_FP, _LR = cs_arm64.ARM64_REG_X29, cs_arm64.ARM64_REG_X30
+#: instructions that sign or authenticate x30 in place: its value stays the return address
+_PAC_HINTS = frozenset({"paciasp", "pacibsp", "autiasp", "autibsp", "paciaz", "pacibz", "autiaz", "autibz",
+                        "pacia1716", "pacib1716", "autia1716", "autib1716", "xpaclri", "hint", "bti", "nop"})
+_INDIRECT_BRANCHES = frozenset({"br", "braa", "brab", "braaz", "brabz"})
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+_U64 = (1 << 64) - 1
+
+
+@dataclass(slots=True)
+class LrProof:
+    """The verdict on one pc: is ``x30`` still the return address into the caller?"""
+
+    live: bool
+    reason: str
+    lines: list[str] = field(default_factory=list)
+
+
+def _describe(insn: Any, start: int) -> str:
+    return f"+{insn.address - start:#x}: {insn.mnemonic} {insn.op_str}".rstrip()
+
+
+class LrAnalyser:
+    """Decides, from the text of the image, whether x30 is live at a pc; caches each answer."""
+
+    def __init__(self, target: Target) -> None:
+        self.symbols = target.symbols
+        image = target.image
+        self.image = image if image is not None and image.has_text else None
+        self._md = capstone.Cs(capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
+        self._md.detail = True
+        self._cache: dict[int, LrProof] = {}
+
+    def prove(self, pc: int) -> LrProof:
+        """The proof (or refusal) for ``pc``."""
+        hit = self._cache.get(pc)
+        if hit is None:
+            hit = self._cache[pc] = self._prove(pc)
+        return hit
+
+    def _prove(self, pc: int) -> LrProof:
+        if self.symbols is None:
+            return LrProof(False, "no symbols: the interrupted function is unknown")
+        if self.image is None:
+            return LrProof(False, "the image has no text to disassemble")
+        sym = self.symbols.lookup(pc)
+        if sym is None or sym.size <= 0:
+            return LrProof(False, f"{pc:#x} is in no function")
+        if sym.size > MAX_FUNCTION_BYTES:
+            return LrProof(False, f"{sym.name} is {sym.size:#x} bytes, too large to analyse")
+        code = self.image.text(sym.addr, sym.size)
+        if code is None:
+            return LrProof(False, f"no text for {sym.name} in the image")
+        insns = list(self._md.disasm(code, sym.addr))
+        decoded_end = insns[-1].address + insns[-1].size if insns else sym.addr
+        if decoded_end < sym.addr + sym.size:
+            return LrProof(False, f"{sym.name}: undecodable bytes at +{decoded_end - sym.addr:#x}")
+        if (pc - sym.addr) % 4 or not any(i.address == pc for i in insns):
+            return LrProof(False, f"{pc:#x} is not an instruction boundary of {sym.name}")
+        start = sym.addr
+
+        writes: list[Any] = []
+        backward: list[Any] = []
+        indirect: list[Any] = []
+        for insn in insns:
+            mnem = insn.mnemonic
+            if mnem in _INDIRECT_BRANCHES:
+                indirect.append(insn)
+            if mnem not in _PAC_HINTS:
+                _read, written = insn.regs_access()
+                if _FP in written or _LR in written:
+                    writes.append(insn)
+            if insn.address >= pc and (insn.group(cs_arm64.ARM64_GRP_JUMP) or
+                                       insn.group(cs_arm64.ARM64_GRP_BRANCH_RELATIVE)):
+                for op in insn.operands:  # capstone gives the target as a signed 64-bit immediate
+                    if op.type == cs_arm64.ARM64_OP_IMM and start <= op.imm & _U64 <= pc:
+                        backward.append(insn)
+        lines = [f"disassembled {sym.name} ({sym.size:#x} bytes, {len(insns)} instructions) "
+                 f"up to {sym.name}+{pc - start:#x}"]
+        if not writes:
+            lines.append(f"leaf: no instruction of {sym.name} writes x29 or x30 or calls")
+            return LrProof(True, "leaf", lines)
+        before = [i for i in writes if i.address < pc]
+        if before:
+            return LrProof(False, f"x29/x30 written before the pc ({_describe(before[0], start)})", lines)
+        if indirect:
+            return LrProof(False, f"{sym.name} has an indirect branch ({_describe(indirect[0], start)})", lines)
+        if backward:
+            return LrProof(False, f"a branch at or after the pc returns into [start, pc] "
+                                  f"({_describe(backward[0], start)})", lines)
+        prologue = [i for i in insns if i.address < pc][-6:]
+        lines.append("x29 and x30 untouched on the straight path from the entry: "
+                     + ("; ".join(_describe(i, start) for i in prologue) if prologue else "pc is the entry"))
+        lines.append(f"first write after the pc: {_describe(writes[0], start)}")
+        return LrProof(True, "entry", lines)
+
+
+class Completer:
+    """Adds the frames of complete mode to one walk; faithful frames are never changed."""
+
+    def __init__(self, target: Target, state: "KunwindState") -> None:
+        self.target = target
+        self.state = state
+        self.analyser = LrAnalyser(target)
+
+    # -- exception vector stops ----------------------------------------------
+    def vector_frame(self) -> Frame | None:
+        """The vector pc of a stop the capture normalised to ELR_EL1, as a pseudo-frame."""
+        task = self.target.task
+        if task.cpu is None:
+            return None
+        cpu_meta = next((c for c in self.target.meta.get("cpus", []) if c.get("cpu") == task.cpu), None)
+        if not cpu_meta or not cpu_meta.get("normalised"):
+            return None
+        note = cpu_meta["normalised"]
+        text = " ".join(str(v) for v in note.values()) if isinstance(note, dict) else str(note)
+        sysregs = cpu_meta.get("sysregs") or {}
+        vbar = next((int(v, 0) if isinstance(v, str) else int(v) for k, v in sysregs.items()
+                     if k.upper() in ("VBAR", "VBAR_EL1")), None) or self.target.symbol_address("vectors")
+        if vbar is None:
+            return None
+        found = [int(h, 16) for h in _HEX.findall(text)]
+        pc = next((a for a in found if vbar <= a < vbar + VECTOR_TABLE_BYTES), None)
+        if pc is None:
+            return None
+        prov = None
+        if self.state.record:
+            prov = Provenance("exception vector: the CPU stopped at the vector, before the exception was saved")
+            prov.note(f"capture normalised the CPU: {text}")
+            prov.note(f"vector table at {vbar:#x}; entry {(pc - vbar) // 0x80} (offset {pc - vbar:#x})")
+        return Frame(pc, None, None, Source.EXCEPTION_FRAME, None, Flag.COMPLETE, prov)
+
+    # -- live LR at exception boundaries ---------------------------------------
+    def after_boundary(self, frame: Frame, regs: dict[str, int] | None) -> Frame | None:
+        """The x30 caller of a frame whose pc came from exception registers, if proven."""
+        if regs is None or "x30" not in regs:
+            return None
+        return self._live_lr(frame, regs["x30"], None, "x30 of the running CPU's registers")
+
+    def after_record(self, frame: Frame, record_at: int) -> Frame | None:
+        """After a kernel step: at a pt_regs boundary, the x30 caller if proven."""
+        state = self.state
+        layout = state.layout
+        if state.meta_records:
+            if frame.source is not Source.REGS_PC or state.regs is None:
+                return None
+            base = state.regs
+        else:
+            base = record_at - layout.stackframe
+            if not self._is_el1_pt_regs(base, frame):
+                return None
+        try:
+            x30 = state.mem.read_u64(base + layout.reg(30))
+        except MemoryFault:
+            return None
+        return self._live_lr(frame, x30, base + layout.reg(30), "pt_regs.regs[30]")
+
+    def _is_el1_pt_regs(self, base: int, frame: Frame) -> bool:
+        """v6.12: is the record just read the ``{x29, ELR}`` stackframe of an EL1 ``pt_regs``?"""
+        layout = self.state.layout
+        mem = self.state.mem
+        try:
+            pc = mem.read_u64(base + layout.pc)
+            x29 = mem.read_u64(base + layout.reg(29))
+            pstate = mem.read_u64(base + layout.pstate)
+        except MemoryFault:
+            return False
+        el1 = (pstate & 0xC) == 0x4 and not pstate & 0x10
+        return el1 and pc == frame.pc and x29 == frame.fp
+
+    def _live_lr(self, frame: Frame, x30: int, addr: int | None, origin: str) -> Frame | None:
+        """The frame of ``x30`` when the proof holds (stripped and recovered as the kernel would)."""
+        state = self.state
+        proof = self.analyser.prove(frame.pc)
+        if not proof.live:
+            return None
+        pc = ptrauth_strip_kernel_insn_pac(x30, state.pac_mask)
+        flags = Flag.COMPLETE | (Flag.PAC_STRIPPED if pc != x30 else Flag.NONE)
+        fp = state.fp
+        try:
+            next_lr = state.mem.read_u64(fp + 8) if not fp & 7 else None
+        except MemoryFault:
+            next_lr = None
+        if next_lr is not None and ptrauth_strip_kernel_insn_pac(next_lr, state.pac_mask) == pc:
+            return None  # the record at x29 already returns there: x29 was the function's own record
+        notes: list[str] = []
+        if pc == state.return_to_handler:
+            orig, _idx, at = ftrace_graph_ret_addr(state.fgraph, state.graph_idx, pc, fp, pc)
+            if orig == pc:
+                return None
+            notes.append(f"recovered: return_to_handler -> {orig:#x} from fgraph entry {at} (retp {fp:#x})")
+            pc, flags = orig, flags | Flag.FGRAPH
+        if pc == state.kretprobe_trampoline:
+            orig, cur = kretprobe_find_ret_addr(state.kretprobes, fp, state.kr_cur, pc)
+            if not orig:
+                return None
+            notes.append(f"recovered: __kretprobe_trampoline -> {orig:#x} from kretprobe instance {cur}")
+            pc, flags = orig, flags | Flag.KRETPROBE
+        prov = None
+        if state.record:
+            prov = Provenance(f"live link register ({proof.reason}): x30 is the return address into the caller")
+            if addr is not None:
+                prov.read(addr, 8, x30, origin)
+            else:
+                prov.note(f"{origin}: {x30:#x}")
+            prov.note(f"lr raw {x30:#x} -> stripped {ptrauth_strip_kernel_insn_pac(x30, state.pac_mask):#x}"
+                      if flags & Flag.PAC_STRIPPED else f"lr {x30:#x} (unsigned)")
+            for line in proof.lines + notes:
+                prov.note(line)
+        return Frame(pc, None, fp, Source.LIVE_LR, frame.stack, flags, prov)

@@ -1,0 +1,621 @@
+"""The arm64 kernel unwinder, step for step: ``arch/arm64/kernel/stacktrace.c``.
+
+Two generations are followed:
+
+- **v6.12 and older**: ``struct kunwind_state`` is ``{common, task, graph_idx,
+  kr_cur}``; every step reads an ordinary ``{fp, lr}`` record through
+  ``unwind_next_frame_record()`` (``asm/stacktrace/common.h``), and the walk
+  ends when ``fp == &task_pt_regs(tsk)->stackframe``. An EL1 exception leaves
+  an ordinary-looking record ``{x29, ELR}`` in its ``pt_regs``.
+- **v6.13 and newer**: the state also carries ``source``, ``flags`` and
+  ``regs``; a record with ``fp == lr == 0`` is a ``frame_record_meta``:
+  ``FRAME_META_TYPE_FINAL`` ends the walk at ``task_pt_regs(tsk)->stackframe``,
+  ``FRAME_META_TYPE_PT_REGS`` continues from the saved ``pc`` and ``x29``.
+
+Each function below mirrors one kernel function and says which. A kernel
+``-ENOENT`` is :class:`UnwindStop` with ``END_OF_STACK``; every ``-EINVAL``
+is an :class:`UnwindStop` with the reason that caused it.
+
+Complete mode (``--complete``, :mod:`.complete`) adds frames the kernel cannot
+prove; it never changes the frames the kernel reports.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import struct
+from typing import TYPE_CHECKING, Sequence
+
+from unwind.frame import Flag, Frame, Provenance, Source
+from unwind.memory import Memory, MemoryFault
+from unwind.stackinfo import Refusal, StackInfo, StackSet
+from unwind.target import FgraphEntry, KretprobeInstance, Target
+from unwind.walk import StopReason, Unwinder, UnwindStop
+
+from .structs import (FRAME_META_TYPE_FINAL, FRAME_META_TYPE_PT_REGS, FRAME_RECORD_META_SIZE,
+                      FRAME_RECORD_SIZE, PSR_MODE32_BIT, PSR_MODE_EL0T, PSR_MODE_MASK, PtRegsLayout,
+                      pt_regs_layout)
+
+if TYPE_CHECKING:
+    from .complete import Completer
+
+_U64 = (1 << 64) - 1
+_RECORD = struct.Struct("<QQ")  # struct frame_record {fp, lr}
+_BIT55 = 1 << 55
+# Enum members looked up once: a class attribute lookup costs more than a frame's arithmetic.
+_NO_FLAGS = Flag.NONE
+_PAC_STRIPPED = Flag.PAC_STRIPPED
+_BOUNDARY = Flag.BOUNDARY
+_SRC_FRAME = Source.FRAME
+_SRC_REGS_PC = Source.REGS_PC
+_SRC_UNKNOWN = Source.UNKNOWN
+
+#: the first kernel with frame_record_meta and kunwind_source (c2c6b27b5aa1, v6.13)
+META_RECORDS_SINCE = (6, 13)
+
+_RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)")
+
+
+# ---------------------------------------------------------------------------
+# What the walk needs to know about the kernel that was running
+# ---------------------------------------------------------------------------
+
+def kernel_generation(target: Target) -> tuple[tuple[int, int] | None, str]:
+    """``(major, minor)`` the walk follows and where it came from.
+
+    ``target.options.generation`` (``--generation``) wins over the dump's
+    kernel release; ``None`` when neither parses.
+    """
+    for value, origin in ((target.options.generation, "--generation"), (target.release, "kernel release")):
+        if value:
+            m = _RELEASE.match(str(value))
+            if m:
+                return (int(m.group(1)), int(m.group(2))), f"{origin} {value}"
+    return None, "no kernel release"
+
+
+def _vmcoreinfo_number(vmcoreinfo: dict[str, str], name: str) -> int | None:
+    raw = vmcoreinfo.get(f"NUMBER({name})")
+    if raw is None:
+        return None
+    try:
+        return int(raw.strip(), 0)
+    except ValueError:
+        try:
+            return int(raw.strip(), 16)
+        except ValueError:
+            return None
+
+
+def genmask_ull(high: int, low: int) -> int:
+    """``GENMASK_ULL(high, low)``."""
+    return ((1 << (high + 1)) - 1) & ~((1 << low) - 1) & _U64
+
+
+# vmcoreinfo_append_str("NUMBER(KERNELPACMASK)...") in arch/arm64/kernel/vmcore_info.c
+def kernel_pac_mask(vmcoreinfo: dict[str, str]) -> tuple[int, str]:
+    """``ptrauth_kernel_pac_mask()`` of the dumped kernel, and where it came from.
+
+    ``NUMBER(KERNELPACMASK)`` first (0 means the system has no address
+    authentication: stripping is then the identity, as ``xpaclri`` is a NOP);
+    else ``GENMASK_ULL(63, vabits_actual)`` with ``vabits_actual = 64 -
+    NUMBER(TCR_EL1_T1SZ)``, else with ``NUMBER(VA_BITS)``; else no stripping.
+    """
+    mask = _vmcoreinfo_number(vmcoreinfo, "KERNELPACMASK")
+    if mask is not None:
+        return mask & _U64, f"NUMBER(KERNELPACMASK)={mask:#x}"
+    t1sz = _vmcoreinfo_number(vmcoreinfo, "TCR_EL1_T1SZ")
+    if t1sz is not None and 0 < t1sz < 64:
+        return genmask_ull(63, 64 - t1sz), f"GENMASK(63, 64 - NUMBER(TCR_EL1_T1SZ)={t1sz})"
+    va_bits = _vmcoreinfo_number(vmcoreinfo, "VA_BITS")
+    if va_bits is not None and 0 < va_bits < 64:
+        return genmask_ull(63, va_bits), f"GENMASK(63, NUMBER(VA_BITS)={va_bits})"
+    return 0, "no PAC mask in VMCOREINFO: return addresses are used as read"
+
+
+# ptrauth_strip_kernel_insn_pac() (asm/compiler.h: xpaclri), offline form
+def ptrauth_strip_kernel_insn_pac(ptr: int, mask: int) -> int:
+    """Strip a PAC with the bit-55 rule: bit 55 set gives a kernel pointer (high bits
+    set), clear gives a user pointer (high bits cleared). An unsigned address is unchanged."""
+    return (ptr | mask) if ptr & _BIT55 else (ptr & ~mask)
+
+
+# user_mode() in asm/ptrace.h (plus compat_user_mode())
+def user_mode(pstate: int) -> bool:
+    """True for EL0 (AArch64 EL0t or any AArch32) register state."""
+    return (pstate & PSR_MODE_MASK) == PSR_MODE_EL0T or bool(pstate & PSR_MODE32_BIT)
+
+
+def task_stack(stacks: Sequence[StackInfo]) -> StackInfo | None:
+    """``stackinfo_get_task(tsk)``: the task's own stack among the usable ones."""
+    for info in stacks:
+        if info.kind == "task":
+            return info
+    return None
+
+
+# task_pt_regs(tsk)->stackframe
+def task_pt_regs_stackframe(task_stack_info: StackInfo | None, layout: PtRegsLayout) -> int | None:
+    """Address of the final frame record: ``task_pt_regs(tsk)`` sits at the top of the
+    task stack (``THREAD_SIZE + task_stack_page(tsk) - sizeof(pt_regs)``)."""
+    if task_stack_info is None:
+        return None
+    return task_stack_info.high - layout.size + layout.stackframe
+
+
+# ---------------------------------------------------------------------------
+# struct kunwind_state
+# ---------------------------------------------------------------------------
+
+class KunwindState:
+    """``struct kunwind_state`` plus what it reaches through ``task`` in the kernel."""
+
+    __slots__ = ("fp", "pc", "stacks", "graph_idx", "kr_cur", "source", "flags", "regs",
+                 "mem", "meta_records", "layout", "final_fp", "pac_mask", "return_to_handler",
+                 "kretprobe_trampoline", "fgraph", "kretprobes", "prov", "record",
+                 "seg_start", "seg_data", "seg_last", "_seg_starts")
+
+    def __init__(self, target: Target, meta_records: bool, layout: PtRegsLayout) -> None:
+        task = target.task
+        self.mem: Memory = target.mem
+        self.meta_records = meta_records
+        self.layout = layout
+        self.stacks = StackSet(task.stacks)
+        self.final_fp = task_pt_regs_stackframe(task_stack(task.stacks), layout)
+        self.pac_mask, _ = kernel_pac_mask(target.vmcoreinfo)
+        self.return_to_handler = target.symbol_address("return_to_handler")
+        self.kretprobe_trampoline = target.symbol_address("__kretprobe_trampoline")
+        self.fgraph: list[FgraphEntry] = task.fgraph
+        self.kretprobes: list[KretprobeInstance] = task.kretprobes
+        self.record = target.options.record
+        self.fp = 0
+        self.pc = 0
+        self.graph_idx = 0
+        self.kr_cur: int | None = None
+        self.source = Source.UNKNOWN
+        self.flags = Flag.NONE
+        self.regs: int | None = None
+        self.prov: Provenance | None = None
+        # The captured segment the last record came from: records are read straight from it.
+        self._seg_starts = [seg.start for seg in self.mem.segments]
+        self.seg_start, self.seg_data, self.seg_last = 0, b"", -1
+
+    def read_u64(self, addr: int, what: str) -> int:
+        """``READ_ONCE()`` of a captured word; a missing word ends the walk."""
+        try:
+            value = self.mem.read_u64(addr)
+        except MemoryFault as e:
+            raise UnwindStop(StopReason.MEMORY_FAULT, f"{what}: {e}") from None
+        if self.prov is not None:
+            self.prov.read(addr, 8, value, what)
+        return value
+
+    def read_bytes(self, addr: int, size: int, what: str) -> bytes:
+        """Captured bytes at ``addr``; the segment holding them is kept for the next record reads."""
+        try:
+            data = self.mem.read(addr, size)
+        except MemoryFault as e:
+            raise UnwindStop(StopReason.MEMORY_FAULT, f"{what} at {addr:#x}: {e}") from None
+        i = bisect.bisect_right(self._seg_starts, addr) - 1
+        seg = self.mem.segments[i]
+        self.seg_start, self.seg_data, self.seg_last = seg.start, seg.data, len(seg.data) - FRAME_RECORD_SIZE
+        return data
+
+    def note(self, text: str) -> None:
+        """Add a provenance note to the frame being built (record mode only)."""
+        if self.prov is not None:
+            self.prov.note(text)
+
+
+# kunwind_init()
+def kunwind_init(state: KunwindState) -> None:
+    """Start on no stack, with no source, no flags and no regs."""
+    state.source = Source.UNKNOWN
+    state.flags = Flag.NONE
+    state.regs = None
+
+
+# kunwind_init_from_regs()
+def kunwind_init_from_regs(state: KunwindState, regs: dict[str, int]) -> None:
+    """Start at the pc of exception registers, with their x29."""
+    kunwind_init(state)
+    state.fp = regs["x29"]
+    state.pc = regs["pc"]
+    state.source = Source.REGS_PC
+
+
+# kunwind_init_from_caller()
+def kunwind_init_from_caller(state: KunwindState, context: dict[str, int]) -> None:
+    """Start at a caller: ``__builtin_frame_address(1)`` and ``__builtin_return_address(0)``."""
+    kunwind_init(state)
+    state.fp = context["fp"]
+    state.pc = context["pc"]
+    state.source = Source.CALLER
+
+
+# kunwind_init_from_task()
+def kunwind_init_from_task(state: KunwindState, context: dict[str, int]) -> None:
+    """Start at a blocked task's ``thread.cpu_context`` fp and pc (the caller of cpu_switch_to())."""
+    kunwind_init(state)
+    state.fp = context["fp"]
+    state.pc = context["pc"]
+    state.source = Source.TASK
+
+
+# ---------------------------------------------------------------------------
+# Return-address recovery
+# ---------------------------------------------------------------------------
+
+# ftrace_graph_ret_addr() in kernel/trace/fgraph.c
+def ftrace_graph_ret_addr(entries: Sequence[FgraphEntry], idx: int, ret: int, retp: int,
+                          return_handler: int) -> tuple[int, int, int | None]:
+    """The original return address for ``ret`` keyed by ``retp``: ``(addr, idx, entry)``.
+
+    ``entries`` are bottom to top; ``idx`` is ``state->graph_idx`` (0 = start
+    at the top). The search walks down from ``idx`` and skips tail-call entries
+    whose ``ret`` is ``return_to_handler`` itself. On a miss ``ret`` comes back
+    unchanged, as in the kernel.
+    """
+    if ret != return_handler:
+        return ret, idx, None
+    i = idx or len(entries)
+    while i > 0:
+        i -= 1  # get_ret_stack(task, i, &i): the entry below offset i
+        rs = entries[i]
+        if rs.retp == retp and rs.ret != return_handler:
+            return rs.ret, i, i
+    return ret, idx, None
+
+
+# __kretprobe_find_ret_addr() in kernel/kprobes.c
+def __kretprobe_find_ret_addr(instances: Sequence[KretprobeInstance], cur: int | None,
+                              trampoline: int) -> tuple[int, int | None]:
+    """The next instance after ``cur`` whose ``ret_addr`` is not the trampoline: ``(ret, cur)``."""
+    node = 0 if cur is None else cur + 1
+    while node < len(instances):
+        if instances[node].ret != trampoline:
+            return instances[node].ret, node
+        node += 1
+    return 0, cur
+
+
+# kretprobe_find_ret_addr() in kernel/kprobes.c
+def kretprobe_find_ret_addr(instances: Sequence[KretprobeInstance], fp: int, cur: int | None,
+                            trampoline: int) -> tuple[int, int | None]:
+    """The original return address of the instance whose ``fp`` matches: ``(ret or 0, cur)``.
+
+    ``instances`` are newest first, as ``task->kretprobe_instances`` links them.
+    """
+    while True:
+        ret, cur = __kretprobe_find_ret_addr(instances, cur, trampoline)
+        if not ret:
+            return 0, cur
+        if instances[cur].fp == fp:  # type: ignore[index]
+            return ret, cur
+
+
+# kunwind_recover_return_address()
+def kunwind_recover_return_address(state: KunwindState) -> None:
+    """Resolve ``return_to_handler`` (fgraph) and ``__kretprobe_trampoline`` (kretprobes)."""
+    pc = state.pc
+    if pc == state.return_to_handler:
+        orig, idx, at = ftrace_graph_ret_addr(state.fgraph, state.graph_idx, pc, state.fp, pc)
+        if orig == pc:
+            raise UnwindStop(StopReason.RECOVERY_FAILED,
+                             f"return_to_handler at fp {state.fp:#x}: no function-graph return-stack entry "
+                             f"with retp {state.fp:#x} (of {len(state.fgraph)} captured)")
+        state.graph_idx = idx
+        state.pc = pc = orig
+        state.flags |= Flag.FGRAPH
+        state.note(f"recovered: return_to_handler -> {orig:#x} from fgraph ret_stack entry {at} "
+                   f"(retp {state.fp:#x})")
+    if pc == state.kretprobe_trampoline:
+        orig, cur = kretprobe_find_ret_addr(state.kretprobes, state.fp, state.kr_cur, pc)
+        if not orig:
+            raise UnwindStop(StopReason.RECOVERY_FAILED,
+                             f"__kretprobe_trampoline at fp {state.fp:#x}: no kretprobe instance with fp "
+                             f"{state.fp:#x} (of {len(state.kretprobes)} captured)")
+        state.kr_cur = cur
+        state.pc = orig
+        state.flags |= Flag.KRETPROBE
+        state.note(f"recovered: __kretprobe_trampoline -> {orig:#x} from kretprobe instance {cur} "
+                   f"(fp {state.fp:#x})")
+
+
+# ---------------------------------------------------------------------------
+# Steps
+# ---------------------------------------------------------------------------
+
+def _refuse(state: KunwindState, addr: int, size: int, what: str) -> UnwindStop:
+    """The -EINVAL of a failed unwind_find_stack()/unwind_consume_stack(), with its reason."""
+    why = state.stacks.why_not(addr, size)
+    reason = StopReason.OUTSIDE_STACK if why is Refusal.OUTSIDE else StopReason.TRANSITION_REFUSED
+    return UnwindStop(reason, f"{what} at {addr:#x} (+{size}): {why.value}")
+
+
+# unwind_find_stack() in asm/stacktrace/common.h
+def unwind_find_stack(state: KunwindState, sp: int, size: int, what: str) -> StackInfo:
+    """The stack holding ``[sp, sp + size)``, the current one first; none is an error."""
+    cur = state.stacks.stack
+    low = cur.low
+    if low and low <= sp and sp + size <= cur.high:  # stackinfo_on_stack(&state->stack, ...)
+        return cur
+    info = state.stacks.find(sp, size)
+    if info is None:
+        raise _refuse(state, sp, size, what)
+    return info
+
+
+# unwind_consume_stack() in asm/stacktrace/common.h
+def unwind_consume_stack(state: KunwindState, info: StackInfo, sp: int, size: int) -> None:
+    """Consume ``[sp, sp + size)``: the stack's low bound moves above it; a transition is one-way."""
+    stacks = state.stacks
+    if info is stacks.stack:
+        info.low = sp + size
+        return
+    left = stacks.consume(info, sp, size)
+    if state.prov is not None and left is not None:
+        state.prov.note(f"stack transition: {left} -> {stacks.stack.label()} (one-way)")
+
+
+def _read_record(state: KunwindState, fp: int) -> tuple[int, int]:
+    """``READ_ONCE()`` of ``record->fp`` and ``record->lr``; a missing word ends the walk."""
+    off = fp - state.seg_start
+    if 0 <= off <= state.seg_last:
+        new_fp, new_pc = _RECORD.unpack_from(state.seg_data, off)
+    else:
+        new_fp, new_pc = _RECORD.unpack(state.read_bytes(fp, FRAME_RECORD_SIZE, "frame record"))
+    if state.prov is not None:
+        state.prov.read(fp, 8, new_fp, "record.fp")
+        state.prov.read(fp + 8, 8, new_pc, "record.lr (raw)")
+    return new_fp, new_pc
+
+
+# unwind_next_frame_record() in asm/stacktrace/common.h (v6.12)
+def unwind_next_frame_record(state: KunwindState) -> None:
+    """v6.12: check alignment, consume the 16-byte record at fp, read ``{fp, lr}``."""
+    fp = state.fp
+    if fp & 0x7:
+        raise UnwindStop(StopReason.MISALIGNED_FP, f"fp {fp:#x} is not 8-byte aligned")
+    info = unwind_find_stack(state, fp, FRAME_RECORD_SIZE, "frame record")
+    unwind_consume_stack(state, info, fp, FRAME_RECORD_SIZE)
+    state.fp, state.pc = _read_record(state, fp)
+    state.source = _SRC_FRAME
+
+
+# kunwind_next_regs_pc() (v6.13+)
+def kunwind_next_regs_pc(state: KunwindState) -> None:
+    """Continue from the ``pt_regs`` holding the meta record: its pc and x29 (never its LR)."""
+    layout = state.layout
+    regs = state.fp - layout.stackframe  # container_of(fp, struct pt_regs, stackframe.record.fp)
+    info = unwind_find_stack(state, regs, layout.size, "pt_regs")
+    unwind_consume_stack(state, info, regs, layout.size)
+    state.regs = regs
+    state.pc = state.read_u64(regs + layout.pc, "pt_regs.pc")
+    state.fp = state.read_u64(regs + layout.reg(29), "pt_regs.regs[29]")
+    state.source = Source.REGS_PC
+
+
+# kunwind_next_frame_record_meta() (v6.13+)
+def kunwind_next_frame_record_meta(state: KunwindState) -> None:
+    """A ``{0, 0}`` record is metadata: FINAL ends the walk, PT_REGS crosses an exception."""
+    fp = state.fp
+    unwind_find_stack(state, fp, FRAME_RECORD_META_SIZE, "frame_record_meta")
+    kind = state.read_u64(fp + 16, "frame_record_meta.type")
+    if kind == FRAME_META_TYPE_FINAL:
+        if fp == state.final_fp:
+            raise UnwindStop(StopReason.END_OF_STACK,
+                             f"FRAME_META_TYPE_FINAL at task_pt_regs(tsk)->stackframe {fp:#x}")
+        raise UnwindStop(StopReason.UNKNOWN_METADATA,
+                         f"FRAME_META_TYPE_FINAL at {fp:#x}, not at task_pt_regs(tsk)->stackframe "
+                         f"{state.final_fp:#x}" if state.final_fp is not None else
+                         f"FRAME_META_TYPE_FINAL at {fp:#x} and no task stack is known")
+    if kind == FRAME_META_TYPE_PT_REGS:
+        state.note(f"meta record FRAME_META_TYPE_PT_REGS at {fp:#x}: pt_regs at {fp - state.layout.stackframe:#x} "
+                   f"({state.layout.source})")
+        kunwind_next_regs_pc(state)
+        return
+    raise UnwindStop(StopReason.UNKNOWN_METADATA, f"frame_record_meta at {fp:#x} has type {kind:#x}")
+
+
+# kunwind_next_frame_record() (v6.13+)
+def kunwind_next_frame_record(state: KunwindState) -> None:
+    """v6.13: find the record's stack, read it, hand ``{0, 0}`` to the meta step, else consume it."""
+    fp = state.fp
+    if fp & 0x7:
+        raise UnwindStop(StopReason.MISALIGNED_FP, f"fp {fp:#x} is not 8-byte aligned")
+    info = unwind_find_stack(state, fp, FRAME_RECORD_SIZE, "frame record")
+    new_fp, new_pc = _read_record(state, fp)
+    if not new_fp and not new_pc:
+        kunwind_next_frame_record_meta(state)
+        return
+    unwind_consume_stack(state, info, fp, FRAME_RECORD_SIZE)
+    state.fp = new_fp
+    state.pc = new_pc
+    state.source = _SRC_FRAME
+
+
+# kunwind_next()
+def kunwind_next(state: KunwindState) -> None:
+    """One step: the next record (or exception boundary), PAC strip, return-address recovery."""
+    state.flags = _NO_FLAGS
+    if state.meta_records:
+        if state.source is _SRC_UNKNOWN:
+            raise UnwindStop(StopReason.UNKNOWN_METADATA, "unwind state has no source")
+        kunwind_next_frame_record(state)
+    else:
+        if state.fp == state.final_fp:
+            raise UnwindStop(StopReason.END_OF_STACK,
+                             f"fp {state.fp:#x} is task_pt_regs(tsk)->stackframe (final frame)")
+        unwind_next_frame_record(state)
+    raw = state.pc
+    pc = state.pc = ptrauth_strip_kernel_insn_pac(raw, state.pac_mask)
+    if pc != raw:
+        state.flags = _PAC_STRIPPED
+    if state.prov is not None:
+        what = "lr" if state.source is _SRC_FRAME else "pt_regs.pc"
+        state.prov.note(f"{what} raw {raw:#x} -> stripped {pc:#x} (PAC removed)" if pc != raw
+                        else f"{what} {raw:#x} (unsigned: stripping changes nothing)")
+    if pc == state.return_to_handler or pc == state.kretprobe_trampoline:
+        kunwind_recover_return_address(state)
+
+
+# ---------------------------------------------------------------------------
+# The Unwinder the core drives (kunwind_stack_walk() + do_kunwind())
+# ---------------------------------------------------------------------------
+
+_RULES = {
+    Source.TASK: "kunwind_init_from_task: thread.cpu_context {fp, pc}",
+    Source.CALLER: "kunwind_init_from_caller: caller's frame address and return address",
+    Source.REGS_PC: "kunwind_init_from_regs: pt_regs pc and x29",
+}
+
+
+def _detect_meta_records(target: Target, layout_12: PtRegsLayout, layout_13: PtRegsLayout) -> bool | None:
+    """With no usable release: does the task's final record look like a v6.13 FINAL meta record?"""
+    top = task_stack(target.task.stacks)
+    if top is None:
+        return None
+    where = task_pt_regs_stackframe(top, layout_13)
+    try:
+        words = [target.mem.read_u64(where + 8 * i) for i in range(3)]  # type: ignore[operator]
+    except MemoryFault:
+        return None
+    if words == [0, 0, FRAME_META_TYPE_FINAL]:
+        return True
+    try:
+        final_12 = task_pt_regs_stackframe(top, layout_12)
+        if [target.mem.read_u64(final_12 + 8 * i) for i in range(2)] == [0, 0]:  # type: ignore[operator]
+            return False
+    except MemoryFault:
+        return None
+    return None
+
+
+class Arm64Unwinder(Unwinder):
+    """``kunwind_stack_walk()`` for one task of a dump, faithful to its kernel generation."""
+
+    reliable_refuses_boundary = True
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        gen, why = kernel_generation(target)
+        offsets = target.meta.get("offsets") if isinstance(target.meta.get("offsets"), dict) else None
+        if gen is None:
+            guess = _detect_meta_records(target, pt_regs_layout(False, offsets), pt_regs_layout(True, offsets))
+            meta_records = bool(guess)
+            why = (f"{why}; final record looks like {'v6.13+' if meta_records else 'v6.12'}" if guess is not None
+                   else f"{why}; assuming v6.12")
+        else:
+            meta_records = gen >= META_RECORDS_SINCE
+        self.generation = gen
+        self.why_generation = why
+        self.state = KunwindState(target, meta_records, pt_regs_layout(meta_records, offsets))
+        self.completer: Completer | None = None
+        if target.options.complete:
+            from .complete import Completer
+            self.completer = Completer(target, self.state)
+        self._pending: list[Frame] = []
+        self._deferred: UnwindStop | None = None
+        self._stack_obj: object = None
+        self._stack_label: str | None = None
+
+    @property
+    def meta_records(self) -> bool:
+        """True when the walk follows v6.13+ (meta records, sources, flags)."""
+        return self.state.meta_records
+
+    def _begin(self) -> None:
+        """kunwind_stack_walk(): pick the start (regs, caller or blocked task)."""
+        state = self.state
+        task = self.target.task
+        if task.regs is not None:
+            if user_mode(task.regs.get("pstate", 0)):
+                raise UnwindStop(StopReason.USER_MODE,
+                                 f"cpu{task.cpu} is at EL0 (pstate {task.regs.get('pstate', 0):#x}): "
+                                 "dump_backtrace() prints nothing for user regs")
+            kunwind_init_from_regs(state, task.regs)
+        elif task.context is not None and task.context.get("caller"):
+            kunwind_init_from_caller(state, task.context)
+        elif task.context is not None:
+            kunwind_init_from_task(state, task.context)
+        else:
+            raise UnwindStop(StopReason.MISSING_REGISTER, f"{task.describe()} has neither registers nor a saved context")
+
+    def _first_frame(self) -> Frame:
+        """do_kunwind(): recover the first pc, then report it."""
+        state = self.state
+        task = self.target.task
+        self._begin()
+        if state.record:
+            state.prov = Provenance(_RULES[state.source])
+            state.prov.note(f"generation: {'v6.13+' if state.meta_records else 'v6.12'} ({self.why_generation})")
+            state.prov.note(f"PAC mask {state.pac_mask:#x} from {kernel_pac_mask(self.target.vmcoreinfo)[1]}")
+            if state.final_fp is not None:
+                state.prov.note(f"final record expected at {state.final_fp:#x} "
+                                f"(task_pt_regs(tsk)->stackframe, {state.layout.source})")
+        kunwind_recover_return_address(state)
+        regs = task.regs if task.regs is not None else task.context or {}
+        sp = regs.get("sp")
+        where = state.stacks.kind_of(sp if sp is not None else state.fp)
+        flags = state.flags | (Flag.BOUNDARY if state.source is Source.REGS_PC else Flag.NONE)
+        frame = Frame(state.pc, sp, state.fp, state.source, where.label() if where else None, flags, state.prov)
+        state.prov = None
+        return frame
+
+    def start(self) -> Frame:
+        """The first frame; in complete mode a vector pseudo-frame and a live-LR frame may come first/next."""
+        if self.completer is None:
+            return self._first_frame()
+        vector = self.completer.vector_frame()
+        try:
+            first = self._first_frame()
+        except UnwindStop as stop:
+            if vector is None:
+                raise
+            self._deferred = stop
+            return vector
+        extra = self.completer.after_boundary(first, self.target.task.regs) if first.flags & Flag.BOUNDARY else None
+        if vector is not None:
+            self._pending = [first] + ([extra] if extra else [])
+            return vector
+        if extra is not None:
+            self._pending = [extra]
+        return first
+
+    def next(self) -> Frame:
+        """kunwind_next(), reported as the frame the consumer sees."""
+        if self._pending:
+            return self._pending.pop(0)
+        if self._deferred is not None:
+            stop, self._deferred = self._deferred, None
+            raise stop
+        state = self.state
+        record_at = state.fp
+        if state.record:
+            state.prov = Provenance(f"frame record {{fp, lr}} at fp {record_at:#x}"
+                                    + (" (kunwind_next_frame_record)" if state.meta_records
+                                       else " (unwind_next_frame_record)"))
+        kunwind_next(state)
+        flags = state.flags
+        source = state.source
+        if source is _SRC_REGS_PC:
+            flags |= _BOUNDARY
+        cur = state.stacks.stack
+        if cur is not self._stack_obj:
+            self._stack_obj = cur
+            self._stack_label = cur.label()
+        frame = Frame(state.pc, None, state.fp, source, self._stack_label, flags, state.prov)
+        if state.prov is not None:
+            state.prov.note(f"record at {record_at:#x} on the {frame.stack} stack")
+            state.prov = None
+        if self.completer is not None:
+            extra = self.completer.after_record(frame, record_at)
+            if extra is not None:
+                self._pending.append(extra)
+        return frame
+
+    def bpf_args(self, frame: Frame) -> tuple[int, int, int]:
+        """``arch_bpf_unwind_consume_entry()``: ``(pc, 0, fp)``."""
+        return frame.pc, 0, frame.fp or 0

@@ -1,0 +1,151 @@
+"""Complete mode on hand-assembled text: the x30 caller only where the code proves it is live."""
+
+from __future__ import annotations
+
+import pytest
+
+from unwind import Options
+from unwind.arch.arm64 import synth as S
+from unwind.arch.arm64.complete import LrAnalyser
+from unwind.arch.arm64.synth import (ADD_X0_X0_1, AUTIASP, BR_X16, BTI_C, LDP_FP_LR_POST16, MOV_FP_SP,
+                                     MOV_X1_X0, NOP, PACIASP, RET, RETURN_TO_HANDLER, STP_FP_LR_PRE16,
+                                     STP_FP_LR_PRE32, TASK_LOW, Arm64Synth, b, bl, fn, ret, sign)
+from unwind.frame import Flag, Source
+from unwind.output import replay_text
+from unwind.walk import collect
+
+F = fn(30)          # the interrupted function
+CALLER = ret(31)    # where x30 returns to
+#: a normal function: bti; paciasp; stp; mov x29, sp; bl; ldp; autiasp; ret
+PROLOGUE = [BTI_C, PACIASP, STP_FP_LR_PRE32, MOV_FP_SP, bl(F + 16, fn(40)), LDP_FP_LR_POST16, AUTIASP, RET]
+
+
+def running_at(code, pc, *, generation="6.13", x30=None, with_text=True, caller_record_lr=None, **kw):
+    """CPU0 stopped in F at ``pc`` with x29 = F's caller's record (its LR returning into func32)."""
+    a = Arm64Synth(generation)
+    st = a.task_stack(8, TASK_LOW, cpu=0)
+    rec = TASK_LOW + 0x3000
+    st.put(rec, TASK_LOW + 0x3100, caller_record_lr if caller_record_lr is not None else sign(ret(32), 0x21))
+    st.put(TASK_LOW + 0x3100, a.final_fp(st), ret(33))
+    a.image.put(F, code)
+    a.running(8, "busy", 0, pc=pc, x29=rec, sp=rec - 0x40,
+              x30=sign(CALLER, 0x77) if x30 is None else x30, **kw)
+    s = a.session(S.FUNCS, with_text=with_text)
+    return s, s.select(cpu=0)[0], a
+
+
+def pcs(s, t, **opt):
+    frames, stop = collect(s.backend.unwinder(s.target(t, Options(**opt))))
+    return [f.pc for f in frames], frames, stop
+
+
+FAITHFUL_TAIL = [ret(32), ret(33)]
+
+
+@pytest.mark.parametrize("generation", ["6.12", "6.13"])
+@pytest.mark.parametrize("off", [0, 4, 8, 12])
+def test_entry_before_x29_is_set(generation, off):
+    """At +0..+0xc (bti, paciasp, stp done but not mov x29) x29 is the caller's: x30 is live."""
+    s, t, _ = running_at(PROLOGUE, F + off, generation=generation)
+    faithful, _, _ = pcs(s, t)
+    assert faithful == [F + off] + FAITHFUL_TAIL
+    got, frames, stop = pcs(s, t, complete=True)
+    assert got == [F + off, CALLER] + FAITHFUL_TAIL and stop.clean
+    assert frames[1].source is Source.LIVE_LR
+    assert frames[1].flags & Flag.COMPLETE and frames[1].flags & Flag.PAC_STRIPPED
+    assert not frames[1].reliable
+
+
+@pytest.mark.parametrize("off,why", [(16, "x29/x30 written before the pc"), (20, "x29/x30 written")])
+def test_after_mov_x29_nothing_is_added(off, why):
+    s, t, _ = running_at(PROLOGUE, F + off)
+    got, _, _ = pcs(s, t, complete=True)
+    assert got == [F + off] + FAITHFUL_TAIL
+    proof = LrAnalyser(s.target(t, Options())).prove(F + off)
+    assert not proof.live and proof.reason.startswith(why)
+
+
+def test_leaf_anywhere():
+    leaf = [ADD_X0_X0_1, MOV_X1_X0, b(F + 8, F), RET]   # a loop, but x29/x30 are never touched
+    s, t, _ = running_at(leaf, F + 8)
+    got, frames, _ = pcs(s, t, complete=True, record=True)
+    assert got == [F + 8, CALLER] + FAITHFUL_TAIL
+    assert "leaf: no instruction of func30 writes x29 or x30 or calls" in frames[1].provenance.notes
+
+
+def test_backward_branch_into_the_straight_path_is_refused():
+    code = [NOP, ADD_X0_X0_1, STP_FP_LR_PRE16, MOV_FP_SP, bl(F + 16, fn(40)), b(F + 20, F + 4), RET]
+    s, t, _ = running_at(code, F + 4)
+    got, _, _ = pcs(s, t, complete=True)
+    assert got == [F + 4] + FAITHFUL_TAIL
+    assert "returns into [start, pc]" in LrAnalyser(s.target(t, Options())).prove(F + 4).reason
+
+
+def test_indirect_branch_is_refused():
+    code = [NOP, STP_FP_LR_PRE16, MOV_FP_SP, BR_X16]
+    s, t, _ = running_at(code, F)
+    assert pcs(s, t, complete=True)[0] == [F] + FAITHFUL_TAIL
+
+
+def test_no_text_no_frame():
+    s, t, _ = running_at(PROLOGUE, F, with_text=False)
+    assert pcs(s, t, complete=True)[0] == [F] + FAITHFUL_TAIL
+
+
+def test_x30_already_in_the_next_record_is_refused():
+    """If the record at x29 returns where x30 does, x29 was the function's own record: add nothing."""
+    s, t, _ = running_at(PROLOGUE, F, caller_record_lr=sign(CALLER, 0x5))
+    got, _, _ = pcs(s, t, complete=True)
+    assert got == [F, CALLER, ret(33)]
+
+
+def test_live_lr_hijacked_by_fgraph_is_recovered():
+    a_rec = TASK_LOW + 0x3000
+    s, t, _ = running_at(PROLOGUE, F + 8, x30=RETURN_TO_HANDLER,
+                         fgraph=[{"ret": CALLER, "retp": a_rec, "func": F}])
+    got, frames, _ = pcs(s, t, complete=True)
+    assert got == [F + 8, CALLER] + FAITHFUL_TAIL and frames[1].flags & Flag.FGRAPH
+
+
+@pytest.mark.parametrize("generation", ["6.12", "6.13"])
+def test_exception_boundary_in_both_generations(generation):
+    sc = S.el1_exception(generation, with_text=True)
+    frames, _ = collect(sc.session.backend.unwinder(sc.session.target(sc.task, Options(complete=True))))
+    assert [f.pc for f in frames] == sc.notes["complete"]
+    added = [f for f in frames if f.flags & Flag.COMPLETE]
+    assert len(added) == 1 and added[0].pc == ret(21) and added[0].source is Source.LIVE_LR
+    # after the prologue the kernel already shows func21: nothing to add
+    sc = S.el1_exception(generation, with_text=True, entry_pc=False)
+    frames, _ = collect(sc.session.backend.unwinder(sc.session.target(sc.task, Options(complete=True))))
+    assert [f.pc for f in frames] == sc.expected
+
+
+def test_vector_stop_pseudo_frame():
+    vec = S.VECTORS + 0x280
+    s, t, _ = running_at(PROLOGUE, F + 20,
+                         normalised=f"vector stop at {vec:#x} (vectors+0x280): pc <- ELR_EL1, pstate <- SPSR_EL1")
+    faithful, _, _ = pcs(s, t)
+    got, frames, _ = pcs(s, t, complete=True, record=True)
+    assert got == [vec] + faithful
+    assert frames[0].source is Source.EXCEPTION_FRAME and frames[0].flags & Flag.COMPLETE
+    r = s.replay(t, Options(complete=True, record=True))
+    text = "\n".join(replay_text(s, r, explain=True))
+    assert "vectors+0x280/" in text and "[complete: vector]" in text and "entry 5 (offset 0x280)" in text
+
+
+def test_vector_stop_from_user_mode_then_stops():
+    vec = S.VECTORS + 0x400
+    s, t, _ = running_at(PROLOGUE, 0x4000, pstate=0, normalised=f"EL0 vector stop {vec:#x}")
+    got, _, stop = pcs(s, t, complete=True)
+    assert got == [vec] and stop.reason.name == "USER_MODE"
+
+
+def test_explain_states_the_proof():
+    s, t, _ = running_at(PROLOGUE, F + 8)
+    r = s.replay(t, Options(complete=True, record=True))
+    text = "\n".join(replay_text(s, r, explain=True))
+    assert "func31+0x40/0x100 [complete: live lr]" in text
+    assert "rule: live link register (entry)" in text
+    assert "x29 and x30 untouched on the straight path from the entry: +0x0: bti c; +0x4: paciasp" in text
+    assert "first write after the pc: +0xc: mov x29, sp" in text
+    assert f"lr raw {sign(CALLER, 0x77):#x} -> stripped {CALLER:#x}" in text
