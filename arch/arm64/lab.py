@@ -1,0 +1,100 @@
+"""arm64 capture knowledge for ``unwind capture`` (QEMU gdbstub).
+
+Exception level from PSTATE, vector-entry stops normalised to ELR/SPSR,
+``current`` from SP_EL0 (or per-CPU ``__entry_task`` while SP_EL0 still holds
+the user sp), IRQ/overflow/SDEI stacks, and ``thread.cpu_context`` of blocked
+tasks. Layouts come from BTF.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from unwind.lab.capture import Session
+
+NAME = "arm64"
+GDB_ARCH = "aarch64"
+BREAK_KIND = 4
+SYSREGS = ["SP_EL0", "ELR_EL1", "SPSR_EL1", "ESR_EL1", "FAR_EL1", "VBAR", "SCTLR", "TCR_EL1",
+           "TTBR0_EL1", "TTBR1_EL1"]
+#: the vector table spans 16 entries of 0x80 bytes
+VECTORS_SIZE = 0x800
+SYSCALL_ENTRY = ["invoke_syscall", "el0_svc_common"]
+IRQ_BREAKS = ["arch_timer_handler_virt", "hrtimer_interrupt"]
+HIJACK_BREAKS = ["read_zero", "urandom_read_iter"]
+TRAMPOLINES = ["return_to_handler", "__kretprobe_trampoline"]
+EXTRA_SYMBOLS = ["vectors", "call_on_irq_stack"]
+_CTX = ["x19", "x20", "x21", "x22", "x23", "x24", "x25", "x26", "x27", "x28", "fp", "sp", "pc"]
+
+
+def _el(pstate: int) -> int:
+    return (pstate >> 2) & 3
+
+
+def _mode(el: int) -> str:
+    return {0: "user", 1: "kernel"}.get(el, "firmware")
+
+
+def classify(raw: dict[str, int], s: "Session") -> tuple[str, dict[str, int], str | None]:
+    """(mode, registers to record, normalisation note); vector stops become the interrupted state."""
+    regs = {f"x{i}": raw[f"x{i}"] for i in range(31)}
+    regs.update(sp=raw["sp"], pc=raw["pc"], pstate=raw["cpsr"])
+    note = None
+    vbar = raw.get("VBAR", 0)
+    if vbar and vbar <= raw["pc"] < vbar + VECTORS_SIZE and "ELR_EL1" in raw:
+        note = f"vectors+{raw['pc'] - vbar:#x} -> ELR_EL1/SPSR_EL1"
+        regs["pc"], regs["pstate"] = raw["ELR_EL1"], raw.get("SPSR_EL1", 0)
+    mode = _mode(_el(regs["pstate"]))
+    if mode == "user" and _el(raw["cpsr"]) == 0:
+        regs["sp"] = raw["sp"]
+    elif mode == "user":
+        regs["sp"] = raw.get("SP_EL0", regs["sp"])
+    return mode, regs, note
+
+
+def pc_sp(regs: dict[str, int]) -> tuple[int, int]:
+    """Program counter and stack pointer of recorded registers."""
+    return regs["pc"], regs["sp"]
+
+
+def current_task(s: "Session", cpu: int, raw: dict[str, int]) -> tuple[int, str]:
+    """(task_struct address, source): SP_EL0 at EL1, else per-CPU ``__entry_task``."""
+    sp_el0 = raw.get("SP_EL0", 0)
+    if _el(raw["cpsr"]) == 1 and sp_el0 >> 63 and s.readable(sp_el0):
+        stack = s.read_u64(sp_el0 + s.btf.offsetof("task_struct", "stack"))
+        if stack >> 63:
+            return sp_el0, "SP_EL0"
+    return s.read_u64(s.percpu_addr("__entry_task", cpu)), "__entry_task"
+
+
+def percpu_stacks(s: "Session", cpu: int) -> list[tuple[str, int, int]]:
+    """(kind, low, high) of the IRQ, overflow and SDEI stacks of ``cpu``."""
+    out: list[tuple[str, int, int]] = []
+    irq = s.read_u64(s.percpu_addr("irq_stack_ptr", cpu))
+    if irq:
+        out.append(("irq", irq, irq + s.thread_size))
+    ovf = s.percpu_addr("overflow_stack", cpu)
+    size = s.img.size("overflow_stack") or 4096
+    out.append(("overflow", ovf, ovf + size))
+    for name, kind in (("sdei_stack_normal_ptr", "sdei_normal"), ("sdei_stack_critical_ptr", "sdei_critical")):
+        if s.img.get(name) is None:
+            continue
+        p = s.read_u64(s.percpu_addr(name, cpu))
+        if p:
+            out.append((kind, p, p + s.thread_size))
+    return out
+
+
+def blocked_context(s: "Session", task: int, tbytes: bytes) -> dict[str, int]:
+    """``thread.cpu_context`` (x19..x28, fp, sp, pc) of a task that is not running."""
+    out = {}
+    for r in _CTX:
+        off = s.btf.offsetof("task_struct", f"thread.cpu_context.{r}")
+        out[r] = int.from_bytes(tbytes[off:off + 8], "little")
+    return out
+
+
+def context_sp(ctx: dict[str, int]) -> int:
+    """Lowest stack address a walk from ``ctx`` reads."""
+    return ctx["sp"]
