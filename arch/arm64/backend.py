@@ -4,17 +4,38 @@ from __future__ import annotations
 
 import capstone
 
+from typing import TYPE_CHECKING, Any
+
 from unwind.frame import Flag, Frame, Source
 from unwind.registry import ArchBackend
 from unwind.target import Target
 from unwind.walk import Stop, Unwinder
 
-from .stacktrace import META_RECORDS_SINCE, Arm64Unwinder, kernel_generation
+from .stacktrace import META_RECORDS_SINCE, Arm64Unwinder, kernel_generation, kernel_pac_mask, \
+    ptrauth_strip_kernel_insn_pac
+
+if TYPE_CHECKING:
+    from unwind.replay import Replay
 
 # state_source_string() (v6.13+)
 _SOURCE_LETTER = {Source.FRAME: "", Source.CALLER: "C", Source.TASK: "T", Source.REGS_PC: "P"}
 #: what complete mode prints after the frames it adds (never printed by a kernel)
 _COMPLETE_MARK = {Source.LIVE_LR: " [complete: live lr]", Source.EXCEPTION_FRAME: " [complete: vector]"}
+#: oracles that are the kernel's own printout of the same state
+_KERNEL_ORACLES = ("sysrq-t", "sysrq-l", "ftrace-stacktrace", "dump_backtrace")
+
+#: the documented differences from an oracle (docs/arch-arm64.md, "Oracles")
+CATEGORIES = {
+    "stale": "the capture marked the oracle stale: the task ran between the dump and the printout",
+    "vector": "the CPU stopped at an exception vector; complete mode adds the vector pc, gdb sees the "
+              "normalised registers",
+    "oracle-pac": "the oracle printed PAC-signed return addresses (gdb without the pauth registers)",
+    "entry-or-leaf": "the oracle has the x30 caller of a function stopped at its entry or in a leaf, "
+                     "which the kernel's method drops and complete mode could not prove",
+    "oracle-stops-early": "the oracle stops inside the replay: no CFI (vectors, call_on_irq_stack, entry "
+                          "code) or a PAC-signed return address it cannot strip",
+    "oracle-continues": "the replay ended cleanly where the oracle goes on past the final record",
+}
 
 
 class Arm64Backend(ArchBackend):
@@ -60,3 +81,27 @@ class Arm64Backend(ArchBackend):
                     line += f" ({info})"
             out.append((line, f))
         return out
+
+    def categorize(self, oracle: dict[str, Any], expected: list[int], replay: "Replay") -> str | None:
+        """Name the documented category of a difference from an oracle (:data:`CATEGORIES`), else ``None``."""
+        if oracle.get("stale"):
+            return "stale"
+        if oracle.get("source") in _KERNEL_ORACLES:
+            return None
+        mask, _ = kernel_pac_mask(replay.target.vmcoreinfo)
+        want = [ptrauth_strip_kernel_insn_pac(pc, mask) for pc in expected]  # gdb/drgn may not strip
+        frames = replay.frames
+        vector = bool(frames) and frames[0].source is Source.EXCEPTION_FRAME
+        if vector:
+            frames = frames[1:]
+        got = [f.pc for f in frames]
+        if got == want:
+            return "vector" if vector else "oracle-pac"
+        for i in range(1, min(len(want), len(frames) + 1)):
+            if frames[i - 1].flags & Flag.BOUNDARY and want[:i] + want[i + 1:] == got:
+                return "entry-or-leaf"
+        if len(want) < len(got) and got[:len(want)] == want:
+            return "oracle-stops-early"
+        if len(got) < len(want) and want[:len(got)] == got and replay.stop.clean:
+            return "oracle-continues"
+        return None

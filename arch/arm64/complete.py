@@ -51,6 +51,8 @@ _PAC_HINTS = frozenset({"paciasp", "pacibsp", "autiasp", "autibsp", "paciaz", "p
                         "pacia1716", "pacib1716", "autia1716", "autib1716", "xpaclri", "hint", "bti", "nop"})
 _INDIRECT_BRANCHES = frozenset({"br", "braa", "brab", "braaz", "brabz"})
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
+#: the capture's note names the stop as ``vectors+0x280 -> ELR_EL1/SPSR_EL1``
+_VECTOR_OFFSET = re.compile(r"vectors\+(0x[0-9a-fA-F]+)")
 _U64 = (1 << 64) - 1
 
 
@@ -166,7 +168,8 @@ class Completer:
                      if k.upper() in ("VBAR", "VBAR_EL1")), None) or self.target.symbol_address("vectors")
         if vbar is None:
             return None
-        found = [int(h, 16) for h in _HEX.findall(text)]
+        found = [vbar + int(off, 16) for off in _VECTOR_OFFSET.findall(text)]
+        found += [int(h, 16) for h in _HEX.findall(text)]
         pc = next((a for a in found if vbar <= a < vbar + VECTOR_TABLE_BYTES), None)
         if pc is None:
             return None

@@ -122,8 +122,7 @@ def test_exception_boundary_in_both_generations(generation):
 
 def test_vector_stop_pseudo_frame():
     vec = S.VECTORS + 0x280
-    s, t, _ = running_at(PROLOGUE, F + 20,
-                         normalised=f"vector stop at {vec:#x} (vectors+0x280): pc <- ELR_EL1, pstate <- SPSR_EL1")
+    s, t, _ = running_at(PROLOGUE, F + 20, normalised="vectors+0x280 -> ELR_EL1/SPSR_EL1")  # the capture's note
     faithful, _, _ = pcs(s, t)
     got, frames, _ = pcs(s, t, complete=True, record=True)
     assert got == [vec] + faithful
@@ -135,7 +134,7 @@ def test_vector_stop_pseudo_frame():
 
 def test_vector_stop_from_user_mode_then_stops():
     vec = S.VECTORS + 0x400
-    s, t, _ = running_at(PROLOGUE, 0x4000, pstate=0, normalised=f"EL0 vector stop {vec:#x}")
+    s, t, _ = running_at(PROLOGUE, 0x4000, pstate=0, normalised=f"stopped at {vec:#x}, normalised to ELR_EL1")
     got, _, stop = pcs(s, t, complete=True)
     assert got == [vec] and stop.reason.name == "USER_MODE"
 
@@ -149,3 +148,37 @@ def test_explain_states_the_proof():
     assert "x29 and x30 untouched on the straight path from the entry: +0x0: bti c; +0x4: paciasp" in text
     assert "first write after the pc: +0xc: mov x29, sp" in text
     assert f"lr raw {sign(CALLER, 0x77):#x} -> stripped {CALLER:#x}" in text
+
+
+# -- oracle categories (unwind diff) ------------------------------------------------
+
+def _compare(oracle, **kw):
+    from unwind.tools import compare_oracle
+    s, t, _ = running_at(PROLOGUE, kw.pop("pc", F + 8), **kw)
+    return compare_oracle(s, {"cpu": 0, **oracle})
+
+
+def gdb(*pcs):
+    return {"source": "gdb", "frames": [hex(p) for p in pcs]}
+
+
+def test_gdb_with_the_x30_caller_is_exact_in_complete_mode():
+    assert _compare(gdb(F + 8, CALLER, *FAITHFUL_TAIL)).category == "exact"
+    assert _compare(gdb(F + 8, CALLER, *FAITHFUL_TAIL), with_text=False).category == "entry-or-leaf"
+
+
+def test_gdb_categories():
+    assert _compare(gdb(F + 8, sign(CALLER, 0x77), ret(32))).category == "oracle-stops-early"
+    assert _compare(gdb(F + 8, sign(CALLER, 0x77), *FAITHFUL_TAIL)).category == "oracle-pac"
+    assert _compare(gdb(F + 8, CALLER, *FAITHFUL_TAIL, 0x4000, 0x5000)).category == "oracle-continues"
+    assert _compare(gdb(F + 8, ret(40), *FAITHFUL_TAIL)).category == "unexplained"
+    vec = {"normalised": "vectors+0x280 -> ELR_EL1/SPSR_EL1"}
+    assert _compare(gdb(F + 20, *FAITHFUL_TAIL), pc=F + 20, **vec).category == "vector"
+
+
+def test_kernel_oracles_must_be_exact_unless_stale():
+    dump_backtrace = {"source": "dump_backtrace", "frames": [hex(F + 8), *map(hex, FAITHFUL_TAIL)]}
+    assert _compare(dump_backtrace).category == "exact"
+    wrong = {**dump_backtrace, "frames": [hex(F + 8), hex(CALLER), *map(hex, FAITHFUL_TAIL)]}
+    assert _compare(wrong).category == "unexplained"
+    assert _compare({**wrong, "stale": True}).category == "stale"

@@ -1,0 +1,92 @@
+"""Real-data acceptance: every arm64 dump under ``corpora/arm64/`` against its stored oracles.
+
+- blocked tasks: the faithful replay equals the kernel's own ``sysrq-t`` trace, pc for pc;
+- running CPUs: equal to ``dump_backtrace``/``sysrq-l`` printouts, and every difference from gdb or drgn
+  falls in a documented category (``Arm64Backend.CATEGORIES``); complete mode equals gdb wherever the
+  image has the text to prove the x30 callers.
+
+The dumps and slim images are written by the real-kernel lab; the tests skip until they exist. Images
+are found by build-id beside the dumps, on ``$UNWIND_IMAGE_PATH``, or (local runs) in the lab's cache.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from unwind.arch.arm64.backend import CATEGORIES
+from unwind.image import IMAGE_PATH_ENV
+from unwind.replay import load_session
+from unwind.target import Options
+from unwind.tools import compare_oracle, paths_under
+
+CORPUS = Path(__file__).resolve().parents[3] / "corpora" / "arm64"
+LAB_CACHE = Path.home() / ".cache" / "unwind" / "kernels"
+DUMPS = paths_under(CORPUS) if CORPUS.is_dir() else []
+
+pytestmark = pytest.mark.skipif(not DUMPS, reason=f"no arm64 dumps under {CORPUS} yet (written by the real-kernel lab)")
+
+#: per oracle source, category counts over the whole corpus (printed at the end of the module)
+COUNTS: dict[str, Counter[str]] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def image_path():
+    """Let replay find a full vmlinux in the lab's cache when no slim image sits beside the dumps."""
+    old = os.environ.get(IMAGE_PATH_ENV)
+    extra = [str(p) for p in sorted(LAB_CACHE.glob("*arm64*")) if p.is_dir()]
+    os.environ[IMAGE_PATH_ENV] = os.pathsep.join(([old] if old else []) + extra)
+    yield
+    if old is None:
+        os.environ.pop(IMAGE_PATH_ENV, None)
+    else:
+        os.environ[IMAGE_PATH_ENV] = old
+    for source, c in sorted(COUNTS.items()):
+        print(f"\narm64 corpus {source}: {sum(c.values())} traces: {dict(sorted(c.items()))}")
+
+
+def _name(path: str) -> str:
+    return str(Path(path).relative_to(CORPUS))
+
+
+@pytest.mark.parametrize("dump", DUMPS, ids=_name)
+def test_blocked_tasks_equal_sysrq_t(dump):
+    session = load_session(dump)
+    tasks = {t.pid: t for t in session.dump.tasks() if not t.running}
+    checked = 0
+    for oracle in session.dump.oracles():
+        if oracle.get("source") != "sysrq-t" or oracle.get("stale") or oracle.get("pid") not in tasks:
+            continue
+        r = session.replay(tasks[oracle["pid"]], Options(), symbolize=False)
+        got = [hex(f.pc) for f in r.frames]
+        want = [hex(int(x, 0)) for x in oracle["frames"]]
+        COUNTS.setdefault("sysrq-t", Counter())["exact" if got == want else "DIFFERENT"] += 1
+        assert got == want, f"pid {oracle['pid']} ({oracle.get('comm')}): stop {r.stop}"
+        checked += 1
+    if not checked:
+        pytest.skip("no fresh sysrq-t oracle for a blocked task in this dump")
+
+
+@pytest.mark.parametrize("dump", DUMPS, ids=_name)
+def test_running_cpus_within_documented_categories(dump):
+    session = load_session(dump)
+    has_text = session.image is not None and session.image.has_text
+    seen = 0
+    for oracle in session.dump.oracles():
+        if oracle.get("cpu") is None:
+            continue
+        res = compare_oracle(session, oracle)
+        if res is None:
+            continue
+        seen += 1
+        COUNTS.setdefault(res.source, Counter())[res.category] += 1
+        detail = f"{res.source} {res.who}: {res.category}: expected {[hex(x) for x in res.expected]}, " \
+                 f"replayed {[hex(x) for x in res.got]}"
+        assert res.category == "exact" or res.category in CATEGORIES, detail
+        if res.source in ("gdb", "drgn") and has_text:
+            assert res.category != "entry-or-leaf", f"complete mode should have proven it: {detail}"
+    if not seen:
+        pytest.skip("no running-CPU oracle in this dump")

@@ -1,0 +1,40 @@
+"""The live-LR proof on real prologues: the Debian 6.12.117 arm64 slim image committed under corpora/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from unwind.arch.arm64.complete import LrAnalyser
+from unwind.image import Image
+from unwind.memory import Memory
+from unwind.target import Target, Task
+
+SLIM = sorted((Path(__file__).resolve().parents[3] / "corpora" / "arm64").glob("*/vmlinux-*.slim*"))
+
+
+@pytest.fixture(scope="module")
+def analyser():
+    if not SLIM:
+        pytest.skip("no arm64 slim image under corpora/arm64")
+    image = Image(SLIM[0])
+    if not image.has_text:
+        pytest.skip(f"{SLIM[0].name} carries no text")
+    return LrAnalyser(Target("arm64", Memory([]), Task(1, "x"), symbols=image.symbols, image=image)), image.symbols
+
+
+@pytest.mark.parametrize("name,off,live", [
+    ("rcu_all_qs", 0x0, True),       # patchable-entry nops
+    ("rcu_all_qs", 0x8, True),       # paciasp
+    ("rcu_all_qs", 0x10, True),      # stp x29, x30 done, mov x29, sp (at +0x18) not yet: x29 is the caller's
+    ("rcu_all_qs", 0x1c, False),     # after mov x29, sp
+    ("ksys_read", 0x18, True),       # sub sp / stp x29, x30, [sp, #0x10] done, add x29 not yet
+    ("ksys_read", 0x1c, False),      # after add x29, sp, #0x10
+    ("__cond_resched", 0x10, True),  # at mov x29, sp
+    ("__cond_resched", 0x14, False),
+])
+def test_real_prologues(analyser, name, off, live):
+    lr, symbols = analyser
+    proof = lr.prove(symbols.address(name) + off)
+    assert proof.live is live, proof.reason
