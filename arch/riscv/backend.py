@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import capstone
 
-from unwind.frame import Frame
+from unwind.frame import Flag, Frame, Source
 from unwind.registry import ArchBackend
 from unwind.target import Target
 from unwind.walk import Stop, Unwinder
+
+from . import structs
+from .liveness import LiveRaProver
+from .stacktrace import KernelLayout, RiscvUnwinder, UserUnwinder
+
+#: the marker a complete-mode line carries, by the source of its pc
+_COMPLETE_WHY = {
+    Source.LIVE_LR: "caller held in ra",
+    Source.STACK_SWITCH: "past call_on_irq_stack",
+}
 
 
 class RiscvBackend(ArchBackend):
@@ -18,9 +28,7 @@ class RiscvBackend(ArchBackend):
     e_machine = 243
     e_flags = 0x5  # EF_RISCV_RVC | EF_RISCV_FLOAT_ABI_DOUBLE, as the kernel image
     # struct user_regs_struct: pc, then x1..x31 by ABI name
-    prstatus_regs = ("pc", "ra", "sp", "gp", "tp", "t0", "t1", "t2", "s0", "s1",
-                     *(f"a{i}" for i in range(8)), *(f"s{i}" for i in range(2, 12)),
-                     "t3", "t4", "t5", "t6")
+    prstatus_regs = structs.member_names(structs.user_regs_struct)
     pc_reg = "pc"
     sp_reg = "sp"
     capstone = (capstone.CS_ARCH_RISCV, capstone.CS_MODE_RISCV64 | capstone.CS_MODE_RISCVC)
@@ -35,7 +43,53 @@ class RiscvBackend(ArchBackend):
         return False
 
     def unwinder(self, target: Target) -> Unwinder:
-        raise NotImplementedError("riscv unwinder: issue 5")
+        """``walk_stackframe()`` of the task, or ``arch_stack_walk_user()`` with ``options.user``."""
+        if target.options.user:
+            return UserUnwinder(target)
+        layout = KernelLayout.of(target)
+        prover = None
+        if target.options.complete:
+            trap = ((layout.handle_exception, layout.ret_from_exception_end),)
+            prover = LiveRaProver(target.image, target.symbols, trap, self.capstone)
+        return RiscvUnwinder(target, layout, prover)
 
     def format_trace(self, frames: list[Frame], stop: Stop, target: Target) -> list[tuple[str, Frame | None]]:
-        raise NotImplementedError("riscv trace format: issue 5")
+        """The 6.12 riscv trace: ``print_trace_address()`` lines, ``[<%px>] %pS``.
+
+        A blocked task prints as ``show_stack()`` does (``Call Trace:`` first); a
+        CPU's registers as ``show_regs()`` does (``epc : %pS`` and `` ra : %pS``
+        from ``__show_regs()``, then the lines, no header). The user walk prints
+        as ftrace's ``<user stack trace>``. Complete-mode frames carry a
+        ``(complete: ...)`` note and the stack switch a marker line.
+        """
+        out: list[tuple[str, Frame | None]] = []
+        if target.options.user:
+            out.append(("<user stack trace>", None))
+            out.extend((f" =>  <{f.pc:016x}>", f) for f in frames)
+            return out
+        regs = target.task.regs
+        if regs is not None:
+            out.append((f"epc : {self._sym(regs['pc'], target)}", None))
+            out.append((f" ra : {self._sym(regs['ra'], target)}", None))
+        else:
+            out.append(("Call Trace:", None))
+        for f in frames:
+            if f.source is Source.STACK_SWITCH:
+                out.append(("--- call_on_irq_stack: IRQ stack -> task stack (complete) ---", None))
+            line = f"[<{f.pc:016x}>] {f.symbol or self.symbolize(f, target)}"
+            if f.flags & Flag.COMPLETE:
+                line += f" (complete: {self._complete_why(f)})"
+            out.append((line, f))
+        return out
+
+    def _sym(self, addr: int, target: Target) -> str:
+        """``%pS`` of an address."""
+        return target.symbols.format(addr) if target.symbols is not None else hex(addr)
+
+    @staticmethod
+    def _complete_why(f: Frame) -> str:
+        if f.flags & Flag.FGRAPH:
+            return "fgraph return recovered"
+        if f.flags & Flag.KRETPROBE:
+            return "kretprobe return recovered"
+        return _COMPLETE_WHY.get(f.source, "beyond call_on_irq_stack")

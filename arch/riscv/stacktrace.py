@@ -1,0 +1,623 @@
+"""RISC-V: ``walk_stackframe()`` of v6.12 ``arch/riscv/kernel/stacktrace.c`` (CONFIG_FRAME_POINTER).
+
+The kernel loop, for ``(pc, fp, sp)``::
+
+    for (;;) {
+        if (!__kernel_text_address(pc) || (level++ >= 0 && !fn(arg, pc))) break;
+        if (!fp_is_valid(fp, sp)) break;
+        frame = (struct stackframe *)fp - 1;  sp = fp;
+        if (regs && regs->epc == pc && fp_is_valid(frame->ra, sp)) {   /* the leaf rule */
+            fp = frame->ra;  pc = regs->ra;
+        } else {
+            fp = frame->fp;  pc = ftrace_graph_ret_addr(current, &graph_idx, frame->ra, &frame->ra);
+            if (handle_exception <= pc < ret_from_exception_end) {       /* exception frame */
+                fn(arg, pc);  pc = ((struct pt_regs *)sp)->epc;  fp = ((struct pt_regs *)sp)->s0;
+            }
+        }
+    }
+
+:class:`RiscvUnwinder` runs that loop one printed pc at a time, one method per
+step. Faithful mode (the default) reproduces it exactly, including what it
+misses: it never crosses from the IRQ stack back to the task stack (the walk
+ends at ``call_on_irq_stack``), never prints a caller whose return address is
+only in ``ra``, and recovers fgraph returns only for ``current`` (the kernel
+passes ``current``, not the task walked). Complete mode (``--complete``) adds
+what the dump proves, each such frame flagged ``COMPLETE`` with its own
+source and provenance.
+
+:class:`UserUnwinder` is ``arch_stack_walk_user()``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass
+from typing import Sequence
+
+from unwind.frame import Flag, Frame, Provenance, Source
+from unwind.memory import MemoryFault
+from unwind.stackinfo import StackSet
+from unwind.target import FgraphEntry, KretprobeInstance, Target
+from unwind.walk import StopReason, Unwinder, UnwindStop
+
+from .liveness import LiveRaProver, Proof
+from .structs import (PT_EPC, PT_RA, PT_S0, PT_STATUS, SR_SPP, STACKFRAME_FP, STACKFRAME_RA,
+                      STACKFRAME_SIZE)
+
+MASK64 = (1 << 64) - 1
+#: without ``_stext``/``_etext`` every upper-half address counts as kernel text
+UPPER_HALF = 1 << 63
+#: the user address limit when VMCOREINFO has no ``NUMBER(VA_BITS)``: TASK_SIZE_64 of Sv57
+DEFAULT_VA_BITS = 57
+
+_STACKFRAME = struct.Struct("<QQ")  # struct stackframe {fp, ra}, read in one go
+_BOUNDARY = Flag.BOUNDARY
+_COMPLETE = Flag.COMPLETE
+_NONE = Flag.NONE
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLayout:
+    """The kernel addresses one walk compares against, resolved once per target."""
+
+    text: tuple[tuple[int, int], ...]
+    thread_size: int
+    handle_exception: int
+    ret_from_exception_end: int
+    return_to_handler: int
+    rethook_trampolines: frozenset[int]
+    call_on_irq_stack: tuple[int, int]
+    ret_from_fork: tuple[int, int]
+
+    @classmethod
+    def of(cls, target: Target) -> "KernelLayout":
+        """Symbols from the image (or the dump's hints); THREAD_SIZE from the dump's task stack."""
+        sym = target.symbol_address
+        text = []
+        for lo, hi in (("_stext", "_etext"), ("_sinittext", "_einittext")):
+            a, b = sym(lo), sym(hi)
+            if a is not None and b is not None:
+                text.append((a, b))
+        tramps = frozenset(a for a in (sym("arch_rethook_trampoline"), sym("__kretprobe_trampoline"))
+                           if a is not None)
+        exc = sym("handle_exception")
+        exc_end = sym("ret_from_exception_end")
+        return cls(
+            text=tuple(text),
+            thread_size=thread_size(target),
+            handle_exception=exc if exc is not None else -1,
+            ret_from_exception_end=exc_end if exc_end is not None else -1,
+            return_to_handler=_or_none(sym("return_to_handler")),
+            rethook_trampolines=tramps,
+            call_on_irq_stack=_symbol_range(target, "call_on_irq_stack"),
+            ret_from_fork=_symbol_range(target, "ret_from_fork"),
+        )
+
+
+def _or_none(addr: int | None) -> int:
+    return addr if addr is not None else -1
+
+
+def _symbol_range(target: Target, name: str) -> tuple[int, int]:
+    """``[start, end)`` of a function, or an empty range when the table does not know it."""
+    addr = target.symbol_address(name)
+    if addr is None or target.symbols is None:
+        return (0, 0)
+    s = target.symbols.lookup(addr)
+    return (addr, addr + s.size) if s is not None and s.addr == addr else (0, 0)
+
+
+def thread_size(target: Target) -> int:
+    """THREAD_SIZE: the size of the task stack the dump records (IRQ_STACK_SIZE is the same); 0 if none."""
+    for kind in ("task", "irq"):
+        for s in target.task.stacks:
+            if s.kind == kind and s.high > s.low:
+                return s.high - s.low
+    return 0
+
+
+# include/linux/align.h: ALIGN()
+def align(x: int, a: int) -> int:
+    """Round ``x`` up to a multiple of ``a`` (a power of two), wrapping as unsigned long does."""
+    return ((x + a - 1) & ~(a - 1)) & MASK64
+
+
+# arch/riscv/kernel/stacktrace.c: fp_is_valid()
+def fp_is_valid(fp: int, sp: int, thread_size: int) -> bool:
+    """``sp + 16 <= fp <= ALIGN(sp, THREAD_SIZE)`` and 8-byte aligned."""
+    low = (sp + STACKFRAME_SIZE) & MASK64
+    high = ((sp + thread_size - 1) & ~(thread_size - 1)) & MASK64
+    return not (fp < low or fp > high or fp & 7)
+
+
+def fp_bounds(sp: int, thread_size: int) -> tuple[int, int]:
+    """The ``[low, high]`` window :func:`fp_is_valid` tests against."""
+    return (sp + STACKFRAME_SIZE) & MASK64, align(sp, thread_size)
+
+
+# kernel/extable.c: __kernel_text_address() (core text and init text; module text is not in a dump)
+def kernel_text_address(addr: int, text: tuple[tuple[int, int], ...]) -> bool:
+    """Is ``addr`` in ``[_stext, _etext)`` or ``[_sinittext, _einittext)``?"""
+    if not text:
+        return addr >= UPPER_HALF
+    for lo, hi in text:
+        if lo <= addr < hi:
+            return True
+    return False
+
+
+# kernel/trace/fgraph.c: ftrace_graph_ret_addr()
+def ftrace_graph_ret_addr(stack: Sequence[FgraphEntry], idx: int, ret: int, retp: int, return_handler: int) -> tuple[int, int]:
+    """Return ``(ret, idx)``: the original return address when ``ret`` is ``return_to_handler``.
+
+    ``stack`` holds the ret_stack entries bottom to top; ``idx`` is the kernel's
+    ``*idx``: 0 starts at the top, otherwise the search resumes below the entry
+    found last (the bottom entry sits at offset 0, so finding it restarts at
+    the top, as in the kernel). Only an entry whose ``retp`` is ``&frame->ra``
+    matches.
+    """
+    if ret != return_handler:
+        return ret, idx
+    i = idx or len(stack)
+    while i > 0:
+        i -= 1
+        e = stack[i]
+        if e.retp == retp and e.ret != return_handler:
+            return e.ret, i
+    return ret, idx
+
+
+class RiscvUnwinder(Unwinder):
+    """One ``walk_stackframe()`` of a task: from its CPU's registers or its saved context."""
+
+    def __init__(self, target: Target, layout: KernelLayout, prover: LiveRaProver | None) -> None:
+        self.t = target
+        self.k = layout
+        self.mem = target.mem
+        self.ts = layout.thread_size
+        self.record = target.options.record
+        self.complete = target.options.complete
+        self.prover = prover
+        self.stacks = StackSet(target.task.stacks)
+        self._kind_cache: tuple[int, int, str | None] = (0, 0, None)
+        self._seg: tuple[int, int, bytes] = (0, 0, b"")
+        self._seg_starts = [seg.start for seg in self.mem.segments]
+        # hot-path copies of the layout
+        self.text0 = layout.text[0] if layout.text else (0, 0)
+        self.exc_lo, self.exc_hi = layout.handle_exception, layout.ret_from_exception_end
+        self.return_to_handler = layout.return_to_handler
+        self.rethook_trampolines = layout.rethook_trampolines
+        self.pc = self.fp = self.sp = 0
+        #: regs->epc/ra of the starting pt_regs (the leaf rule), None for a blocked task
+        self.regs_epc: int | None = None
+        self.regs_ra = 0
+        self.graph_idx = 0
+        #: pt_regs whose epc is the next pc to print (after an exception frame)
+        self.pending_regs: int | None = None
+        #: complete mode: (pc, ra, what) of a pc taken from registers whose caller may sit in ra
+        self.live: tuple[int, int, str] | None = None
+        #: complete mode: flags every frame beyond what the kernel prints carries
+        self.beyond = _NONE
+        # the kernel passes current: a blocked task's ret_stack is never consulted
+        self.fgraph_kernel = target.task.fgraph if target.task.running else []
+        self.fgraph_all = target.task.fgraph
+        self.fg_cursor = len(self.fgraph_all) - 1
+        self.kr_cursor = 0
+
+    # --- labels -----------------------------------------------------------------------------
+
+    def _kind(self, addr: int) -> str | None:
+        """The kind of stack ``addr`` lies on (``StackSet.kind_of``), cached per stack."""
+        lo, hi, kind = self._kind_cache
+        if lo <= addr < hi:
+            return kind
+        info = self.stacks.kind_of(addr)
+        if info is None:
+            return None
+        self._kind_cache = (info.low, info.high, info.kind)
+        return info.kind
+
+    def _read(self, addr: int, what: str) -> int:
+        try:
+            return self.mem.read_u64(addr)
+        except MemoryFault as e:
+            raise UnwindStop(StopReason.MEMORY_FAULT, f"{what}: {e}") from None
+
+    def _bounds_note(self, fp: int, sp: int) -> str:
+        low, high = fp_bounds(sp, self.ts)
+        return (f"fp_is_valid(fp {fp:#x}, sp {sp:#x}): [sp+16, ALIGN(sp, THREAD_SIZE)] = "
+                f"[{low:#x}, {high:#x}], THREAD_SIZE {self.ts:#x}")
+
+    # --- starts -----------------------------------------------------------------------------
+
+    def start(self) -> Frame:
+        """``walk_stackframe(task, regs)``: from the CPU's registers or the saved context."""
+        if not self.ts:
+            raise UnwindStop(StopReason.OUTSIDE_STACK, "the dump records no task stack for this task: "
+                                                       "THREAD_SIZE unknown")
+        if self.t.task.regs is not None:
+            return self._init_from_regs(self.t.task.regs)
+        return self._init_from_task(self.t.task.context or {})
+
+    # walk_stackframe(): regs != NULL: fp = frame_pointer(regs), sp = user_stack_pointer(regs), pc = epc
+    def _init_from_regs(self, regs: dict[str, int]) -> Frame:
+        self.pc, self.fp, self.sp = regs["pc"], regs["s0"], regs["sp"]
+        self.regs_epc, self.regs_ra = self.pc, regs["ra"]
+        if not kernel_text_address(self.pc, self.k.text):
+            if self.pc < UPPER_HALF:
+                raise UnwindStop(StopReason.USER_MODE, f"cpu{self.t.task.cpu} was in user mode "
+                                                       f"(pc {self.pc:#x}): nothing for the kernel walk")
+            raise UnwindStop(StopReason.BAD_PC, f"epc {self.pc:#x} is not kernel text")
+        prov = None
+        if self.record:
+            prov = Provenance("walk_stackframe(regs): pc = regs->epc, fp = regs->s0, sp = regs->sp")
+            prov.note(f"cpu{self.t.task.cpu} registers: epc {self.pc:#x}, s0 {self.fp:#x}, "
+                      f"sp {self.sp:#x}, ra {self.regs_ra:#x}")
+        if self.complete:
+            self.live = (self.pc, self.regs_ra, f"the ra register of cpu{self.t.task.cpu}")
+        return Frame(self.pc, self.sp, self.fp, Source.REGS_PC, self._kind(self.sp), _BOUNDARY, prov)
+
+    # walk_stackframe(): task blocked in __switch_to: fp = thread.s[0], sp = thread.sp, pc = thread.ra
+    def _init_from_task(self, ctx: dict[str, int]) -> Frame:
+        try:
+            self.pc, self.fp, self.sp = ctx["ra"], ctx["s0"], ctx["sp"]
+        except KeyError as e:
+            raise UnwindStop(StopReason.MISSING_REGISTER, f"saved context has no thread.{e.args[0]}") from None
+        if not kernel_text_address(self.pc, self.k.text):
+            raise UnwindStop(StopReason.BAD_PC, f"thread.ra {self.pc:#x} is not kernel text")
+        prov = None
+        if self.record:
+            prov = Provenance("walk_stackframe(task): pc = thread.ra, fp = thread.s[0], sp = thread.sp")
+            prov.note(f"saved context: ra {self.pc:#x}, s0 {self.fp:#x}, sp {self.sp:#x}")
+        return Frame(self.pc, self.sp, self.fp, Source.TASK, self._kind(self.sp), _NONE, prov)
+
+    # --- steps ------------------------------------------------------------------------------
+
+    def next(self) -> Frame:
+        """The next pc the kernel loop prints (or, in complete mode, one it misses)."""
+        if self.pending_regs is not None:
+            return self._next_regs_pc()
+        if self.live is not None:
+            frame = self._next_live_ra()
+            if frame is not None:
+                return frame
+        return self._next_frame_record()
+
+    # walk_stackframe(): the loop body from fp_is_valid() to the next pc
+    def _next_frame_record(self) -> Frame:
+        fp, sp, ts = self.fp, self.sp, self.ts
+        flags = self.beyond
+        switch_note = None
+        if fp < sp + STACKFRAME_SIZE or fp > ((sp + ts - 1) & ~(ts - 1)) or fp & 7:
+            switch_note = self._cross_irq_stack() if self.complete else None
+            if switch_note is None:
+                raise self._invalid_fp_stop()
+            sp, flags = self.sp, self.beyond
+        rec = fp - STACKFRAME_SIZE
+        if self.regs_epc == self.pc:
+            ra_slot = self._read(rec + STACKFRAME_RA, "frame->ra")
+            if fp_is_valid(ra_slot, fp, ts):
+                return self._leaf_rule(rec, ra_slot)
+        lo, hi, data = self._seg
+        if lo <= rec and rec + STACKFRAME_SIZE <= hi:
+            new_fp, ra = _STACKFRAME.unpack_from(data, rec - lo)
+        else:
+            new_fp, ra = self._read_record(rec)
+        callee = self.pc
+        self.fp, self.sp, self.pc = new_fp, fp, ra
+        prov = None
+        if self.record:
+            prov = Provenance("frame record {fp, ra} at fp - 16")
+            prov.read(rec + STACKFRAME_FP, 8, new_fp, "frame->fp")
+            prov.read(rec + STACKFRAME_RA, 8, ra, "frame->ra")
+            prov.note(self._bounds_note(fp, sp))
+            if switch_note:
+                prov.note(switch_note)
+        pc = ra
+        if ra == self.return_to_handler:
+            pc, more = self._ftrace_graph_ret_addr(ra, rec + STACKFRAME_RA, callee, prov)
+            self.pc, flags = pc, flags | more
+        elif ra in self.rethook_trampolines and self.complete:
+            pc, more = self._recover_kretprobe(ra, new_fp, prov)
+            self.pc, flags = pc, flags | more
+        if self.exc_lo <= pc < self.exc_hi:
+            return self._exception_frame(rec, flags, prov)
+        lo, hi = self.text0
+        if not (lo <= pc < hi or kernel_text_address(pc, self.k.text)):
+            raise self._bad_pc_stop(pc, new_fp, f"frame->ra at {rec + STACKFRAME_RA:#x}")
+        lo, hi, kind = self._kind_cache
+        if not lo <= rec < hi:
+            kind = self._kind(rec)
+        return Frame(pc, fp, new_fp, Source.STACK_SWITCH if switch_note else Source.FRAME, kind, flags, prov)
+
+    def _read_record(self, rec: int) -> tuple[int, int]:
+        """``{frame->fp, frame->ra}`` at ``rec``, remembering the captured segment that holds it."""
+        segs = self.mem.segments
+        i = bisect.bisect_right(self._seg_starts, rec) - 1
+        if i >= 0 and rec + STACKFRAME_SIZE <= segs[i].end:
+            seg = segs[i]
+            self._seg = (seg.start, seg.end, seg.data)
+            return _STACKFRAME.unpack_from(seg.data, rec - seg.start)
+        raise UnwindStop(StopReason.MEMORY_FAULT, f"frame record at {rec:#x}: {MemoryFault(rec, STACKFRAME_SIZE)}")
+
+    # walk_stackframe(): regs && regs->epc == pc && fp_is_valid(frame->ra, sp): fp = frame->ra, pc = regs->ra
+    def _leaf_rule(self, rec: int, ra_slot: int) -> Frame:
+        fp = self.fp
+        self.fp, self.sp, self.pc = ra_slot, fp, self.regs_ra
+        self.live = None  # the kernel itself printed regs->ra
+        prov = None
+        if self.record:
+            prov = Provenance("leaf rule: pc is regs->epc and frame->ra looks like a valid fp, "
+                              "so fp = frame->ra and pc = regs->ra (a leaf that saved only s0)")
+            prov.read(rec + STACKFRAME_RA, 8, ra_slot, "frame->ra (the caller's fp)")
+            prov.note(self._bounds_note(fp, self.sp))
+        if not kernel_text_address(self.pc, self.k.text):
+            raise self._bad_pc_stop(self.pc, ra_slot, "regs->ra")
+        return Frame(self.pc, fp, ra_slot, Source.LIVE_LR, self._kind(rec), self.beyond, prov)
+
+    # walk_stackframe(): handle_exception <= pc < ret_from_exception_end: fn(arg, pc), then pt_regs at sp
+    def _exception_frame(self, rec: int, flags: Flag, prov: Provenance | None) -> Frame:
+        if prov is not None:
+            prov.note("return address in [handle_exception, ret_from_exception_end): printed, and the walk "
+                      f"goes on from the pt_regs at sp {self.sp:#x} (its epc and s0)")
+        if not kernel_text_address(self.pc, self.k.text):
+            raise self._bad_pc_stop(self.pc, self.fp, f"frame->ra at {rec + STACKFRAME_RA:#x}")
+        self.pending_regs = self.sp
+        return Frame(self.pc, self.sp, self.fp, Source.FRAME, self._kind(rec), flags, prov)
+
+    # walk_stackframe(): pc = ((struct pt_regs *)sp)->epc; fp = ((struct pt_regs *)sp)->s0
+    def _next_regs_pc(self) -> Frame:
+        regs = self.pending_regs
+        assert regs is not None
+        self.pending_regs = None
+        epc = self._read(regs + PT_EPC, "pt_regs->epc")
+        s0 = self._read(regs + PT_S0, "pt_regs->s0")
+        self.pc, self.fp = epc, s0
+        if not kernel_text_address(epc, self.k.text):
+            status = self._read(regs + PT_STATUS, "pt_regs->status")
+            if not status & SR_SPP:
+                raise UnwindStop(StopReason.USER_MODE, f"pt_regs at {regs:#x}: epc {epc:#x} in user mode "
+                                                       f"(status {status:#x})")
+            raise UnwindStop(StopReason.BAD_PC, f"pt_regs at {regs:#x}: epc {epc:#x} is not kernel text")
+        prov = None
+        if self.record:
+            prov = Provenance("exception frame: pc = pt_regs->epc, fp = pt_regs->s0 (pt_regs at the old fp)")
+            prov.read(regs + PT_EPC, 8, epc, "pt_regs->epc")
+            prov.read(regs + PT_S0, 8, s0, "pt_regs->s0")
+            prov.note("6.12 uses only epc and s0 here: pt_regs->ra is never printed")
+        if self.complete:
+            try:
+                self.live = (epc, self.mem.read_u64(regs + PT_RA), f"pt_regs->ra at {regs + PT_RA:#x}")
+            except MemoryFault:
+                self.live = None
+        return Frame(epc, self.sp, s0, Source.EXCEPTION_FRAME, self._kind(regs), self.beyond | _BOUNDARY, prov)
+
+    # complete mode: the caller whose return address is only in ra (entry, frameless leaf, epilogue)
+    def _next_live_ra(self) -> Frame | None:
+        pc, ra, where = self.live  # type: ignore[misc]
+        self.live = None
+        if self.prover is None or self._kernel_leaf_rule_fires():
+            return None
+        proof, _why = self.prover.prove(pc)
+        if proof is None:
+            return None
+        prov = None
+        if self.record:
+            prov = self._live_provenance(proof, ra, where)
+        flags = self.beyond | _COMPLETE
+        if ra == self.k.return_to_handler:
+            ra, more = self._ftrace_graph_ret_addr(ra, None, pc, prov)
+            flags |= more
+        elif ra in self.k.rethook_trampolines:
+            ra, more = self._recover_kretprobe(ra, self.fp, prov)
+            flags |= more
+        if not kernel_text_address(ra, self.k.text):
+            return None
+        self.pc = ra
+        return Frame(ra, self.sp, self.fp, Source.LIVE_LR, self._kind(self.sp), flags, prov)
+
+    @staticmethod
+    def _live_provenance(proof: Proof, ra: int, where: str) -> Provenance:
+        prov = Provenance(f"complete: caller held in ra ({proof.kind} of {proof.function})")
+        prov.note(f"ra {ra:#x} from {where}")
+        prov.note(f"proof: {proof.detail}")
+        prov.note("the kernel reads the record at s0 - 16, which is the caller's own, and so skips this caller")
+        return prov
+
+    def _kernel_leaf_rule_fires(self) -> bool:
+        """Would the kernel's own leaf rule print regs->ra at the next step?"""
+        fp, sp = self.fp, self.sp
+        if self.regs_epc != self.pc or not fp_is_valid(fp, sp, self.ts):
+            return False
+        try:
+            return fp_is_valid(self.mem.read_u64(fp - STACKFRAME_SIZE + STACKFRAME_RA), fp, self.ts)
+        except MemoryFault:
+            return False
+
+    # kernel/trace/fgraph.c: ftrace_graph_ret_addr(current, &graph_idx, pc, &frame->ra)
+    def _ftrace_graph_ret_addr(self, ra: int, retp: int | None, callee: int,
+                               prov: Provenance | None) -> tuple[int, Flag]:
+        """Resolve ``return_to_handler`` (``retp`` None: it was in a register); ``(pc, flags gained)``."""
+        handler = self.k.return_to_handler
+        if retp is not None:
+            pc, idx = ftrace_graph_ret_addr(self.fgraph_kernel, self.graph_idx, ra, retp, handler)
+            if pc != handler:
+                self.graph_idx = idx
+                self.fg_cursor = min(self.fg_cursor, idx - 1)
+                if prov is not None:
+                    prov.note(f"ftrace_graph_ret_addr: return_to_handler -> {pc:#x} "
+                              f"(ret_stack entry {idx}, retp {retp:#x} = &frame->ra)")
+                return pc, Flag.FGRAPH
+        if not self.complete:
+            if prov is not None:
+                why = ("no ret_stack entry has retp == &frame->ra" if self.fgraph_kernel else
+                       "the kernel searches current's ret_stack, not this blocked task's")
+                prov.note(f"return_to_handler left as is: {why}")
+            return ra, _NONE
+        return self._fgraph_by_order(ra, callee, prov)
+
+    def _fgraph_by_order(self, ra: int, callee: int, prov: Provenance | None) -> tuple[int, Flag]:
+        """Complete mode: the next ret_stack entry below the last one used, if it is callee's."""
+        stack, handler = self.fgraph_all, self.k.return_to_handler
+        k = self.fg_cursor
+        top_func = 0
+        while k >= 0 and stack[k].ret == handler:  # tail calls: the real ret is further down
+            top_func = top_func or stack[k].func
+            k -= 1
+        if k < 0:
+            if prov is not None:
+                prov.note("return_to_handler: no ret_stack entry left to recover it")
+            return ra, _NONE
+        entry = stack[k]
+        func = top_func or entry.func
+        syms = self.t.symbols
+        if func and syms is not None:
+            want, have = syms.lookup(func), syms.lookup(callee)
+            if want is None or have is None or want.addr != have.addr:
+                if prov is not None:
+                    prov.note(f"return_to_handler: ret_stack entry {k} is for {func:#x}, not for the function "
+                              f"at {callee:#x}: not recovered")
+                return ra, _NONE
+        self.fg_cursor = k - 1
+        if prov is not None:
+            prov.note(f"complete: return_to_handler -> {entry.ret:#x} from ret_stack entry {k} (func "
+                      f"{func:#x}, retp {entry.retp:#x}) taken in order: 6.12 riscv records &fregs->ra as "
+                      "retp, and the kernel searches only current's ret_stack")
+        return entry.ret, Flag.FGRAPH | _COMPLETE
+
+    # complete mode: kernel/trace/rethook.c: rethook_find_ret_addr(task, frame, &cur)
+    def _recover_kretprobe(self, ra: int, frame_fp: int, prov: Provenance | None) -> tuple[int, Flag]:
+        """The rethook/kretprobe instance whose frame is ``frame_fp``: ``(pc, flags gained)``."""
+        insts: list[KretprobeInstance] = self.t.task.kretprobes
+        for j in range(self.kr_cursor, len(insts)):
+            if insts[j].fp == frame_fp:
+                self.kr_cursor = j + 1
+                if prov is not None:
+                    prov.note(f"complete: rethook trampoline -> {insts[j].ret:#x} from the instance with "
+                              f"frame {frame_fp:#x} (the riscv 6.12 walk prints the trampoline)")
+                return insts[j].ret, Flag.KRETPROBE | _COMPLETE
+        if prov is not None:
+            prov.note(f"rethook trampoline: no instance with frame {frame_fp:#x}")
+        return ra, _NONE
+
+    # complete mode: the record call_on_irq_stack leaves at the top of the IRQ stack
+    def _cross_irq_stack(self) -> str | None:
+        """Accept the task-stack fp the kernel refuses at ``call_on_irq_stack``; a note, or None."""
+        fp, sp = self.fp, self.sp
+        lo, hi = self.k.call_on_irq_stack
+        if not lo <= self.pc < hi or fp & 7:
+            return None
+        here = self.stacks.kind_of(sp)
+        there = self.stacks.kind_of(fp - STACKFRAME_SIZE)
+        if here is None or here.kind == "task" or sp != here.high or there is None or there.kind != "task":
+            return None
+        self.sp = fp - STACKFRAME_SIZE
+        self.beyond = _COMPLETE
+        return (f"complete: crossed from the {here.label()} stack (top {sp:#x}) to the task stack through the "
+                f"record call_on_irq_stack keeps at {fp - STACKFRAME_SIZE:#x}; 6.12 stops here")
+
+    # --- stops ------------------------------------------------------------------------------
+
+    def _invalid_fp_stop(self) -> UnwindStop:
+        """Why ``fp_is_valid()`` failed, as a stop reason."""
+        fp, sp, pc = self.fp, self.sp, self.pc
+        low, high = fp_bounds(sp, self.ts)
+        window = f"[sp+16, ALIGN(sp, THREAD_SIZE)] = [{low:#x}, {high:#x}]"
+        if fp == 0:
+            return UnwindStop(StopReason.END_OF_STACK, "fp is 0")
+        if fp & 7:
+            return UnwindStop(StopReason.MISALIGNED_FP, f"fp {fp:#x} (sp {sp:#x})")
+        lo, hi = self.k.ret_from_fork
+        if lo <= pc < hi:
+            return UnwindStop(StopReason.END_OF_STACK, f"reached ret_from_fork, the first frame of the task "
+                                                       f"(fp {fp:#x} is the thread function, not a frame)")
+        here, there = self.stacks.kind_of(sp), self.stacks.kind_of(fp - STACKFRAME_SIZE)
+        lo, hi = self.k.call_on_irq_stack
+        if lo <= pc < hi and there is not None and here is not None and here.kind != there.kind:
+            return UnwindStop(StopReason.TRANSITION_REFUSED,
+                              f"6.12 walk_stackframe stops at call_on_irq_stack: fp {fp:#x} on the {there.kind} "
+                              f"stack is outside {window} (--complete crosses)")
+        if fp < low and there is not None:
+            return UnwindStop(StopReason.TRANSITION_REFUSED, f"fp {fp:#x} is below sp+16 = {low:#x}: "
+                                                             "the record would not move up the stack")
+        return UnwindStop(StopReason.OUTSIDE_STACK, f"fp {fp:#x} outside {window}")
+
+    def _bad_pc_stop(self, pc: int, fp: int, where: str) -> UnwindStop:
+        if pc == 0 and fp == 0:
+            return UnwindStop(StopReason.END_OF_STACK, f"zero record ({where})")
+        return UnwindStop(StopReason.BAD_PC, f"{pc:#x} from {where} is not kernel text")
+
+
+def user_task_size(target: Target) -> int:
+    """TASK_SIZE_64 = PGDIR_SIZE * PTRS_PER_PGD / 2 = 2^(VA_BITS - 1)."""
+    bits = target.vmcoreinfo.get("NUMBER(VA_BITS)")
+    return 1 << ((int(bits, 0) if bits else DEFAULT_VA_BITS) - 1)
+
+
+class UserUnwinder(Unwinder):
+    """``arch_stack_walk_user()``: epc, then ``regs->ra`` with the first record's fp, then records."""
+
+    def __init__(self, target: Target) -> None:
+        self.t = target
+        self.mem = target.mem
+        self.record = target.options.record
+        self.task_size = user_task_size(target)
+        self.fp = 0
+        self.reg_ra = 0
+        self.first = True
+
+    def start(self) -> Frame:
+        """``consume_entry(cookie, regs->epc)`` with ``fp = regs->s0``."""
+        regs = self.t.task.user_regs
+        if regs is None:
+            raise UnwindStop(StopReason.MISSING_REGISTER, "no user registers in the dump for this task")
+        try:
+            epc = regs["epc"] if "epc" in regs else regs["pc"]
+            self.fp, self.reg_ra = regs["s0"], regs["ra"]
+        except KeyError as e:
+            raise UnwindStop(StopReason.MISSING_REGISTER, f"user regs have no {e.args[0]}") from None
+        prov = None
+        if self.record:
+            prov = Provenance("arch_stack_walk_user: regs->epc first")
+            prov.note(f"user regs: epc {epc:#x}, s0 {self.fp:#x}, ra {self.reg_ra:#x}")
+        return Frame(epc, regs.get("sp"), self.fp, Source.REGS_PC, "user", _BOUNDARY, prov)
+
+    def next(self) -> Frame:
+        """The loop ``while (fp && !(fp & 0x7)) fp = unwind_user_frame(..., fp, 0)``."""
+        fp, reg_ra = self.fp, self.reg_ra if self.first else 0
+        if not self.first:
+            if fp == 0:
+                raise UnwindStop(StopReason.END_OF_STACK, "user fp is 0")
+            if fp & 7:
+                raise UnwindStop(StopReason.MISALIGNED_FP, f"user fp {fp:#x}")
+        self.first = False
+        return self._unwind_user_frame(fp, reg_ra)
+
+    # arch/riscv/kernel/stacktrace.c: unwind_user_frame()
+    def _unwind_user_frame(self, fp: int, reg_ra: int) -> Frame:
+        tail = (fp - STACKFRAME_SIZE) & MASK64
+        # access_ok(user_frame_tail, sizeof(buftail))
+        if tail > self.task_size - STACKFRAME_SIZE:
+            if fp == 0:
+                raise UnwindStop(StopReason.END_OF_STACK, "user s0 is 0: no frame record")
+            raise UnwindStop(StopReason.OUTSIDE_STACK, f"user record at {tail:#x} is above TASK_SIZE "
+                                                       f"{self.task_size:#x}")
+        try:
+            new_fp = self.mem.read_u64(tail + STACKFRAME_FP)
+            ra = self.mem.read_u64(tail + STACKFRAME_RA)
+        except MemoryFault as e:
+            raise UnwindStop(StopReason.MEMORY_FAULT, f"user record at {tail:#x} unreadable "
+                                                      f"(__copy_from_user_inatomic fails): {e}") from None
+        pc = reg_ra or ra
+        self.fp = new_fp
+        if not pc:
+            raise UnwindStop(StopReason.END_OF_STACK, f"ra 0 in the user record at {tail:#x}")
+        prov = None
+        if self.record:
+            prov = Provenance("unwind_user_frame: {fp, ra} at fp - 16" + (", ra from regs->ra" if reg_ra else ""))
+            prov.read(tail + STACKFRAME_FP, 8, new_fp, "buftail.fp")
+            prov.read(tail + STACKFRAME_RA, 8, ra, "buftail.ra" + (" (unused)" if reg_ra else ""))
+            prov.note(f"access_ok: record below TASK_SIZE {self.task_size:#x}")
+        source = Source.LIVE_LR if reg_ra else Source.FRAME
+        return Frame(pc, None, new_fp, source, "user", _NONE, prov)

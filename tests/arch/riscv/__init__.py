@@ -1,0 +1,1 @@
+"""RISC-V backend tests: kernel steps, synthetic scenarios, the real corpus."""

@@ -1,0 +1,121 @@
+"""The kernel steps one by one: layouts, fp_is_valid, ftrace_graph_ret_addr, text ranges, and the ra proofs."""
+
+from __future__ import annotations
+
+import capstone
+import pytest
+
+from unwind.arch.riscv import structs
+from unwind.arch.riscv.backend import RiscvBackend
+from unwind.arch.riscv.liveness import LiveRaProver, is_return, written_register
+from unwind.arch.riscv.stacktrace import align, fp_bounds, fp_is_valid, ftrace_graph_ret_addr, kernel_text_address
+from unwind.arch.riscv.synth import FRAMED_CODE, LEAF_CODE, RiscvSynth, TextImage
+from unwind.target import FgraphEntry
+
+CS = (capstone.CS_ARCH_RISCV, capstone.CS_MODE_RISCV64 | capstone.CS_MODE_RISCVC)
+
+
+def test_layouts():
+    assert structs.pt_regs.sizeof() == 288
+    assert structs.offsetof(structs.pt_regs, "s0") == 64
+    assert structs.offsetof(structs.pt_regs, "ra") == 8
+    assert structs.offsetof(structs.pt_regs, "status") == 256
+    assert structs.offsetof(structs.pt_regs, "orig_a0") == 280
+    assert (structs.STACKFRAME_SIZE, structs.STACKFRAME_FP, structs.STACKFRAME_RA) == (16, 0, 8)
+    names = RiscvBackend.prstatus_regs
+    assert len(names) == 32 and names[:3] == ("pc", "ra", "sp") and names[8] == "s0"
+
+
+def test_fp_is_valid_window():
+    ts = 0x4000
+    sp = 0xFF20000000103E00
+    assert fp_bounds(sp, ts) == (sp + 16, 0xFF20000000104000)
+    assert fp_is_valid(sp + 16, sp, ts) and fp_is_valid(0xFF20000000104000, sp, ts)
+    assert not fp_is_valid(sp + 8, sp, ts)              # below sp + 16
+    assert not fp_is_valid(0xFF20000000104008, sp, ts)  # past ALIGN(sp, THREAD_SIZE)
+    assert not fp_is_valid(sp + 0x24, sp, ts)           # not 8-aligned
+    top = 0xFF20000000004000                            # an empty window: sp at an aligned stack top
+    assert fp_bounds(top, ts) == (top + 16, top) and not fp_is_valid(top + 16, top, ts)
+    assert align(0xFFFFFFFFFFFFFFF0, 0x4000) == 0       # unsigned long wraps
+
+
+def test_ftrace_graph_ret_addr_follows_the_kernel():
+    handler = 0xFFFFFFFF80001420
+    stack = [FgraphEntry(0xA0, 0x100), FgraphEntry(handler, 0x200), FgraphEntry(0xA2, 0x200), FgraphEntry(0xA3, 0x300)]
+    assert ftrace_graph_ret_addr(stack, 0, 0x1234, 0x300, handler) == (0x1234, 0)    # not hijacked
+    assert ftrace_graph_ret_addr(stack, 0, handler, 0x300, handler) == (0xA3, 3)     # from the top
+    assert ftrace_graph_ret_addr(stack, 3, handler, 0x200, handler) == (0xA2, 2)     # below the last hit
+    assert ftrace_graph_ret_addr(stack, 2, handler, 0x300, handler) == (handler, 2)  # already passed
+    assert ftrace_graph_ret_addr(stack, 0, handler, 0x999, handler) == (handler, 0)  # retp mismatch
+    # finding the bottom entry (offset 0) sets *idx = 0: the next search starts at the top again
+    assert ftrace_graph_ret_addr(stack, 1, handler, 0x100, handler) == (0xA0, 0)
+    assert ftrace_graph_ret_addr(stack, 0, handler, 0x300, handler) == (0xA3, 3)
+
+
+def test_kernel_text_address():
+    text = ((0x1000, 0x2000), (0x8000, 0x9000))
+    assert kernel_text_address(0x1000, text) and kernel_text_address(0x8FFF, text)
+    assert not kernel_text_address(0x2000, text) and not kernel_text_address(0x7000, text)
+    assert kernel_text_address(0xFFFFFFFF80001000, ()) and not kernel_text_address(0x2AAAAB1230, ())
+
+
+@pytest.mark.parametrize("code,want", [
+    (FRAMED_CODE, ["nop", "nop", "c.addi", "c.sdsp", "c.sdsp", "c.addi4spn", "jal", "c.ldsp", "c.ldsp",
+                   "c.addi16sp", "c.jr"]),
+    (LEAF_CODE, ["nop", "nop", "c.li", "c.beqz", "c.ld", "sw", "c.nop", "c.jr"]),
+])
+def test_hand_assembled_encodings_decode_as_intended(code, want):
+    md = capstone.Cs(*CS)
+    insns = list(md.disasm_lite(code, 0x1000))
+    assert [i[2] for i in insns] == want and sum(i[1] for i in insns) == len(code)
+    ops = {i[2]: i[3] for i in insns}
+    if "c.addi4spn" in ops:
+        assert ops["c.addi4spn"] == "s0, sp, 0x20" and ops["jal"] == "0x10"  # capstone prints the offset
+
+
+@pytest.mark.parametrize("mn,ops,reg", [
+    ("c.addi4spn", "s0, sp, 0x20", "s0"), ("c.ldsp", "ra, 0x18(sp)", "ra"), ("c.sdsp", "ra, 0x18(sp)", None),
+    ("sd", "s0, 0x10(sp)", None), ("jal", "0x10", "ra"), ("jalr", "a5", "ra"), ("jalr", "t0, t0, 0", "t0"),
+    ("c.jalr", "a5", "ra"), ("j", "0x10", None), ("beq", "a0, a1, 8", None), ("csrrw", "s0, sscratch, s0", "s0"),
+    ("c.mv", "s0, a0", "s0"), ("nop", "", None), ("amoswap.d", "ra, a0, (a1)", "ra"),
+])
+def test_written_register(mn, ops, reg):
+    assert written_register(mn, ops) == reg
+
+
+def test_is_return():
+    assert is_return("ret", "") and is_return("c.jr", "ra") and is_return("jalr", "zero, 0(ra)")
+    assert not is_return("c.jr", "a5") and not is_return("jalr", "ra, 0(a5)")
+
+
+def _prover(excluded=()):
+    s = RiscvSynth()
+    s.function_code("__cond_resched", FRAMED_CODE)
+    s.function_code("rcu_all_qs", LEAF_CODE)
+    return s, LiveRaProver(TextImage(s.code), s.symbols(), excluded, CS)
+
+
+@pytest.mark.parametrize("func,off,kind", [
+    ("__cond_resched", 0x0, "entry"), ("__cond_resched", 0x8, "entry"), ("__cond_resched", 0xC, "entry"),
+    ("__cond_resched", 0xE, "entry"),      # ra and s0 stored, s0 not yet set
+    ("__cond_resched", 0x10, None),        # s0 is its own now
+    ("__cond_resched", 0x14, None),        # after the call: ra clobbered, s0 its own
+    ("__cond_resched", 0x16, None),        # ra restored, s0 not yet
+    ("__cond_resched", 0x18, "epilogue"),  # both restored, before ret
+    ("rcu_all_qs", 0x8, "entry"), ("rcu_all_qs", 0xE, "leaf"), ("rcu_all_qs", 0x14, "leaf"),
+])
+def test_live_ra_proofs(func, off, kind):
+    s, prover = _prover()
+    proof, why = prover.prove(s.at(func, off))
+    assert (proof.kind if proof else None) == kind
+    assert (why == "") == (kind is not None)
+
+
+def test_no_proof_without_text_or_in_trap_entry():
+    s, prover = _prover(excluded=((0, 0),))
+    assert prover.prove(s.at("vfs_read", 0x9C))[0] is None                      # no code for it
+    assert "no text" in LiveRaProver(None, s.symbols(), (), CS).prove(s.at("rcu_all_qs", 8))[1]
+    trap = (s.at("handle_exception"), s.at("ret_from_exception_end"))
+    _, prover = _prover(excluded=(trap,))
+    proof, why = prover.prove(s.at("handle_exception"))
+    assert proof is None and "trap-entry" in why
