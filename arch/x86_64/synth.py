@@ -103,7 +103,9 @@ class OrcBuilder:
 
     def image(self, version: int = 3, header: bytes | None | bool = True) -> SynthImage:
         """The table encoded in ``version`` with its ``.orc_header`` (``header=None``: none)."""
-        return SynthImage(sorted(self.rows, key=lambda r: r[0]), version, self.syms, header)
+        # a symbol after the last function, so kallsyms-style sizes end where the function does
+        syms = self.syms + [(self._next, "__synth_text_end")]
+        return SynthImage(sorted(self.rows, key=lambda r: r[0]), version, syms, header)
 
 
 def put_pt_regs(stack: SynthStack, addr: int, **values: int) -> int:

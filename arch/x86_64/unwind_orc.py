@@ -1,0 +1,421 @@
+"""The ORC unwinder: ``arch/x86/kernel/unwind_orc.c`` (v6.12), one function per step.
+
+``struct unwind_state`` is the :class:`OrcUnwinder` itself (``ip sp bp signal
+error regs prev_regs full_regs stack_info stack_mask graph_idx kr_cur``). The
+kernel's one long ``unwind_next_frame()`` is split into named steps, each
+citing the lines it follows; ``goto err`` becomes an :class:`UnwindStop` with
+a non-clean reason, ``goto the_end`` a clean one.
+
+The walk reports what ``arch_stack_walk()`` consumes: a running task's
+``regs->ip`` first, then every ``unwind_get_return_address()``. After the
+frame-pointer guess (no ORC entry) every frame is flagged unreliable, as
+``state->error`` makes ``arch_stack_walk_reliable()`` fail.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from unwind.frame import Flag, Frame, Provenance, Source
+from unwind.memory import MemoryFault
+from unwind.target import Target
+from unwind.walk import StopReason, Unwinder, UnwindStop
+
+from .dumpstack import STACK_TYPE_UNKNOWN, UNKNOWN, StackFinder, StackInfo
+from .orc import (ORC_FP_ENTRY, ORC_REG_AX, ORC_REG_BP, ORC_REG_BP_INDIRECT, ORC_REG_DI, ORC_REG_DX,
+                  ORC_REG_PREV_SP, ORC_REG_R10, ORC_REG_R13, ORC_REG_SP, ORC_REG_SP_INDIRECT, ORC_REG_UNDEFINED,
+                  ORC_TYPE_CALL, ORC_TYPE_END_OF_STACK, ORC_TYPE_REGS, ORC_TYPE_REGS_PARTIAL, ORC_TYPE_UNDEFINED,
+                  REG_NAMES, OrcEntry, OrcTable)
+from .structs import (INACTIVE_TASK_FRAME, INACTIVE_TASK_FRAME_SIZE, IRET_FRAME_OFFSET, IRET_FRAME_SIZE, PT_REGS,
+                      PT_REGS_SIZE, field_offset)
+
+PAGE_SIZE = 4096
+#: [MODULES_VADDR, MODULES_END) with a 1 GiB kernel image (pgtable_64_types.h): module, BPF and
+#: trampoline text the replay cannot list, taken as kernel text like __kernel_text_address() does
+MODULES_RANGE = (0xFFFFFFFFC0000000, 0xFFFFFFFFFF000000)
+
+_FRAME_BP = field_offset(INACTIVE_TASK_FRAME, "bp")
+_FRAME_RET = field_offset(INACTIVE_TASK_FRAME, "ret_addr")
+_OFF = {name: field_offset(PT_REGS, name) for name in ("r10", "r13", "di", "dx", "ax", "bp", "ip", "cs", "sp")}
+#: pt_regs member -> NT_PRSTATUS (user_regs_struct) name, for the CPU's own registers
+_PRSTATUS = {"r10": "r10", "r13": "r13", "di": "rdi", "dx": "rdx", "ax": "rax", "bp": "rbp", "ip": "rip",
+             "cs": "cs", "sp": "rsp"}
+#: sp_reg -> the pt_regs member get_reg() reads, and the kernel's warning name
+_SP_REG_MEMBERS = {ORC_REG_R10: ("r10", "R10"), ORC_REG_R13: ("r13", "R13"), ORC_REG_DI: ("di", "RDI"),
+                   ORC_REG_DX: ("dx", "DX"), ORC_REG_AX: ("ax", "AX")}
+
+
+class Regs:
+    """A ``struct pt_regs *``: one in memory at ``addr``, or the CPU's registers (``addr`` is ``None``)."""
+
+    __slots__ = ("addr", "cpu")
+
+    def __init__(self, addr: int | None, cpu: dict[str, int] | None = None) -> None:
+        self.addr = addr
+        self.cpu = cpu
+
+    def get(self, mem_read: Callable[[int], int], member: str) -> int:
+        """``((unsigned long *)regs)[member]`` (READ_ONCE_NOCHECK: no stack check)."""
+        if self.addr is None:
+            return (self.cpu or {})[_PRSTATUS[member]]
+        return mem_read(self.addr + _OFF[member])
+
+    def user_mode(self, mem_read: Callable[[int], int]) -> bool:
+        """``user_mode()``: ``regs->cs & 3`` (64-bit)."""
+        return bool(self.get(mem_read, "cs") & 3)
+
+    def describe(self) -> str:
+        """``pt_regs at 0x...`` or ``CPU registers``."""
+        return "CPU registers" if self.addr is None else f"pt_regs at {self.addr:#x}"
+
+
+class OrcUnwinder(Unwinder):
+    """One ORC walk of ``target.task`` over ``table``."""
+
+    #: arch_stack_walk_reliable() accepts kernel-mode pt_regs frames under ORC
+    reliable_refuses_boundary = False
+
+    def __init__(self, target: Target, table: OrcTable) -> None:
+        self.target = target
+        self.task = target.task
+        self.mem = target.mem
+        self.read = target.mem.read_u64
+        self.table = table
+        self.find = table.orc_find
+        self.stacks = StackFinder(target.task.stacks, target.mem)
+        self.record = target.options.record
+        sym = target.symbol_address
+        self.return_to_handler = sym("return_to_handler")
+        self.rethook_trampoline = sym("arch_rethook_trampoline")
+        self.ret_from_fork_asm = sym("ret_from_fork_asm")
+        self.text = [(table.stext, table.etext), MODULES_RANGE]
+        if table.inittext is not None:
+            self.text.append(table.inittext)
+        # struct unwind_state
+        self.ip = self.sp = self.bp = 0
+        self.signal = self.error = self.full_regs = False
+        self.regs: Regs | None = None
+        self.prev_regs: Regs | None = None
+        self.stack_info: StackInfo = UNKNOWN
+        self.stack_mask = [0]
+        self.graph_idx = 0
+        self.kr_cur = -1
+        #: FGRAPH/KRETPROBE when this step's ip was recovered
+        self.recovered = Flag.NONE
+        self.last: Frame | None = None
+
+    # --- stack access (unwind_orc.c:387-437) ---
+
+    # stack_access_ok()
+    def stack_access_ok(self, addr: int, length: int) -> bool:
+        """Is ``[addr, addr+length)`` on the current stack, or on a stack the walk may move to?"""
+        info = self.stack_info
+        if info.begin <= addr and addr + length <= info.end and info.type != STACK_TYPE_UNKNOWN:
+            return True
+        new = self.stacks.get_stack_info(addr, self.stack_mask)
+        self.stack_info = new if new is not None else UNKNOWN
+        return new is not None and new.on_stack(addr, length)
+
+    # deref_stack_reg()
+    def deref_stack_reg(self, addr: int, what: str, prov: Provenance | None) -> int:
+        """The stack word at ``addr``; an error stop when it is on no usable stack."""
+        if not self.stack_access_ok(addr, 8):
+            self.fail_access(addr, 8, what)
+        val = self.read(addr)
+        if prov is not None:
+            prov.read(addr, 8, val, what)
+        return val
+
+    def fail_access(self, addr: int, length: int, what: str) -> None:
+        """``goto err`` after a failed stack access, with the reason as the stop."""
+        why = self.stacks.why or f"[{addr:#x}, +{length}) crosses the end of its stack"
+        reason = StopReason.TRANSITION_REFUSED if "recursion" in why else StopReason.OUTSIDE_STACK
+        self.stacks.why = ""
+        raise UnwindStop(reason, f"{what} at {addr:#x}: {why}")
+
+    # get_reg()
+    def get_reg(self, member: str) -> int | None:
+        """A register from full regs, or from the previous full regs under an IRET frame; else ``None``."""
+        if self.regs is None:
+            return None
+        if self.full_regs:
+            return self.regs.get(self.read, member)
+        if self.prev_regs is not None:
+            return self.prev_regs.get(self.read, member)
+        return None
+
+    # --- start ---
+
+    # __unwind_start()
+    def start(self) -> Frame:
+        """The first frame: the CPU's ``regs->ip``, or a blocked task's ``inactive_task_frame``."""
+        try:
+            return self._start()
+        except MemoryFault as e:
+            raise UnwindStop(StopReason.MEMORY_FAULT, str(e)) from None
+
+    def _start(self) -> Frame:
+        task = self.task
+        prov = Provenance("") if self.record else None
+        if task.regs is not None:  # unwind_orc.c:702-711
+            regs = Regs(None, task.regs)
+            if regs.user_mode(self.read):
+                raise UnwindStop(StopReason.USER_MODE, f"cs {task.regs.get('cs', 0):#x}: the CPU is in user mode")
+            self.ip, self.sp, self.bp = task.regs["rip"], task.regs["rsp"], task.regs["rbp"]
+            self.regs, self.full_regs, self.signal = regs, True, True
+            source, flags = Source.REGS_PC, Flag.BOUNDARY
+            if prov is not None:
+                prov.rule = "the CPU's registers (rip, rsp, rbp); signal frame"
+        elif task.context is not None and "sp" in task.context:  # unwind_orc.c:720-727
+            tsp = task.context["sp"]
+            self.sp = tsp + INACTIVE_TASK_FRAME_SIZE
+            self.bp = self.read(tsp + _FRAME_BP)
+            self.ip = self.read(tsp + _FRAME_RET)
+            self.signal = self.ip == self.ret_from_fork_asm
+            source, flags = Source.TASK, Flag.NONE
+            if prov is not None:
+                prov.rule = f"inactive_task_frame at thread.sp {tsp:#x}"
+                prov.read(tsp + _FRAME_BP, 8, self.bp, "frame->bp")
+                prov.read(tsp + _FRAME_RET, 8, self.ip, "frame->ret_addr")
+                if self.signal:
+                    prov.note("ret_from_fork_asm: a signal frame (look up ip, not ip-1)")
+        else:
+            raise UnwindStop(StopReason.MISSING_REGISTER, "the task has neither CPU registers nor thread.sp")
+        # unwind_orc.c:729-742: find the stack; past a guard page, retry one page up
+        info = self.stacks.get_stack_info(self.sp, self.stack_mask)
+        if info is None:
+            self.error = True
+            up = (self.sp + PAGE_SIZE - 1) & ~(PAGE_SIZE - 1)
+            info = self.stacks.get_stack_info(up, self.stack_mask)
+            if info is None:
+                raise UnwindStop(StopReason.OUTSIDE_STACK, f"sp {self.sp:#x}: {self.stacks.why}")
+            if prov is not None:
+                prov.note(f"sp {self.sp:#x} is on no stack: guard-page retry at {up:#x}; unreliable")
+        self.stack_info = info
+        if self.error:
+            flags |= Flag.UNRELIABLE
+        if source is Source.TASK:
+            self.check_text(self.ip)
+        frame = Frame(self.ip, self.sp, self.bp, source, info.kind, flags, prov)
+        self.last = frame
+        return frame
+
+    # --- one step: unwind_next_frame() ---
+
+    def next(self) -> Frame:
+        """The caller's frame (``unwind_next_frame()`` then ``unwind_get_return_address()``)."""
+        try:
+            return self.unwind_next_frame()
+        except MemoryFault as e:
+            raise UnwindStop(StopReason.MEMORY_FAULT, str(e)) from None
+
+    def unwind_next_frame(self) -> Frame:
+        """The steps of ``unwind_next_frame()`` in the kernel's order."""
+        if self.stack_info.type == STACK_TYPE_UNKNOWN:  # unwind_done()
+            raise UnwindStop(StopReason.END_OF_STACK, "the walk is done")
+        prev_sp, prev_type, orig_ip = self.sp, self.stack_info.type, self.ip
+        prov = Provenance("") if self.record else None
+        self.recovered = Flag.NONE
+        orc, source = self.find_orc(prov)
+        self.signal = orc.signal  # unwind_orc.c:512
+        sp = self.prev_sp(orc, prov)
+        if orc.type == ORC_TYPE_CALL:
+            stack = self.step_call(sp, prov)
+        elif orc.type == ORC_TYPE_REGS:
+            stack = self.step_regs(sp, orig_ip, prov)
+        elif orc.type == ORC_TYPE_REGS_PARTIAL:
+            stack = self.step_regs_partial(sp, orig_ip, prov)
+        else:  # unwind_orc.c:634-637
+            raise UnwindStop(StopReason.UNKNOWN_METADATA, f"unknown .orc_unwind entry type {orc.type} at {orig_ip:#x}")
+        self.prev_bp(orc, sp, prov)
+        self.check_direction(prev_type, prev_sp, orig_ip)
+        flags = (self.recovered | Flag.UNRELIABLE) if self.error else self.recovered
+        regs = self.regs
+        if regs is not None and orc.type != ORC_TYPE_CALL:
+            source = Source.ORC_REGS if orc.type == ORC_TYPE_REGS else Source.ORC_REGS_PARTIAL
+            if regs.user_mode(self.read):  # unwind_orc.c:481-483 on the next call: the_end
+                if self.last is not None:
+                    self.last.extra = {**(self.last.extra or {}), "user_regs": regs.addr}
+                raise UnwindStop(StopReason.USER_MODE, f"user-mode {regs.describe()}: ip {self.ip:#x}, "
+                                 f"sp {self.sp:#x}")
+        self.check_text(self.ip)
+        frame = Frame(self.ip, self.sp, self.bp, source, stack, flags, prov)
+        if orc.type != ORC_TYPE_CALL:
+            frame.extra = {"regs": regs.addr if regs is not None else None, "partial": not self.full_regs}
+        self.last = frame
+        return frame
+
+    # unwind_orc.c:485-510
+    def find_orc(self, prov: Provenance | None) -> tuple[OrcEntry, Source]:
+        """The rule for this frame: ``orc_find(signal ? ip : ip - 1)``, else the frame-pointer guess."""
+        ip = self.ip if self.signal else self.ip - 1
+        orc = self.find(ip)
+        if orc is None:
+            self.error = True
+            if prov is not None:
+                prov.rule = f"no ORC entry for {ip:#x}: orc_fp_entry {ORC_FP_ENTRY} (a guess; unreliable)"
+            return ORC_FP_ENTRY, Source.FP_GUESS
+        if orc.type == ORC_TYPE_UNDEFINED:
+            self.error = True
+            raise UnwindStop(StopReason.UNKNOWN_METADATA, f"ORC entry for {ip:#x} is UNDEFINED")
+        if orc.type == ORC_TYPE_END_OF_STACK:
+            raise UnwindStop(StopReason.END_OF_STACK, f"ORC END_OF_STACK at {ip:#x}")
+        if prov is not None:
+            prov.rule = f"ORC at {ip:#x} ({'ip' if self.signal else 'ip-1'}): {orc}"
+        return orc, Source.ORC_CALL
+
+    # unwind_orc.c:514-578
+    def prev_sp(self, orc: OrcEntry, prov: Provenance | None) -> int:
+        """The previous frame's stack pointer (the CFA) by ``sp_reg``."""
+        reg = orc.sp_reg
+        if reg == ORC_REG_SP:
+            return self.sp + orc.sp_offset
+        if reg == ORC_REG_BP:
+            return self.bp + orc.sp_offset
+        if reg == ORC_REG_SP_INDIRECT:  # call_on_stack(): dereference first, then add the offset
+            return self.deref_stack_reg(self.sp, "sp(ind) *sp", prov) + orc.sp_offset
+        if reg == ORC_REG_BP_INDIRECT:  # offset first, then dereference
+            return self.deref_stack_reg(self.bp + orc.sp_offset, "bp(ind) *(bp+offset)", prov)
+        member = _SP_REG_MEMBERS.get(reg)
+        if member is None:
+            self.error = True
+            raise UnwindStop(StopReason.UNKNOWN_METADATA, f"unknown SP base reg {reg} at {self.ip:#x}")
+        val = self.get_reg(member[0])
+        if val is None:
+            self.error = True
+            raise UnwindStop(StopReason.MISSING_REGISTER, f"missing {member[1]} value at {self.ip:#x}")
+        if prov is not None:
+            prov.note(f"sp = {REG_NAMES[reg]} = {val:#x} from the {'' if self.full_regs else 'previous '}regs")
+        return val
+
+    # unwind_orc.c:582-593
+    def step_call(self, sp: int, prov: Provenance | None) -> str:
+        """CALL: the return address is the word below the CFA."""
+        ip_p = sp - 8
+        ip = self.deref_stack_reg(ip_p, "return address", prov)
+        stack = self.stack_info.kind
+        self.ip = self.unwind_recover_ret_addr(ip, ip_p, prov)
+        self.sp = sp
+        self.regs = self.prev_regs = None
+        return stack
+
+    # unwind_orc.c:595-616
+    def step_regs(self, sp: int, orig_ip: int, prov: Provenance | None) -> str:
+        """REGS: ``sp`` points to a full ``struct pt_regs``."""
+        if not self.stack_access_ok(sp, PT_REGS_SIZE):
+            self.fail_access(sp, PT_REGS_SIZE, f"can't access registers at {orig_ip:#x}: pt_regs")
+        stack = self.stack_info.kind
+        ip, new_sp = self.read(sp + _OFF["ip"]), self.read(sp + _OFF["sp"])
+        if prov is not None:
+            prov.read(sp + _OFF["ip"], 8, ip, "pt_regs->ip")
+            prov.read(sp + _OFF["sp"], 8, new_sp, "pt_regs->sp")
+        self.sp = new_sp
+        self.ip = self.unwind_recover_rethook(ip, new_sp - 8, prov)
+        self.regs, self.prev_regs, self.full_regs = Regs(sp), None, True
+        return stack
+
+    # unwind_orc.c:618-632
+    def step_regs_partial(self, sp: int, orig_ip: int, prov: Provenance | None) -> str:
+        """REGS_PARTIAL: ``sp`` points to an IRET frame (``pt_regs`` from ``ip`` on)."""
+        if not self.stack_access_ok(sp, IRET_FRAME_SIZE):
+            self.fail_access(sp, IRET_FRAME_SIZE, f"can't access iret registers at {orig_ip:#x}: iret frame")
+        stack = self.stack_info.kind
+        base = sp - IRET_FRAME_OFFSET
+        ip, new_sp = self.read(base + _OFF["ip"]), self.read(base + _OFF["sp"])
+        if prov is not None:
+            prov.read(base + _OFF["ip"], 8, ip, "iret->ip")
+            prov.read(base + _OFF["sp"], 8, new_sp, "iret->sp")
+        self.sp = new_sp
+        self.ip = self.unwind_recover_rethook(ip, new_sp - 8, prov)
+        if self.full_regs:
+            self.prev_regs = self.regs
+        self.regs, self.full_regs = Regs(base), False
+        return stack
+
+    # unwind_orc.c:640-661
+    def prev_bp(self, orc: OrcEntry, sp: int, prov: Provenance | None) -> None:
+        """The previous frame's ``bp`` by ``bp_reg``."""
+        reg = orc.bp_reg
+        if reg == ORC_REG_UNDEFINED:
+            val = self.get_reg("bp")
+            if val is not None:
+                self.bp = val
+        elif reg == ORC_REG_PREV_SP:
+            self.bp = self.deref_stack_reg(sp + orc.bp_offset, "saved bp at prevsp+offset", prov)
+        elif reg == ORC_REG_BP:
+            self.bp = self.deref_stack_reg(self.bp + orc.bp_offset, "saved bp at bp+offset", prov)
+        else:
+            self.error = True
+            raise UnwindStop(StopReason.UNKNOWN_METADATA, f"unknown BP base reg {reg} for ip {self.ip:#x}")
+
+    # unwind_orc.c:663-670
+    def check_direction(self, prev_type: int, prev_sp: int, orig_ip: int) -> None:
+        """Same stack and the sp did not grow: bad ORC data would loop."""
+        info = self.stack_info
+        if info.type == prev_type and info.on_stack(self.sp, 8) and self.sp <= prev_sp:
+            self.error = True
+            raise UnwindStop(StopReason.TRANSITION_REFUSED,
+                             f"stack going in the wrong direction? at {orig_ip:#x} (sp {prev_sp:#x} -> {self.sp:#x})")
+
+    # --- return-address recovery (asm/unwind.h) ---
+
+    # unwind_recover_ret_addr(): ftrace_graph_ret_addr() then unwind_recover_rethook()
+    def unwind_recover_ret_addr(self, ip: int, ip_p: int, prov: Provenance | None) -> int:
+        """A return address through the fgraph return stack and rethook instances."""
+        if ip == self.return_to_handler and self.return_to_handler is not None:
+            ip = self.ftrace_graph_ret_addr(ip, ip_p, prov)
+        return self.unwind_recover_rethook(ip, ip_p, prov)
+
+    # ftrace_graph_ret_addr() (kernel/trace/fgraph.c)
+    def ftrace_graph_ret_addr(self, ret: int, retp: int, prov: Provenance | None) -> int:
+        """The original return address of a ``return_to_handler`` hijack, keyed by ``retp``."""
+        stack = self.task.fgraph
+        i = self.graph_idx or len(stack)
+        while i > 0:
+            i -= 1
+            e = stack[i]
+            if e.retp == retp and e.ret != ret:
+                self.graph_idx = i
+                self.recovered |= Flag.FGRAPH
+                if prov is not None:
+                    prov.note(f"return_to_handler at {retp:#x}: fgraph entry {i} gives {e.ret:#x}")
+                return e.ret
+        if prov is not None:
+            prov.note(f"return_to_handler at {retp:#x}: no fgraph entry for it (left as is)")
+        return ret
+
+    # unwind_recover_rethook() / rethook_find_ret_addr() (kernel/trace/rethook.c)
+    def unwind_recover_rethook(self, ip: int, ip_p: int, prov: Provenance | None) -> int:
+        """The original return address of an ``arch_rethook_trampoline`` hijack, keyed by ``frame``."""
+        tramp = self.rethook_trampoline
+        if ip != tramp or tramp is None:
+            return ip
+        nodes = self.task.kretprobes
+        i = self.kr_cur
+        while True:
+            i += 1
+            while i < len(nodes) and nodes[i].ret == tramp:
+                i += 1
+            if i >= len(nodes):
+                raise UnwindStop(StopReason.RECOVERY_FAILED,
+                                 f"arch_rethook_trampoline at {ip_p:#x}: no rethook instance for that frame")
+            self.kr_cur = i
+            if nodes[i].fp == ip_p:
+                break
+        self.recovered |= Flag.KRETPROBE
+        if prov is not None:
+            prov.note(f"arch_rethook_trampoline at {ip_p:#x}: rethook instance {i} gives {nodes[i].ret:#x}")
+        return nodes[i].ret
+
+    # unwind_get_return_address(): __kernel_text_address(), else arch_stack_walk() stops
+    def check_text(self, ip: int) -> None:
+        """Stop where ``arch_stack_walk()`` would: an ip that is not kernel text."""
+        for lo, hi in self.text:
+            if lo <= ip < hi:
+                return
+        self.error = True
+        raise UnwindStop(StopReason.BAD_PC, f"{ip:#x} is not kernel text")
+
+    def bpf_args(self, frame: Frame) -> tuple[int, int, int]:
+        """``arch_bpf_stack_walk()`` passes ``(ip, state.sp, state.bp)``."""
+        return frame.pc, frame.sp or 0, frame.fp or 0
