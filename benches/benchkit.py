@@ -1,0 +1,552 @@
+"""Workloads the benchmarks time: real corpora, synthetic chains, ORC tables, the drgn peer.
+
+Everything here is set-up: it builds what a bench times and checks that it
+is real (a chain of N frames walks N frames), but it never times anything
+itself. ``UNWIND_BENCH_QUICK=1`` shrinks every input so that the smoke test
+can run each bench once in a few seconds.
+
+Where an input is missing (no committed corpus, a backend that still raises
+``NotImplementedError``, an arch with no synth builder yet, no ORC table, no
+peer dump), the loader returns a :class:`Missing` with the reason, and the
+bench skips with it; the report lists every skip.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pytest
+
+from unwind.frame import Frame
+from unwind.registry import ArchBackend
+from unwind.replay import Session, load_session
+from unwind.target import Options, Target, Task
+from unwind.tools import paths_under
+from unwind.walk import kunwind_stack_walk
+
+#: set to "1" for tiny inputs (the smoke test)
+QUICK = os.environ.get("UNWIND_BENCH_QUICK") == "1"
+REPO = Path(__file__).resolve().parent.parent
+#: the committed corpora (override with $UNWIND_CORPORA)
+CORPORA = Path(os.environ.get("UNWIND_CORPORA", REPO / "corpora"))
+#: folder of peer pairs: ``NAME.vmcore`` (QEMU dump-guest-memory) beside ``NAME.bin[.xz]``
+PEER_ENV = "UNWIND_PEER_DUMPS"
+#: a debug vmlinux for the real ORC table when no slim image is committed
+VMLINUX_ENV = "UNWIND_BENCH_VMLINUX"
+
+ARCHES = ("arm64", "x86_64", "riscv")
+#: synthetic chain depths (frames walked)
+DEPTHS = (8, 64) if QUICK else (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+#: ORC table subsampling steps: every k-th entry
+TABLE_STEPS = (64, 8) if QUICK else (1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1)
+#: batch sizes for ``orc_find_batch`` throughput
+BATCH_SIZES = (1, 64, 4096) if QUICK else (1, 8, 64, 512, 4096, 32768, 262144, 1048576)
+#: uniform random text ips looked up per round in the table-size scaling
+SCALAR_LOOKUPS = 500 if QUICK else 20_000
+BATCH_LOOKUPS = 2_000 if QUICK else 200_000
+#: drgn loops on some arm64 stacks (real-kernels.md §6): tasks whose drgn trace is longer are left out
+DRGN_MAX_FRAMES = 64
+
+
+@dataclass(frozen=True)
+class Missing:
+    """Why a workload cannot be built here (the bench skips with this reason)."""
+
+    reason: str
+
+
+def need(value: Any) -> Any:
+    """``value``, or skip the bench with the reason a :class:`Missing` carries."""
+    if isinstance(value, Missing):
+        pytest.skip(value.reason)
+    return value
+
+
+def _true(_frame: Frame) -> bool:
+    return True
+
+
+def walk_count(backend: ArchBackend, target: Target, max_frames: int = 1 << 16) -> int:
+    """Walk one task with the kernel loop and a consumer that keeps nothing; the frames walked."""
+    return kunwind_stack_walk(backend.unwinder(target), _true, max_frames).frames
+
+
+def walk_all(backend: ArchBackend, targets: list[Target]) -> int:
+    """Walk every target (symbolisation off); the total frames."""
+    n = 0
+    for t in targets:
+        n += kunwind_stack_walk(backend.unwinder(t), _true).frames
+    return n
+
+
+def walk_symbolize_all(backend: ArchBackend, targets: list[Target]) -> int:
+    """Walk every target and symbolise each frame as ``unwind replay`` prints it; the total frames."""
+    n = 0
+    for t in targets:
+        sym = backend.symbolize
+
+        def consume(f: Frame, t: Target = t) -> bool:
+            f.symbol = sym(f, t)
+            return True
+
+        n += kunwind_stack_walk(backend.unwinder(t), consume).frames
+    return n
+
+
+def replay_all(items: list[tuple[Session, Task]]) -> int:
+    """``Session.replay`` of every task, as the library user calls it; the total frames."""
+    n = 0
+    for s, task in items:
+        n += len(s.replay(task).frames)
+    return n
+
+
+def read_all(read_u64: Callable[[int], int], addrs: list[int]) -> int:
+    """``Memory.read_u64`` over ``addrs``; the count."""
+    for a in addrs:
+        read_u64(a)
+    return len(addrs)
+
+
+def lookup_all(find: Callable[[int], Any], ips: list[int]) -> int:
+    """A scalar lookup over ``ips``; the count."""
+    for ip in ips:
+        find(ip)
+    return len(ips)
+
+
+def symbolize_all(backend: ArchBackend, pairs: list[tuple[Frame, Target]]) -> int:
+    """Symbolise already-walked frames; the count."""
+    sym = backend.symbolize
+    for f, t in pairs:
+        sym(f, t)
+    return len(pairs)
+
+
+# --- real corpora -----------------------------------------------------------------------------
+
+@dataclass
+class Corpus:
+    """The committed dumps of one arch, opened, with every task's walk prepared and traced once."""
+
+    arch: str
+    backend: ArchBackend
+    label: str
+    dumps: list[str]
+    targets: list[Target]
+    targets_record: list[Target]
+    items: list[tuple[Session, Task]]
+    frames: int
+    walked: list[tuple[Frame, Target]]
+    #: every address the walks read (from provenance), in walk order
+    reads: list[int]
+    read_u64: Callable[[int], int]
+    #: every ORC lookup the walks made (x86-64), and the table's bound lookup
+    lookups: list[int] = field(default_factory=list)
+    find: Callable[[int], Any] | None = None
+    failed: list[str] = field(default_factory=list)
+
+    def info(self) -> dict[str, Any]:
+        """What a bench stores in ``extra_info`` about the corpus."""
+        return {"arch": self.arch, "corpus": self.label, "dumps": self.dumps, "tasks": len(self.targets),
+                "frames": self.frames, "reads": len(self.reads), "lookups": len(self.lookups),
+                "tasks_failed": len(self.failed)}
+
+
+@contextmanager
+def recording_orc_lookups(arch: str) -> Iterator[list[tuple[Any, int]]]:
+    """While active, every ``OrcTable.orc_find(ip)`` call is logged as ``(table, ip)`` (x86-64 only)."""
+    log: list[tuple[Any, int]] = []
+    if arch != "x86_64":
+        yield log
+        return
+    from unwind.arch.x86_64.orc import OrcTable
+
+    original = OrcTable.orc_find
+
+    def orc_find(self: OrcTable, ip: int) -> Any:
+        log.append((self, ip))
+        return original(self, ip)
+
+    OrcTable.orc_find = orc_find  # type: ignore[method-assign]
+    try:
+        yield log
+    finally:
+        OrcTable.orc_find = original  # type: ignore[method-assign]
+
+
+def corpus_dumps(arch: str) -> list[str]:
+    """The committed dumps of ``arch``: ``corpora/<arch>/<release>/*.bin*``."""
+    root = CORPORA / arch
+    return paths_under(root) if root.is_dir() else []
+
+
+@lru_cache(maxsize=None)
+def load_corpus(arch: str) -> Corpus | Missing:
+    """Open every committed dump of ``arch`` and prepare each task's walk (cached per process)."""
+    dumps = corpus_dumps(arch)
+    if not dumps:
+        return Missing(f"no committed {arch} corpus under {CORPORA / arch}")
+    if QUICK:
+        dumps = dumps[:1]
+    targets: list[Target] = []
+    items: list[tuple[Session, Task]] = []
+    failed: list[str] = []
+    backend: ArchBackend | None = None
+    releases: set[str] = set()
+    for path in dumps:
+        s = load_session(path)
+        backend = s.backend
+        releases.add(s.dump.release or "?")
+        for task in s.select(every=True):
+            items.append((s, task))
+            targets.append(s.target(task, Options()))
+    if backend is None or not targets:
+        return Missing(f"the {arch} corpus has no tasks")
+    if QUICK:
+        items, targets = items[:4], targets[:4]
+    kept_t: list[Target] = []
+    kept_i: list[tuple[Session, Task]] = []
+    walked: list[tuple[Frame, Target]] = []
+    reads: list[int] = []
+    with recording_orc_lookups(arch) as log:
+        for item, t in zip(items, targets):
+            rec = replace(t, options=replace(t.options, record=True))
+            try:
+                frames: list[Frame] = []
+                kunwind_stack_walk(backend.unwinder(rec), lambda f: frames.append(f) is None)
+            except NotImplementedError as e:
+                return Missing(f"{arch} backend not ready: {e}")
+            except Exception as e:  # a backend still being written: leave the task out, say so
+                failed.append(f"{item[1].describe()}: {type(e).__name__}: {e}")
+                continue
+            kept_t.append(t)
+            kept_i.append(item)
+            for f in frames:
+                walked.append((f, t))
+                if f.provenance is not None:
+                    reads.extend(r.addr for r in f.provenance.reads if r.size == 8)
+    if not kept_t:
+        return Missing(f"every {arch} task failed to walk: {failed[0] if failed else '?'}")
+    frames_total = walk_all(backend, kept_t)
+    if not reads:
+        return Missing(f"the {arch} backend records no reads in its provenance")
+    table = log[0][0] if log else None
+    label = f"corpora/{arch}/{'+'.join(sorted(releases))}"
+    return Corpus(arch=arch, backend=backend, label=label, dumps=[Path(d).name for d in dumps],
+                  targets=kept_t, targets_record=[replace(t, options=replace(t.options, record=True)) for t in kept_t],
+                  items=kept_i, frames=frames_total, walked=walked, reads=reads,
+                  read_u64=kept_t[0].mem.read_u64, lookups=[ip for _, ip in log],
+                  find=table.orc_find if table is not None else None, failed=failed)
+
+
+# --- synthetic chains -------------------------------------------------------------------------
+
+@dataclass
+class Chain:
+    """One synthetic task ``depth`` frames deep, ready to walk."""
+
+    arch: str
+    depth: int
+    backend: ArchBackend
+    target: Target
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(n - 1, 1).bit_length()
+
+
+def _arm64_chain(depth: int) -> Session:
+    from unwind.arch.arm64.synth import TEXT, Arm64Synth
+
+    s = Arm64Synth("6.12")
+    frame = 0x20
+    size = _pow2_at_least((depth + 8) * frame + s.layout.size + 0x200)
+    st = s.task_stack(pid=100, low=0xFFFF800082000000, size=size)
+    final = s.final_fp(st)
+    fps = [final - (depth - 1 - i) * frame for i in range(depth - 1)]
+    lrs = [TEXT + 0x1000 + (i % 997) * 0x40 + 0x24 for i in range(depth - 1)]
+    s.chain(st, fps, lrs, last_fp=final)
+    s.blocked(100, "kworker/0:1", fp=fps[0], pc=TEXT + 0x1000 + 5 * 0x40 + 0x10, sp=fps[0] - 0x40)
+    syms = [(TEXT + 0x1000 + k * 0x40, f"fn_{k:04d}") for k in range(997)]
+    return s.session(syms)
+
+
+def _riscv_chain(depth: int) -> Session:
+    from unwind.arch.riscv.structs import PT_SIZE
+    from unwind.arch.riscv.synth import TASK_BASE, RiscvSynth
+
+    names = tuple(f"fn_{k:03d}" for k in range(64))
+    s = RiscvSynth(extra_functions=names)
+    frame = 0x20
+    size = _pow2_at_least((depth + 8) * frame + PT_SIZE + 0x200)
+    low = (TASK_BASE + size - 1) & ~(size - 1)
+    st = s.sd.stack("task", low, size, pid=100)
+    funcs = [names[i % len(names)] for i in range(depth - 2)] + ["kthread"]
+    bottom = st.high - PT_SIZE - 0x40
+    fps = [bottom - (len(funcs) - 1 - i) * frame for i in range(len(funcs))]
+    ras = [s.at(funcs[i + 1], 0x40 + (i % 7) * 4) for i in range(len(funcs) - 1)] + [s.at("ret_from_fork", 0xE)]
+    for i, fp in enumerate(fps):
+        s.record(st, fp, fps[i + 1] if i + 1 < len(fps) else s.at("kthread"), ras[i])
+    s.sd.blocked_task(100, "kworker/0:1", {"ra": s.at("__schedule", 0x3A6), "sp": fps[0] - frame, "s0": fps[0]})
+    return s.session()
+
+
+def _x86_64_chain(depth: int) -> Session:
+    from unwind.arch.x86_64.structs import INACTIVE_TASK_FRAME, INACTIVE_TASK_FRAME_SIZE, field_offset
+    from unwind.arch.x86_64.synth import END_OF_STACK, OrcBuilder, call, session
+    from unwind.synth import SynthDump
+
+    b = OrcBuilder()
+    frame = 0x20  # after each prologue: CFA = sp + 0x20, the return address at CFA - 8
+    funcs = [b.func(f"fn_{k:03d}", 0x80, (0, call(8)), (0x10, call(frame))) for k in range(64)]
+    bottom = b.func("kernel_thread_base", 0x40, (0, END_OF_STACK))
+    ips = [funcs[i % len(funcs)] + 0x41 for i in range(depth - 1)] + [bottom + 0x11]
+    sd = SynthDump("x86_64")
+    size = _pow2_at_least((depth + 8) * frame + INACTIVE_TASK_FRAME_SIZE + 0x200)
+    low = (0xFFFFC90000100000 + size - 1) & ~(size - 1)
+    st = sd.stack("task", low, size, pid=100)
+    tsp = low + 0x100
+    st.put(tsp + field_offset(INACTIVE_TASK_FRAME, "bp"), 0)
+    st.put(tsp + field_offset(INACTIVE_TASK_FRAME, "ret_addr"), ips[0])
+    sp = tsp + INACTIVE_TASK_FRAME_SIZE
+    for ip in ips[1:]:
+        sp += frame
+        st.put(sp - 8, ip)
+    sd.blocked_task(100, "kworker/0:1", {"sp": tsp})
+    return session(sd, b.image())
+
+
+_CHAIN_BUILDERS: dict[str, Callable[[int], Session]] = {
+    "arm64": _arm64_chain, "riscv": _riscv_chain, "x86_64": _x86_64_chain,
+}
+
+
+@lru_cache(maxsize=None)
+def synthetic_chain(arch: str, depth: int) -> Chain | Missing:
+    """A blocked task ``depth`` frames deep built with the arch's own synth builders, checked by walking it."""
+    try:
+        session = _CHAIN_BUILDERS[arch](depth)
+    except (ImportError, LookupError) as e:
+        return Missing(f"no {arch} synth builder for a call chain: {e}")
+    task = session.select(every=True)[0]
+    target = session.target(task, Options())
+    try:
+        got = walk_count(session.backend, target)
+    except NotImplementedError as e:
+        return Missing(f"{arch} backend not ready: {e}")
+    if got != depth:
+        raise AssertionError(f"the synthetic {arch} chain of {depth} frames walked {got}")
+    return Chain(arch, depth, session.backend, target)
+
+
+# --- ORC tables -------------------------------------------------------------------------------
+
+@dataclass
+class OrcSource:
+    """The real x86-64 ORC table and where it came from."""
+
+    table: Any
+    label: str
+
+
+@lru_cache(maxsize=None)
+def real_orc_table() -> OrcSource | Missing:
+    """The ORC table of a real x86-64 kernel: the committed slim image, else ``$UNWIND_BENCH_VMLINUX``,
+    else the lab's fetched kernel. Quick mode uses a small random table instead (seconds matter there)."""
+    from unwind.image import Image, ImageError
+
+    try:
+        from unwind.arch.x86_64.orc import load_orc
+    except ImportError as e:
+        return Missing(f"no x86-64 ORC module: {e}")
+    if QUICK:
+        return OrcSource(_quick_table(), "random 20,000-entry ORC table (quick mode, not a kernel's)")
+    cands: list[tuple[Path, str | None]] = []
+    for slim in sorted((CORPORA / "x86_64").glob("*/vmlinux-*.slim*")):
+        cands.append((slim, slim.parent.name))
+    if os.environ.get(VMLINUX_ENV):
+        cands.append((Path(os.environ[VMLINUX_ENV]), None))
+    try:
+        from unwind.lab.fetch import FetchError, find_kernel
+
+        k = find_kernel("x86_64")
+        cands.append((k.root / "vmlinux", k.release))
+    except (ImportError, FetchError):
+        pass
+    for path, release in cands:
+        if not path.exists():
+            continue
+        try:
+            table = load_orc(Image(path), release)
+        except ImageError:
+            continue
+        rel = f"{release} " if release else ""
+        where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+        return OrcSource(table, f"{rel}ORC table, {len(table):,} entries ({where})")
+    return Missing("no x86-64 kernel image with ORC tables (commit corpora/x86_64/*/vmlinux-*.slim.xz "
+                   f"or set ${VMLINUX_ENV})")
+
+
+def _quick_table() -> Any:
+    """A random 20,000-entry table over 4 MiB of text, for quick mode only."""
+    from unwind.arch.x86_64.orc import ORC_REG_SP, ORC_REG_UNDEFINED, ORC_TYPE_CALL, OrcTable
+
+    n, stext = 20_000, 0xFFFFFFFF81000000
+    rng = np.random.default_rng(3)
+    ips = np.sort(rng.integers(stext, stext + (4 << 20), size=n, dtype=np.uint64))
+    cols = {"sp_offset": np.full(n, 8, np.int16), "bp_offset": np.zeros(n, np.int16),
+            "sp_reg": np.full(n, ORC_REG_SP, np.uint8), "bp_reg": np.full(n, ORC_REG_UNDEFINED, np.uint8),
+            "type": np.full(n, ORC_TYPE_CALL, np.uint8), "signal": np.zeros(n, bool)}
+    return OrcTable(ips, cols, stext=stext, etext=stext + (4 << 20), version=4, how="quick")
+
+
+@lru_cache(maxsize=None)
+def subsampled_table(step: int) -> Any:
+    """The real table keeping every ``step``-th entry (same text range), or :class:`Missing`."""
+    src = real_orc_table()
+    if isinstance(src, Missing):
+        return src
+    t = src.table
+    if step == 1:
+        return t
+    cols = {name: getattr(t, name)[::step] for name in
+            ("sp_offset", "bp_offset", "sp_reg", "bp_reg", "type", "signal")}
+    return type(t)(t.ips[::step], cols, stext=t.stext, etext=t.etext, inittext=t.inittext,
+                   version=t.version, how=f"every {step}th entry of {t.how}")
+
+
+def uniform_text_ips(table: Any, n: int, seed: int = 7) -> np.ndarray:
+    """``n`` uniformly random ips in ``[_stext, _etext)`` of ``table`` (fixed seed)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(table.stext, table.etext, size=n, dtype=np.uint64)
+
+
+# --- the drgn peer ----------------------------------------------------------------------------
+
+@dataclass
+class PeerPair:
+    """One stopped kernel twice: our dump and QEMU's full memory dump, with the debug vmlinux."""
+
+    arch: str
+    dump: Path
+    vmcore: Path
+    vmlinux: Path
+
+
+def peer_pairs() -> list[PeerPair] | Missing:
+    """Pairs under ``$UNWIND_PEER_DUMPS``: ``NAME.vmcore`` + ``NAME.bin[.xz]`` (+ ``NAME.vmlinux`` or the
+    lab's fetched kernel of the dump's release)."""
+    folder = os.environ.get(PEER_ENV)
+    if not folder:
+        return Missing(f"no full memory dumps for the peer: set ${PEER_ENV} (see docs/benchmarks.md)")
+    try:
+        import drgn  # noqa: F401
+    except ImportError:
+        return Missing("drgn is not installed (pip install drgn)")
+    from unwind.dump import Dump
+
+    pairs = []
+    for core in sorted(Path(folder).glob("*.vmcore")):
+        stem = core.name[:-len(".vmcore")]
+        dumps = sorted(core.parent.glob(f"{stem}.bin*"))
+        if not dumps:
+            continue
+        d = Dump.open(dumps[0])
+        vmlinux = core.parent / f"{stem}.vmlinux"
+        if not vmlinux.exists():
+            try:
+                from unwind.lab.fetch import FetchError, find_kernel
+
+                vmlinux = find_kernel(d.arch, d.release).root / "vmlinux"
+            except (ImportError, FetchError):
+                continue
+        pairs.append(PeerPair(d.arch, dumps[0], core, vmlinux))
+    return pairs or Missing(f"no NAME.vmcore + NAME.bin[.xz] pair with a vmlinux under {folder}")
+
+
+@dataclass
+class PeerWorkload:
+    """The same tasks walked by us and by drgn."""
+
+    arch: str
+    label: str
+    ours: list[Target]
+    backend: ArchBackend
+    ours_frames: int
+    drgn_tasks: list[Any]
+    drgn_trace: Callable[[Any], Any]
+    drgn_frames: int
+    left_out: int
+
+
+@lru_cache(maxsize=None)
+def peer_workload(arch: str) -> PeerWorkload | Missing:
+    """Open the first pair of ``arch`` in both tools and pick the tasks both can walk."""
+    pairs = peer_pairs()
+    if isinstance(pairs, Missing):
+        return pairs
+    mine = [p for p in pairs if p.arch == arch]
+    if not mine:
+        return Missing(f"no {arch} peer pair under ${PEER_ENV}")
+    pair = mine[0]
+    import drgn
+    from drgn.helpers.linux.pid import find_task
+    from drgn.helpers.linux.sched import cpu_curr
+
+    prog = drgn.Program()
+    prog.set_core_dump(str(pair.vmcore))
+    prog.load_debug_info([str(pair.vmlinux)])
+    s = load_session(pair.dump)
+    tasks = s.select(every=True)
+    if QUICK:
+        tasks = tasks[:4]
+    ours: list[Target] = []
+    theirs: list[Any] = []
+    left_out = 0
+    for task in tasks:
+        try:
+            if task.running and task.cpu is not None:
+                obj = cpu_curr(prog, task.cpu)
+            elif task.pid:
+                obj = find_task(prog, task.pid)
+            else:
+                left_out += 1  # an idle task that is not running: drgn cannot name it by pid
+                continue
+            if not obj:
+                left_out += 1
+                continue
+            n = len(prog.stack_trace(obj))
+        except (drgn.FaultError, ValueError, LookupError, NotImplementedError):
+            left_out += 1
+            continue
+        if n > DRGN_MAX_FRAMES:
+            left_out += 1
+            continue
+        theirs.append(obj)
+        ours.append(s.target(task, Options()))
+    if not ours:
+        return Missing(f"drgn walked none of the {arch} tasks of {pair.vmcore.name}")
+    try:
+        mine_frames = walk_all(s.backend, ours)
+    except NotImplementedError as e:
+        return Missing(f"{arch} backend not ready: {e}")
+    drgn_frames = sum(len(prog.stack_trace(t)) for t in theirs)
+    return PeerWorkload(arch, f"{pair.dump.name} + {pair.vmcore.name}", ours, s.backend, mine_frames, theirs,
+                        prog.stack_trace, drgn_frames, left_out)
+
+
+def drgn_all(trace: Callable[[Any], Any], tasks: list[Any]) -> int:
+    """drgn's ``stack_trace`` of every task, touching each frame's pc; the total frames."""
+    n = 0
+    for t in tasks:
+        for frame in trace(t):
+            frame.pc  # noqa: B018 - a user of the trace reads each pc
+            n += 1
+    return n

@@ -1,0 +1,711 @@
+"""``unwind bench``: run the benchmarks (``benches/``) and write the benchmark report.
+
+``unwind bench --report OUT/`` runs ``pytest benches/`` with pytest-benchmark
+(progress on stderr), saves its JSON as ``OUT/benchmark.json`` and writes
+``OUT/report.md`` with PNG plots beside it; ``--from-json F`` writes the
+report from a saved JSON instead of running anything. The plots need
+matplotlib (the ``[report]`` extra); without it the report is written
+without them and says so.
+
+The report reads the benches by their ``extra_info["kind"]`` (see
+``docs/benchmarks.md``), and the x86-64 ORC lookup benches
+(``benches/bench_orc.py``) by their names. Every figure is the median of
+the rounds. Targets come from issue 7 and are never adjusted: a missed target
+is printed with the factor it is missed by.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+#: replay per frame, symbolisation and provenance off, on each arch (µs)
+TARGET_US_PER_FRAME = 3.0
+#: batch ``orc_find`` over 1 M uniform random text ips (lookups per second)
+TARGET_BATCH_RATE = 30e6
+#: how much faster per frame than drgn on the same tasks
+TARGET_PEER_RATIO = 100.0
+
+ARCH_ORDER = ("arm64", "x86_64", "riscv")
+REPLAY_MODES = ("walk", "walk+symbols", "walk+provenance", "replay")
+PLOTS = ("per_arch.png", "batch.png", "depth.png", "table_size.png", "peer.png")
+
+
+class BenchError(Exception):
+    """The suite could not run, or the JSON is not a pytest-benchmark result."""
+
+
+@dataclass
+class Bench:
+    """One benchmark result: its name, median seconds per call and what it stored."""
+
+    name: str
+    fullname: str
+    median: float
+    rounds: int
+    extra: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        """The ``extra_info["kind"]`` the bench declared, or ``"orc"`` for ``bench_orc.py``."""
+        if "kind" in self.extra:
+            return str(self.extra["kind"])
+        return "orc" if "bench_orc" in self.fullname else "other"
+
+    def per(self, key: str) -> float | None:
+        """Seconds per unit of ``extra[key]`` (per frame, per lookup), or ``None``."""
+        n = self.extra.get(key)
+        return self.median / n if isinstance(n, (int, float)) and n > 0 else None
+
+    def rate(self, key: str) -> float | None:
+        """Units of ``extra[key]`` per second."""
+        per = self.per(key)
+        return 1.0 / per if per else None
+
+
+@dataclass
+class Results:
+    """A pytest-benchmark JSON, read."""
+
+    benches: list[Bench]
+    machine: dict[str, Any]
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    failed: list[dict[str, str]] = field(default_factory=list)
+    quick: bool = False
+    commit: str = ""
+    datetime: str = ""
+
+    def of(self, kind: str, **match: Any) -> list[Bench]:
+        """The benches of ``kind`` whose extra info matches every ``key=value``."""
+        return [b for b in self.benches if b.kind == kind and all(b.extra.get(k) == v for k, v in match.items())]
+
+    def one(self, kind: str, **match: Any) -> Bench | None:
+        """The first bench of ``kind`` matching, or ``None``."""
+        found = self.of(kind, **match)
+        return found[0] if found else None
+
+    def skips(self, needle: str) -> list[str]:
+        """Distinct skip reasons of benches whose node id contains ``needle``."""
+        out: list[str] = []
+        for s in self.skipped:
+            if needle in s["bench"] and s["reason"] not in out:
+                out.append(s["reason"])
+        return out
+
+
+def load_results(path: str | Path) -> Results:
+    """Read a pytest-benchmark JSON (as ``--benchmark-json`` writes it)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise BenchError(f"cannot read {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise BenchError(f"{path}: not JSON: {e}") from None
+    if not isinstance(data, dict) or "benchmarks" not in data:
+        raise BenchError(f"{path}: not a pytest-benchmark JSON (no 'benchmarks')")
+    benches = [Bench(b["name"], b.get("fullname", b["name"]), float(b["stats"]["median"]),
+                     int(b["stats"].get("rounds", 0)), dict(b.get("extra_info") or {}))
+               for b in data["benchmarks"]]
+    ours = data.get("unwind") or {}
+    return Results(benches, dict(data.get("machine_info") or {}), list(ours.get("skipped", [])),
+                   list(ours.get("failed", [])), bool(ours.get("quick", False)), str(ours.get("commit", "")), str(data.get("datetime", "")))
+
+
+# --- formatting -------------------------------------------------------------------------------
+
+def _num(x: float, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant figures, without exponent for everyday magnitudes."""
+    if x == 0 or not math.isfinite(x):
+        return str(x)
+    mag = math.floor(math.log10(abs(x)))
+    return f"{x:,.{max(digits - 1 - mag, 0)}f}"
+
+
+def _us(seconds: float) -> str:
+    return f"{_num(seconds * 1e6)} µs"
+
+
+def _rate(per_second: float) -> str:
+    if per_second >= 1e6:
+        return f"{_num(per_second / 1e6)} M/s"
+    if per_second >= 1e3:
+        return f"{_num(per_second / 1e3)} k/s"
+    return f"{_num(per_second)} /s"
+
+
+def _table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def machine_text(r: Results) -> str:
+    """CPU model, cores, Python and numpy versions of the machine that ran the suite."""
+    u = r.machine.get("unwind") or {}
+    cpu = u.get("cpu_model") or (r.machine.get("cpu") or {}).get("brand_raw") or r.machine.get("processor") or "?"
+    cores = u.get("cores") or (r.machine.get("cpu") or {}).get("count") or "?"
+    py = u.get("python") or r.machine.get("python_version") or "?"
+    return f"{cpu}, {cores} cores, Python {py}, numpy {u.get('numpy', '?')}"
+
+
+# --- the figures ------------------------------------------------------------------------------
+
+@dataclass
+class Fit:
+    """A least-squares line ``y = slope * x + intercept`` and its R²."""
+
+    slope: float
+    intercept: float
+    r2: float
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> Fit | None:
+    """Least squares over the points; ``None`` for fewer than two distinct x."""
+    n = len(xs)
+    if n < 2 or len(set(xs)) < 2:
+        return None
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    slope = sxy / sxx
+    intercept = my - slope * mx
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    ss_res = sum((y - (slope * x + intercept)) ** 2 for x, y in zip(xs, ys))
+    return Fit(slope, intercept, 1 - ss_res / ss_tot if ss_tot else 1.0)
+
+
+@dataclass
+class ArchReplay:
+    """Per-frame figures of one arch's corpus."""
+
+    arch: str
+    modes: dict[str, float]            # mode -> seconds per frame
+    frames: int
+    corpus: str
+    dumps: list[str]
+    tasks: int
+    lookup: float | None = None        # seconds per frame
+    reads: float | None = None
+    symbols: float | None = None
+
+    @property
+    def recovery(self) -> float | None:
+        """The walk less its lookups and reads: the unwinder's own logic (never below zero)."""
+        walk = self.modes.get("walk")
+        if walk is None or self.reads is None:
+            return None
+        return max(walk - self.reads - (self.lookup or 0.0), 0.0)
+
+
+def replay_figures(r: Results) -> dict[str, ArchReplay]:
+    """Per arch, per mode seconds per frame, and the breakdown."""
+    out: dict[str, ArchReplay] = {}
+    for b in r.of("replay"):
+        arch = b.extra["arch"]
+        per = b.per("frames")
+        if per is None:
+            continue
+        a = out.setdefault(arch, ArchReplay(arch, {}, int(b.extra["frames"]), str(b.extra.get("corpus", "")),
+                                            list(b.extra.get("dumps", [])), int(b.extra.get("tasks", 0))))
+        a.modes[b.extra["mode"]] = per
+    for b in r.of("phase"):
+        a = out.get(b.extra["arch"])
+        frames = b.extra.get("frames")
+        if a is None or not frames:
+            continue
+        setattr(a, b.extra["phase"], b.median / frames)
+    return out
+
+
+def depth_figures(r: Results) -> dict[str, list[tuple[int, float]]]:
+    """Per arch, ``(depth, seconds per walk)`` sorted by depth."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for b in r.of("depth"):
+        out.setdefault(b.extra["arch"], []).append((int(b.extra["depth"]), b.median))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def table_figures(r: Results) -> dict[str, list[tuple[int, float]]]:
+    """Per lookup method, ``(entries, seconds per lookup)`` sorted by entries."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for b in r.of("table_size"):
+        per = b.per("lookups")
+        if per is not None:
+            out.setdefault(b.extra["how"], []).append((int(b.extra["entries"]), per))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def batch_figures(r: Results) -> list[tuple[int, float]]:
+    """``(batch size, lookups per second)`` of ``orc_find_batch``."""
+    return sorted((int(b.extra["batch"]), b.rate("lookups") or 0.0) for b in r.of("batch_size"))
+
+
+def peer_figures(r: Results) -> dict[str, dict[str, float]]:
+    """Per arch, per tool seconds per frame."""
+    out: dict[str, dict[str, float]] = {}
+    for b in r.of("peer"):
+        per = b.per("frames")
+        if per is not None:
+            out.setdefault(b.extra["arch"], {})[b.extra["tool"]] = per
+    return out
+
+
+@dataclass
+class OrcFigures:
+    """What ``benches/bench_orc.py`` measured: lookups per second by its bench name."""
+
+    rates: dict[str, float]
+    batch_1m: float | None = None
+    c_floor: float | None = None
+    table: str = ""
+
+
+def _lookups_of(b: Bench) -> int | None:
+    for key in ("lookups", "ips", "n", "count", "queries"):
+        v = b.extra.get(key)
+        if isinstance(v, (int, float)) and v > 0:
+            return int(v)
+    return None
+
+
+def orc_figures(r: Results) -> OrcFigures:
+    """Read ``bench_orc.py``'s results: rates where a count is known, the batch and C floor figures."""
+    f = OrcFigures({})
+    for b in r.of("orc"):
+        n = _lookups_of(b)
+        if n is None:
+            continue
+        rate = n / b.median
+        f.rates[b.name] = rate
+        name = b.name.lower()
+        f.table = f.table or str(b.extra.get("table", ""))
+        if any(k in name for k in ("c_floor", "cfloor", "compiled")):
+            f.c_floor = max(f.c_floor or 0.0, rate)
+        elif "batch" in name and "uniform" in name and n >= 1_000_000:
+            f.batch_1m = max(f.batch_1m or 0.0, rate)
+    return f
+
+
+# --- targets ----------------------------------------------------------------------------------
+
+@dataclass
+class Goal:
+    """One target of issue 7 with its measured value."""
+
+    name: str
+    goal: str
+    measured: str
+    ratio: str
+    verdict: str
+
+
+def _verdict(met: bool, factor: float) -> str:
+    return "met" if met else f"MISSED by {_num(factor)}×"
+
+
+def targets(r: Results) -> list[Goal]:
+    """Every target of issue 7, measured or not."""
+    out: list[Goal] = []
+    reps = replay_figures(r)
+    for arch in ARCH_ORDER:
+        a = reps.get(arch)
+        name = f"replay per frame, {arch}"
+        goal = f"≤ {_num(TARGET_US_PER_FRAME)} µs/frame (symbols, provenance off)"
+        if a is None or "walk" not in a.modes:
+            why = "; ".join(r.skips(f"test_replay[{arch}-walk]")) or "not run"
+            out.append(Goal(name, goal, "not measured", "–", f"not measured: {why}"))
+            continue
+        us = a.modes["walk"] * 1e6
+        ratio = us / TARGET_US_PER_FRAME
+        beside = ", ".join(f"{m} {_num(a.modes[m] * 1e6)} µs" for m in REPLAY_MODES[1:] if m in a.modes)
+        out.append(Goal(name, goal, f"{_num(us)} µs/frame ({beside})", f"{_num(ratio)}× the budget",
+                          _verdict(us <= TARGET_US_PER_FRAME, ratio)))
+    orc = orc_figures(r)
+    batch = dict(batch_figures(r))
+    rate = orc.batch_1m if orc.batch_1m is not None else batch.get(1 << 20)
+    goal = f"≥ {_num(TARGET_BATCH_RATE / 1e6)} M lookups/s (1 M uniform text ips, real table)"
+    if rate is None:
+        why = "; ".join(r.skips("test_batch_size")) or "not run"
+        out.append(Goal("batch orc_find", goal, "not measured", "–", f"not measured: {why}"))
+    else:
+        out.append(Goal("batch orc_find", goal, _rate(rate), f"{_num(rate / TARGET_BATCH_RATE)}× the target",
+                          _verdict(rate >= TARGET_BATCH_RATE, TARGET_BATCH_RATE / rate)))
+    goal = "faster than the compiled plain binary search, same run"
+    if rate is None or orc.c_floor is None:
+        why = "; ".join(r.skips("bench_orc")) or "no compiled-floor result in this run (benches/bench_orc.py)"
+        out.append(Goal("batch orc_find vs C floor", goal, "not measured", "–", f"not measured: {why}"))
+    else:
+        ratio = rate / orc.c_floor
+        out.append(Goal("batch orc_find vs C floor", goal, f"{_rate(rate)} vs C {_rate(orc.c_floor)}",
+                          f"{_num(ratio)}×", _verdict(ratio > 1.0, 1.0 / ratio)))
+    peers = peer_figures(r)
+    for arch in ("x86_64", "arm64"):
+        p = peers.get(arch, {})
+        name = f"vs drgn per frame, {arch}"
+        goal = f"≥ {_num(TARGET_PEER_RATIO)}× faster than drgn stack_trace, same tasks"
+        if "unwind" not in p or "drgn" not in p:
+            why = "; ".join(r.skips(f"test_peer[{arch}")) or "not run"
+            out.append(Goal(name, goal, "not measured", "–", f"not measured: {why}"))
+            continue
+        ratio = p["drgn"] / p["unwind"]
+        out.append(Goal(name, goal, f"unwind {_us(p['unwind'])}/frame, drgn {_us(p['drgn'])}/frame",
+                          f"{_num(ratio)}× faster", _verdict(ratio >= TARGET_PEER_RATIO, TARGET_PEER_RATIO / ratio)))
+    return out
+
+
+# --- plots ------------------------------------------------------------------------------------
+
+def write_plots(r: Results, out: Path) -> dict[str, str]:
+    """Write the PNGs that have data; returns ``{file: why not}`` for those not drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    missing: dict[str, str] = {}
+    reps = replay_figures(r)
+    if reps:
+        arches = [a for a in ARCH_ORDER if a in reps]
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
+        width = 0.8 / len(REPLAY_MODES)
+        for i, mode in enumerate(REPLAY_MODES):
+            xs = [j + (i - (len(REPLAY_MODES) - 1) / 2) * width for j in range(len(arches))]
+            ys = [reps[a].modes.get(mode, 0.0) * 1e6 for a in arches]
+            bars = ax.bar(xs, ys, width, label=mode)
+            ax.bar_label(bars, fmt="%.2g", fontsize=7)
+        ax.axhline(TARGET_US_PER_FRAME, color="red", linestyle="--", label=f"target {TARGET_US_PER_FRAME:g} µs")
+        ax.set_xticks(range(len(arches)), arches)
+        ax.set_ylabel("µs per frame (median)")
+        ax.set_title("Replay per frame on the real corpora")
+        ax.legend(fontsize=8)
+        bottoms = [0.0] * len(arches)
+        for part in ("lookup", "reads", "recovery"):
+            ys = [((getattr(reps[a], part) or 0.0) * 1e6) for a in arches]
+            bx.bar(range(len(arches)), ys, 0.5, bottom=bottoms, label=part)
+            bottoms = [b + y for b, y in zip(bottoms, ys)]
+        bx.axhline(TARGET_US_PER_FRAME, color="red", linestyle="--")
+        bx.set_xticks(range(len(arches)), arches)
+        bx.set_ylabel("µs per frame")
+        bx.set_title("walk = lookup + stack reads + recovery")
+        bx.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "per_arch.png", dpi=110)
+        plt.close(fig)
+    else:
+        missing["per_arch.png"] = "no replay results (no committed corpus or backend)"
+
+    batch = batch_figures(r)
+    if batch:
+        fig, ax = plt.subplots(figsize=(7, 4.4))
+        ax.plot([b for b, _ in batch], [v / 1e6 for _, v in batch], "o-", label="orc_find_batch")
+        orc = orc_figures(r)
+        if orc.c_floor is not None:
+            ax.axhline(orc.c_floor / 1e6, color="gray", linestyle=":", label="compiled binary search (bench_orc)")
+        ax.axhline(TARGET_BATCH_RATE / 1e6, color="red", linestyle="--", label="target 30 M/s")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("ips per call (batch size)")
+        ax.set_ylabel("million lookups per second")
+        ax.set_title("ORC batch lookup throughput against batch size")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "batch.png", dpi=110)
+        plt.close(fig)
+    else:
+        missing["batch.png"] = "no batch-size results"
+
+    depth = depth_figures(r)
+    if depth:
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
+        for arch in (a for a in ARCH_ORDER if a in depth):
+            pts = depth[arch]
+            ax.plot([d for d, _ in pts], [t * 1e3 for _, t in pts], "o-", label=arch)
+            bx.plot([d for d, _ in pts], [t / d * 1e6 for d, t in pts], "o-", label=arch)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("frames (depth)")
+        ax.set_ylabel("ms per walk")
+        ax.set_title("Walk cost against depth (log-log: slope 1 = linear)")
+        ax.legend(fontsize=8)
+        bx.set_xscale("log", base=2)
+        bx.set_xlabel("frames (depth)")
+        bx.set_ylabel("µs per frame")
+        bx.set_ylim(bottom=0)
+        bx.set_title("Per-frame cost against depth (flat = linear walk)")
+        bx.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "depth.png", dpi=110)
+        plt.close(fig)
+    else:
+        missing["depth.png"] = "no depth results"
+
+    tables = table_figures(r)
+    if tables:
+        fig, ax = plt.subplots(figsize=(7, 4.4))
+        for how, pts in sorted(tables.items()):
+            ax.plot([n for n, _ in pts], [t * 1e9 for _, t in pts], "o-", label=how)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("ORC entries (subsampled real table)")
+        ax.set_ylabel("ns per lookup")
+        ax.set_title("Lookup cost against table size")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "table_size.png", dpi=110)
+        plt.close(fig)
+    else:
+        missing["table_size.png"] = "no table-size results"
+
+    peers = {a: p for a, p in peer_figures(r).items() if "unwind" in p and "drgn" in p}
+    if peers:
+        fig, ax = plt.subplots(figsize=(7, 4.4))
+        arches = sorted(peers)
+        for i, tool in enumerate(("unwind", "drgn")):
+            xs = [j + (i - 0.5) * 0.35 for j in range(len(arches))]
+            bars = ax.bar(xs, [peers[a][tool] * 1e6 for a in arches], 0.35, label=tool)
+            ax.bar_label(bars, fmt="%.3g", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(arches)), arches)
+        ax.set_ylabel("µs per frame (log)")
+        ax.set_title("Per-frame cost: unwind against drgn stack_trace, same tasks")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "peer.png", dpi=110)
+        plt.close(fig)
+    else:
+        missing["peer.png"] = "; ".join(r.skips("test_peer")) or "no peer results"
+    return missing
+
+
+# --- the report -------------------------------------------------------------------------------
+
+def report_lines(r: Results, plots: dict[str, str] | None, source: str) -> list[str]:
+    """The Markdown report. ``plots`` maps plot files not drawn to why (``None``: no matplotlib)."""
+    L: list[str] = ["# unwind benchmark report", ""]
+    L.append(f"- **Machine**: {machine_text(r)}")
+    when = f" on {r.datetime}" if r.datetime else ""
+    L.append(f"- **Run**: {source}{when}" + (f", commit {r.commit}" if r.commit else ""))
+    if r.quick:
+        L.append("- **Quick mode** (`UNWIND_BENCH_QUICK=1`): tiny inputs; the figures only show the "
+                 "pipeline works, they are not measurements to quote.")
+    reps = replay_figures(r)
+    corpora = sorted({f"{a.corpus} ({len(a.dumps)} dumps, {a.tasks} tasks, {a.frames} frames)"
+                      for a in reps.values()})
+    L.append("- **Corpus**: " + ("; ".join(corpora) if corpora else "none measured"))
+    tables = {str(b.extra.get("table")) for b in r.of("batch_size") + r.of("table_size") if b.extra.get("table")}
+    if tables:
+        L.append("- **ORC table**: " + "; ".join(sorted(tables)))
+    peers = {str(b.extra.get("pair")) for b in r.of("peer")}
+    if peers:
+        L.append("- **Peer pair**: " + "; ".join(sorted(peers)))
+    L.append("- Every figure is the median of the benchmark's rounds.")
+    L += ["", "## Targets (issue 7)", ""]
+    L += _table(("target", "goal", "measured", "ratio", "verdict"),
+                ((t.name, t.goal, t.measured, t.ratio, t.verdict) for t in targets(r)))
+
+    def plot(name: str, caption: str) -> None:
+        if plots is None:
+            L.append(f"_({name}: matplotlib is not installed; `pip install 'unwind[report]'` draws it)_")
+        elif name in plots:
+            L.append(f"_({name} not drawn: {plots[name]})_")
+        else:
+            L.append(f"![{caption}]({name})")
+        L.append("")
+
+    L += ["", "## Replay per frame", ""]
+    if reps:
+        rows = []
+        for arch in (a for a in ARCH_ORDER if a in reps):
+            a = reps[arch]
+            cells = [arch, f"{a.frames:,}"]
+            for m in REPLAY_MODES:
+                per = a.modes.get(m)
+                cells.append(f"{_num(per * 1e6)} µs ({_rate(1 / per)})" if per else "–")
+            rows.append(cells)
+        L += _table(("arch", "frames/round", *(f"{m}: µs/frame (frames/s)" for m in REPLAY_MODES)), rows)
+        L += ["", "Breakdown of `walk` (µs per frame): lookups and reads timed alone over the same inputs; "
+              "recovery is the rest.", ""]
+        rows = []
+        for arch in (a for a in ARCH_ORDER if a in reps):
+            a = reps[arch]
+            f = (lambda v: _num(v * 1e6) if v is not None else "–")
+            rows.append([arch, f(a.modes.get("walk")), f(a.lookup) if a.lookup is not None else "none (frame records)",
+                         f(a.reads), f(a.recovery), f(a.symbols)])
+        L += _table(("arch", "walk", "lookup", "stack reads", "recovery", "symbolisation (alone)"), rows)
+    else:
+        L.append("Not measured.")
+    for arch in ARCH_ORDER:
+        for why in r.skips(f"test_replay[{arch}"):
+            L.append(f"- {arch}: skipped: {why}")
+    L.append("")
+    plot("per_arch.png", "µs per frame per arch")
+
+    L += ["## ORC lookup", ""]
+    batch = batch_figures(r)
+    if batch:
+        L += _table(("batch size", "orc_find_batch"), ((f"{n:,}", _rate(v)) for n, v in batch))
+    else:
+        L.append("Batch-size sweep not measured: " + ("; ".join(r.skips("test_batch_size")) or "not run"))
+    orc = orc_figures(r)
+    if orc.rates:
+        L += ["", "From `benches/bench_orc.py`" + (f" ({orc.table})" if orc.table else "") + ":", ""]
+        L += _table(("bench", "lookups/s"), ((n, _rate(v)) for n, v in sorted(orc.rates.items())))
+    else:
+        why = "; ".join(r.skips("bench_orc")) or "not in this run"
+        L.append(f"\n`benches/bench_orc.py` (scalar, batch, bisect, compiled floor): {why}.")
+    L.append("")
+    plot("batch.png", "lookup throughput against batch size")
+
+    L += ["## Scaling", "", "### Walk cost against depth", ""]
+    depth = depth_figures(r)
+    if depth:
+        rows = []
+        for arch in (a for a in ARCH_ORDER if a in depth):
+            pts = depth[arch]
+            fit = fit_line([d for d, _ in pts], [t for _, t in pts])
+            loglog = fit_line([math.log2(d) for d, _ in pts], [math.log2(t) for _, t in pts])
+            rows.append([arch, ", ".join(f"{d}: {_num(t / d * 1e6)}" for d, t in pts),
+                         f"{_num(fit.slope * 1e6)} µs/frame + {_num(fit.intercept * 1e6)} µs, R² {fit.r2:.4f}"
+                         if fit else "–", f"{loglog.slope:.3f}" if loglog else "–"])
+        L += _table(("arch", "µs per frame at depth", "linear fit of time on depth", "log-log slope (1 = linear)"),
+                    rows)
+    else:
+        L.append("Not measured.")
+    for arch in ARCH_ORDER:
+        for why in r.skips(f"test_depth[{arch}"):
+            L.append(f"- {arch}: skipped: {why}")
+    L.append("")
+    plot("depth.png", "walk cost against depth")
+
+    L += ["### Lookup cost against table size", ""]
+    tables_f = table_figures(r)
+    if tables_f:
+        rows = []
+        for how, pts in sorted(tables_f.items()):
+            fit = fit_line([math.log2(n) for n, _ in pts], [t * 1e9 for _, t in pts])
+            rows.append([how, ", ".join(f"{n:,}: {_num(t * 1e9)}" for n, t in pts),
+                         f"{_num(fit.slope)} ns per doubling, R² {fit.r2:.3f}" if fit else "–"])
+        L += _table(("lookup", "ns per lookup at entries", "fit on log2(entries)"), rows)
+        L += ["", "A plain binary search (`bisect`, `searchsorted`) pays a constant per doubling of the table: "
+              "logarithmic. `orc_find` first narrows to the 256-byte text block (`.orc_lookup`), so it searches "
+              "only the entries of one block; `orc_find_batch` resolves an ip by a population count in its "
+              "32-byte sub-block, independent of table size."]
+    else:
+        L.append("Not measured: " + ("; ".join(r.skips("test_table_size")) or "not run"))
+    L.append("")
+    plot("table_size.png", "lookup cost against table size")
+
+    L += ["## Peer: drgn", ""]
+    pf = peer_figures(r)
+    if pf:
+        rows = []
+        for arch, p in sorted(pf.items()):
+            ratio = p["drgn"] / p["unwind"] if "drgn" in p and "unwind" in p else None
+            rows.append([arch, _us(p["unwind"]) if "unwind" in p else "–", _us(p["drgn"]) if "drgn" in p else "–",
+                         f"{_num(ratio)}×" if ratio else "–"])
+        L += _table(("arch", "unwind per frame", "drgn per frame", "drgn / unwind"), rows)
+    else:
+        L.append("Not measured: " + ("; ".join(r.skips("test_peer")) or "not run"))
+    L.append("")
+    plot("peer.png", "per-frame cost against drgn")
+
+    if r.failed:
+        L += ["## Failed", "", "These benches raised: their figures are missing above.", ""]
+        L += [f"- `{f['bench']}`: {f['reason']}" for f in r.failed]
+        L.append("")
+    if r.skipped:
+        L += ["## Skipped", ""]
+        seen: dict[str, int] = {}
+        for s in r.skipped:
+            seen[s["reason"]] = seen.get(s["reason"], 0) + 1
+        L += [f"- {n} bench{'es' if n > 1 else ''}: {why}" for why, n in seen.items()]
+        L.append("")
+    return L
+
+
+def write_report(r: Results, out: Path, source: str) -> Path:
+    """Write ``out/report.md`` and its plots; returns the report's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        plots = None
+    else:
+        plots = write_plots(r, out)
+    path = out / "report.md"
+    path.write_text("\n".join(report_lines(r, plots, source)) + "\n")
+    return path
+
+
+def find_benches(explicit: str | None) -> Path:
+    """The ``benches/`` folder: ``--benches``, else ``./benches``, else the one beside the package."""
+    cands = [Path(explicit)] if explicit else [Path.cwd() / "benches", Path(__file__).resolve().parent.parent / "benches"]
+    for c in cands:
+        if (c / "benchkit.py").is_file():
+            return c
+    raise BenchError("no benches/ folder found (run from the source tree, or give --benches DIR; "
+                     "--from-json F reports a saved run)")
+
+
+def run_suite(benches: Path, json_out: Path, quick: bool, select: str | None) -> int:
+    """Run ``pytest benches/`` writing ``json_out``; pytest's progress goes to stderr. Its exit status."""
+    try:
+        import pytest_benchmark  # noqa: F401
+    except ImportError:
+        raise BenchError("running the suite needs pytest-benchmark: pip install 'unwind[test,report]'") from None
+    cmd = [sys.executable, "-m", "pytest", str(benches), "-p", "no:cacheprovider", "-v", "-rs",
+           f"--benchmark-json={json_out}", "--benchmark-columns=median,rounds"]
+    if select:
+        cmd += ["-k", select]
+    env = dict(os.environ)
+    if quick:
+        env["UNWIND_BENCH_QUICK"] = "1"
+    print(f"unwind bench: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    return subprocess.run(cmd, cwd=benches.parent, stdout=sys.stderr, env=env).returncode
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``unwind bench``: run (or read) the benchmarks and write the report."""
+    try:
+        return _bench(args)
+    except BenchError as e:
+        print(f"unwind: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _bench(args: argparse.Namespace) -> int:
+    out = Path(args.report)
+    status = 0
+    if args.from_json:
+        results = load_results(args.from_json)
+        source = f"saved results {args.from_json}"
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        json_out = out / "benchmark.json"
+        status = run_suite(find_benches(args.benches), json_out, args.quick, args.select)
+        if not json_out.exists():
+            raise BenchError(f"the suite wrote no results (pytest exit status {status})")
+        results = load_results(json_out)
+        source = f"`unwind bench --report {args.report}{' --quick' if args.quick else ''}`"
+    path = write_report(results, out, source)
+    print(f"unwind bench: wrote {path}", file=sys.stderr)
+    for t in targets(results):
+        print(f"  {t.name}: {t.measured} [{t.ratio}] {t.verdict}", file=sys.stderr)
+    return 1 if status not in (0, 5) else 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``bench`` to the top-level parser."""
+    b = sub.add_parser("bench", help="run the latency benchmarks and write the report with plots")
+    b.add_argument("--report", required=True, metavar="OUT", help="folder for report.md, the PNGs and the JSON")
+    b.add_argument("--from-json", metavar="F", help="report a saved pytest-benchmark JSON instead of running")
+    b.add_argument("--benches", metavar="DIR", help="the benches/ folder (default: ./benches or the source tree's)")
+    b.add_argument("--quick", action="store_true", help="tiny inputs (checks the pipeline; not for quoting)")
+    b.add_argument("-k", dest="select", metavar="EXPR", help="only the benches pytest -k EXPR selects")
+    b.set_defaults(func=cmd_bench)
