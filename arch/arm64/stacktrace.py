@@ -378,9 +378,17 @@ def unwind_next_frame_record(state: KunwindState) -> None:
     fp = state.fp
     if fp & 0x7:
         raise UnwindStop(StopReason.MISALIGNED_FP, f"fp {fp:#x} is not 8-byte aligned")
-    info = unwind_find_stack(state, fp, FRAME_RECORD_SIZE, "frame record")
-    unwind_consume_stack(state, info, fp, FRAME_RECORD_SIZE)
-    state.fp, state.pc = _read_record(state, fp)
+    cur = state.stacks.stack
+    if cur.low and cur.low <= fp and fp + FRAME_RECORD_SIZE <= cur.high:
+        cur.low = fp + FRAME_RECORD_SIZE  # unwind_consume_stack() on the current stack, inlined
+    else:
+        info = unwind_find_stack(state, fp, FRAME_RECORD_SIZE, "frame record")
+        unwind_consume_stack(state, info, fp, FRAME_RECORD_SIZE)
+    off = fp - state.seg_start
+    if 0 <= off <= state.seg_last and state.prov is None:
+        state.fp, state.pc = _RECORD.unpack_from(state.seg_data, off)  # _read_record(), inlined
+    else:
+        state.fp, state.pc = _read_record(state, fp)
     state.source = _SRC_FRAME
 
 
@@ -426,11 +434,18 @@ def kunwind_next_frame_record(state: KunwindState) -> None:
     if fp & 0x7:
         raise UnwindStop(StopReason.MISALIGNED_FP, f"fp {fp:#x} is not 8-byte aligned")
     info = unwind_find_stack(state, fp, FRAME_RECORD_SIZE, "frame record")
-    new_fp, new_pc = _read_record(state, fp)
+    off = fp - state.seg_start
+    if 0 <= off <= state.seg_last and state.prov is None:
+        new_fp, new_pc = _RECORD.unpack_from(state.seg_data, off)  # _read_record(), inlined
+    else:
+        new_fp, new_pc = _read_record(state, fp)
     if not new_fp and not new_pc:
         kunwind_next_frame_record_meta(state)
         return
-    unwind_consume_stack(state, info, fp, FRAME_RECORD_SIZE)
+    if info is state.stacks.stack:
+        info.low = fp + FRAME_RECORD_SIZE  # unwind_consume_stack() on the current stack, inlined
+    else:
+        unwind_consume_stack(state, info, fp, FRAME_RECORD_SIZE)
     state.fp = new_fp
     state.pc = new_pc
     state.source = _SRC_FRAME
@@ -477,16 +492,12 @@ def _detect_meta_records(target: Target, layout_12: PtRegsLayout, layout_13: PtR
     top = task_stack(target.task.stacks)
     if top is None:
         return None
-    where = task_pt_regs_stackframe(top, layout_13)
+    final_13 = top.high - layout_13.size + layout_13.stackframe
+    final_12 = top.high - layout_12.size + layout_12.stackframe
     try:
-        words = [target.mem.read_u64(where + 8 * i) for i in range(3)]  # type: ignore[operator]
-    except MemoryFault:
-        return None
-    if words == [0, 0, FRAME_META_TYPE_FINAL]:
-        return True
-    try:
-        final_12 = task_pt_regs_stackframe(top, layout_12)
-        if [target.mem.read_u64(final_12 + 8 * i) for i in range(2)] == [0, 0]:  # type: ignore[operator]
+        if [target.mem.read_u64(final_13 + 8 * i) for i in range(3)] == [0, 0, FRAME_META_TYPE_FINAL]:
+            return True
+        if [target.mem.read_u64(final_12 + 8 * i) for i in range(2)] == [0, 0]:
             return False
     except MemoryFault:
         return None
@@ -526,23 +537,29 @@ class Arm64Unwinder(Unwinder):
         """True when the walk follows v6.13+ (meta records, sources, flags)."""
         return self.state.meta_records
 
+    # kunwind_stack_walk() and dump_backtrace()'s user_mode() check
     def _begin(self) -> None:
-        """kunwind_stack_walk(): pick the start (regs, caller or blocked task)."""
+        """Pick the start: exception registers, a caller, or a blocked task's saved context."""
         state = self.state
         task = self.target.task
-        if task.regs is not None:
-            if user_mode(task.regs.get("pstate", 0)):
-                raise UnwindStop(StopReason.USER_MODE,
-                                 f"cpu{task.cpu} is at EL0 (pstate {task.regs.get('pstate', 0):#x}): "
-                                 "dump_backtrace() prints nothing for user regs")
-            kunwind_init_from_regs(state, task.regs)
-        elif task.context is not None and task.context.get("caller"):
-            kunwind_init_from_caller(state, task.context)
-        elif task.context is not None:
-            kunwind_init_from_task(state, task.context)
-        else:
-            raise UnwindStop(StopReason.MISSING_REGISTER, f"{task.describe()} has neither registers nor a saved context")
+        try:
+            if task.regs is not None:
+                if user_mode(task.regs.get("pstate", 0)):
+                    raise UnwindStop(StopReason.USER_MODE,
+                                     f"cpu{task.cpu} is at EL0 (pstate {task.regs.get('pstate', 0):#x}): "
+                                     "dump_backtrace() prints nothing for user regs")
+                kunwind_init_from_regs(state, task.regs)
+            elif task.context is not None and task.context.get("caller"):
+                kunwind_init_from_caller(state, task.context)
+            elif task.context is not None:
+                kunwind_init_from_task(state, task.context)
+            else:
+                raise UnwindStop(StopReason.MISSING_REGISTER,
+                                 f"{task.describe()} has neither registers nor a saved context")
+        except KeyError as e:
+            raise UnwindStop(StopReason.MISSING_REGISTER, f"{task.describe()}: no {e.args[0]}") from None
 
+    # do_kunwind(): kunwind_recover_return_address() on the first pc, then consume it
     def _first_frame(self) -> Frame:
         """do_kunwind(): recover the first pc, then report it."""
         state = self.state
@@ -564,7 +581,7 @@ class Arm64Unwinder(Unwinder):
         state.prov = None
         return frame
 
-    def start(self) -> Frame:
+    def start(self) -> Frame:  # kunwind_stack_walk()
         """The first frame; in complete mode a vector pseudo-frame and a live-LR frame may come first/next."""
         if self.completer is None:
             return self._first_frame()

@@ -342,3 +342,16 @@ def kretprobe_hijack(generation: str) -> Scenario:
 #: the scenarios that end cleanly, by name, for both generations
 CLEAN_SCENARIOS = {f.__name__: f for f in (deep_chain, irq_to_task, overflow, el1_exception,
                                             fgraph_hijack, kretprobe_hijack)}
+
+
+def long_chain(generation: str, frames: int = 4096) -> Scenario:
+    """A blocked task with ``frames`` frames on a large task stack (a benchmark shape), all LRs signed."""
+    a = Arm64Synth(generation)
+    size = 0x20 * frames + 0x1000
+    size = 1 << (size - 1).bit_length()
+    st = a.task_stack(13, TASK_LOW, size=size)
+    fps = [TASK_LOW + 0x100 + 0x10 * i for i in range(frames - 1)]
+    pcs = [TEXT + 0x2000 + 4 * i for i in range(frames - 1)]
+    a.chain(st, fps, [sign(pc, i) for i, pc in enumerate(pcs)], a.final_fp(st))
+    a.blocked(13, "deep", fp=fps[0], pc=TEXT + 0x1000, sp=fps[0])
+    return _scenario(a, [TEXT + 0x1000] + pcs, StopReason.END_OF_STACK, pid=13)

@@ -321,3 +321,11 @@ def test_no_release_detects_the_generation_from_the_final_record():
         assert u.meta_records == (gen == "6.13")
         frames, stop = walk(s, s.select(pid=7)[0])
         assert [f.pc for f in frames] == [ret(60), ret(1)] and stop.clean
+
+
+def test_missing_register_is_a_stop_not_a_crash():
+    a = Arm64Synth("6.13")
+    a.task_stack(7, TASK_LOW)
+    a.sd.blocked_task(7, "odd", {"pc": ret(1), "sp": TASK_LOW + 0x3000})
+    frames, stop = walk(*opened(a))
+    assert frames == [] and stop.reason is StopReason.MISSING_REGISTER and "fp" in stop.detail
