@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import capstone
 
+from typing import TYPE_CHECKING, Any
+
 from unwind.frame import Flag, Frame, Source
 from unwind.registry import ArchBackend
 from unwind.target import Target
@@ -12,6 +14,25 @@ from unwind.walk import Stop, Unwinder
 from . import structs
 from .liveness import LiveRaProver
 from .stacktrace import KernelLayout, RiscvUnwinder, UserUnwinder
+
+if TYPE_CHECKING:
+    from unwind.replay import Replay
+
+#: the kernel's own printed traces: faithful replay must equal them
+_KERNEL_ORACLES = ("sysrq-t", "sysrq-l", "ftrace-stacktrace", "dump_backtrace")
+
+#: documented differences from an oracle (``unwind diff``, the corpus tests)
+CATEGORIES = {
+    "stale": "the capture marked the oracle stale: the task ran between the dump and the printout",
+    "tracer-frames": "the kernel's trace was taken deeper in the same chain (the tracer's own frames on top): "
+                     "the replay equals its tail",
+    "entry-or-leaf": "the oracle has the ra-held caller of a function stopped at its entry, in a frameless "
+                     "leaf or in its epilogue, which the kernel's method drops and complete mode could not "
+                     "prove (no text, or no proof)",
+    "oracle-stops-early": "the oracle stops inside the replay: gdb has no CFI at handle_exception or "
+                          "call_on_irq_stack (\"frame did not save the PC\")",
+    "oracle-continues": "the replay ended cleanly where the oracle goes on",
+}
 
 #: the marker a complete-mode line carries, by the source of its pc
 _COMPLETE_WHY = {
@@ -81,6 +102,24 @@ class RiscvBackend(ArchBackend):
                 line += f" (complete: {self._complete_why(f)})"
             out.append((line, f))
         return out
+
+    def categorize(self, oracle: dict[str, Any], expected: list[int], replay: "Replay") -> str | None:
+        """Name the documented category of a difference from an oracle (:data:`CATEGORIES`), else ``None``."""
+        if oracle.get("stale"):
+            return "stale"
+        got = [f.pc for f in replay.frames]
+        if oracle.get("source") in _KERNEL_ORACLES:
+            if oracle.get("source") == "ftrace-stacktrace" and len(got) >= 2 and expected[-len(got):] == got:
+                return "tracer-frames"
+            return None
+        for i in range(1, min(len(expected), len(got) + 1)):
+            if replay.frames[i - 1].flags & Flag.BOUNDARY and expected[:i] + expected[i + 1:] == got:
+                return "entry-or-leaf"
+        if len(expected) < len(got) and got[:len(expected)] == expected:
+            return "oracle-stops-early"
+        if len(got) < len(expected) and expected[:len(got)] == got and replay.stop.clean:
+            return "oracle-continues"
+        return None
 
     def _sym(self, addr: int, target: Target) -> str:
         """``%pS`` of an address."""

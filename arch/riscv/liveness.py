@@ -9,11 +9,20 @@ only where capstone's disassembly of the function proves both facts:
 - **entry**: the instructions from the symbol's start to the pc are
   straight-line (no branch, jump or call) and none writes ``ra`` or ``s0``;
 - **leaf**: no instruction of the whole function writes ``ra`` or ``s0``
-  (GCC's frameless leaves: ``rcu_all_qs``, ``__clear_user``);
+  (GCC's frameless leaves: ``__clear_user``);
+- **paths**: over the function's control-flow graph, no path from its entry to
+  the pc writes ``ra`` or ``s0`` (the frameless fast path of a shrink-wrapped
+  function such as ``rcu_all_qs``). An indirect jump (``jr t1``) reached with
+  either register written voids the proof: it could land anywhere;
 - **epilogue**: from the pc a straight line reaches ``ret`` without writing
   ``ra`` or ``s0`` (at ``ret`` both are the caller's by the calling convention).
 
 No text, no symbol, an undecodable byte or any doubt: no proof, no frame.
+The analysis sees the image's text: run-time patches are not in it. Patchable
+ftrace entries call ``ftrace_caller`` through ``t0`` and keep ``ra`` (or set it
+to ``return_to_handler``, which the walker resolves); static-key jumps can
+only join code of the same frame state, as GCC's shrink-wrapping never merges
+framed and frameless paths.
 """
 
 from __future__ import annotations
@@ -87,6 +96,63 @@ def is_return(mnemonic: str, op_str: str) -> bool:
     return mnemonic == "jalr" and op_str.replace(" ", "") in ("zero,ra,0", "zero,0(ra)")
 
 
+def _target(addr: int, op_str: str) -> int | None:
+    """A direct branch or jump's target: capstone prints the offset as the last operand."""
+    try:
+        return addr + int(op_str.rsplit(",", 1)[-1].strip(), 0)
+    except ValueError:
+        return None
+
+
+def successors(addr: int, size: int, mnemonic: str, op_str: str) -> tuple[list[int], bool]:
+    """Where control may go after an instruction, and whether it is an indirect jump."""
+    nxt = addr + size
+    if mnemonic in _BRANCHES:
+        t = _target(addr, op_str)
+        return ([nxt] if t is None else [nxt, t]), t is None
+    if mnemonic in ("j", "c.j"):
+        t = _target(addr, op_str)
+        return ([] if t is None else [t]), t is None
+    if mnemonic in _CALLS:
+        return [nxt], False  # a call returns here (it writes its link register)
+    if is_return(mnemonic, op_str) or mnemonic in ("sret", "mret"):
+        return [], False
+    if mnemonic in ("jr", "c.jr"):
+        return [], True
+    return [nxt], False
+
+
+def dirty_on_entry(insns: list[tuple[int, int, str, str]]) -> dict[int, frozenset[str]] | None:
+    """Per instruction address, the watched registers some path from the entry may have written before it.
+
+    Unreached instructions are absent. ``None`` when an indirect jump may carry
+    a written register anywhere, or a branch lands inside an instruction.
+    """
+    at = {a: i for i, (a, _s, _m, _o) in enumerate(insns)}
+    lo, hi = insns[0][0], insns[-1][0] + insns[-1][1]
+    state: dict[int, frozenset[str]] = {insns[0][0]: frozenset()}
+    work = [insns[0][0]]
+    while work:
+        addr = work.pop()
+        _a, size, mn, ops = insns[at[addr]]
+        w = written_register(mn, ops)
+        out = state[addr] | {w} if w in _WATCHED else state[addr]
+        succ, indirect = successors(addr, size, mn, ops)
+        if indirect and out:
+            return None
+        for t in succ:
+            if t not in at:
+                if lo <= t < hi:
+                    return None  # into the middle of an instruction: the decode cannot be trusted
+                continue  # a tail call out of the function
+            old = state.get(t)
+            new = out if old is None else old | out
+            if new != old:
+                state[t] = new
+                work.append(t)
+    return state
+
+
 class LiveRaProver:
     """Proves, per pc, that the caller's return address is still in ``ra`` (cached)."""
 
@@ -129,7 +195,7 @@ class LiveRaProver:
             return None, f"{sym.name}: bytes before the pc do not decode"
         proof = self._entry(sym.name, insns)
         if proof is None:
-            proof = self._leaf(sym.name, sym.addr, sym.size)
+            proof = self._paths(sym.name, sym.addr, sym.size, pc)
         if proof is None:
             proof = self._epilogue(sym.name, pc, sym.addr + sym.size)
         if proof is None:
@@ -143,20 +209,29 @@ class LiveRaProver:
         return Proof("entry", name, f"{len(insns)} instruction(s) from {name} to the pc: straight-line, "
                                     "none writes ra or s0 (before the prologue)")
 
-    def _leaf(self, name: str, start: int, size: int) -> Proof | None:
-        if not 0 < size <= MAX_FUNCTION:
+    def _function(self, start: int, size: int) -> list[tuple[int, int, str, str]] | None:
+        """Every instruction of a function; trailing zero padding may stay undecoded."""
+        if not 0 < size <= MAX_FUNCTION or self.image is None:
             return None
-        code = self.image.text(start, size) if self.image is not None else None
+        code = self.image.text(start, size)
         if code is None:
             return None
-        insns = self._decode(start, code.rstrip(b"\0"))
-        if not insns:
+        insns = list(self._md.disasm_lite(code, start))
+        covered = sum(i[1] for i in insns)
+        return insns if insns and not code[covered:].strip(b"\0") else None
+
+    def _paths(self, name: str, start: int, size: int, pc: int) -> Proof | None:
+        insns = self._function(start, size)
+        if insns is None:
             return None
-        for _addr, _size, mn, ops in insns:
-            if written_register(mn, ops) in _WATCHED:
-                return None
-        return Proof("leaf", name, f"none of the {len(insns)} instructions of {name} writes ra or s0 "
-                                   "(a frameless leaf)")
+        if not any(written_register(mn, ops) in _WATCHED for _a, _s, mn, ops in insns):
+            return Proof("leaf", name, f"none of the {len(insns)} instructions of {name} writes ra or s0 "
+                                       "(a frameless leaf)")
+        dirty = dirty_on_entry(insns)
+        if dirty is None or pc not in dirty or dirty[pc]:
+            return None
+        return Proof("paths", name, f"no path from the entry of {name} to the pc writes ra or s0 "
+                                    "(the frameless path of a shrink-wrapped function)")
 
     def _epilogue(self, name: str, pc: int, end: int) -> Proof | None:
         size = min(MAX_EPILOGUE, end - pc)

@@ -7,7 +7,7 @@ import pytest
 
 from unwind.arch.riscv import structs
 from unwind.arch.riscv.backend import RiscvBackend
-from unwind.arch.riscv.liveness import LiveRaProver, is_return, written_register
+from unwind.arch.riscv.liveness import LiveRaProver, dirty_on_entry, is_return, written_register
 from unwind.arch.riscv.stacktrace import align, fp_bounds, fp_is_valid, ftrace_graph_ret_addr, kernel_text_address
 from unwind.arch.riscv.synth import FRAMED_CODE, LEAF_CODE, RiscvSynth, TextImage
 from unwind.target import FgraphEntry
@@ -119,3 +119,20 @@ def test_no_proof_without_text_or_in_trap_entry():
     _, prover = _prover(excluded=(trap,))
     proof, why = prover.prove(s.at("handle_exception"))
     assert proof is None and "trap-entry" in why
+
+
+def test_dirty_on_entry_follows_every_path():
+    # 0: beqz -> 8 | 2: sd ra | 4: addi s0 | 6: ret | 8: li | 0xa: ret   (addresses relative to 0x100)
+    insns = [(0x100, 2, "c.beqz", "a0, 8"), (0x102, 2, "c.sdsp", "ra, 8(sp)"), (0x104, 2, "c.addi4spn", "s0, sp, 16"),
+             (0x106, 2, "c.jr", "ra"), (0x108, 2, "c.li", "a0, 0"), (0x10A, 2, "c.jr", "ra")]
+    state = dirty_on_entry(insns)
+    assert state[0x108] == frozenset() and state[0x10A] == frozenset()  # the frameless path
+    assert state[0x106] == {"s0"} and state[0x104] == frozenset()
+    # a join of a framed and a frameless path is dirty
+    joined = insns[:3] + [(0x106, 2, "c.j", "2"), (0x108, 2, "c.li", "a0, 0"), (0x10A, 2, "c.jr", "ra")]
+    assert dirty_on_entry(joined)[0x108] == {"s0"}
+    # an indirect jump carrying a written register could land anywhere: no answer
+    assert dirty_on_entry(insns[:3] + [(0x106, 2, "c.jr", "a5")]) is None
+    assert dirty_on_entry([(0x100, 2, "c.jr", "a5")]) is not None     # clean: a tail call
+    # a branch into the middle of an instruction: the decode is not trusted
+    assert dirty_on_entry([(0x100, 2, "c.beqz", "a0, 3"), (0x102, 4, "addi", "s0, sp, 16")]) is None
