@@ -556,7 +556,9 @@ class SysrqOracle:
         stale = 0
         for e in ents:
             t = by_pid.get(e["pid"])
-            if t is None or t["cpu"] is not None:
+            if e.get("stale"):
+                stale += 1
+            elif t is None or t["cpu"] is not None:
                 e["stale"] = True
                 e["why"] = "not a blocked task of the dump"
                 stale += 1
@@ -624,7 +626,8 @@ def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
                 notes.append(note)
             except TimeoutError as e:
                 notes.append(f"sysrq-t: {e}")
-        res.meta["oracles"] = oracles
+        res.meta["oracles"] = [o for o in oracles if not o.get("stale")]
+        res.meta["oracles_excluded"] = [o for o in oracles if o.get("stale")]
         extra["notes"] = "; ".join(notes) if notes else None
         path = out / f"stop-{written:03d}-{label.replace(':', '-')}{suffix}"
         s.write_dump(res, path, release, extra)

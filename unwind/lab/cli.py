@@ -81,8 +81,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
         if not port.isdigit():
             return _fail(f"bad --gdb {gdb!r}: expected HOST:PORT")
         con_sock = args.console or (lab["console"] if lab else None)
-        con_log = args.console_log or (lab["console_log"] if lab else None)
         smap_path = args.system_map or (Path(vmlinux).parent / "System.map")
+        Path(args.output).mkdir(parents=True, exist_ok=True)
         print(f"[capture] loading {vmlinux}", file=sys.stderr)
         img = Image(vmlinux)
         rsp = RspClient(host or "127.0.0.1", int(port), timeout=args.timeout)
@@ -101,8 +101,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
         plan = Plan(args.stops, breaks, random_share=0 if args.breaks else 2,
                     break_timeout=args.break_timeout)
         sysrq = None
-        if not args.no_sysrq and con_sock and con_log:
-            console = Console(con_sock, con_log)
+        if not args.no_sysrq and con_sock:
+            console = Console(con_sock, Path(args.output) / "console.txt")
             smap = SystemMap(smap_path) if Path(smap_path).exists() else None
             sysrq = SysrqOracle(console, smap)
         qemu = " ".join(lab["qemu"]) if lab else ""
@@ -162,7 +162,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--lab", metavar="ARCH", help="take stub, vmlinux and console from `unwind lab boot`")
     c.add_argument("--monitor", help="HMP socket (recorded; stops use the stub's ^C)")
     c.add_argument("--console", help="serial console socket (for sysrq-t)")
-    c.add_argument("--console-log", help="file the console is logged to")
     c.add_argument("--system-map", help="System.map (default: next to the vmlinux)")
     c.add_argument("--stops", type=int, default=20)
     c.add_argument("--break", dest="breaks", metavar="F1,F2", help="breakpoint stops only, on these functions")

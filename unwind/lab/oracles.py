@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 _TS = re.compile(r"^\[\s*\d+\.\d+\]\s?")
-_TASK = re.compile(r"task:(?P<comm>.*?)\s+state:(?P<state>\S)\s+stack:\s*\d+\s+pid:\s*(?P<pid>\d+)")
+_TASK = re.compile(r"task:(?P<comm>.*?)\s+state:(?P<state>\S).*?\bpid:\s*(?P<pid>\d+)")
 _FRAME = re.compile(r"^\s*(?P<q>\? )?(?:\[<(?P<addr>[0-9a-f]+)>\]\s+)?(?P<sym>[A-Za-z_.$][\w.$]*)"
                     r"\+0x(?P<off>[0-9a-f]+)/0x(?P<size>[0-9a-f]+)(?:\s+\[(?P<mod>[\w-]+)\])?\s*$")
 _MARKER = re.compile(r"^\s*</?(TASK|IRQ|NMI|SOFTIRQ|#\w+)>\s*$")
@@ -64,10 +64,20 @@ class TaskTrace:
     frames: list[str] = field(default_factory=list)
     unreliable: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
+    corrupt: str | None = None
+
+
+_END = re.compile(r"Showing busy workqueues|^Sched Debug|^runnable tasks:|^sysrq: ")
 
 
 def parse_task_traces(text: str, smap: SystemMap | None) -> list[TaskTrace]:
-    """Split console ``text`` into per-task traces (``task:... pid:N`` blocks)."""
+    """Split console ``text`` into per-task traces (``task:... pid:N`` blocks).
+
+    A block runs to the next ``task:`` line (or the end of the dump). Lines
+    that look like a damaged frame (serial consoles drop and repeat bytes)
+    and frames whose offset or size disagree with System.map mark the block
+    ``corrupt`` instead of ending it early.
+    """
     out: list[TaskTrace] = []
     cur: TaskTrace | None = None
     for raw in text.replace("\r", "").split("\n"):
@@ -80,19 +90,24 @@ def parse_task_traces(text: str, smap: SystemMap | None) -> list[TaskTrace]:
             continue
         if cur is None:
             continue
-        if line.strip() in ("Call Trace:", "Call trace:") or _MARKER.match(line):
-            cur.lines.append(line)
+        if _END.search(line):
+            cur = None
             continue
         f = _FRAME.match(line)
         if not f:
-            if cur.frames or cur.unreliable:
-                cur = None  # the block ended
+            if "+0x" in line:
+                cur.corrupt = cur.corrupt or f"damaged line {line.strip()!r}"
+            if line.strip():
+                cur.lines.append(line)
             continue
         cur.lines.append(line)
+        off, size = int(f.group("off"), 16), int(f.group("size"), 16)
         if f.group("addr"):
             addr: int | None = int(f.group("addr"), 16)
         elif smap is not None and not f.group("mod"):
-            addr = smap.resolve(f.group("sym"), int(f.group("off"), 16), int(f.group("size"), 16))
+            addr = smap.resolve(f.group("sym"), off, size)
+            if addr is not None and (off > size or smap.size_at(addr - off) != size):
+                cur.corrupt = cur.corrupt or f"{line.strip()} disagrees with System.map"
         else:
             addr = None
         txt = f"{addr:#x}" if addr is not None else f"{f.group('sym')}+0x{f.group('off')}"
@@ -102,9 +117,16 @@ def parse_task_traces(text: str, smap: SystemMap | None) -> list[TaskTrace]:
 
 def sysrq_oracles(text: str, smap: SystemMap | None) -> list[dict]:
     """Oracle entries (JSON note schema) for every task block of a sysrq-t dump."""
-    return [{"source": "sysrq-t", "pid": t.pid, "cpu": None, "comm": t.comm, "state": t.state,
+    out = []
+    for t in parse_task_traces(text, smap):
+        e = {"source": "sysrq-t", "pid": t.pid, "cpu": None, "comm": t.comm, "state": t.state,
              "frames": t.frames, "unreliable": t.unreliable, "text": "\n".join(t.lines)}
-            for t in parse_task_traces(text, smap)]
+        bad = [f for f in t.frames if not f.startswith("0x")]
+        if bad or t.corrupt:
+            e["stale"] = True
+            e["why"] = t.corrupt or f"unresolved frame {bad[0]}"
+        out.append(e)
+    return out
 
 
 def parse_ftrace_stacks(text: str, smap: SystemMap | None) -> list[dict]:
