@@ -38,9 +38,17 @@ def orc_table(target: Target) -> OrcTable:
 def backtrace_symbol(symbols: SymbolTable | None, addr: int) -> str:
     """``%pB`` (``sprint_backtrace()``): look up ``addr - 1``, print the offset of ``addr``."""
     sym = symbols.lookup(addr - 1) if symbols is not None else None
-    if sym is None:
+    if sym is None or sym.offset >= sym.size:
         return hex(addr)
     return f"{sym.name}+{sym.offset + 1:#x}/{sym.size:#x}"
+
+
+def plain_symbol(symbols: SymbolTable | None, addr: int) -> str:
+    """``%pS``: ``name+off/size``, or the bare address outside every symbol."""
+    sym = symbols.lookup(addr) if symbols is not None else None
+    if sym is None or sym.offset >= sym.size:
+        return hex(addr)
+    return str(sym)
 
 
 class X86_64Backend(ArchBackend):
@@ -70,7 +78,7 @@ class X86_64Backend(ArchBackend):
     def symbolize(self, frame: Frame, target: Target) -> str:
         """``%pS`` for a pc from pt_regs (the ``RIP:`` line), ``%pB`` for return addresses."""
         if frame.source in _REGS_SOURCES:
-            return target.symbols.format(frame.pc) if target.symbols is not None else hex(frame.pc)
+            return plain_symbol(target.symbols, frame.pc)
         return backtrace_symbol(target.symbols, frame.pc)
 
     # show_regs() / __show_trace_log_lvl() (dumpstack.c), without the '?' stack-scan lines
@@ -79,7 +87,7 @@ class X86_64Backend(ArchBackend):
         out: list[tuple[str, Frame | None]] = []
         if frames and frames[0].source is Source.REGS_PC and target.task.regs is not None:
             regs = {k: target.task.regs.get(v, 0) for k, v in _PRSTATUS.items()}
-            out += [(line, frames[0]) for line in self._regs_lines(regs, False, target)]
+            out += self._paired(self._regs_lines(regs, False, target), frames[0])
         out.append(("Call Trace:", None))
         open_name: str | None = None
         for f in frames:
@@ -93,8 +101,8 @@ class X86_64Backend(ArchBackend):
                     out.append((f" <{name}>", None))
                 open_name = name
             if f.source in _REGS_SOURCES:
-                out += [(line, f) for line in self._pt_regs_lines(f, (f.extra or {}).get("regs"),
-                                                                  bool((f.extra or {}).get("partial")), target)]
+                extra = f.extra or {}
+                out += self._paired(self._pt_regs_lines(f, extra.get("regs"), bool(extra.get("partial")), target), f)
             else:
                 out += self._trace_lines(f, target)
             user = (f.extra or {}).get("user_regs")
@@ -103,6 +111,11 @@ class X86_64Backend(ArchBackend):
         if open_name:
             out.append((f" </{open_name}>", None))
         return out
+
+    @staticmethod
+    def _paired(lines: list[str], frame: Frame) -> list[tuple[str, Frame | None]]:
+        """A regs block: the ``RIP:`` line stands for the frame, the rest are plain lines."""
+        return [(line, frame if i == 0 else None) for i, line in enumerate(lines)]
 
     def _trace_lines(self, f: Frame, target: Target) -> list[tuple[str, Frame | None]]:
         """``printk_stack_address()``: ``? return_to_handler`` before an fgraph-recovered address, and the
@@ -137,7 +150,7 @@ class X86_64Backend(ArchBackend):
     def _regs_lines(self, r: dict[str, int], partial: bool, target: Target) -> list[str]:
         """``__show_regs(SHOW_REGS_SHORT)`` or, for an IRET frame, ``show_iret_regs()``."""
         user = bool(r["cs"] & 3)
-        sym = hex(r["ip"]) if user or target.symbols is None else target.symbols.format(r["ip"])
+        sym = hex(r["ip"]) if user else plain_symbol(target.symbols, r["ip"])
         lines = [f"RIP: {r['cs'] & 0xFFFF:04x}:{sym}"]
         code = None if user or target.image is None else target.image.text(r["ip"] - PROLOGUE_SIZE, PROLOGUE_SIZE + 1 + EPILOGUE_SIZE)
         if code is not None:

@@ -287,6 +287,7 @@ class OrcTable:
         self.version = version
         self.how = how
         self.stext, self.etext = int(stext), int(etext)
+        self._size = self.etext - self.stext
         self.inittext = inittext
         self._entries = self._share_entries()
         self._ips_list: list[int] = ips.tolist()
@@ -401,6 +402,13 @@ class OrcTable:
     # orc_find()
     def orc_find(self, ip: int) -> OrcEntry | None:
         """The kernel's entry for ``ip``, or ``None`` where ``orc_find()`` returns NULL."""
+        off = ip - self.stext
+        if 0 < off < self._size:  # the per-frame case, inline: the .orc_lookup block, then __orc_find
+            lookup = self._lookup_list
+            blk = off >> LOOKUP_BLOCK_ORDER
+            lo = lookup[blk]
+            i = bisect.bisect_right(self._ips_list, ip, lo, lookup[blk + 1] + 1) - 1
+            return self._entries[i if i >= lo else lo]
         i = self.find_index(ip)
         if i >= 0:
             return self._entries[i]

@@ -14,6 +14,7 @@ frame-pointer guess (no ORC entry) every frame is flagged unreliable, as
 
 from __future__ import annotations
 
+import struct
 from typing import Callable
 
 from unwind.frame import Flag, Frame, Provenance, Source
@@ -30,6 +31,7 @@ from .structs import (INACTIVE_TASK_FRAME, INACTIVE_TASK_FRAME_SIZE, IRET_FRAME_
                       PT_REGS_SIZE, field_offset)
 
 PAGE_SIZE = 4096
+_U64 = struct.Struct("<Q").unpack_from
 #: [MODULES_VADDR, MODULES_END) with a 1 GiB kernel image (pgtable_64_types.h): module, BPF and
 #: trampoline text the replay cannot list, taken as kernel text like __kernel_text_address() does
 MODULES_RANGE = (0xFFFFFFFFC0000000, 0xFFFFFFFFFF000000)
@@ -79,7 +81,10 @@ class OrcUnwinder(Unwinder):
         self.target = target
         self.task = target.task
         self.mem = target.mem
-        self.read = target.mem.read_u64
+        self.read = self.read_word
+        self._mem_read = target.mem.read_u64
+        self._seg_lo = self._seg_hi = 0
+        self._seg_data = b""
         self.table = table
         self.find = table.orc_find
         self.stacks = StackFinder(target.task.stacks, target.mem)
@@ -88,6 +93,7 @@ class OrcUnwinder(Unwinder):
         self.return_to_handler = sym("return_to_handler")
         self.rethook_trampoline = sym("arch_rethook_trampoline")
         self.ret_from_fork_asm = sym("ret_from_fork_asm")
+        self.stext, self.etext = table.stext, table.etext
         self.text = [(table.stext, table.etext), MODULES_RANGE]
         if table.inittext is not None:
             self.text.append(table.inittext)
@@ -104,13 +110,25 @@ class OrcUnwinder(Unwinder):
         self.recovered = Flag.NONE
         self.last: Frame | None = None
 
+    # READ_ONCE_NOCHECK(): a word of captured memory (the segment of the last read is kept)
+    def read_word(self, addr: int) -> int:
+        """The 64-bit word at ``addr``; :class:`MemoryFault` when it was not captured."""
+        if self._seg_lo <= addr and addr + 8 <= self._seg_hi:
+            return _U64(self._seg_data, addr - self._seg_lo)[0]
+        val = self._mem_read(addr)
+        for seg in self.mem.segments:
+            if seg.start <= addr < seg.end:
+                self._seg_lo, self._seg_hi, self._seg_data = seg.start, seg.end, seg.data
+                break
+        return val
+
     # --- stack access (unwind_orc.c:387-437) ---
 
     # stack_access_ok()
     def stack_access_ok(self, addr: int, length: int) -> bool:
         """Is ``[addr, addr+length)`` on the current stack, or on a stack the walk may move to?"""
-        info = self.stack_info
-        if info.begin <= addr and addr + length <= info.end and info.type != STACK_TYPE_UNKNOWN:
+        info = self.stack_info  # the unknown stack has begin == end == 0: nothing is on it
+        if info.begin <= addr and addr + length <= info.end:
             return True
         new = self.stacks.get_stack_info(addr, self.stack_mask)
         self.stack_info = new if new is not None else UNKNOWN
@@ -119,9 +137,13 @@ class OrcUnwinder(Unwinder):
     # deref_stack_reg()
     def deref_stack_reg(self, addr: int, what: str, prov: Provenance | None) -> int:
         """The stack word at ``addr``; an error stop when it is on no usable stack."""
-        if not self.stack_access_ok(addr, 8):
+        info = self.stack_info
+        if not (info.begin <= addr and addr + 8 <= info.end) and not self.stack_access_ok(addr, 8):
             self.fail_access(addr, 8, what)
-        val = self.read(addr)
+        if self._seg_lo <= addr and addr + 8 <= self._seg_hi:
+            val = _U64(self._seg_data, addr - self._seg_lo)[0]
+        else:
+            val = self.read_word(addr)
         if prov is not None:
             prov.read(addr, 8, val, what)
         return val
@@ -211,7 +233,7 @@ class OrcUnwinder(Unwinder):
 
     def unwind_next_frame(self) -> Frame:
         """The steps of ``unwind_next_frame()`` in the kernel's order."""
-        if self.stack_info.type == STACK_TYPE_UNKNOWN:  # unwind_done()
+        if not self.stack_info.type:  # unwind_done(): STACK_TYPE_UNKNOWN
             raise UnwindStop(StopReason.END_OF_STACK, "the walk is done")
         prev_sp, prev_type, orig_ip = self.sp, self.stack_info.type, self.ip
         prov = Provenance("") if self.record else None
@@ -238,7 +260,8 @@ class OrcUnwinder(Unwinder):
                     self.last.extra = {**(self.last.extra or {}), "user_regs": regs.addr}
                 raise UnwindStop(StopReason.USER_MODE, f"user-mode {regs.describe()}: ip {self.ip:#x}, "
                                  f"sp {self.sp:#x}")
-        self.check_text(self.ip)
+        if not self.stext <= self.ip < self.etext:
+            self.check_text(self.ip)
         frame = Frame(self.ip, self.sp, self.bp, source, stack, flags, prov)
         if orc.type != ORC_TYPE_CALL:
             frame.extra = {"regs": regs.addr if regs is not None else None, "partial": not self.full_regs}
@@ -294,7 +317,9 @@ class OrcUnwinder(Unwinder):
         ip_p = sp - 8
         ip = self.deref_stack_reg(ip_p, "return address", prov)
         stack = self.stack_info.kind
-        self.ip = self.unwind_recover_ret_addr(ip, ip_p, prov)
+        if ip == self.return_to_handler or ip == self.rethook_trampoline:
+            ip = self.unwind_recover_ret_addr(ip, ip_p, prov)
+        self.ip = ip
         self.sp = sp
         self.regs = self.prev_regs = None
         return stack
@@ -337,9 +362,10 @@ class OrcUnwinder(Unwinder):
         """The previous frame's ``bp`` by ``bp_reg``."""
         reg = orc.bp_reg
         if reg == ORC_REG_UNDEFINED:
-            val = self.get_reg("bp")
-            if val is not None:
-                self.bp = val
+            if self.regs is not None:
+                val = self.get_reg("bp")
+                if val is not None:
+                    self.bp = val
         elif reg == ORC_REG_PREV_SP:
             self.bp = self.deref_stack_reg(sp + orc.bp_offset, "saved bp at prevsp+offset", prov)
         elif reg == ORC_REG_BP:
@@ -351,8 +377,8 @@ class OrcUnwinder(Unwinder):
     # unwind_orc.c:663-670
     def check_direction(self, prev_type: int, prev_sp: int, orig_ip: int) -> None:
         """Same stack and the sp did not grow: bad ORC data would loop."""
-        info = self.stack_info
-        if info.type == prev_type and info.on_stack(self.sp, 8) and self.sp <= prev_sp:
+        info, sp = self.stack_info, self.sp
+        if info.type == prev_type and info.begin <= sp and sp + 8 <= info.end and sp <= prev_sp:  # on_stack()
             self.error = True
             raise UnwindStop(StopReason.TRANSITION_REFUSED,
                              f"stack going in the wrong direction? at {orig_ip:#x} (sp {prev_sp:#x} -> {self.sp:#x})")
