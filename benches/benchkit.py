@@ -238,7 +238,8 @@ def load_corpus(arch: str) -> Corpus | Missing:
     if not reads:
         return Missing(f"the {arch} backend records no reads in its provenance")
     table = log[0][0] if log else None
-    label = f"corpora/{arch}/{'+'.join(sorted(releases))}"
+    root = CORPORA / arch
+    label = f"{root.relative_to(REPO) if root.is_relative_to(REPO) else root}/{'+'.join(sorted(releases))}"
     return Corpus(arch=arch, backend=backend, label=label, dumps=[Path(d).name for d in dumps],
                   targets=kept_t, targets_record=[replace(t, options=replace(t.options, record=True)) for t in kept_t],
                   items=kept_i, frames=frames_total, walked=walked, reads=reads,

@@ -5,7 +5,9 @@
 
 - ``machine_info.unwind``: CPU model, cores, Python and numpy versions;
 - top-level ``unwind``: the skipped and failed benches with their reasons, quick mode,
-  the commit, so ``unwind bench --from-json`` can say what was not measured.
+  the commit and the 1-minute load average at the start and the end, so that
+  ``unwind bench --from-json`` can say what was not measured, and how busy
+  the machine was.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ import benchkit
 
 _SKIPS: list[dict[str, str]] = []
 _FAILS: list[dict[str, str]] = []
+_LOAD: dict[str, float] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Note the load before the run: other processes on the machine slow every bench."""
+    _LOAD["start"] = os.getloadavg()[0]
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
@@ -71,7 +79,7 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
 
 def pytest_benchmark_update_json(config: pytest.Config, benchmarks: list[dict[str, Any]],
                                  output_json: dict[str, Any]) -> None:
-    """Store the skips, failures, quick mode and the commit beside the results."""
+    """Store the skips, failures, quick mode, the commit and the load beside the results."""
     output_json["unwind"] = {"skipped": list(_SKIPS), "failed": list(_FAILS), "quick": benchkit.QUICK,
-                             "commit": _commit()}
+                             "commit": _commit(), "load": {**_LOAD, "end": os.getloadavg()[0]}}
 

@@ -10,8 +10,9 @@ without them and says so.
 The report reads the benches by their ``extra_info["kind"]`` (see
 ``docs/benchmarks.md``), and the x86-64 ORC lookup benches
 (``benches/bench_orc.py``) by their names. Every figure is the median of
-the rounds. Targets come from issue 7 and are never adjusted: a missed target
-is printed with the factor it is missed by.
+the rounds (``--stat min`` or ``mean`` picks another statistic). Targets
+come from issue 7 and are never adjusted: a missed target is printed with
+the factor it is missed by.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ TARGET_PEER_RATIO = 100.0
 
 ARCH_ORDER = ("arm64", "x86_64", "riscv")
 REPLAY_MODES = ("walk", "walk+symbols", "walk+provenance", "replay")
-PLOTS = ("per_arch.png", "batch.png", "depth.png", "table_size.png", "peer.png")
+#: the per-bench statistics ``--stat`` may pick (pytest-benchmark's names)
+STATS = ("median", "min", "mean")
 
 
 class BenchError(Exception):
@@ -44,11 +46,11 @@ class BenchError(Exception):
 
 @dataclass
 class Bench:
-    """One benchmark result: its name, median seconds per call and what it stored."""
+    """One benchmark result: its name, seconds per call (the chosen statistic) and what it stored."""
 
     name: str
     fullname: str
-    median: float
+    seconds: float
     rounds: int
     extra: dict[str, Any]
 
@@ -62,7 +64,7 @@ class Bench:
     def per(self, key: str) -> float | None:
         """Seconds per unit of ``extra[key]`` (per frame, per lookup), or ``None``."""
         n = self.extra.get(key)
-        return self.median / n if isinstance(n, (int, float)) and n > 0 else None
+        return self.seconds / n if isinstance(n, (int, float)) and n > 0 else None
 
     def rate(self, key: str) -> float | None:
         """Units of ``extra[key]`` per second."""
@@ -81,6 +83,8 @@ class Results:
     quick: bool = False
     commit: str = ""
     datetime: str = ""
+    load: dict[str, float] = field(default_factory=dict)
+    stat: str = "median"
 
     def of(self, kind: str, **match: Any) -> list[Bench]:
         """The benches of ``kind`` whose extra info matches every ``key=value``."""
@@ -100,8 +104,8 @@ class Results:
         return out
 
 
-def load_results(path: str | Path) -> Results:
-    """Read a pytest-benchmark JSON (as ``--benchmark-json`` writes it)."""
+def load_results(path: str | Path, stat: str = "median") -> Results:
+    """Read a pytest-benchmark JSON (as ``--benchmark-json`` writes it), taking ``stat`` of each bench's rounds."""
     try:
         data = json.loads(Path(path).read_text())
     except OSError as e:
@@ -110,12 +114,15 @@ def load_results(path: str | Path) -> Results:
         raise BenchError(f"{path}: not JSON: {e}") from None
     if not isinstance(data, dict) or "benchmarks" not in data:
         raise BenchError(f"{path}: not a pytest-benchmark JSON (no 'benchmarks')")
-    benches = [Bench(b["name"], b.get("fullname", b["name"]), float(b["stats"]["median"]),
+    if stat not in STATS:
+        raise BenchError(f"unknown statistic {stat!r} (one of {', '.join(STATS)})")
+    benches = [Bench(b["name"], b.get("fullname", b["name"]), float(b["stats"][stat]),
                      int(b["stats"].get("rounds", 0)), dict(b.get("extra_info") or {}))
                for b in data["benchmarks"]]
     ours = data.get("unwind") or {}
     return Results(benches, dict(data.get("machine_info") or {}), list(ours.get("skipped", [])),
-                   list(ours.get("failed", [])), bool(ours.get("quick", False)), str(ours.get("commit", "")), str(data.get("datetime", "")))
+                   list(ours.get("failed", [])), bool(ours.get("quick", False)), str(ours.get("commit", "")),
+                   str(data.get("datetime", "")), dict(ours.get("load") or {}), stat)
 
 
 # --- formatting -------------------------------------------------------------------------------
@@ -220,7 +227,7 @@ def replay_figures(r: Results) -> dict[str, ArchReplay]:
         frames = b.extra.get("frames")
         if a is None or not frames:
             continue
-        setattr(a, b.extra["phase"], b.median / frames)
+        setattr(a, b.extra["phase"], b.seconds / frames)
     return out
 
 
@@ -228,7 +235,7 @@ def depth_figures(r: Results) -> dict[str, list[tuple[int, float]]]:
     """Per arch, ``(depth, seconds per walk)`` sorted by depth."""
     out: dict[str, list[tuple[int, float]]] = {}
     for b in r.of("depth"):
-        out.setdefault(b.extra["arch"], []).append((int(b.extra["depth"]), b.median))
+        out.setdefault(b.extra["arch"], []).append((int(b.extra["depth"]), b.seconds))
     return {k: sorted(v) for k, v in out.items()}
 
 
@@ -282,7 +289,7 @@ def orc_figures(r: Results) -> OrcFigures:
         n = _lookups_of(b)
         if n is None:
             continue
-        rate = n / b.median
+        rate = n / b.seconds
         f.rates[b.name] = rate
         name = b.name.lower()
         f.table = f.table or str(b.extra.get("table", ""))
@@ -382,7 +389,7 @@ def write_plots(r: Results, out: Path) -> dict[str, str]:
             ax.bar_label(bars, fmt="%.2g", fontsize=7)
         ax.axhline(TARGET_US_PER_FRAME, color="red", linestyle="--", label=f"target {TARGET_US_PER_FRAME:g} µs")
         ax.set_xticks(range(len(arches)), arches)
-        ax.set_ylabel("µs per frame (median)")
+        ax.set_ylabel(f"µs per frame ({r.stat})")
         ax.set_title("Replay per frame on the real corpora")
         ax.legend(fontsize=8)
         bottoms = [0.0] * len(arches)
@@ -504,7 +511,14 @@ def report_lines(r: Results, plots: dict[str, str] | None, source: str) -> list[
     peers = {str(b.extra.get("pair")) for b in r.of("peer")}
     if peers:
         L.append("- **Peer pair**: " + "; ".join(sorted(peers)))
-    L.append("- Every figure is the median of the benchmark's rounds.")
+    L.append(f"- Every figure is the {r.stat} of the benchmark's rounds.")
+    if r.load:
+        cores = (r.machine.get("unwind") or {}).get("cores") or 0
+        busy = any(v > 0.5 * cores for v in r.load.values()) if cores else False
+        L.append(f"- **Load** (1-minute average): {_num(r.load.get('start', 0), 2)} at the start, "
+                 f"{_num(r.load.get('end', 0), 2)} at the end"
+                 + (f": other processes were competing for the {cores} cores, so the times are inflated "
+                    "and noisy (`--stat min` shows the least disturbed rounds)" if busy else ""))
     L += ["", "## Targets (issue 7)", ""]
     L += _table(("target", "goal", "measured", "ratio", "verdict"),
                 ((t.name, t.goal, t.measured, t.ratio, t.verdict) for t in targets(r)))
@@ -645,7 +659,8 @@ def write_report(r: Results, out: Path, source: str) -> Path:
 
 def find_benches(explicit: str | None) -> Path:
     """The ``benches/`` folder: ``--benches``, else ``./benches``, else the one beside the package."""
-    cands = [Path(explicit)] if explicit else [Path.cwd() / "benches", Path(__file__).resolve().parent.parent / "benches"]
+    here = Path(__file__).resolve().parent.parent / "benches"
+    cands = [Path(explicit)] if explicit else [Path.cwd() / "benches", here]
     for c in cands:
         if (c / "benchkit.py").is_file():
             return c
@@ -683,7 +698,7 @@ def _bench(args: argparse.Namespace) -> int:
     out = Path(args.report)
     status = 0
     if args.from_json:
-        results = load_results(args.from_json)
+        results = load_results(args.from_json, args.stat)
         source = f"saved results {args.from_json}"
     else:
         out.mkdir(parents=True, exist_ok=True)
@@ -691,7 +706,7 @@ def _bench(args: argparse.Namespace) -> int:
         status = run_suite(find_benches(args.benches), json_out, args.quick, args.select)
         if not json_out.exists():
             raise BenchError(f"the suite wrote no results (pytest exit status {status})")
-        results = load_results(json_out)
+        results = load_results(json_out, args.stat)
         source = f"`unwind bench --report {args.report}{' --quick' if args.quick else ''}`"
     path = write_report(results, out, source)
     print(f"unwind bench: wrote {path}", file=sys.stderr)
@@ -707,5 +722,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     b.add_argument("--from-json", metavar="F", help="report a saved pytest-benchmark JSON instead of running")
     b.add_argument("--benches", metavar="DIR", help="the benches/ folder (default: ./benches or the source tree's)")
     b.add_argument("--quick", action="store_true", help="tiny inputs (checks the pipeline; not for quoting)")
+    b.add_argument("--stat", choices=STATS, default="median",
+                   help="statistic of each bench's rounds (default median)")
     b.add_argument("-k", dest="select", metavar="EXPR", help="only the benches pytest -k EXPR selects")
     b.set_defaults(func=cmd_bench)

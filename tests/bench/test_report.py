@@ -1,0 +1,116 @@
+"""``unwind bench --report`` from a saved run: the report, its targets and its plots.
+
+``data/quick-run.json`` is the JSON of a real quick run of the benches (the
+replay benches over synthetic arm64 and RISC-V dumps written with the arch
+synth builders, as the corpora were not committed yet), made with::
+
+    UNWIND_CORPORA=<dumps> UNWIND_BENCH_QUICK=1 python3 -m pytest benches/bench_replay.py \\
+        benches/bench_scaling.py benches/bench_peer.py --benchmark-json=tests/bench/data/quick-run.json \\
+        --benchmark-min-rounds=1 --benchmark-max-time=0.02 --benchmark-warmup=off
+
+with the per-round ``stats.data`` arrays removed to keep it small.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from unwind import bench
+from unwind.cli import main
+
+FIXTURE = Path(__file__).parent / "data" / "quick-run.json"
+
+
+@pytest.fixture(scope="module")
+def results() -> bench.Results:
+    return bench.load_results(FIXTURE)
+
+
+def _raw() -> dict:
+    return json.loads(FIXTURE.read_text())
+
+
+def test_replay_target_is_the_walk_per_frame_over_three_microseconds(results: bench.Results) -> None:
+    raw = next(b for b in _raw()["benchmarks"] if b["extra_info"].get("kind") == "replay"
+               and b["extra_info"]["arch"] == "arm64" and b["extra_info"]["mode"] == "walk")
+    us = raw["stats"]["median"] / raw["extra_info"]["frames"] * 1e6
+    goal = next(t for t in bench.targets(results) if t.name == "replay per frame, arm64")
+    assert goal.measured.startswith(bench._num(us))
+    assert goal.ratio == f"{bench._num(us / 3.0)}× the budget"
+    assert goal.verdict == ("met" if us <= 3.0 else f"MISSED by {bench._num(us / 3.0)}×")
+
+
+def test_every_target_is_listed_with_a_verdict(results: bench.Results) -> None:
+    goals = bench.targets(results)
+    assert [g.name for g in goals] == [
+        "replay per frame, arm64", "replay per frame, x86_64", "replay per frame, riscv", "batch orc_find",
+        "batch orc_find vs C floor", "vs drgn per frame, x86_64", "vs drgn per frame, arm64"]
+    for g in goals:
+        assert g.verdict == "met" or g.verdict.startswith(("MISSED by", "not measured: "))
+    x86 = goals[1]
+    assert x86.verdict == "not measured: no committed x86_64 corpus under /tmp/fakecorp/x86_64"
+    assert goals[5].verdict.startswith("not measured: no full memory dumps for the peer")
+
+
+def test_breakdown_sums_to_the_walk(results: bench.Results) -> None:
+    reps = bench.replay_figures(results)
+    assert set(reps) == {"arm64", "riscv"}
+    for a in reps.values():
+        assert a.lookup is None  # frame-record walks: no metadata lookup
+        assert a.reads is not None and a.recovery is not None
+        assert a.recovery == pytest.approx(max(a.modes["walk"] - a.reads, 0.0))
+        assert set(a.modes) == set(bench.REPLAY_MODES)
+
+
+def test_report_names_machine_corpus_targets_and_plots(results: bench.Results, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = bench.write_report(results, tmp_path, "the fixture")
+    text = path.read_text()
+    assert text.startswith("# unwind benchmark report\n")
+    assert f"**Machine**: {bench.machine_text(results)}" in text
+    assert "Python 3." in bench.machine_text(results) and "numpy" in bench.machine_text(results)
+    assert "**Corpus**: /tmp/fakecorp/arm64/6.12.0-synthetic" in text
+    assert "**Quick mode**" in text
+    assert "| replay per frame, riscv | ≤ 3.00 µs/frame" in text
+    for png in ("per_arch.png", "batch.png", "depth.png", "table_size.png"):
+        assert f"]({png})" in text
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "peer.png").exists()
+    assert "_(peer.png not drawn: no full memory dumps for the peer" in text
+    assert "## Skipped" in text and "4 benches: no full memory dumps for the peer" in text
+
+
+def test_report_without_matplotlib_says_so(results: bench.Results, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    text = bench.write_report(results, tmp_path, "the fixture").read_text()
+    assert "_(depth.png: matplotlib is not installed; `pip install 'unwind[report]'` draws it)_" in text
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_cli_from_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # the plots are tested above: keep this one quick
+    assert main(["bench", "--report", str(tmp_path / "out"), "--from-json", str(FIXTURE), "--stat", "min"]) == 0
+    err = capsys.readouterr().err
+    assert f"wrote {tmp_path / 'out' / 'report.md'}" in err
+    assert "replay per frame, arm64: " in err
+    assert "Every figure is the min of the benchmark's rounds." in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_cli_bad_json_is_input_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"not": "benchmarks"}')
+    assert main(["bench", "--report", str(tmp_path / "out"), "--from-json", str(bad)]) == 2
+    assert "not a pytest-benchmark JSON" in capsys.readouterr().err
+    assert main(["bench", "--report", str(tmp_path / "out"), "--from-json", str(tmp_path / "none.json")]) == 2
+
+
+def test_fit_line_recovers_a_line() -> None:
+    fit = bench.fit_line([1, 2, 3, 4], [3.0, 5.0, 7.0, 9.0])
+    assert fit is not None
+    assert (fit.slope, fit.intercept, fit.r2) == pytest.approx((2.0, 1.0, 1.0))
+    assert bench.fit_line([1, 1], [2.0, 3.0]) is None
