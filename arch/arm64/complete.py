@@ -199,6 +199,9 @@ class Completer:
             base = record_at - layout.stackframe
             if not self._is_el1_pt_regs(base, frame):
                 return None
+            if frame.provenance is not None:
+                frame.provenance.note(f"this record is the {{x29, ELR}} stackframe of an EL1 pt_regs at {base:#x} "
+                                      "(same pc and x29 there): the pc is the interrupted pc")
         try:
             x30 = state.mem.read_u64(base + layout.reg(30))
         except MemoryFault:
@@ -223,6 +226,8 @@ class Completer:
         state = self.state
         proof = self.analyser.prove(frame.pc)
         if not proof.live:
+            if frame.provenance is not None:
+                frame.provenance.note(f"complete: the x30 caller is not added: {proof.reason}")
             return None
         pc = ptrauth_strip_kernel_insn_pac(x30, state.pac_mask)
         flags = Flag.COMPLETE | (Flag.PAC_STRIPPED if pc != x30 else Flag.NONE)
@@ -232,7 +237,10 @@ class Completer:
         except MemoryFault:
             next_lr = None
         if next_lr is not None and ptrauth_strip_kernel_insn_pac(next_lr, state.pac_mask) == pc:
-            return None  # the record at x29 already returns there: x29 was the function's own record
+            if frame.provenance is not None:
+                frame.provenance.note(f"complete: the x30 caller is not added: the record at x29 {fp:#x} "
+                                      "already returns there")
+            return None
         notes: list[str] = []
         if pc == state.return_to_handler:
             orig, _idx, at = ftrace_graph_ret_addr(state.fgraph, state.graph_idx, pc, fp, pc)
