@@ -179,6 +179,7 @@ class Btf:
         """Resolve ``a.b[2].c`` inside ``struct`` to its offset from the struct start."""
         tid = self.find(struct)
         off = 0
+        bits = bsize = 0
         for part in path.split("."):
             m = re.fullmatch(r"(\w+)((?:\[\d+\])*)", part)
             if not m:
@@ -188,6 +189,7 @@ class Btf:
                 raise BtfError(f"{struct} has no member {path!r}")
             off += f.offset
             tid, size = f.type_id, f.size
+            bits, bsize = off * 8 + f.bit_offset - f.offset * 8, f.bit_size
             for idx in re.findall(r"\[(\d+)\]", m.group(2)):
                 t = self.types[self.resolve(tid)]
                 if t.kind != 3:
@@ -195,7 +197,8 @@ class Btf:
                 tid = t.extra.type
                 size = self.sizeof_id(tid)
                 off += int(idx) * size
-        return Member(off, size, tid)
+                bits, bsize = off * 8, 0
+        return Member(off, size, tid, bits, bsize)
 
     def offsetof(self, struct: str, path: str) -> int:
         """Byte offset of ``path`` in ``struct``."""

@@ -1,0 +1,86 @@
+"""RISC-V (rv64) capture knowledge for ``unwind capture`` (QEMU gdbstub).
+
+Privilege from QEMU's virtual ``priv`` register (0 U, 1 S, 3 M); stops at
+``stvec`` (``handle_exception+0``) normalised to ``sepc``; ``current`` from
+``tp`` in S-mode (else the runqueue's ``curr``); IRQ and overflow stacks;
+``thread.{ra,sp,s[0]}`` of blocked tasks. Layouts come from BTF.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from unwind.lab.capture import Session
+
+NAME = "riscv"
+GDB_ARCH = "riscv:rv64"
+BREAK_KIND = 4
+SYSREGS = ["priv", "sstatus", "sepc", "scause", "stval", "stvec", "sscratch", "satp"]
+#: sstatus.SPP: the trap came from S-mode
+SSTATUS_SPP = 1 << 8
+SYSCALL_ENTRY = ["do_trap_ecall_u"]
+IRQ_BREAKS = ["handle_riscv_irq", "riscv_timer_interrupt"]
+HIJACK_BREAKS = ["read_zero", "urandom_read_iter"]
+TRAMPOLINES = ["return_to_handler", "arch_rethook_trampoline", "__kretprobe_trampoline"]
+EXTRA_SYMBOLS = ["handle_exception", "ret_from_exception", "call_on_irq_stack"]
+_GPRS = ["ra", "sp", "gp", "tp", "t0", "t1", "t2", "s0", "s1", "a0", "a1", "a2", "a3", "a4", "a5",
+         "a6", "a7", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9", "s10", "s11", "t3", "t4", "t5", "t6"]
+
+
+def classify(raw: dict[str, int], s: "Session") -> tuple[str, dict[str, int], str | None]:
+    """(mode, registers to record, normalisation note); ``stvec`` stops become ``sepc``."""
+    regs = {r: raw.get(r, raw.get("fp", 0) if r == "s0" else 0) for r in _GPRS}
+    regs["pc"] = raw["pc"]
+    priv = raw.get("priv", 1)
+    note = None
+    if priv == 1 and raw.get("stvec") and raw["pc"] == raw["stvec"] and "sepc" in raw:
+        note = "stvec (trap entry) -> sepc"
+        regs["pc"] = raw["sepc"]
+        if not raw.get("sstatus", 0) & SSTATUS_SPP:
+            return "user", regs, note
+    mode = {0: "user", 1: "kernel"}.get(priv, "firmware")
+    return mode, regs, note
+
+
+def pc_sp(regs: dict[str, int]) -> tuple[int, int]:
+    """Program counter and stack pointer of recorded registers."""
+    return regs["pc"], regs["sp"]
+
+
+def current_task(s: "Session", cpu: int, raw: dict[str, int]) -> tuple[int, str]:
+    """(task_struct address, source): ``tp`` in S-mode when it is a task, else ``rq->curr``."""
+    tp = raw.get("tp", 0)
+    if raw.get("priv") == 1 and tp >> 63 and s.readable(tp):
+        stack = s.read_u64(tp + s.btf.offsetof("task_struct", "stack"))
+        if stack >> 63:
+            return tp, "tp"
+    rq = s.percpu_addr("runqueues", cpu) + s.btf.offsetof("rq", "curr")
+    return s.read_u64(rq), "runqueues.curr"
+
+
+def percpu_stacks(s: "Session", cpu: int) -> list[tuple[str, int, int]]:
+    """(kind, low, high) of the IRQ and overflow stacks of ``cpu``."""
+    out: list[tuple[str, int, int]] = []
+    if s.img.get("irq_stack_ptr") is not None:
+        irq = s.read_u64(s.percpu_addr("irq_stack_ptr", cpu))
+        if irq:
+            out.append(("irq", irq, irq + s.thread_size))
+    if s.img.get("overflow_stack") is not None:
+        ovf = s.percpu_addr("overflow_stack", cpu)
+        out.append(("overflow", ovf, ovf + (s.img.size("overflow_stack") or 4096)))
+    return out
+
+
+def blocked_context(s: "Session", task: int, tbytes: bytes) -> dict[str, int]:
+    """``thread.ra``, ``thread.sp`` and ``thread.s[0]`` of a task that is not running."""
+    out = {}
+    for key, path in (("ra", "thread.ra"), ("sp", "thread.sp"), ("s0", "thread.s[0]")):
+        off = s.btf.offsetof("task_struct", path)
+        out[key] = int.from_bytes(tbytes[off:off + 8], "little")
+    return out
+
+
+def context_sp(ctx: dict[str, int]) -> int:
+    """Lowest stack address a walk from ``ctx`` reads."""
+    return ctx["sp"]
