@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import pytest
 
-from benchkit import (ARCHES, Corpus, load_corpus, lookup_all, need, read_all, replay_all, symbolize_all,
+from benchkit import (ARCHES, Corpus, load_corpus, lookup_groups, need, read_all, replay_all, symbolize_all,
                       walk_all, walk_symbolize_all)
 
 MODES: dict[str, Callable[[Corpus], tuple[Callable[..., int], tuple[Any, ...]]]] = {
@@ -52,12 +52,13 @@ def test_replay(benchmark: Any, arch: str, mode: str) -> None:
 def test_phase(benchmark: Any, arch: str, phase: str) -> None:
     """One part of the walk alone, over the inputs the walks of the corpus used."""
     corpus: Corpus = need(load_corpus(arch))
+    fn: Callable[..., int]
     if phase == "reads":
-        fn, args = read_all, (corpus.read_u64, corpus.reads)
+        fn, args = read_all, (corpus.reads,)
     elif phase == "lookup":
-        if corpus.find is None:
+        if not corpus.lookups:
             pytest.skip(f"{arch} walks frame records: no metadata lookup to time")
-        fn, args = lookup_all, (corpus.find, corpus.lookups)
+        fn, args = lookup_groups, (corpus.lookups,)
     else:
         fn, args = symbolize_all, (corpus.backend, corpus.walked)
     benchmark.group = f"replay: {arch}"

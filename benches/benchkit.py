@@ -107,11 +107,14 @@ def replay_all(items: list[tuple[Session, Task]]) -> int:
     return n
 
 
-def read_all(read_u64: Callable[[int], int], addrs: list[int]) -> int:
-    """``Memory.read_u64`` over ``addrs``; the count."""
-    for a in addrs:
-        read_u64(a)
-    return len(addrs)
+def read_all(groups: list[tuple[Callable[[int], int], list[int]]]) -> int:
+    """``Memory.read_u64`` over each dump's addresses; the count."""
+    n = 0
+    for read_u64, addrs in groups:
+        for a in addrs:
+            read_u64(a)
+        n += len(addrs)
+    return n
 
 
 def lookup_all(find: Callable[[int], Any], ips: list[int]) -> int:
@@ -119,6 +122,11 @@ def lookup_all(find: Callable[[int], Any], ips: list[int]) -> int:
     for ip in ips:
         find(ip)
     return len(ips)
+
+
+def lookup_groups(groups: list[tuple[Callable[[int], Any], list[int]]]) -> int:
+    """:func:`lookup_all` over each table's ips; the count."""
+    return sum(lookup_all(find, ips) for find, ips in groups)
 
 
 def symbolize_all(backend: ArchBackend, pairs: list[tuple[Frame, Target]]) -> int:
@@ -144,19 +152,17 @@ class Corpus:
     items: list[tuple[Session, Task]]
     frames: int
     walked: list[tuple[Frame, Target]]
-    #: every address the walks read (from provenance), in walk order
-    reads: list[int]
-    read_u64: Callable[[int], int]
-    #: every ORC lookup the walks made (x86-64), and the table's bound lookup
-    lookups: list[int] = field(default_factory=list)
-    find: Callable[[int], Any] | None = None
+    #: per dump, its ``Memory.read_u64`` and every address the walks read there (from provenance), in walk order
+    reads: list[tuple[Callable[[int], int], list[int]]]
+    #: per ORC table (x86-64), its ``orc_find`` and every ip the walks looked up in it
+    lookups: list[tuple[Callable[[int], Any], list[int]]] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
 
     def info(self) -> dict[str, Any]:
         """What a bench stores in ``extra_info`` about the corpus."""
         return {"arch": self.arch, "corpus": self.label, "dumps": self.dumps, "tasks": len(self.targets),
-                "frames": self.frames, "reads": len(self.reads), "lookups": len(self.lookups),
-                "tasks_failed": len(self.failed)}
+                "frames": self.frames, "reads": sum(len(a) for _, a in self.reads),
+                "lookups": sum(len(i) for _, i in self.lookups), "tasks_failed": len(self.failed)}
 
 
 @contextmanager
@@ -214,7 +220,7 @@ def load_corpus(arch: str) -> Corpus | Missing:
     kept_t: list[Target] = []
     kept_i: list[tuple[Session, Task]] = []
     walked: list[tuple[Frame, Target]] = []
-    reads: list[int] = []
+    reads: dict[int, tuple[Callable[[int], int], list[int]]] = {}
     with recording_orc_lookups(arch) as log:
         for item, t in zip(items, targets):
             rec = replace(t, options=replace(t.options, record=True))
@@ -228,23 +234,25 @@ def load_corpus(arch: str) -> Corpus | Missing:
                 continue
             kept_t.append(t)
             kept_i.append(item)
+            addrs = reads.setdefault(id(t.mem), (t.mem.read_u64, []))[1]
             for f in frames:
                 walked.append((f, t))
                 if f.provenance is not None:
-                    reads.extend(r.addr for r in f.provenance.reads if r.size == 8)
+                    addrs.extend(r.addr for r in f.provenance.reads if r.size == 8)
     if not kept_t:
         return Missing(f"every {arch} task failed to walk: {failed[0] if failed else '?'}")
     frames_total = walk_all(backend, kept_t)
-    if not reads:
+    if not any(addrs for _, addrs in reads.values()):
         return Missing(f"the {arch} backend records no reads in its provenance")
-    table = log[0][0] if log else None
+    tables: dict[int, tuple[Callable[[int], Any], list[int]]] = {}
+    for table, ip in log:
+        tables.setdefault(id(table), (table.orc_find, []))[1].append(ip)
     root = CORPORA / arch
     label = f"{root.relative_to(REPO) if root.is_relative_to(REPO) else root}/{'+'.join(sorted(releases))}"
     return Corpus(arch=arch, backend=backend, label=label, dumps=[Path(d).name for d in dumps],
                   targets=kept_t, targets_record=[replace(t, options=replace(t.options, record=True)) for t in kept_t],
-                  items=kept_i, frames=frames_total, walked=walked, reads=reads,
-                  read_u64=kept_t[0].mem.read_u64, lookups=[ip for _, ip in log],
-                  find=table.orc_find if table is not None else None, failed=failed)
+                  items=kept_i, frames=frames_total, walked=walked, reads=list(reads.values()),
+                  lookups=list(tables.values()), failed=failed)
 
 
 # --- synthetic chains -------------------------------------------------------------------------

@@ -188,6 +188,32 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> Fit | None:
     return Fit(slope, intercept, 1 - ss_res / ss_tot if ss_tot else 1.0)
 
 
+def depth_growth(pts: Sequence[tuple[int, float]]) -> str:
+    """Does walk time grow linearly with depth? Judged by the linear fit and the log-log slope from 64 frames."""
+    fit = fit_line([d for d, _ in pts], [t for _, t in pts])
+    tail = [(d, t) for d, t in pts if d >= 64]
+    loglog = fit_line([math.log2(d) for d, _ in tail], [math.log2(t) for _, t in tail])
+    if fit is None or loglog is None:
+        return "too few depths"
+    if fit.r2 >= 0.98 and 0.85 <= loglog.slope <= 1.15:
+        return f"linear (R² {fit.r2:.3f}, log-log slope {loglog.slope:.2f} from 64 frames)"
+    return f"not clearly linear (R² {fit.r2:.3f}, log-log slope {loglog.slope:.2f} from 64 frames): a noisy run?"
+
+
+def table_growth(pts: Sequence[tuple[int, float]]) -> str:
+    """Does the cost per lookup grow with log2(entries), or not at all?"""
+    fit = fit_line([math.log2(n) for n, _ in pts], [t for _, t in pts])
+    if fit is None:
+        return "too few sizes"
+    mean = sum(t for _, t in pts) / len(pts)
+    span = math.log2(pts[-1][0] / pts[0][0])
+    if abs(fit.slope * span) < 0.25 * mean:
+        return f"flat ({_num(fit.slope * 1e9)} ns per doubling over {span:.0f} doublings)"
+    if fit.slope > 0 and fit.r2 >= 0.8:
+        return f"logarithmic (+{_num(fit.slope * 1e9)} ns per doubling, R² {fit.r2:.3f})"
+    return f"unclear ({_num(fit.slope * 1e9)} ns per doubling, R² {fit.r2:.3f}): a noisy run?"
+
+
 @dataclass
 class ArchReplay:
     """Per-frame figures of one arch's corpus."""
@@ -583,12 +609,10 @@ def report_lines(r: Results, plots: dict[str, str] | None, source: str) -> list[
         for arch in (a for a in ARCH_ORDER if a in depth):
             pts = depth[arch]
             fit = fit_line([d for d, _ in pts], [t for _, t in pts])
-            loglog = fit_line([math.log2(d) for d, _ in pts], [math.log2(t) for _, t in pts])
             rows.append([arch, ", ".join(f"{d}: {_num(t / d * 1e6)}" for d, t in pts),
-                         f"{_num(fit.slope * 1e6)} µs/frame + {_num(fit.intercept * 1e6)} µs, R² {fit.r2:.4f}"
-                         if fit else "–", f"{loglog.slope:.3f}" if loglog else "–"])
-        L += _table(("arch", "µs per frame at depth", "linear fit of time on depth", "log-log slope (1 = linear)"),
-                    rows)
+                         f"{_num(fit.slope * 1e6)} µs/frame + {_num(fit.intercept * 1e6)} µs" if fit else "–",
+                         depth_growth(pts)])
+        L += _table(("arch", "µs per frame at depth", "least squares: time on depth", "growth"), rows)
     else:
         L.append("Not measured.")
     for arch in ARCH_ORDER:
@@ -602,10 +626,8 @@ def report_lines(r: Results, plots: dict[str, str] | None, source: str) -> list[
     if tables_f:
         rows = []
         for how, pts in sorted(tables_f.items()):
-            fit = fit_line([math.log2(n) for n, _ in pts], [t * 1e9 for _, t in pts])
-            rows.append([how, ", ".join(f"{n:,}: {_num(t * 1e9)}" for n, t in pts),
-                         f"{_num(fit.slope)} ns per doubling, R² {fit.r2:.3f}" if fit else "–"])
-        L += _table(("lookup", "ns per lookup at entries", "fit on log2(entries)"), rows)
+            rows.append([how, ", ".join(f"{n:,}: {_num(t * 1e9)}" for n, t in pts), table_growth(pts)])
+        L += _table(("lookup", "ns per lookup at entries", "growth with the table"), rows)
         L += ["", "A plain binary search (`bisect`, `searchsorted`) pays a constant per doubling of the table: "
               "logarithmic. `orc_find` first narrows to the 256-byte text block (`.orc_lookup`), so it searches "
               "only the entries of one block; `orc_find_batch` resolves an ip by a population count in its "
