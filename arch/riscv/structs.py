@@ -67,7 +67,6 @@ STACKFRAME_RA = offsetof(stackframe, "ra")
 PT_SIZE = pt_regs.sizeof()
 PT_EPC = offsetof(pt_regs, "epc")
 PT_RA = offsetof(pt_regs, "ra")
-PT_SP = offsetof(pt_regs, "sp")
 PT_S0 = offsetof(pt_regs, "s0")
 PT_STATUS = offsetof(pt_regs, "status")
 
