@@ -1,0 +1,62 @@
+"""Parsing the kernel's own traces captured from a real console (x86-64 6.12 sysrq-t excerpt)."""
+
+from pathlib import Path
+
+from unwind.lab.oracles import SystemMap, parse_ftrace_stacks, parse_task_traces, sysrq_oracles
+
+DATA = Path(__file__).parent / "data"
+
+
+def _smap() -> SystemMap:
+    return SystemMap(DATA / "System.map-x86_64-excerpt")
+
+
+def _addr(smap: SystemMap, sym: str, off: int) -> str:
+    return hex(smap.by_name[sym][0] + off)
+
+
+def test_sysrq_t_blocks() -> None:
+    smap = _smap()
+    traces = parse_task_traces((DATA / "sysrq-t-x86_64.txt").read_text(), smap)
+    assert len(traces) == 18
+    by_pid = {t.pid: t for t in traces}
+    assert by_pid[1].state == "R" and by_pid[1].comm == "sh"      # "state:R  running task" header
+    k = by_pid[2]
+    assert k.comm == "kthreadd" and k.state == "S"
+    assert k.frames[:3] == [_addr(smap, "__schedule", 0x4ea), _addr(smap, "schedule", 0x27),
+                            _addr(smap, "kthreadd", 0x2d3)]
+    assert k.frames[-1] == _addr(smap, "ret_from_fork_asm", 0x1a)
+    # "? __pfx_kthreadd+0x10/0x10" is a stack-scan guess, kept apart
+    assert _addr(smap, "__pfx_kthreadd", 0x10) in k.unreliable
+    assert k.corrupt is None
+
+
+def test_damaged_console_line_marks_the_block() -> None:
+    smap = _smap()
+    text = (DATA / "sysrq-t-x86_64.txt").read_text().replace("schedule+0x27/0xc0", "schedule+0x27/0xxc0", 1)
+    ents = sysrq_oracles(text, smap)
+    bad = [e for e in ents if e.get("stale")]
+    assert len(bad) == 1 and "damaged line" in bad[0]["why"]
+    # a repeated digit gives an offset past the function: caught by the size check
+    text = (DATA / "sysrq-t-x86_64.txt").read_text().replace("kthreadd+0x2d3/0x2f0", "kthreadd+0x2dd3/0x2f0")
+    bad = [e for e in sysrq_oracles(text, smap) if e.get("stale")]
+    assert [e["pid"] for e in bad] == [2]
+
+
+def test_riscv_style_lines_carry_addresses() -> None:
+    text = ("[  1.0] task:sleep state:S stack:0 pid:77 tgid:77 ppid:1 flags:0x0\n"
+            "[  1.0] Call Trace:\n"
+            "[  1.0] [<ffffffff80a7854c>] __schedule+0x3a6/0xbd2\n"
+            "[  1.0] [<ffffffff80a78e3a>] schedule+0x2a/0xd6\n")
+    (t,) = parse_task_traces(text, None)
+    assert t.pid == 77 and t.frames == ["0xffffffff80a7854c", "0xffffffff80a78e3a"]
+
+
+def test_ftrace_stacktrace_blocks() -> None:
+    text = ("          <idle>-0       [001] d.h2.   12.345678: <stack trace>\n"
+            " => __hrtimer_run_queues+0x1a0/0x2b0\n"
+            " => hrtimer_interrupt+0xf4/0x240\n"
+            "              dd-77      [000] d.h1.   12.4: hrtimer_expire_entry: x\n")
+    (e,) = parse_ftrace_stacks(text, None)
+    assert e["pid"] == 0 and e["cpu"] == 1
+    assert e["frames"] == ["__hrtimer_run_queues", "hrtimer_interrupt"]
