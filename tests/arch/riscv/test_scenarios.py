@@ -54,7 +54,7 @@ def test_faithful(scenario):
     assert not any(f.flags & Flag.COMPLETE for f in r.frames)
     for f in r.frames:
         if f.pc in scenario.faithful_flags:
-            assert f.flags & _CHECKED & ~Flag.BOUNDARY == scenario.faithful_flags[f.pc] & ~Flag.BOUNDARY
+            assert f.flags & _CHECKED == scenario.faithful_flags[f.pc], f
 
 
 def test_complete(scenario):
