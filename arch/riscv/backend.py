@@ -74,6 +74,7 @@ class RiscvBackend(ArchBackend):
             prover = LiveRaProver(target.image, target.symbols, trap, self.capstone)
         return RiscvUnwinder(target, layout, prover)
 
+    # arch/riscv/kernel/stacktrace.c:138-155 print_trace_address(), show_stack(); process.c:62-69 __show_regs()
     def format_trace(self, frames: list[Frame], stop: Stop, target: Target) -> list[tuple[str, Frame | None]]:
         """The 6.12 riscv trace: ``print_trace_address()`` lines, ``[<%px>] %pS``.
 

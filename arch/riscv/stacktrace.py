@@ -123,7 +123,7 @@ def align(x: int, a: int) -> int:
     return ((x + a - 1) & ~(a - 1)) & MASK64
 
 
-# arch/riscv/kernel/stacktrace.c: fp_is_valid()
+# arch/riscv/kernel/stacktrace.c:38-46 fp_is_valid()
 def fp_is_valid(fp: int, sp: int, thread_size: int) -> bool:
     """``sp + 16 <= fp <= ALIGN(sp, THREAD_SIZE)`` and 8-byte aligned."""
     low = (sp + STACKFRAME_SIZE) & MASK64
@@ -136,7 +136,7 @@ def fp_bounds(sp: int, thread_size: int) -> tuple[int, int]:
     return (sp + STACKFRAME_SIZE) & MASK64, align(sp, thread_size)
 
 
-# kernel/extable.c: __kernel_text_address() (core text and init text; module text is not in a dump)
+# kernel/extable.c:77 __kernel_text_address() (core text and init text; module text is not in a dump)
 def kernel_text_address(addr: int, text: tuple[tuple[int, int], ...]) -> bool:
     """Is ``addr`` in ``[_stext, _etext)`` or ``[_sinittext, _einittext)``?"""
     if not text:
@@ -147,8 +147,9 @@ def kernel_text_address(addr: int, text: tuple[tuple[int, int], ...]) -> bool:
     return False
 
 
-# kernel/trace/fgraph.c: ftrace_graph_ret_addr()
-def ftrace_graph_ret_addr(stack: Sequence[FgraphEntry], idx: int, ret: int, retp: int, return_handler: int) -> tuple[int, int]:
+# kernel/trace/fgraph.c:891-925 ftrace_graph_ret_addr()
+def ftrace_graph_ret_addr(stack: Sequence[FgraphEntry], idx: int, ret: int, retp: int,
+                          return_handler: int) -> tuple[int, int]:
     """Return ``(ret, idx)``: the original return address when ``ret`` is ``return_to_handler``.
 
     ``stack`` holds the ret_stack entries bottom to top; ``idx`` is the kernel's
@@ -240,7 +241,7 @@ class RiscvUnwinder(Unwinder):
             return self._init_from_regs(self.t.task.regs)
         return self._init_from_task(self.t.task.context or {})
 
-    # walk_stackframe(): regs != NULL: fp = frame_pointer(regs), sp = user_stack_pointer(regs), pc = epc
+    # stacktrace.c:55-58 walk_stackframe(): regs: fp = frame_pointer(regs), sp = user_stack_pointer(regs), pc = epc
     def _init_from_regs(self, regs: dict[str, int]) -> Frame:
         self.pc, self.fp, self.sp = regs["pc"], regs["s0"], regs["sp"]
         self.regs_epc, self.regs_ra = self.pc, regs["ra"]
@@ -258,7 +259,7 @@ class RiscvUnwinder(Unwinder):
             self.live = (self.pc, self.regs_ra, f"the ra register of cpu{self.t.task.cpu}")
         return Frame(self.pc, self.sp, self.fp, Source.REGS_PC, self._kind(self.sp), _BOUNDARY, prov)
 
-    # walk_stackframe(): task blocked in __switch_to: fp = thread.s[0], sp = thread.sp, pc = thread.ra
+    # stacktrace.c:64-68 walk_stackframe(): blocked in __switch_to: fp = thread.s[0], sp = thread.sp, pc = thread.ra
     def _init_from_task(self, ctx: dict[str, int]) -> Frame:
         try:
             self.pc, self.fp, self.sp = ctx["ra"], ctx["s0"], ctx["sp"]
@@ -284,7 +285,7 @@ class RiscvUnwinder(Unwinder):
                 return frame
         return self._next_frame_record()
 
-    # walk_stackframe(): the loop body from fp_is_valid() to the next pc
+    # stacktrace.c:74-92 walk_stackframe(): the loop body from fp_is_valid() to the next pc
     def _next_frame_record(self) -> Frame:
         fp, sp, ts = self.fp, self.sp, self.ts
         flags = self.beyond
@@ -341,7 +342,7 @@ class RiscvUnwinder(Unwinder):
             return _STACKFRAME.unpack_from(seg.data, rec - seg.start)
         raise UnwindStop(StopReason.MEMORY_FAULT, f"frame record at {rec:#x}: {MemoryFault(rec, STACKFRAME_SIZE)}")
 
-    # walk_stackframe(): regs && regs->epc == pc && fp_is_valid(frame->ra, sp): fp = frame->ra, pc = regs->ra
+    # stacktrace.c:83-86 walk_stackframe(): regs && regs->epc == pc && fp_is_valid(frame->ra, sp): the leaf rule
     def _leaf_rule(self, rec: int, ra_slot: int) -> Frame:
         fp = self.fp
         self.fp, self.sp, self.pc = ra_slot, fp, self.regs_ra
@@ -356,7 +357,7 @@ class RiscvUnwinder(Unwinder):
             raise self._bad_pc_stop(self.pc, ra_slot, "regs->ra")
         return Frame(self.pc, fp, ra_slot, Source.LIVE_LR, self._kind(rec), self.beyond, prov)
 
-    # walk_stackframe(): handle_exception <= pc < ret_from_exception_end: fn(arg, pc), then pt_regs at sp
+    # stacktrace.c:92-96 walk_stackframe(): handle_exception <= pc < ret_from_exception_end: fn(arg, pc)
     def _exception_frame(self, rec: int, flags: Flag, prov: Provenance | None) -> Frame:
         if prov is not None:
             prov.note("return address in [handle_exception, ret_from_exception_end): printed, and the walk "
@@ -366,7 +367,7 @@ class RiscvUnwinder(Unwinder):
         self.pending_regs = self.sp
         return Frame(self.pc, self.sp, self.fp, Source.FRAME, self._kind(rec), flags, prov)
 
-    # walk_stackframe(): pc = ((struct pt_regs *)sp)->epc; fp = ((struct pt_regs *)sp)->s0
+    # stacktrace.c:97-98 walk_stackframe(): pc = ((struct pt_regs *)sp)->epc; fp = ((struct pt_regs *)sp)->s0
     def _next_regs_pc(self) -> Frame:
         regs = self.pending_regs
         assert regs is not None
@@ -435,7 +436,7 @@ class RiscvUnwinder(Unwinder):
         except MemoryFault:
             return False
 
-    # kernel/trace/fgraph.c: ftrace_graph_ret_addr(current, &graph_idx, pc, &frame->ra)
+    # stacktrace.c:90 ftrace_graph_ret_addr(current, &graph_idx, pc, &frame->ra)
     def _ftrace_graph_ret_addr(self, ra: int, retp: int | None, callee: int,
                                prov: Provenance | None) -> tuple[int, Flag]:
         """Resolve ``return_to_handler`` (``retp`` None: it was in a register); ``(pc, flags gained)``."""
@@ -486,7 +487,7 @@ class RiscvUnwinder(Unwinder):
                       "retp, and the kernel searches only current's ret_stack")
         return entry.ret, Flag.FGRAPH | _COMPLETE
 
-    # complete mode: kernel/trace/rethook.c: rethook_find_ret_addr(task, frame, &cur)
+    # complete mode: kernel/trace/rethook.c:229 rethook_find_ret_addr(task, frame, &cur)
     def _recover_kretprobe(self, ra: int, frame_fp: int, prov: Provenance | None) -> tuple[int, Flag]:
         """The rethook/kretprobe instance whose frame is ``frame_fp``: ``(pc, flags gained)``."""
         insts: list[KretprobeInstance] = self.t.task.kretprobes
@@ -519,6 +520,7 @@ class RiscvUnwinder(Unwinder):
 
     # --- stops ------------------------------------------------------------------------------
 
+    # stacktrace.c:77-78 walk_stackframe(): if (!fp_is_valid(fp, sp)) break
     def _invalid_fp_stop(self) -> UnwindStop:
         """Why ``fp_is_valid()`` failed, as a stop reason."""
         fp, sp, pc = self.fp, self.sp, self.pc
@@ -555,6 +557,7 @@ def user_task_size(target: Target) -> int:
     return 1 << ((int(bits, 0) if bits else DEFAULT_VA_BITS) - 1)
 
 
+# arch/riscv/kernel/stacktrace.c:214-226 arch_stack_walk_user()
 class UserUnwinder(Unwinder):
     """``arch_stack_walk_user()``: epc, then ``regs->ra`` with the first record's fp, then records."""
 
@@ -594,7 +597,7 @@ class UserUnwinder(Unwinder):
         self.first = False
         return self._unwind_user_frame(fp, reg_ra)
 
-    # arch/riscv/kernel/stacktrace.c: unwind_user_frame()
+    # arch/riscv/kernel/stacktrace.c:189-212 unwind_user_frame()
     def _unwind_user_frame(self, fp: int, reg_ra: int) -> Frame:
         tail = (fp - STACKFRAME_SIZE) & MASK64
         # access_ok(user_frame_tail, sizeof(buftail))
