@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import capstone
 
 from unwind.frame import Flag, Frame, Source
@@ -16,6 +18,9 @@ from .dumpstack import KIND_TYPES, STACK_TYPE_NAMES
 from .orc import OrcTable, load_orc
 from .structs import PT_REGS, PT_REGS_SIZE
 from .unwind_orc import OrcUnwinder
+
+if TYPE_CHECKING:
+    from unwind.replay import Replay
 
 _REGS_SOURCES = (Source.REGS_PC, Source.ORC_REGS, Source.ORC_REGS_PARTIAL)
 #: show_opcodes(): 42 bytes before the ip, the byte at it, 21 after
@@ -33,6 +38,30 @@ def orc_table(target: Target) -> OrcTable:
         raise ImageError("x86-64 replay needs the kernel image's ORC tables: give --vmlinux "
                          "(full, stripped or slim image of the dump's build-id)")
     return load_orc(image, target.release, target.options.orc_version, target.symbol_address)
+
+
+#: the documented differences from an oracle (``unwind diff`` categories)
+CATEGORIES = {
+    "printed": "the kernel prints a pt_regs ip as a 'RIP:' line, not a trace line, and a rethook-hijacked "
+               "return address as the trampoline (its printer does not recover rethook)",
+    "stale": "the task ran between the capture and the oracle",
+    "oracle-merged": "the console text lost a 'task:' header: the oracle block runs two tasks' traces together, "
+                     "ours is its first part",
+    "oracle-stops-early": "gdb stops at the first stack switch (IRQ, entry or exception stack)",
+    "oracle-continues": "the oracle goes on past where the kernel stops (user-mode frames, garbage past entry code)",
+}
+_KERNEL_ORACLES = ("sysrq-t", "sysrq-l", "ftrace-stacktrace")
+
+
+def printed_pcs(frames: list[Frame], target: Target) -> list[int]:
+    """The addresses ``__show_trace_log_lvl()`` prints as reliable trace lines for these frames."""
+    tramp = target.symbol_address("arch_rethook_trampoline")
+    out = []
+    for f in frames:
+        if f.source in _REGS_SOURCES:
+            continue
+        out.append(tramp if f.flags & Flag.KRETPROBE and tramp is not None else f.pc)
+    return out
 
 
 def backtrace_symbol(symbols: SymbolTable | None, addr: int) -> str:
@@ -74,6 +103,26 @@ class X86_64Backend(ArchBackend):
     def unwinder(self, target: Target) -> Unwinder:
         """An ORC walk over the tables of ``target.image`` (full, stripped or slim)."""
         return OrcUnwinder(target, orc_table(target))
+
+    def categorize(self, oracle: dict[str, Any], expected: list[int], replay: "Replay") -> str | None:
+        """Name the documented category of a difference from an oracle (:data:`CATEGORIES`), else ``None``."""
+        if oracle.get("stale"):
+            return "stale"
+        frames = [f for f in replay.frames if f.reliable]
+        got = [f.pc for f in frames]
+        if oracle.get("source") in _KERNEL_ORACLES:
+            printed = printed_pcs(frames, replay.target)
+            if printed == expected:
+                return "printed"
+            if (got and len(expected) > len(printed) and expected[:len(printed)] == printed
+                    and expected[len(printed)] == printed[0] and replay.stop.clean):
+                return "oracle-merged"
+            return None
+        if len(expected) < len(got) and got[:len(expected)] == expected:
+            return "oracle-stops-early"
+        if len(got) < len(expected) and expected[:len(got)] == got and replay.stop.clean:
+            return "oracle-continues"
+        return None
 
     def symbolize(self, frame: Frame, target: Target) -> str:
         """``%pS`` for a pc from pt_regs (the ``RIP:`` line), ``%pB`` for return addresses."""

@@ -1,0 +1,53 @@
+"""Real-data acceptance: every committed x86-64 dump against the oracles stored in it.
+
+For each dump under ``corpora/x86_64/`` (captured by the real-kernel lab,
+image found beside it by build-id): every blocked task's faithful replay
+against the kernel's own sysrq-t trace, reliable entries only, pc for pc;
+running CPUs against drgn/gdb where the dump holds them. A difference passes
+only when it is exact or in a documented category (``backend.CATEGORIES``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from unwind.arch.x86_64.backend import CATEGORIES
+from unwind.replay import load_session
+from unwind.tools import compare_oracle, paths_under
+
+CORPUS = Path(os.environ.get("UNWIND_CORPORA", Path(__file__).resolve().parents[3] / "corpora")) / "x86_64"
+DUMPS = paths_under(CORPUS) if CORPUS.is_dir() else []
+
+if not DUMPS:
+    pytestmark = pytest.mark.skip(reason=f"no x86-64 dumps under {CORPUS} yet (the real-kernel lab writes them)")
+
+
+@pytest.mark.parametrize("dump", DUMPS or ["none"], ids=lambda p: Path(p).name)
+def test_dump_matches_its_oracles(dump: str) -> None:
+    session = load_session(dump)
+    counts: Counter[str] = Counter()
+    unexplained = []
+    for oracle in session.dump.oracles():
+        res = compare_oracle(session, oracle)
+        if res is None:
+            continue
+        counts[f"{res.source}:{res.category}"] += 1
+        if res.category != "exact" and res.category not in CATEGORIES:
+            unexplained.append(f"{res.source} {res.who}: want {[hex(a) for a in res.expected]} "
+                               f"got {[hex(a) for a in res.got]}")
+    print(f"{Path(dump).name}: {dict(counts)}")
+    assert not unexplained, "\n".join(unexplained[:5])
+    assert any(k.startswith("sysrq-t:exact") for k in counts) or not counts
+
+
+@pytest.mark.parametrize("dump", DUMPS or ["none"], ids=lambda p: Path(p).name)
+def test_every_task_walks(dump: str) -> None:
+    """No task makes the unwinder raise anything but a stop; blocked tasks mostly end cleanly."""
+    session = load_session(dump)
+    blocked = [t for t in session.select(every=True) if not t.running]
+    clean = sum(session.replay(t, symbolize=False).stop.clean for t in blocked)
+    assert clean >= 0.9 * len(blocked)
