@@ -182,3 +182,22 @@ def test_kernel_oracles_must_be_exact_unless_stale():
     wrong = {**dump_backtrace, "frames": [hex(F + 8), hex(CALLER), *map(hex, FAITHFUL_TAIL)]}
     assert _compare(wrong).category == "unexplained"
     assert _compare({**wrong, "stale": True}).category == "stale"
+
+
+def test_v6_12_explain_names_the_pt_regs_record():
+    sc = S.el1_exception("6.12", with_text=True, entry_pc=False)
+    r = sc.session.replay(sc.task, Options(complete=True, record=True))
+    elr = r.frames[sc.notes["boundary_index"]]
+    assert any("stackframe of an EL1 pt_regs" in n for n in elr.provenance.notes)
+    assert any(n.startswith("complete: the x30 caller is not added: x29/x30 written before the pc")
+               for n in elr.provenance.notes)
+
+
+@pytest.mark.parametrize("generation", ["6.12", "6.13"])
+@pytest.mark.parametrize("name", sorted(S.CLEAN_SCENARIOS))
+def test_complete_mode_never_changes_the_faithful_frames(name, generation):
+    sc = S.CLEAN_SCENARIOS[name](generation)
+    faithful, _ = collect(sc.session.backend.unwinder(sc.session.target(sc.task, Options())))
+    complete, _ = collect(sc.session.backend.unwinder(sc.session.target(sc.task, Options(complete=True))))
+    kept = [f for f in complete if not f.flags & Flag.COMPLETE]
+    assert [(f.pc, f.fp, f.source, f.flags) for f in kept] == [(f.pc, f.fp, f.source, f.flags) for f in faithful]

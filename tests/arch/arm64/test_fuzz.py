@@ -1,0 +1,34 @@
+"""Arbitrary stack contents: every walk ends with a stop (never an exception), within the stack's size."""
+
+from __future__ import annotations
+
+import struct
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from unwind import Options
+from unwind.arch.arm64 import synth as S
+from unwind.walk import collect
+
+LOW, SIZE = S.TASK_LOW, 0x400
+
+word = st.one_of(st.integers(0, 2**64 - 1),
+                 st.integers(LOW - 0x20, LOW + SIZE + 0x20),          # near and on the stack
+                 st.sampled_from([0, S.RETURN_TO_HANDLER, S.KRETPROBE_TRAMPOLINE, 1, 2]),
+                 st.integers(0, 0xFFF).map(lambda pac: S.sign(S.ret(3), pac)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(words=st.lists(word, min_size=SIZE // 8, max_size=SIZE // 8), fp=st.integers(LOW - 0x10, LOW + SIZE),
+       generation=st.sampled_from(["6.12", "6.13"]), complete=st.booleans(), record=st.booleans())
+def test_any_stack_terminates_with_a_stop(words, fp, generation, complete, record):
+    a = S.Arm64Synth(generation)
+    stack = a.sd.stack("task", LOW, SIZE, pid=7)
+    stack.put_bytes(LOW, struct.pack(f"<{len(words)}Q", *words))
+    a.blocked(7, "fuzz", fp=fp, pc=S.ret(1), sp=LOW, fgraph=[{"ret": S.ret(5), "retp": LOW + 0x100, "func": 0}],
+              kretprobes=[{"ret": S.ret(6), "fp": LOW + 0x200}])
+    s = a.session(S.FUNCS, with_text=True)
+    frames, stop = collect(s.backend.unwinder(s.target(s.select(pid=7)[0], Options(complete=complete, record=record))))
+    assert frames and stop.reason is not None
+    assert len(frames) <= SIZE // 16 + 2  # each record consumes 16 bytes of a 1 KiB stack
