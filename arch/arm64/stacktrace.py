@@ -165,7 +165,9 @@ class KunwindState:
         self.final_fp = task_pt_regs_stackframe(task_stack(task.stacks), layout)
         self.pac_mask, _ = kernel_pac_mask(target.vmcoreinfo)
         self.return_to_handler = target.symbol_address("return_to_handler")
-        self.kretprobe_trampoline = target.symbol_address("__kretprobe_trampoline")
+        # is_kretprobe_trampoline(): __kretprobe_trampoline, or the rethook trampoline with KRETPROBE_ON_RETHOOK
+        self.kretprobe_trampoline = (target.symbol_address("__kretprobe_trampoline")
+                                     or target.symbol_address("arch_rethook_trampoline"))
         self.fgraph: list[FgraphEntry] = task.fgraph
         self.kretprobes: list[KretprobeInstance] = task.kretprobes
         self.record = target.options.record
