@@ -85,6 +85,7 @@ class Results:
     datetime: str = ""
     load: dict[str, float] = field(default_factory=dict)
     stat: str = "median"
+    timer: str = "perf_counter"
 
     def of(self, kind: str, **match: Any) -> list[Bench]:
         """The benches of ``kind`` whose extra info matches every ``key=value``."""
@@ -122,7 +123,8 @@ def load_results(path: str | Path, stat: str = "median") -> Results:
     ours = data.get("unwind") or {}
     return Results(benches, dict(data.get("machine_info") or {}), list(ours.get("skipped", [])),
                    list(ours.get("failed", [])), bool(ours.get("quick", False)), str(ours.get("commit", "")),
-                   str(data.get("datetime", "")), dict(ours.get("load") or {}), stat)
+                   str(data.get("datetime", "")), dict(ours.get("load") or {}), stat,
+                   str(((data["benchmarks"] or [{}])[0].get("options") or {}).get("timer", "perf_counter")))
 
 
 # --- formatting -------------------------------------------------------------------------------
@@ -537,14 +539,16 @@ def report_lines(r: Results, plots: dict[str, str] | None, source: str) -> list[
     peers = {str(b.extra.get("pair")) for b in r.of("peer")}
     if peers:
         L.append("- **Peer pair**: " + "; ".join(sorted(peers)))
-    L.append(f"- Every figure is the {r.stat} of the benchmark's rounds.")
+    L.append(f"- Every figure is the {r.stat} of the benchmark's rounds, timed with `{r.timer}`"
+             + (" (CPU time of the bench process: what other processes take of the cores is not counted)"
+                if "process_time" in r.timer else " (wall clock)") + ".")
     if r.load:
         cores = (r.machine.get("unwind") or {}).get("cores") or 0
         busy = any(v > 0.5 * cores for v in r.load.values()) if cores else False
         L.append(f"- **Load** (1-minute average): {_num(r.load.get('start', 0), 2)} at the start, "
                  f"{_num(r.load.get('end', 0), 2)} at the end"
                  + (f": other processes were competing for the {cores} cores, so the times are inflated "
-                    "and noisy (`--stat min` shows the least disturbed rounds)" if busy else ""))
+                    "and noisy (`--cpu-time` and `--stat min` are less disturbed)" if busy else ""))
     L += ["", "## Targets (issue 7)", ""]
     L += _table(("target", "goal", "measured", "ratio", "verdict"),
                 ((t.name, t.goal, t.measured, t.ratio, t.verdict) for t in targets(r)))
@@ -690,8 +694,11 @@ def find_benches(explicit: str | None) -> Path:
                      "--from-json F reports a saved run)")
 
 
-def run_suite(benches: Path, json_out: Path, quick: bool, select: str | None) -> int:
-    """Run ``pytest benches/`` writing ``json_out``; pytest's progress goes to stderr. Its exit status."""
+def run_suite(benches: Path, json_out: Path, quick: bool, select: str | None, cpu_time: bool) -> int:
+    """Run ``pytest benches/`` writing ``json_out``; pytest's progress goes to stderr. Its exit status.
+
+    ``cpu_time`` times with ``time.process_time`` instead of the wall clock.
+    """
     try:
         import pytest_benchmark  # noqa: F401
     except ImportError:
@@ -700,6 +707,8 @@ def run_suite(benches: Path, json_out: Path, quick: bool, select: str | None) ->
            f"--benchmark-json={json_out}", "--benchmark-columns=median,rounds"]
     if select:
         cmd += ["-k", select]
+    if cpu_time:
+        cmd.append("--benchmark-timer=time.process_time")
     env = dict(os.environ)
     if quick:
         env["UNWIND_BENCH_QUICK"] = "1"
@@ -725,11 +734,12 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         out.mkdir(parents=True, exist_ok=True)
         json_out = out / "benchmark.json"
-        status = run_suite(find_benches(args.benches), json_out, args.quick, args.select)
+        status = run_suite(find_benches(args.benches), json_out, args.quick, args.select, args.cpu_time)
         if not json_out.exists():
             raise BenchError(f"the suite wrote no results (pytest exit status {status})")
         results = load_results(json_out, args.stat)
-        source = f"`unwind bench --report {args.report}{' --quick' if args.quick else ''}`"
+        flags = "".join(f" {f}" for f, on in (("--quick", args.quick), ("--cpu-time", args.cpu_time)) if on)
+        source = f"`unwind bench --report {args.report}{flags}`"
     path = write_report(results, out, source)
     print(f"unwind bench: wrote {path}", file=sys.stderr)
     for t in targets(results):
@@ -744,6 +754,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     b.add_argument("--from-json", metavar="F", help="report a saved pytest-benchmark JSON instead of running")
     b.add_argument("--benches", metavar="DIR", help="the benches/ folder (default: ./benches or the source tree's)")
     b.add_argument("--quick", action="store_true", help="tiny inputs (checks the pipeline; not for quoting)")
+    b.add_argument("--cpu-time", action="store_true",
+                   help="time with the CPU time of the bench process (a machine shared with busy processes)")
     b.add_argument("--stat", choices=STATS, default="median",
                    help="statistic of each bench's rounds (default median)")
     b.add_argument("-k", dest="select", metavar="EXPR", help="only the benches pytest -k EXPR selects")
