@@ -79,6 +79,10 @@ class KernelLayout:
             a, b = sym(lo), sym(hi)
             if a is not None and b is not None:
                 text.append((a, b))
+        mods = [target.vmcoreinfo.get(f"NUMBER({k})") for k in ("MODULES_VADDR", "MODULES_END")]
+        if text and mods[0] and mods[1]:
+            # is_module_text_address(): module text lies in the module area VMCOREINFO names
+            text.append((int(mods[0], 0), int(mods[1], 0)))
         tramps = frozenset(a for a in (sym("arch_rethook_trampoline"), sym("__kretprobe_trampoline"))
                            if a is not None)
         exc = sym("handle_exception")
@@ -136,9 +140,9 @@ def fp_bounds(sp: int, thread_size: int) -> tuple[int, int]:
     return (sp + STACKFRAME_SIZE) & MASK64, align(sp, thread_size)
 
 
-# kernel/extable.c:77 __kernel_text_address() (core text and init text; module text is not in a dump)
+# kernel/extable.c:77 __kernel_text_address(): core text, init text, the module area
 def kernel_text_address(addr: int, text: tuple[tuple[int, int], ...]) -> bool:
-    """Is ``addr`` in ``[_stext, _etext)`` or ``[_sinittext, _einittext)``?"""
+    """Is ``addr`` in ``[_stext, _etext)``, ``[_sinittext, _einittext)`` or the module area?"""
     if not text:
         return addr >= UPPER_HALF
     for lo, hi in text:

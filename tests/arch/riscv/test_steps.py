@@ -8,9 +8,10 @@ import pytest
 from unwind.arch.riscv import structs
 from unwind.arch.riscv.backend import RiscvBackend
 from unwind.arch.riscv.liveness import LiveRaProver, dirty_on_entry, is_return, written_register
-from unwind.arch.riscv.stacktrace import align, fp_bounds, fp_is_valid, ftrace_graph_ret_addr, kernel_text_address
+from unwind.arch.riscv.stacktrace import (KernelLayout, align, fp_bounds, fp_is_valid, ftrace_graph_ret_addr,
+                                         kernel_text_address)
 from unwind.arch.riscv.synth import FRAMED_CODE, LEAF_CODE, RiscvSynth, TextImage
-from unwind.target import FgraphEntry
+from unwind.target import FgraphEntry, Options
 
 CS = (capstone.CS_ARCH_RISCV, capstone.CS_MODE_RISCV64 | capstone.CS_MODE_RISCVC)
 
@@ -136,3 +137,15 @@ def test_dirty_on_entry_follows_every_path():
     assert dirty_on_entry([(0x100, 2, "c.jr", "a5")]) is not None     # clean: a tail call
     # a branch into the middle of an instruction: the decode is not trusted
     assert dirty_on_entry([(0x100, 2, "c.beqz", "a0, 3"), (0x102, 4, "addi", "s0, sp, 16")]) is None
+
+
+def test_module_area_counts_as_text():
+    s = RiscvSynth()
+    s.sd.vmcoreinfo.update({"NUMBER(MODULES_VADDR)": "0xffffffff01000000", "NUMBER(MODULES_END)": "0xffffffff80000000"})
+    s.task_stack(1)
+    s.sd.blocked_task(1, "x", {"ra": s.at("__schedule"), "sp": 0, "s0": 0})
+    session = s.session()
+    layout = KernelLayout.of(session.target(session.select(pid=1)[0], Options()))
+    assert kernel_text_address(0xFFFFFFFF01234568, layout.text)
+    assert not kernel_text_address(0xFFFFFFFF00FFFFFF, layout.text)
+    assert layout.thread_size == 0x4000
