@@ -232,10 +232,12 @@ class Completer:
         pc = ptrauth_strip_kernel_insn_pac(x30, state.pac_mask)
         flags = Flag.COMPLETE | (Flag.PAC_STRIPPED if pc != x30 else Flag.NONE)
         fp = state.fp
+        trampoline = pc in (state.return_to_handler, state.kretprobe_trampoline)
         try:
-            next_lr = state.mem.read_u64(fp + 8) if not fp & 7 else None
+            next_lr = state.mem.read_u64(fp + 8) if not fp & 7 and not trampoline else None
         except MemoryFault:
             next_lr = None
+        # (a hijacked x30 is checked by its recovery instead: the entry must be keyed by this x29)
         if next_lr is not None and ptrauth_strip_kernel_insn_pac(next_lr, state.pac_mask) == pc:
             if frame.provenance is not None:
                 frame.provenance.note(f"complete: the x30 caller is not added: the record at x29 {fp:#x} "

@@ -522,7 +522,6 @@ class Arm64Unwinder(Unwinder):
                    else f"{why}; assuming v6.12")
         else:
             meta_records = gen >= META_RECORDS_SINCE
-        self.generation = gen
         self.why_generation = why
         self.state = KunwindState(target, meta_records, pt_regs_layout(meta_records, offsets))
         self.completer: Completer | None = None

@@ -201,3 +201,14 @@ def test_complete_mode_never_changes_the_faithful_frames(name, generation):
     complete, _ = collect(sc.session.backend.unwinder(sc.session.target(sc.task, Options(complete=True))))
     kept = [f for f in complete if not f.flags & Flag.COMPLETE]
     assert [(f.pc, f.fp, f.source, f.flags) for f in kept] == [(f.pc, f.fp, f.source, f.flags) for f in faithful]
+
+
+def test_hijacked_x30_and_hijacked_next_record_both_recover():
+    """F and its caller both graph-traced: x30 and the record at x29 both hold return_to_handler."""
+    rec = TASK_LOW + 0x3000
+    s, t, _ = running_at(PROLOGUE, F + 8, x30=RETURN_TO_HANDLER, caller_record_lr=sign(RETURN_TO_HANDLER, 3),
+                         fgraph=[{"ret": ret(32), "retp": TASK_LOW + 0x3100, "func": fn(31)},
+                                 {"ret": CALLER, "retp": rec, "func": F}])
+    got, frames, stop = pcs(s, t, complete=True)
+    assert got == [F + 8, CALLER] + FAITHFUL_TAIL and stop.clean
+    assert frames[1].flags & Flag.FGRAPH and frames[2].flags & Flag.FGRAPH
