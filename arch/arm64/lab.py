@@ -98,3 +98,34 @@ def blocked_context(s: "Session", task: int, tbytes: bytes) -> dict[str, int]:
 def context_sp(ctx: dict[str, int]) -> int:
     """Lowest stack address a walk from ``ctx`` reads."""
     return ctx["sp"]
+
+
+def gdb_fixup(segs: dict[int, bytes], cpus: list[tuple[int, dict[str, int]]], vmcoreinfo: dict[str, str],
+              text: tuple[int, int]) -> tuple[dict[int, bytes], list[tuple[int, dict[str, int]]]]:
+    """A copy of a dump's memory and registers that gdb can unwind: PAC-signed text addresses stripped.
+
+    QEMU 7.2 offers gdb no pauth feature, so gdb never strips PACs. Every
+    8-byte word (and x30) that has bit 55 set and lands in kernel text once
+    ``| KERNELPACMASK`` is applied is replaced by the stripped value.
+    """
+    mask = int(vmcoreinfo.get("NUMBER(KERNELPACMASK)", "0"), 0)
+    if not mask:
+        return segs, cpus
+    lo, hi = text
+
+    def strip(w: int) -> int:
+        if w >> 55 & 1 and lo <= (w | mask) < hi:
+            return w | mask
+        return w
+
+    out = {}
+    for start, data in segs.items():
+        buf = bytearray(data)
+        first = (-start) % 8
+        for i in range(first, len(buf) - 7, 8):
+            w = int.from_bytes(buf[i:i + 8], "little")
+            s = strip(w)
+            if s != w:
+                buf[i:i + 8] = s.to_bytes(8, "little")
+        out[start] = bytes(buf)
+    return out, [(cpu, {**regs, "x30": strip(regs.get("x30", 0))}) for cpu, regs in cpus]

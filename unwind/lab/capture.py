@@ -573,9 +573,9 @@ class SysrqOracle:
 
 
 def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
-                sysrq: SysrqOracle | None = None, sysrq_every: int = 1, gdb_oracle: bool = False,
-                suffix: str = ".bin.xz", seed: int | None = None) -> int:
-    """Take ``plan.stops`` stops into ``out``; returns the number of dumps written.
+                sysrq: SysrqOracle | None = None, sysrq_every: int = 1,
+                suffix: str = ".bin.xz", seed: int | None = None) -> list[Path]:
+    """Take ``plan.stops`` stops into ``out``; returns the dumps written.
 
     Each dump is written as soon as its stop is done, so a guest that dies
     mid-run loses only the stop in progress.
@@ -583,6 +583,7 @@ def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
     written = skipped = 0
+    paths: list[Path] = []
     t_start = time.monotonic()
     seq = plan.kinds()
     i = 0
@@ -631,8 +632,7 @@ def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
         extra["notes"] = "; ".join(notes) if notes else None
         path = out / f"stop-{written:03d}-{label.replace(':', '-')}{suffix}"
         s.write_dump(res, path, release, extra)
-        if gdb_oracle:
-            _add_gdb_oracle(s, path, res, release, extra)
+        paths.append(path)
         written += 1
         i += 1
         nblocked = sum(1 for t in res.meta["tasks"] if t["cpu"] is None)
@@ -641,22 +641,55 @@ def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
               f"({','.join(c.mode for c in res.cpus)}), {nblocked} blocked, {size // 1024} KiB, "
               f"{res.seconds:.2f}s" + (f"; {notes[0]}" if notes else "") + f" -> {path.name}")
     s.log(f"[capture] {written} dumps, {skipped} skipped, {time.monotonic() - t_start:.1f}s")
-    return written
+    return paths
 
 
-def _add_gdb_oracle(s: Session, path: Path, res: StopResult, release: str, extra: dict) -> None:
-    """Run gdb's ``bt`` on an uncompressed copy of the dump and store it in the dump."""
+def add_gdb_oracles(paths: list[Path], vmlinux: str | Path, log=None) -> int:
+    """Store gdb-multiarch's ``bt`` per CPU in each dump (one gdb run for all); returns traces added."""
     import tempfile
 
-    from .oracles import gdb_backtrace
+    from unwind.dump import Dump, DumpWriter
 
+    from .oracles import gdb_backtraces
+
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    dumps = [Dump.open(p) for p in paths]
+    if not dumps:
+        return 0
+    lab = arch_lab(dumps[0].arch)
+    syms = dumps[0].meta.get("symbols", {})
+    text = (int(syms.get("_stext", "0"), 0), int(syms.get("_etext", "0"), 0))
+    fix = getattr(lab, "gdb_fixup", None)
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as d:
-        plain = Path(d) / "core"
-        s.write_dump(res, plain, release, extra)
-        try:
-            ents = gdb_backtrace(s.img.path, plain, s.lab.GDB_ARCH, len(res.cpus))
-        except (OSError, subprocess.TimeoutExpired) as e:
-            s.log(f"[capture] gdb oracle failed: {e}")
-            return
-    res.meta["oracles"] = res.meta.get("oracles", []) + ents
-    s.write_dump(res, path, release, extra)
+        cores = []
+        for i, dump in enumerate(dumps):
+            w = DumpWriter(dump.arch)
+            segs = {seg.start: seg.data for seg in dump.memory.segments}
+            cpus = [(c.cpu, dict(c.regs)) for c in dump.cpus]
+            if fix is not None:
+                segs, cpus = fix(segs, cpus, dump.vmcoreinfo, text)
+            for a, data in segs.items():
+                w.add_memory(a, data)
+            for cpu, regs in cpus:
+                w.add_cpu(cpu, regs)
+            core = Path(d) / f"core{i}"
+            w.write(core)
+            cores.append(core)
+        found = gdb_backtraces(vmlinux, cores, lab.GDB_ARCH, text)
+    added = 0
+    for p, dump, core in zip(paths, dumps, cores):
+        ents = found.get(str(core), [])
+        meta = dict(dump.meta)
+        meta["oracles"] = [o for o in meta.get("oracles", []) if o.get("source") != "gdb"] + ents
+        w = DumpWriter(dump.arch)
+        for seg in dump.memory.segments:
+            w.add_memory(seg.start, seg.data)
+        for c in dump.cpus:
+            w.add_cpu(c.cpu, c.regs, c.pid)
+        w.vmcoreinfo = dump.vmcoreinfo_text
+        w.meta = meta
+        w.write(p)
+        added += len(ents)
+    log(f"[capture] gdb bt: {added} traces for {len(paths)} dumps in {time.monotonic() - t0:.1f}s")
+    return added

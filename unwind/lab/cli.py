@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 from .boot import LabError, boot, lab_state, stop
 from .btf import BtfError
-from .capture import CaptureError, Image, Plan, Session, SysrqOracle, default_breaks, run_capture
+from .capture import (CaptureError, Image, Plan, Session, SysrqOracle, add_gdb_oracles, default_breaks,
+                      run_capture)
 from .fetch import FetchError, canonical_arch, fetch, find_kernel
 from .rsp import RspClient, RspError
 
@@ -106,8 +108,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
             smap = SystemMap(smap_path) if Path(smap_path).exists() else None
             sysrq = SysrqOracle(console, smap)
         qemu = " ".join(lab["qemu"]) if lab else ""
-        n = run_capture(s, plan, Path(args.output), release, qemu, sysrq, args.sysrq_every,
-                        args.gdb_oracle, seed=args.seed)
+        written = run_capture(s, plan, Path(args.output), release, qemu, sysrq, args.sysrq_every,
+                              seed=args.seed)
     except _ERRORS as e:
         print(f"unwind: error: {str(e).splitlines()[0]} (dumps written so far are kept in {args.output})",
               file=sys.stderr)
@@ -121,7 +123,21 @@ def cmd_capture(args: argparse.Namespace) -> int:
         rsp.close()
         if console is not None:
             console.close()
-    return 0 if n else 1
+    if written and args.gdb_oracle:
+        try:
+            add_gdb_oracles(written, vmlinux)
+        except (*_ERRORS, subprocess.TimeoutExpired) as e:
+            return _fail(f"gdb oracle: {str(e).splitlines()[0]}", 1)
+    return 0 if written else 1
+
+
+def cmd_gdb_oracle(args: argparse.Namespace) -> int:
+    """Add gdb's ``bt`` per CPU to existing dumps."""
+    try:
+        add_gdb_oracles([Path(p) for p in args.dumps], args.vmlinux)
+    except (*_ERRORS, subprocess.TimeoutExpired) as e:
+        return _fail(str(e).splitlines()[0])
+    return 0
 
 
 def _osrelease(vmcoreinfo: str) -> str:
@@ -152,6 +168,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for /init")
     b.add_argument("--stop", action="store_true", help="quit the running guest instead")
     b.set_defaults(func=cmd_lab_boot)
+    g = lsub.add_parser("gdb-oracle", help="store gdb-multiarch's bt per CPU in existing dumps")
+    g.add_argument("--vmlinux", required=True)
+    g.add_argument("dumps", nargs="+")
+    g.set_defaults(func=cmd_gdb_oracle)
     st = lsub.add_parser("stop", help="quit the guest")
     st.add_argument("--arch", required=True)
     st.set_defaults(func=cmd_lab_stop)
@@ -168,7 +188,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--break-timeout", type=float, default=15.0)
     c.add_argument("--no-sysrq", action="store_true", help="no sysrq-t oracle")
     c.add_argument("--sysrq-every", type=int, default=1, help="sysrq-t after every N-th stop")
-    c.add_argument("--gdb-oracle", action="store_true", help="store gdb-multiarch bt of each dump")
+    c.add_argument("--gdb-oracle", action="store_true", help="then store gdb-multiarch's bt in each dump")
     c.add_argument("--release", help="kernel release to record (default: VMCOREINFO OSRELEASE)")
     c.add_argument("--timeout", type=float, default=20.0, help="stub reply timeout")
     c.add_argument("--seed", type=int)

@@ -153,34 +153,55 @@ def parse_ftrace_stacks(text: str, smap: SystemMap | None) -> list[dict]:
     return out
 
 
-def gdb_backtrace(vmlinux: str | Path, core: str | Path, gdb_arch: str, threads: int,
-                  timeout: float = 300.0, gdb: str = "gdb-multiarch") -> list[dict]:
-    """``bt`` per thread of a core file with gdb (inline frames dropped), as oracle entries."""
-    script = (
-        "import gdb\n"
-        "for th in gdb.selected_inferior().threads():\n"
-        "    th.switch()\n"
-        "    f = gdb.newest_frame(); pcs = []\n"
-        "    while f is not None and len(pcs) < 64:\n"
-        "        if f.type() != gdb.INLINE_FRAME:\n"
-        "            pcs.append(f.pc())\n"
-        "        try:\n"
-        "            f = f.older()\n"
-        "        except gdb.error:\n"
-        "            break\n"
-        "    print('UNWIND-BT', th.num, ' '.join(hex(p) for p in pcs))\n")
-    sfile = Path(core).with_suffix(".gdb.py")
-    sfile.write_text(script)
+_GDB_SCRIPT = """
+import gdb, sys
+cores = sys.argv_cores
+lo, hi = {lo}, {hi}
+for core in cores:
+    try:
+        gdb.execute("core-file " + core, to_string=True)
+    except gdb.error as e:
+        print("UNWIND-ERR", core, str(e).splitlines()[0])
+        continue
+    for th in gdb.selected_inferior().threads():
+        th.switch()
+        pcs = []
+        try:
+            f = gdb.newest_frame()
+            while f is not None and len(pcs) < 64:
+                if f.type() != gdb.INLINE_FRAME:
+                    if not lo <= f.pc() < hi:
+                        break
+                    pcs.append(f.pc())
+                f = f.older()
+        except gdb.error:
+            pass
+        print("UNWIND-BT", core, th.ptid[1], " ".join(hex(p) for p in pcs))
+"""
+
+
+def gdb_backtraces(vmlinux: str | Path, cores: list[Path], gdb_arch: str, text: tuple[int, int],
+                   timeout: float = 900.0, gdb: str = "gdb-multiarch") -> dict[str, list[dict]]:
+    """``bt`` of every thread of every core with one gdb process, as oracle entries per core.
+
+    Inline frames are dropped and each trace stops at the first pc outside
+    kernel text (gdb runs on past the end of a C stack segment).
+    """
+    script = Path(cores[0]).parent / "unwind-gdb-bt.py"
+    script.write_text(("import sys\nsys.argv_cores = %r\n" % [str(c) for c in cores])
+                      + _GDB_SCRIPT.format(lo=text[0], hi=text[1]))
     try:
         r = subprocess.run([gdb, "-q", "-batch", "-nx", "-ex", f"set architecture {gdb_arch}",
-                            "-ex", f"file {vmlinux}", "-ex", f"core-file {core}", "-x", str(sfile)],
+                            "-ex", f"file {vmlinux}", "-x", str(script)],
                            capture_output=True, text=True, timeout=timeout)
     finally:
-        sfile.unlink(missing_ok=True)
-    out = []
+        script.unlink(missing_ok=True)
+    out: dict[str, list[dict]] = {str(c): [] for c in cores}
     for line in r.stdout.splitlines():
         if line.startswith("UNWIND-BT"):
             parts = line.split()
-            out.append({"source": "gdb", "pid": None, "cpu": int(parts[1]) - 1,
-                        "frames": parts[2:], "text": "gdb bt (inline frames dropped)"})
+            out[parts[1]].append({"source": "gdb", "pid": None, "cpu": int(parts[2]) - 1,
+                                  "frames": parts[3:],
+                                  "text": "gdb-multiarch bt on this dump (inline frames dropped, "
+                                          "cut at the first pc outside kernel text)"})
     return out
