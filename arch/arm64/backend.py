@@ -95,13 +95,17 @@ class Arm64Backend(ArchBackend):
         if vector:
             frames = frames[1:]
         got = [f.pc for f in frames]
+
+        def within(w: list[int]) -> bool:  # equal, or the oracle stopped inside the replay
+            return len(w) <= len(got) and got[:len(w)] == w
+
         if got == want:
             return "vector" if vector else "oracle-pac"
-        for i in range(1, min(len(want), len(frames) + 1)):
-            if frames[i - 1].flags & Flag.BOUNDARY and want[:i] + want[i + 1:] == got:
-                return "entry-or-leaf"
-        if len(want) < len(got) and got[:len(want)] == want:
+        if within(want):
             return "oracle-stops-early"
+        for i in range(1, min(len(want), len(frames) + 1)):
+            if frames[i - 1].flags & Flag.BOUNDARY and within(want[:i] + want[i + 1:]):
+                return "entry-or-leaf"
         if len(got) < len(want) and want[:len(got)] == got and replay.stop.clean:
             return "oracle-continues"
         return None

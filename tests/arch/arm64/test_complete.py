@@ -212,3 +212,7 @@ def test_hijacked_x30_and_hijacked_next_record_both_recover():
     got, frames, stop = pcs(s, t, complete=True)
     assert got == [F + 8, CALLER] + FAITHFUL_TAIL and stop.clean
     assert frames[1].flags & Flag.FGRAPH and frames[2].flags & Flag.FGRAPH
+
+
+def test_gdb_with_an_unproven_caller_that_also_stops_early():
+    assert _compare(gdb(F + 8, CALLER, ret(32)), with_text=False).category == "entry-or-leaf"
