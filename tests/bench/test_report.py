@@ -1,11 +1,11 @@
 """``unwind bench --report`` from a saved run: the report, its targets and its plots.
 
-``data/quick-run.json`` is the JSON of a real quick run of the benches (the
-replay benches over synthetic arm64 and RISC-V dumps written with the arch
-synth builders, as the corpora were not committed yet), made with::
+``data/quick-run.json`` is the JSON of a real quick run of all the benches
+(the replay benches over synthetic arm64 and RISC-V dumps written with the
+arch synth builders, as the corpora were not committed yet), made with::
 
-    UNWIND_CORPORA=<dumps> UNWIND_BENCH_QUICK=1 python3 -m pytest benches/bench_replay.py \\
-        benches/bench_scaling.py benches/bench_peer.py --benchmark-json=tests/bench/data/quick-run.json \\
+    UNWIND_CORPORA=<dumps> UNWIND_BENCH_QUICK=1 python3 -m pytest benches/ \\
+        --benchmark-json=tests/bench/data/quick-run.json \\
         --benchmark-min-rounds=1 --benchmark-max-time=0.02 --benchmark-warmup=off
 
 with the per-round ``stats.data`` arrays removed to keep it small.
@@ -56,6 +56,17 @@ def test_every_target_is_listed_with_a_verdict(results: bench.Results) -> None:
     assert goals[5].verdict.startswith("not measured: no full memory dumps for the peer")
 
 
+def test_c_floor_target_compares_batch_and_c_of_the_same_run(results: bench.Results) -> None:
+    raw = {b["extra_info"]["method"]: b for b in _raw()["benchmarks"] if b["extra_info"].get("kind") == "orc_lookup"}
+    rate = {m: b["extra_info"]["lookups"] / b["stats"]["median"] for m, b in raw.items()}
+    goal = next(t for t in bench.targets(results) if t.name == "batch orc_find vs C floor")
+    ratio = rate["orc_find_batch"] / rate["c_bsearch"]
+    assert goal.ratio == f"{bench._num(ratio)}×"
+    assert goal.verdict == ("met" if ratio > 1 else f"MISSED by {bench._num(1 / ratio)}×")
+    # the 30 M/s target needs 1 M ips per call: a quick run has fewer, so it is not measured
+    assert next(t for t in bench.targets(results) if t.name == "batch orc_find").verdict == "not measured: not run"
+
+
 def test_breakdown_sums_to_the_walk(results: bench.Results) -> None:
     reps = bench.replay_figures(results)
     assert set(reps) == {"arm64", "riscv"}
@@ -76,6 +87,7 @@ def test_report_names_machine_corpus_targets_and_plots(results: bench.Results, t
     assert "**Corpus**: /tmp/fakecorp/arm64/6.12.0-synthetic" in text
     assert "**Quick mode**" in text
     assert "| replay per frame, riscv | ≤ 3.00 µs/frame" in text
+    assert "| `c_bsearch` |" in text and "| `orc_find_batch` |" in text
     for png in ("per_arch.png", "batch.png", "depth.png", "table_size.png"):
         assert f"]({png})" in text
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
