@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from construct import (Array, Computed, Const, GreedyRange, If, Int16ul, Int32sl, Int32ul, Int8ul,
+from construct import (Array, Computed, Const, GreedyRange, Int16ul, Int32sl, Int32ul, Int8ul,
                        Pass, Struct, Switch, this)
 from elftools.elf.elffile import ELFFile
 

@@ -12,9 +12,7 @@ from guest memory. Layouts come from the vmlinux's BTF; symbols from its
 from __future__ import annotations
 
 import importlib
-import json
 import random
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,7 +25,7 @@ from elftools.elf.elffile import ELFFile
 
 from .btf import Btf, BtfError
 from .fetch import build_id
-from .rsp import RspClient, RspError, RspMemoryError
+from .rsp import RspClient, RspMemoryError
 
 #: our arch name -> lab module (imported lazily: the backend packages own arch/)
 LAB_MODULES = {"x86_64": "unwind.arch.x86_64.lab", "arm64": "unwind.arch.arm64.lab",
@@ -363,66 +361,15 @@ class Session:
                 tasks.append(task)  # idle tasks of other CPUs are not on the list
         stacks_meta: list[dict[str, Any]] = []
         task_meta: list[dict[str, Any]] = []
-        top_of: dict[int, int] = {}
-
-        def add_mem(lo: int, hi: int) -> None:
-            if hi <= lo:
-                return
-            try:
-                res.memory[lo] = self.read(lo, hi - lo)
-            except RspMemoryError:
-                pass
-
+        unreadable = 0
         for task in tasks:
             try:
-                tb = self.read(task, self._tsize)
+                entry = self._capture_task(task, current, cpus, res, stacks_meta)
             except RspMemoryError:
+                unreadable += 1
                 continue
-            f = self.task_fields(task, tb)
-            lo, hi = f["stack"], f["stack"] + self.thread_size
-            cpu = current.get(task)
-            if task == self.img.addr("init_task") and cpu is None:
-                continue  # swapper/0 is the list head; only interesting when running
-            entry: dict[str, Any] = {"pid": f["pid"], "comm": f["comm"], "state": f["state"],
-                                     "cpu": cpu, "task": _hex(task), "switches": f["switches"]}
-            stacks_meta.append({"kind": "task", "low": _hex(lo), "high": _hex(hi), "cpu": cpu,
-                                "pid": f["pid"]})
-            if cpu is None:
-                if f["on_cpu"]:
-                    entry["note"] = "on_cpu but no stopped vCPU runs it (switching)"
-                ctx = self.lab.blocked_context(self, task, tb)
-                entry["context"] = {k: _hex(v) for k, v in ctx.items()}
-                sp = self.lab.context_sp(ctx)
-                if lo <= sp <= hi:
-                    add_mem(sp, hi)
-                else:
-                    entry["note"] = f"saved sp {sp:#x} is off its stack"
-            else:
-                c = cpus[cpu]
-                _, sp = self.lab.pc_sp(c.regs)
-                if c.mode != "kernel":
-                    entry["mode"] = c.mode
-                if lo <= sp <= hi:
-                    add_mem(sp, hi)
-                else:
-                    add_mem(lo, hi)
-                    for kind, plo, phi in self.lab.percpu_stacks(self, cpu):
-                        if plo <= sp <= phi:
-                            add_mem(sp, phi)
-                        elif kind == "irq":
-                            add_mem(plo, phi)  # an exception on top of an IRQ needs both
-                user = self.lab_user_regs(task, hi)
-                if user:
-                    entry["user_regs"] = user
-            fg, raw = self.fgraph(tb)
-            if fg:
-                entry["fgraph"] = fg
-                res.memory[raw[0]] = raw[1]
-            kr = self.kretprobes(tb)
-            if kr:
-                entry["kretprobes"] = kr
-            top_of[task] = hi
-            task_meta.append(entry)
+            if entry is not None:
+                task_meta.append(entry)
         for c in cpus:
             for kind, plo, phi in self.lab.percpu_stacks(self, c.cpu):
                 stacks_meta.append({"kind": kind, "low": _hex(plo), "high": _hex(phi), "cpu": c.cpu,
@@ -437,10 +384,69 @@ class Session:
                              "hit": hit_tid == c.tid if hit_tid else None})
         res.cpus = cpus
         res.meta = {"cpus": cpu_meta, "stacks": stacks_meta, "tasks": task_meta,
-                    "capture": {"tool": "unwind capture", "kind": kind, "time": time.time()}}
+                    "capture": {"tool": "unwind capture", "kind": kind, "time": time.time(),
+                                "unreadable_tasks": unreadable}}
         res.seconds = time.monotonic() - t0
         res.meta["capture"]["seconds"] = round(res.seconds, 3)
         return res
+
+    def _capture_task(self, task: int, current: dict[int, int], cpus: list[CpuStop], res: StopResult,
+                      stacks_meta: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """One task's JSON entry; its stack bytes go into ``res.memory``."""
+
+        def add_mem(lo: int, hi: int) -> None:
+            if hi <= lo:
+                return
+            try:
+                res.memory[lo] = self.read(lo, hi - lo)
+            except RspMemoryError:
+                pass
+
+        tb = self.read(task, self._tsize)
+        f = self.task_fields(task, tb)
+        lo, hi = f["stack"], f["stack"] + self.thread_size
+        cpu = current.get(task)
+        if task == self.img.addr("init_task") and cpu is None:
+            return None  # swapper/0 is the list head; only interesting when running
+        entry: dict[str, Any] = {"pid": f["pid"], "comm": f["comm"], "state": f["state"],
+                                 "cpu": cpu, "task": _hex(task), "switches": f["switches"]}
+        stacks_meta.append({"kind": "task", "low": _hex(lo), "high": _hex(hi), "cpu": cpu,
+                            "pid": f["pid"]})
+        if cpu is None:
+            if f["on_cpu"]:
+                entry["note"] = "on_cpu but no stopped vCPU runs it (switching)"
+            ctx = self.lab.blocked_context(self, task, tb)
+            entry["context"] = {k: _hex(v) for k, v in ctx.items()}
+            sp = self.lab.context_sp(ctx)
+            if lo <= sp <= hi:
+                add_mem(sp, hi)
+            else:
+                entry["note"] = f"saved sp {sp:#x} is off its stack"
+        else:
+            c = cpus[cpu]
+            _, sp = self.lab.pc_sp(c.regs)
+            if c.mode != "kernel":
+                entry["mode"] = c.mode
+            if lo <= sp <= hi:
+                add_mem(sp, hi)
+            else:
+                add_mem(lo, hi)
+                for kind, plo, phi in self.lab.percpu_stacks(self, cpu):
+                    if plo <= sp <= phi:
+                        add_mem(sp, phi)
+                    elif kind == "irq":
+                        add_mem(plo, phi)  # an exception on top of an IRQ needs both
+            user = self.lab_user_regs(task, hi)
+            if user:
+                entry["user_regs"] = user
+        fg, raw = self.fgraph(tb)
+        if fg:
+            entry["fgraph"] = fg
+            res.memory[raw[0]] = raw[1]
+        kr = self.kretprobes(tb)
+        if kr:
+            entry["kretprobes"] = kr
+        return entry
 
     def lab_user_regs(self, task: int, top: int) -> dict[str, str] | None:
         """The arch's user-mode pt_regs summary at the top of a running task's stack, if defined."""
@@ -549,6 +555,12 @@ class SysrqOracle:
                                          self.timeout, quiet=1.5)
         finally:
             s.rsp.halt()
+        for _ in range(10):  # the vCPU used for memory may now be in user/firmware mode
+            if s.pick_memory_thread(s.read_cpus()):
+                break
+            s.rsp.cont()
+            time.sleep(0.05)
+            s.rsp.halt()
         ents = sysrq_oracles(text, self.smap)
         by_pid = {t["pid"]: t for t in res.meta["tasks"]}
         off = s.btf.offsetof("task_struct", "nvcsw")
@@ -564,7 +576,10 @@ class SysrqOracle:
                 stale += 1
                 continue
             task = int(t["task"], 16)
-            now = s.read_u64(task + off) + s.read_u64(task + off2)
+            try:
+                now = s.read_u64(task + off) + s.read_u64(task + off2)
+            except RspMemoryError:
+                now = -1
             if now != t["switches"]:
                 e["stale"] = True
                 e["why"] = f"ran between capture and sysrq ({now - t['switches']} switches)"
