@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from benchkit import PeerWorkload, drgn_all, need, peer_workload, walk_all
+from benchkit import PeerWorkload, drgn_all, measure, need, peer_workload, walk_all
 
 
 @pytest.mark.parametrize("tool", ["unwind", "drgn"])
@@ -28,6 +28,6 @@ def test_peer(benchmark: Any, arch: str, tool: str) -> None:
     benchmark.extra_info.update(kind="peer", arch=arch, tool=tool, pair=w.label, tasks=len(w.ours),
                                 left_out=w.left_out)
     if tool == "unwind":
-        benchmark.extra_info["frames"] = benchmark(walk_all, w.backend, w.ours)
+        benchmark.extra_info["frames"] = measure(benchmark, walk_all, w.backend, w.ours)
     else:
-        benchmark.extra_info["frames"] = benchmark(drgn_all, w.drgn_trace, w.drgn_tasks)
+        benchmark.extra_info["frames"] = measure(benchmark, drgn_all, w.drgn_trace, w.drgn_tasks)

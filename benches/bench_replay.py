@@ -25,8 +25,8 @@ from typing import Any, Callable
 
 import pytest
 
-from benchkit import (ARCHES, Corpus, load_corpus, lookup_groups, need, read_all, replay_all, symbolize_all,
-                      walk_all, walk_symbolize_all)
+from benchkit import (ARCHES, Corpus, load_corpus, lookup_groups, measure, need, read_all, replay_all,
+                      symbolize_all, walk_all, walk_symbolize_all)
 
 MODES: dict[str, Callable[[Corpus], tuple[Callable[..., int], tuple[Any, ...]]]] = {
     "walk": lambda c: (walk_all, (c.backend, c.targets)),
@@ -44,7 +44,7 @@ def test_replay(benchmark: Any, arch: str, mode: str) -> None:
     fn, args = MODES[mode](corpus)
     benchmark.group = f"replay: {arch}"
     benchmark.extra_info.update(kind="replay", mode=mode, **corpus.info())
-    benchmark.extra_info["frames"] = benchmark(fn, *args)
+    benchmark.extra_info["frames"] = measure(benchmark, fn, *args)
 
 
 @pytest.mark.parametrize("phase", ["reads", "lookup", "symbols"])
@@ -63,4 +63,4 @@ def test_phase(benchmark: Any, arch: str, phase: str) -> None:
         fn, args = symbolize_all, (corpus.backend, corpus.walked)
     benchmark.group = f"replay: {arch}"
     benchmark.extra_info.update(kind="phase", phase=phase, **corpus.info())
-    benchmark.extra_info["count"] = benchmark(fn, *args)
+    benchmark.extra_info["count"] = measure(benchmark, fn, *args)

@@ -14,6 +14,7 @@ bench skips with it; the report lists every skip.
 from __future__ import annotations
 
 import os
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -66,6 +67,15 @@ def need(value: Any) -> Any:
     if isinstance(value, Missing):
         pytest.skip(value.reason)
     return value
+
+
+def measure(benchmark: Any, fn: Callable[..., int], *args: Any) -> int:
+    """``benchmark(fn, *args)``; a call longer than 0.2 s gets 3 rounds of one call (keeps the suite short)."""
+    t = time.perf_counter()
+    fn(*args)
+    if time.perf_counter() - t > 0.2:
+        return int(benchmark.pedantic(fn, args, rounds=3, iterations=1))
+    return int(benchmark(fn, *args))
 
 
 def _true(_frame: Frame) -> bool:
