@@ -2,11 +2,14 @@
 
 pyelftools opens the file lazily; the symbol table is decoded with numpy in
 one pass (a debug vmlinux holds ~200k symbols), and text bytes are read on
-demand for the call-site check and complete modes.
+demand for the call-site check and complete modes. Unpacked xz images and
+decoded symbol tables are kept in ``$UNWIND_CACHE`` (default
+``~/.cache/unwind``) so later runs start at once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import lzma
 import os
@@ -14,7 +17,7 @@ import re
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
 from elftools.common.exceptions import ELFError
@@ -25,6 +28,8 @@ from .symbols import SymbolError, SymbolTable
 
 NT_GNU_BUILD_ID = "NT_GNU_BUILD_ID"
 IMAGE_PATH_ENV = "UNWIND_IMAGE_PATH"
+CACHE_ENV = "UNWIND_CACHE"
+_SYMBOL_CACHE_VERSION = 1
 _BUILD_ID_IN_NAME = re.compile(r"[0-9a-f]{40}")
 
 # Elf64_Sym as numpy sees it, to decode .symtab in one pass.
@@ -73,7 +78,22 @@ class Image:
 
     @cached_property
     def symbols(self) -> SymbolTable:
-        """The kallsyms-like symbol table from ``.symtab``."""
+        """The kallsyms-like symbol table, from the cache when this build was seen before."""
+        cache = _cache_dir("symbols")
+        path = cache / f"{self.build_id}-v{_SYMBOL_CACHE_VERSION}.npz" if cache and self.build_id else None
+        if path is not None and path.exists():
+            try:
+                with np.load(path) as arrays:
+                    return SymbolTable.from_arrays(dict(arrays))
+            except (OSError, ValueError, KeyError, SymbolError):
+                pass  # a damaged cache entry is rebuilt below
+        table = self._read_symbols()
+        if path is not None:
+            _write_atomically(path, lambda f: np.savez(f, **table.to_arrays()))
+        return table
+
+    def _read_symbols(self) -> SymbolTable:
+        """Decode ``.symtab`` into a kallsyms-like table."""
         symtab = self.elf.get_section_by_name(".symtab")
         if symtab is None or symtab["sh_type"] == "SHT_NOBITS":
             raise ImageError(f"{self.path}: no .symtab (use a System.map)")
@@ -152,19 +172,49 @@ class Image:
         return None
 
 
+def _cache_dir(kind: str) -> Path | None:
+    """``$UNWIND_CACHE/<kind>`` (default ``~/.cache/unwind``), or ``None`` when it cannot be made."""
+    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "unwind")
+    try:
+        (root / kind).mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return root / kind
+
+
+def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write a cache file via a temporary name; a cache that cannot be written is skipped."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
 def _open_maybe_compressed(path: Path) -> BinaryIO:
-    """Open an image; an xz-compressed one (a committed slim image) is unpacked in memory."""
+    """Open an image; an xz-compressed one (a committed slim image) is unpacked once into the cache."""
     f = open(path, "rb")
-    if f.read(6) == b"\xfd7zXZ\x00":
+    if f.read(6) != b"\xfd7zXZ\x00":
         f.seek(0)
-        try:
-            return io.BytesIO(lzma.decompress(f.read()))
-        except lzma.LZMAError as e:
-            raise ImageError(f"{path}: corrupt xz image: {e}") from None
-        finally:
-            f.close()
+        return f
     f.seek(0)
-    return f
+    st = path.stat()
+    key = hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+    cache = _cache_dir("images")
+    unpacked = cache / f"{key}.elf" if cache else None
+    try:
+        if unpacked is not None and unpacked.exists():
+            return open(unpacked, "rb")
+        data = lzma.decompress(f.read())
+    except lzma.LZMAError as e:
+        raise ImageError(f"{path}: corrupt xz image: {e}") from None
+    finally:
+        f.close()
+    if unpacked is not None:
+        _write_atomically(unpacked, lambda out: out.write(data))
+    return io.BytesIO(data)
 
 
 def read_build_id(elf: ELFFile) -> str | None:
@@ -224,6 +274,10 @@ def find_image(build_id: str | None, dump_path: str | Path, explicit: str | Path
         named = _BUILD_ID_IN_NAME.findall(cand.name)
         if named and build_id not in named:
             continue  # named after another build: skip without unpacking it
-        if image_build_id(cand) == build_id:
+        if named:
+            img = open_image(cand.resolve())
+            if img.build_id == build_id:
+                return img
+        elif image_build_id(cand) == build_id:
             return open_image(cand.resolve())
     return None

@@ -101,6 +101,30 @@ class SymbolTable:
         self.ends: list[int] = addrs[1:] + [max(end, addrs[-1])]
         self.np_addrs = np.array(addrs, dtype=np.uint64)
 
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The table as arrays, for a cache file (``from_arrays`` reads them back)."""
+        alias_names = list(self._by_name)
+        return {
+            "addrs": self.np_addrs, "ends": np.array(self.ends, dtype=np.uint64),
+            "names": np.frombuffer("\n".join(self.names).encode(), dtype=np.uint8),
+            "alias_names": np.frombuffer("\n".join(alias_names).encode(), dtype=np.uint8),
+            "alias_addrs": np.array([self._by_name[n] for n in alias_names], dtype=np.uint64),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "SymbolTable":
+        """A table saved by :meth:`to_arrays`."""
+        self = cls.__new__(cls)
+        self.np_addrs = np.asarray(arrays["addrs"], dtype=np.uint64)
+        self.addrs = self.np_addrs.tolist()
+        self.ends = np.asarray(arrays["ends"]).tolist()
+        self.names = bytes(arrays["names"]).decode().split("\n")
+        alias = bytes(arrays["alias_names"]).decode().split("\n")
+        self._by_name = dict(zip(alias, np.asarray(arrays["alias_addrs"]).tolist()))
+        if len(self.names) != len(self.addrs) or len(self.ends) != len(self.addrs):
+            raise SymbolError("inconsistent cached symbol table")
+        return self
+
     def __len__(self) -> int:
         return len(self.addrs)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import shutil
@@ -87,3 +88,19 @@ def test_real_vmlinux_symbols_equal_system_map(flavor):
     lo, hi = smap.address("_stext"), smap.address("_etext")
     for x in random.Random(1).sample(range(lo, hi), 2000):
         assert elf.format(x) == smap.format(x)
+
+
+def test_cached_symbols_and_unpacked_images_equal_fresh_ones(elf_exe, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("UNWIND_CACHE", str(tmp_path / "cache"))
+    packed = tmp_path / "t.slim.xz"
+    write_slim(elf_exe, packed, with_text=True)
+    first = Image(packed)
+    fresh = first.symbols
+    assert list((tmp_path / "cache" / "symbols").iterdir())
+    assert list((tmp_path / "cache" / "images").iterdir())
+    again = Image(packed)
+    cached = again.symbols
+    assert isinstance(again._file, io.BufferedReader)  # the unpacked copy, not a fresh decompression
+    assert (cached.names, cached.addrs, cached.ends) == (fresh.names, fresh.addrs, fresh.ends)
+    assert cached.address("caller") == fresh.address("caller")
+    assert again.text(fresh.address("caller"), 8) == first.text(fresh.address("caller"), 8)
