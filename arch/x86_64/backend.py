@@ -6,29 +6,18 @@ from typing import TYPE_CHECKING, Any
 
 import capstone
 
-from unwind.frame import Flag, Frame, Source
+from unwind.frame import Flag, Frame
 from unwind.image import ImageError
-from unwind.memory import MemoryFault
 from unwind.registry import ArchBackend
-from unwind.symbols import SymbolTable
 from unwind.target import Target
 from unwind.walk import Stop, Unwinder
 
-from .dumpstack import KIND_TYPES, STACK_TYPE_NAMES
 from .orc import OrcTable, load_orc
-from .structs import PT_REGS, PT_REGS_SIZE
+from .printer import REGS_SOURCES, backtrace_symbol, plain_symbol, show_trace
 from .unwind_orc import OrcUnwinder
 
 if TYPE_CHECKING:
     from unwind.replay import Replay
-
-_REGS_SOURCES = (Source.REGS_PC, Source.ORC_REGS, Source.ORC_REGS_PARTIAL)
-#: show_opcodes(): 42 bytes before the ip, the byte at it, 21 after
-PROLOGUE_SIZE, EPILOGUE_SIZE = 42, 21
-#: pt_regs member -> NT_PRSTATUS (user_regs_struct) name
-_PRSTATUS = {"r15": "r15", "r14": "r14", "r13": "r13", "r12": "r12", "bp": "rbp", "bx": "rbx", "r11": "r11",
-             "r10": "r10", "r9": "r9", "r8": "r8", "ax": "rax", "cx": "rcx", "dx": "rdx", "si": "rsi",
-             "di": "rdi", "orig_ax": "orig_rax", "ip": "rip", "cs": "cs", "flags": "eflags", "sp": "rsp", "ss": "ss"}
 
 
 def orc_table(target: Target) -> OrcTable:
@@ -58,26 +47,10 @@ def printed_pcs(frames: list[Frame], target: Target) -> list[int]:
     tramp = target.symbol_address("arch_rethook_trampoline")
     out = []
     for f in frames:
-        if f.source in _REGS_SOURCES:
+        if f.source in REGS_SOURCES:
             continue
         out.append(tramp if f.flags & Flag.KRETPROBE and tramp is not None else f.pc)
     return out
-
-
-def backtrace_symbol(symbols: SymbolTable | None, addr: int) -> str:
-    """``%pB`` (``sprint_backtrace()``): look up ``addr - 1``, print the offset of ``addr``."""
-    sym = symbols.lookup(addr - 1) if symbols is not None else None
-    if sym is None or sym.offset >= sym.size:
-        return hex(addr)
-    return f"{sym.name}+{sym.offset + 1:#x}/{sym.size:#x}"
-
-
-def plain_symbol(symbols: SymbolTable | None, addr: int) -> str:
-    """``%pS``: ``name+off/size``, or the bare address outside every symbol."""
-    sym = symbols.lookup(addr) if symbols is not None else None
-    if sym is None or sym.offset >= sym.size:
-        return hex(addr)
-    return str(sym)
 
 
 class X86_64Backend(ArchBackend):
@@ -126,97 +99,11 @@ class X86_64Backend(ArchBackend):
 
     def symbolize(self, frame: Frame, target: Target) -> str:
         """``%pS`` for a pc from pt_regs (the ``RIP:`` line), ``%pB`` for return addresses."""
-        if frame.source in _REGS_SOURCES:
+        if frame.source in REGS_SOURCES:
             return plain_symbol(target.symbols, frame.pc)
         return backtrace_symbol(target.symbols, frame.pc)
 
-    # show_regs() / __show_trace_log_lvl() (dumpstack.c), without the '?' stack-scan lines
+    # show_regs() / show_trace_log_lvl() (dumpstack.c)
     def format_trace(self, frames: list[Frame], stop: Stop, target: Target) -> list[tuple[str, Frame | None]]:
-        """The trace as x86 prints it: regs blocks, ``Call Trace:``, ``<TASK>``/``<IRQ>``/``<NMI>`` markers."""
-        out: list[tuple[str, Frame | None]] = []
-        if frames and frames[0].source is Source.REGS_PC and target.task.regs is not None:
-            regs = {k: target.task.regs.get(v, 0) for k, v in _PRSTATUS.items()}
-            out += self._paired(self._regs_lines(regs, False, target), frames[0])
-        out.append(("Call Trace:", None))
-        open_name: str | None = None
-        for f in frames:
-            if f.source is Source.REGS_PC:
-                continue
-            name = STACK_TYPE_NAMES.get(KIND_TYPES.get(f.stack or "", 0))
-            if name != open_name:
-                if open_name:
-                    out.append((f" </{open_name}>", None))
-                if name:
-                    out.append((f" <{name}>", None))
-                open_name = name
-            if f.source in _REGS_SOURCES:
-                extra = f.extra or {}
-                out += self._paired(self._pt_regs_lines(f, extra.get("regs"), bool(extra.get("partial")), target), f)
-            else:
-                out += self._trace_lines(f, target)
-            user = (f.extra or {}).get("user_regs")
-            if user is not None:
-                out += [(line, None) for line in self._pt_regs_lines(None, user, False, target)]
-        if open_name:
-            out.append((f" </{open_name}>", None))
-        return out
-
-    @staticmethod
-    def _paired(lines: list[str], frame: Frame) -> list[tuple[str, Frame | None]]:
-        """A regs block: the ``RIP:`` line stands for the frame, the rest are plain lines."""
-        return [(line, frame if i == 0 else None) for i, line in enumerate(lines)]
-
-    def _trace_lines(self, f: Frame, target: Target) -> list[tuple[str, Frame | None]]:
-        """``printk_stack_address()``: ``? return_to_handler`` before an fgraph-recovered address, and the
-        rethook trampoline where the kernel's printer (which does not recover it) shows it."""
-        out: list[tuple[str, Frame | None]] = []
-        q = "" if f.reliable else "? "
-        if f.flags & Flag.FGRAPH:
-            rth = target.symbol_address("return_to_handler")
-            if rth is not None:
-                out.append((f" ? {backtrace_symbol(target.symbols, rth)}", None))
-        if f.flags & Flag.KRETPROBE:
-            tramp = target.symbol_address("arch_rethook_trampoline")
-            if tramp is not None:
-                out.append((f" {q}{backtrace_symbol(target.symbols, tramp)}", f))
-                return out
-        out.append((f" {q}{f.symbol or self.symbolize(f, target)}", f))
-        return out
-
-    def _pt_regs_lines(self, f: Frame | None, addr: int | None, partial: bool, target: Target) -> list[str]:
-        """``show_regs_if_on_stack()`` for a ``pt_regs`` in memory (IRET frame only when ``partial``)."""
-        names = [sc.name for sc in PT_REGS.subcons]
-        try:
-            if addr is None:
-                raise MemoryFault(0, PT_REGS_SIZE)
-            raw = target.mem.read(addr, PT_REGS_SIZE) if not partial else \
-                bytes(128) + target.mem.read(addr + 128, PT_REGS_SIZE - 128)
-            regs = dict(PT_REGS.parse(raw))
-        except MemoryFault:
-            return [f"RIP: {f.symbol or self.symbolize(f, target)}"] if f is not None else []
-        return self._regs_lines({n: regs[n] for n in names}, partial, target)
-
-    def _regs_lines(self, r: dict[str, int], partial: bool, target: Target) -> list[str]:
-        """``__show_regs(SHOW_REGS_SHORT)`` or, for an IRET frame, ``show_iret_regs()``."""
-        user = bool(r["cs"] & 3)
-        sym = hex(r["ip"]) if user else plain_symbol(target.symbols, r["ip"])
-        lines = [f"RIP: {r['cs'] & 0xFFFF:04x}:{sym}"]
-        code = None if user or target.image is None else target.image.text(r["ip"] - PROLOGUE_SIZE, PROLOGUE_SIZE + 1 + EPILOGUE_SIZE)
-        if code is not None:
-            lines.append(f"Code: {code[:PROLOGUE_SIZE].hex(' ')} <{code[PROLOGUE_SIZE]:02x}> "
-                         f"{code[PROLOGUE_SIZE + 1:].hex(' ')}")
-        rsp = f"RSP: {r['ss'] & 0xFFFF:04x}:{r['sp']:016x} EFLAGS: {r['flags']:08x}"
-        if partial:
-            return lines + [rsp]
-        if r["orig_ax"] != 2**64 - 1:
-            rsp += f" ORIG_RAX: {r['orig_ax']:016x}"
-        lines.append(rsp)
-        for row in (("ax", "bx", "cx"), ("dx", "si", "di"), ("bp", "r8", "r9"), ("r10", "r11", "r12"),
-                    ("r13", "r14", "r15")):
-            lines.append(" ".join(f"{_REG_LABEL[n]}: {r[n]:016x}" for n in row))
-        return lines
-
-
-_REG_LABEL = {"ax": "RAX", "bx": "RBX", "cx": "RCX", "dx": "RDX", "si": "RSI", "di": "RDI", "bp": "RBP",
-              "r8": "R08", "r9": "R09", "r10": "R10", "r11": "R11", "r12": "R12", "r13": "R13", "r14": "R14",
-              "r15": "R15"}
+        """The trace as x86 prints it: the stack scan with ``? `` guesses, markers and register blocks."""
+        return show_trace(frames, target)

@@ -51,3 +51,30 @@ def test_every_task_walks(dump: str) -> None:
     blocked = [t for t in session.select(every=True) if not t.running]
     clean = sum(session.replay(t, symbolize=False).stop.clean for t in blocked)
     assert clean >= 0.9 * len(blocked)
+
+
+def _trace_text(lines: list[str]) -> list[str]:
+    """Trace lines without the ``task:``/``Workqueue:`` header and ``Code:`` bytes (a slim image has no text)."""
+    return [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith(("task:", "Workqueue:", "Code:"))]
+
+
+@pytest.mark.parametrize("dump", DUMPS or ["none"], ids=lambda p: Path(p).name)
+def test_printed_text_matches_sysrq(dump: str) -> None:
+    """The whole printed trace of each exactly-matched blocked task, ``? `` scan lines and regs included."""
+    session = load_session(dump)
+    same = differ = 0
+    first = ""
+    for oracle in session.dump.oracles():
+        res = compare_oracle(session, oracle)
+        if oracle.get("source") != "sysrq-t" or res is None or res.category not in ("exact", "printed"):
+            continue
+        task = next(t for t in session.select(every=True) if t.pid == oracle["pid"] and not t.running)
+        r = session.replay(task)
+        ours = _trace_text([line for line, _ in session.backend.format_trace(r.frames, r.stop, r.target)])
+        if ours == _trace_text(oracle.get("text", "").splitlines()):
+            same += 1
+        else:
+            differ += 1
+            first = first or f"pid {task.pid}"
+    print(f"{Path(dump).name}: printed text same {same}, differs {differ} {first}")
+    assert differ == 0, f"{differ} traces print differently, first {first}"

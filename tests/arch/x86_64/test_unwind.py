@@ -160,7 +160,7 @@ def test_exception_stack_crossing_through_full_pt_regs():
     b.func("nmi_handler", 0x40, (0, call(8)))
     b.func("asm_exc_nmi", 0x80, (0, regs(0)))
     b.func("default_idle", 0x40, (0, call(8)))
-    nmi_top = NMI_LO + 0x2000
+    nmi_top = NMI_LO + STACK  # the interrupted context's pt_regs sit at the top: next_sp
     task_sp = TASK_LO + 0x3000
     pt = nmi_top - 168
 
