@@ -129,3 +129,20 @@ def gdb_fixup(segs: dict[int, bytes], cpus: list[tuple[int, dict[str, int]]], vm
                 buf[i:i + 8] = s.to_bytes(8, "little")
         out[start] = bytes(buf)
     return out, [(cpu, {**regs, "x30": strip(regs.get("x30", 0))}) for cpu, regs in cpus]
+
+
+#: the printer sysrq-l runs on each other CPU with the interrupted registers (first argument)
+REGS_PRINTER = ("show_regs", "x0")
+
+
+def regs_from_pt_regs(s: "Session", addr: int) -> tuple[str, dict[str, int]]:
+    """(mode, registers) of the ``struct pt_regs`` at ``addr``."""
+    data = s.read(addr, s.btf.sizeof("pt_regs"))
+
+    def u(path: str) -> int:
+        off = s.btf.offsetof("pt_regs", path)
+        return int.from_bytes(data[off:off + 8], "little")
+
+    out = {f"x{i}": u(f"regs[{i}]") for i in range(31)}
+    out.update(sp=u("sp"), pc=u("pc"), pstate=u("pstate"))
+    return _mode(_el(out["pstate"])), out

@@ -84,3 +84,20 @@ def blocked_context(s: "Session", task: int, tbytes: bytes) -> dict[str, int]:
 def context_sp(ctx: dict[str, int]) -> int:
     """Lowest stack address a walk from ``ctx`` reads."""
     return ctx["sp"]
+
+
+#: the printer sysrq-l runs on each other CPU with the interrupted registers (first argument)
+REGS_PRINTER = ("show_regs", "a0")
+
+
+def regs_from_pt_regs(s: "Session", addr: int) -> tuple[str, dict[str, int]]:
+    """(mode, registers) of the ``struct pt_regs`` at ``addr``."""
+    data = s.read(addr, s.btf.sizeof("pt_regs"))
+
+    def u(path: str) -> int:
+        off = s.btf.offsetof("pt_regs", path)
+        return int.from_bytes(data[off:off + 8], "little")
+
+    out = {r: u(r) for r in _GPRS}
+    out["pc"] = u("epc")
+    return ("kernel" if u("status") & SSTATUS_SPP else "user"), out

@@ -88,3 +88,20 @@ def blocked_context(s: "Session", task: int, tbytes: bytes) -> dict[str, int]:
 def context_sp(ctx: dict[str, int]) -> int:
     """Lowest stack address a walk from ``ctx`` reads."""
     return ctx["sp"]
+
+#: the printer sysrq-l runs on each other CPU with the interrupted registers (first argument)
+REGS_PRINTER = ("show_regs", "rdi")
+_PT_REGS = {"r15": "r15", "r14": "r14", "r13": "r13", "r12": "r12", "bp": "rbp", "bx": "rbx",
+            "r11": "r11", "r10": "r10", "r9": "r9", "r8": "r8", "ax": "rax", "cx": "rcx", "dx": "rdx",
+            "si": "rsi", "di": "rdi", "orig_ax": "orig_rax", "ip": "rip", "cs": "cs", "flags": "eflags",
+            "sp": "rsp", "ss": "ss"}
+
+
+def regs_from_pt_regs(s: "Session", addr: int) -> tuple[str, dict[str, int]]:
+    """(mode, registers) of the ``struct pt_regs`` at ``addr``."""
+    data = s.read(addr, s.btf.sizeof("pt_regs"))
+    out = {}
+    for member, name in _PT_REGS.items():
+        m = s.btf.member("pt_regs", member)
+        out[name] = int.from_bytes(data[m.offset:m.offset + m.size], "little")
+    return ("user" if out["cs"] & 3 == 3 else "kernel"), out

@@ -510,6 +510,7 @@ class Plan:
     random_share: int = 2  # random stops per round of breakpoint stops
     delay: tuple[float, float] = (0.05, 1.5)
     break_timeout: float = 15.0
+    sysrq_l: int = 0  # stops where sysrq-l prints a running CPU's trace, appended at the end
 
     def kinds(self) -> list[tuple[str, str | None]]:
         """The sequence of stops: random ones interleaved with the breakpoints in turn."""
@@ -522,7 +523,7 @@ class Plan:
             if self.breaks and len(seq) < self.stops:
                 seq.append(self.breaks[bi % len(self.breaks)])
                 bi += 1
-        return seq
+        return seq + [("sysrq-l", None)] * self.sysrq_l
 
 
 def default_breaks(lab: ModuleType, img: Image) -> list[tuple[str, str]]:
@@ -586,6 +587,63 @@ class SysrqOracle:
                 stale += 1
         return ents, f"sysrq-t: {len(ents)} tasks, {stale} stale"
 
+    def regs_printer_stop(self, s: Session, timeout: float) -> tuple[StopResult, bytes, str] | str:
+        """sysrq-l with a breakpoint on the arch's regs printer: capture the first CPU that reaches it
+        with a ``struct pt_regs``, record those registers, then store the trace the kernel prints."""
+        from .oracles import parse_regs_backtrace
+
+        fn, argreg = s.lab.REGS_PRINTER
+        addr = s.img.addr(fn)
+        mark = self.console.mark()
+        s.rsp.breakpoint(addr, s.lab.BREAK_KIND)
+        s.rsp.cont()
+        self.console.type("echo l > /proc/sysrq-trigger")
+        ptr, hit, reply = 0, None, b""
+        try:
+            for _ in range(2 * s.ncpu):
+                r = s.rsp.wait_stop(timeout)
+                if r is None:
+                    s.rsp.halt()
+                    break
+                reply, hit = r, RspClient.stop_thread(r)
+                s.rsp.select_thread(hit)
+                ptr = s.rsp.read_registers([argreg]).get(argreg, 0)
+                if ptr:
+                    break
+                s.rsp.cont()
+        finally:
+            s.rsp.breakpoint(addr, s.lab.BREAK_KIND, insert=False)
+        if not ptr or hit not in s.threads:
+            return f"no CPU reached {fn} with a pt_regs in {timeout:.0f}s (idle CPUs are skipped)"
+        cpu = s.threads.index(hit)
+        res = s.capture_stop(f"sysrq-l:{fn}", hit)
+        if isinstance(res, str):
+            return res
+        mode, regs = s.lab.regs_from_pt_regs(s, ptr)
+        if mode != "kernel":
+            return "the interrupted CPU was in user mode (the kernel prints registers only)"
+        c = res.cpus[cpu]
+        c.regs, c.mode = regs, mode
+        c.normalised = f"struct pt_regs at {argreg}={ptr:#x} of {fn} (sysrq-l)"
+        res.meta["cpus"][cpu].update(mode=mode, normalised=c.normalised)
+        _, psp = s.lab.pc_sp(regs)
+        pid = res.meta["cpus"][cpu]["pid"]
+        for st in res.meta["stacks"]:
+            lo, hi = int(st["low"], 16), int(st["high"], 16)
+            if (st["pid"] == pid or st["cpu"] == cpu) and lo <= psp <= hi:
+                res.memory[psp] = s.read(psp, hi - psp)
+                break
+        s.rsp.cont()
+        try:
+            text = self.console.wait_for(mark, rf"NMI backtrace for cpu {cpu}\b(?:(?!skipped).)*$", timeout,
+                                         quiet=1.5)
+        finally:
+            s.rsp.halt()
+        frames, raw = parse_regs_backtrace(text, cpu, self.smap)
+        res.meta["pending_oracles"] = [{"source": "sysrq-l", "cpu": cpu, "pid": pid, "frames": frames,
+                                        "text": raw}]
+        return res, reply, f"sysrq-l:{fn}"
+
 
 def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
                 sysrq: SysrqOracle | None = None, sysrq_every: int = 1,
@@ -607,7 +665,18 @@ def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
         attempts += 1
         kind, sym = seq[i]
         hit = None
-        if kind == "random":
+        if kind == "sysrq-l":
+            if sysrq is None:
+                i += 1
+                continue
+            got = sysrq.regs_printer_stop(s, plan.break_timeout)
+            if isinstance(got, str):
+                s.log(f"[capture] sysrq-l: skipped ({got})")
+                skipped += 1
+                i += 1
+                continue
+            res, reply, label = got
+        elif kind == "random":
             s.rsp.cont()
             time.sleep(rng.uniform(*plan.delay))
             reply = s.rsp.halt()
@@ -627,13 +696,14 @@ def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
                 continue
             hit = RspClient.stop_thread(reply)
             label = f"{kind}:{sym}"
-        res = s.capture_stop(label, hit)
+        if kind != "sysrq-l":
+            res = s.capture_stop(label, hit)
         if isinstance(res, str):
             skipped += 1
             s.log(f"[capture] {label}: skipped ({res})")
             continue
         extra: dict[str, Any] = {"qemu": qemu, "stop_reply": reply.decode(errors="replace")}
-        oracles: list[dict] = []
+        oracles: list[dict] = res.meta.pop("pending_oracles", [])
         notes = []
         if sysrq is not None and (written % max(1, sysrq_every) == 0):
             try:

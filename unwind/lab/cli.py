@@ -101,7 +101,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
         for _, sym in breaks:
             img.addr(sym)
         plan = Plan(args.stops, breaks, random_share=0 if args.breaks else 2,
-                    break_timeout=args.break_timeout)
+                    break_timeout=args.break_timeout, sysrq_l=0 if args.no_sysrq else args.sysrq_l)
         sysrq = None
         if not args.no_sysrq and con_sock:
             console = Console(con_sock, Path(args.output) / "console.txt")
@@ -187,6 +187,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--break", dest="breaks", metavar="F1,F2", help="breakpoint stops only, on these functions")
     c.add_argument("--break-timeout", type=float, default=15.0)
     c.add_argument("--no-sysrq", action="store_true", help="no sysrq-t oracle")
+    c.add_argument("--sysrq-l", type=int, default=0, metavar="N",
+                   help="then N stops where sysrq-l prints a running CPU's trace (kernel oracle)")
     c.add_argument("--sysrq-every", type=int, default=1, help="sysrq-t after every N-th stop")
     c.add_argument("--gdb-oracle", action="store_true", help="then store gdb-multiarch's bt in each dump")
     c.add_argument("--release", help="kernel release to record (default: VMCOREINFO OSRELEASE)")

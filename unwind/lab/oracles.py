@@ -129,6 +129,35 @@ def sysrq_oracles(text: str, smap: SystemMap | None) -> list[dict]:
     return out
 
 
+def parse_regs_backtrace(text: str, cpu: int, smap: SystemMap | None) -> tuple[list[str], str]:
+    """Reliable frames (and the raw lines) of the ``NMI backtrace for cpu N`` block of sysrq-l."""
+    frames: list[str] = []
+    lines: list[str] = []
+    inside = False
+    for raw in text.replace("\r", "").split("\n"):
+        line = _TS.sub("", raw)
+        m = re.search(r"NMI backtrace for cpu (\d+)", line)
+        if m:
+            inside = int(m.group(1)) == cpu and "skipped" not in line
+            if inside:
+                lines.append(line)
+            continue
+        if not inside:
+            continue
+        if _END.search(line) or _TASK.search(line):
+            break
+        lines.append(line)
+        f = _FRAME.match(line)
+        if not f or f.group("q"):
+            continue
+        if f.group("addr"):
+            frames.append(f"{int(f.group('addr'), 16):#x}")
+        elif smap is not None and not f.group("mod"):
+            a = smap.resolve(f.group("sym"), int(f.group("off"), 16), int(f.group("size"), 16))
+            frames.append(f"{a:#x}" if a is not None else f"{f.group('sym')}+0x{f.group('off')}")
+    return frames, "\n".join(lines)
+
+
 def parse_ftrace_stacks(text: str, smap: SystemMap | None) -> list[dict]:
     """``<stack trace>`` blocks of an ftrace buffer: ``=> sym+off/size`` lines after an event."""
     out: list[dict] = []
