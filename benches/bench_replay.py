@@ -12,11 +12,13 @@ walked (``extra_info["frames"]``). Modes:
   call-site check).
 
 The breakdown times the parts of ``walk`` alone over the same inputs:
-``reads`` is ``Memory.read_u64`` over every address the walks read (taken
-from their provenance), ``lookup`` is ``orc_find`` over every ip the x86-64
-walks looked up (arm64 and RISC-V walk frame records: no metadata lookup),
-and ``symbols`` is symbolisation of the walked frames. The report derives
-recovery (the unwinder's own logic) as ``walk - lookup - reads``.
+``setup`` is each task's unwinder set up and its first frame (the fixed
+cost of a walk), ``reads`` is ``Memory.read_u64`` over every address the
+walks read (taken from their provenance), ``lookup`` is ``orc_find`` over
+every ip the x86-64 walks looked up (arm64 and RISC-V walk frame records: no
+metadata lookup), and ``symbols`` is symbolisation of the walked frames. The
+report derives recovery (the unwinder's own logic per step) as
+``walk - setup - lookup - reads``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Callable
 
 import pytest
 
-from benchkit import (ARCHES, Corpus, load_corpus, lookup_groups, measure, need, read_all, replay_all,
+from benchkit import (ARCHES, Corpus, load_corpus, lookup_groups, measure, need, read_all, replay_all, setup_all,
                       symbolize_all, walk_all, walk_symbolize_all)
 
 MODES: dict[str, Callable[[Corpus], tuple[Callable[..., int], tuple[Any, ...]]]] = {
@@ -47,13 +49,15 @@ def test_replay(benchmark: Any, arch: str, mode: str) -> None:
     benchmark.extra_info["frames"] = measure(benchmark, fn, *args)
 
 
-@pytest.mark.parametrize("phase", ["reads", "lookup", "symbols"])
+@pytest.mark.parametrize("phase", ["setup", "reads", "lookup", "symbols"])
 @pytest.mark.parametrize("arch", ARCHES)
 def test_phase(benchmark: Any, arch: str, phase: str) -> None:
     """One part of the walk alone, over the inputs the walks of the corpus used."""
     corpus: Corpus = need(load_corpus(arch))
     fn: Callable[..., int]
-    if phase == "reads":
+    if phase == "setup":
+        fn, args = setup_all, (corpus.backend, corpus.targets)
+    elif phase == "reads":
         fn, args = read_all, (corpus.reads,)
     elif phase == "lookup":
         if not corpus.lookups:
