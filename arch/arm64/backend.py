@@ -32,6 +32,10 @@ CATEGORIES = {
     "oracle-pac": "the oracle printed PAC-signed return addresses (gdb without the pauth registers)",
     "entry-or-leaf": "the oracle has the x30 caller of a function stopped at its entry or in a leaf, "
                      "which the kernel's method drops and complete mode could not prove",
+    "oracle-trampoline": "the oracle shows return_to_handler or the kretprobe trampoline where the kernel "
+                         "resolves the original return address (F / K)",
+    "oracle-loop": "the oracle repeats a frame (no CFI for an asm trampoline such as return_to_handler); "
+                   "compared up to the repetition",
     "oracle-stops-early": "the oracle stops inside the replay: no CFI (vectors, call_on_irq_stack, entry "
                           "code) or a PAC-signed return address it cannot strip",
     "oracle-continues": "the replay ended cleanly where the oracle goes on past the final record",
@@ -83,29 +87,48 @@ class Arm64Backend(ArchBackend):
         return out
 
     def categorize(self, oracle: dict[str, Any], expected: list[int], replay: "Replay") -> str | None:
-        """Name the documented category of a difference from an oracle (:data:`CATEGORIES`), else ``None``."""
+        """Name the documented category of a difference from an oracle (:data:`CATEGORIES`), else ``None``.
+
+        gdb and drgn traces are first brought to the replay's terms: PAC stripped, a repeated frame
+        (an unwinder looping on code without CFI) cut, and a trampoline address accepted where the
+        replay resolved it; what remains must be equal, a prefix, or the replay with one x30 caller
+        after a boundary frame, or must go on past a clean end.
+        """
         if oracle.get("stale"):
             return "stale"
         if oracle.get("source") in _KERNEL_ORACLES:
             return None
-        mask, _ = kernel_pac_mask(replay.target.vmcoreinfo)
-        want = [ptrauth_strip_kernel_insn_pac(pc, mask) for pc in expected]  # gdb/drgn may not strip
+        target = replay.target
+        mask, _ = kernel_pac_mask(target.vmcoreinfo)
+        want = [ptrauth_strip_kernel_insn_pac(pc, mask) for pc in expected]
+        seen = {"pac"} if want != expected else set()
+        loop = next((i for i in range(1, len(want)) if want[i] == want[i - 1]), None)
+        if loop is not None:
+            want, _ = want[:loop], seen.add("loop")
         frames = replay.frames
-        vector = bool(frames) and frames[0].source is Source.EXCEPTION_FRAME
-        if vector:
-            frames = frames[1:]
+        if frames and frames[0].source is Source.EXCEPTION_FRAME:
+            frames, _ = frames[1:], seen.add("vector")
         got = [f.pc for f in frames]
+        trampolines = {target.symbol_address(n) for n in ("return_to_handler", "__kretprobe_trampoline",
+                                                           "arch_rethook_trampoline")} - {None}
+        for i, pc in enumerate(want):
+            if pc in trampolines and i < len(frames) and frames[i].flags & (Flag.FGRAPH | Flag.KRETPROBE):
+                want[i] = got[i]
+                seen.add("trampoline")
 
         def within(w: list[int]) -> bool:  # equal, or the oracle stopped inside the replay
             return len(w) <= len(got) and got[:len(w)] == w
 
-        if got == want:
-            return "vector" if vector else "oracle-pac"
-        if within(want):
-            return "oracle-stops-early"
-        for i in range(1, min(len(want), len(frames) + 1)):
-            if frames[i - 1].flags & Flag.BOUNDARY and within(want[:i] + want[i + 1:]):
-                return "entry-or-leaf"
         if len(got) < len(want) and want[:len(got)] == got and replay.stop.clean:
             return "oracle-continues"
-        return None
+        if not within(want):
+            for i in range(1, min(len(want), len(frames) + 1)):
+                if frames[i - 1].flags & Flag.BOUNDARY and within(want[:i] + want[i + 1:]):
+                    return "entry-or-leaf"
+            return None
+        for label in ("trampoline", "loop"):
+            if label in seen:
+                return f"oracle-{label}"
+        if want != got:
+            return "oracle-stops-early"
+        return "vector" if "vector" in seen else "oracle-pac"

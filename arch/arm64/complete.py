@@ -12,9 +12,9 @@ from its symbol start, shows that on every path to the pc neither ``x29`` nor
 ``x30`` has been written (PAC sign/authenticate hints aside):
 
 - *leaf*: no instruction of the function writes ``x29``/``x30`` or calls; or
-- *entry*: no instruction before the pc writes them, no direct branch from the
-  pc onwards lands back in ``[start, pc]``, and the function has no indirect
-  branch (so the pc is reached only along the straight line from the entry);
+- *entry*: in the function's control-flow graph (direct branches, calls that
+  return, tail calls and returns that end a path, an indirect branch reaching
+  everything) no instruction that writes them reaches the pc;
 - and the next record the kernel reads does not already hold the same return
   address (which would mean ``x29`` did point at the function's own record).
 
@@ -50,6 +50,8 @@ _FP, _LR = cs_arm64.ARM64_REG_X29, cs_arm64.ARM64_REG_X30
 _PAC_HINTS = frozenset({"paciasp", "pacibsp", "autiasp", "autibsp", "paciaz", "pacibz", "autiaz", "autibz",
                         "pacia1716", "pacib1716", "autia1716", "autib1716", "xpaclri", "hint", "bti", "nop"})
 _INDIRECT_BRANCHES = frozenset({"br", "braa", "brab", "braaz", "brabz"})
+#: instructions after which a path does not go on in the function
+_PATH_ENDS = frozenset({"ret", "retaa", "retab", "eret", "eretaa", "eretab", "brk", "udf", "hlt"})
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 #: the capture's note names the stop as ``vectors+0x280 -> ELR_EL1/SPSR_EL1``
 _VECTOR_OFFSET = re.compile(r"vectors\+(0x[0-9a-fA-F]+)")
@@ -107,41 +109,67 @@ class LrAnalyser:
         if (pc - sym.addr) % 4 or not any(i.address == pc for i in insns):
             return LrProof(False, f"{pc:#x} is not an instruction boundary of {sym.name}")
         start = sym.addr
-
-        writes: list[Any] = []
-        backward: list[Any] = []
-        indirect: list[Any] = []
-        for insn in insns:
-            mnem = insn.mnemonic
-            if mnem in _INDIRECT_BRANCHES:
-                indirect.append(insn)
-            if mnem not in _PAC_HINTS:
-                _read, written = insn.regs_access()
-                if _FP in written or _LR in written:
-                    writes.append(insn)
-            if insn.address >= pc and (insn.group(cs_arm64.ARM64_GRP_JUMP) or
-                                       insn.group(cs_arm64.ARM64_GRP_BRANCH_RELATIVE)):
-                for op in insn.operands:  # capstone gives the target as a signed 64-bit immediate
-                    if op.type == cs_arm64.ARM64_OP_IMM and start <= op.imm & _U64 <= pc:
-                        backward.append(insn)
+        index = {insn.address: n for n, insn in enumerate(insns)}
+        succ, writes = _control_flow(insns, index)
         lines = [f"disassembled {sym.name} ({sym.size:#x} bytes, {len(insns)} instructions) "
                  f"up to {sym.name}+{pc - start:#x}"]
         if not writes:
             lines.append(f"leaf: no instruction of {sym.name} writes x29 or x30 or calls")
             return LrProof(True, "leaf", lines)
-        before = [i for i in writes if i.address < pc]
-        if before:
-            return LrProof(False, f"x29/x30 written before the pc ({_describe(before[0], start)})", lines)
-        if indirect:
-            return LrProof(False, f"{sym.name} has an indirect branch ({_describe(indirect[0], start)})", lines)
-        if backward:
-            return LrProof(False, f"a branch at or after the pc returns into [start, pc] "
-                                  f"({_describe(backward[0], start)})", lines)
-        prologue = [i for i in insns if i.address < pc][-6:]
-        lines.append("x29 and x30 untouched on the straight path from the entry: "
-                     + ("; ".join(_describe(i, start) for i in prologue) if prologue else "pc is the entry"))
-        lines.append(f"first write after the pc: {_describe(writes[0], start)}")
+        target = index[pc]
+        for w in writes:  # a write from which the pc can be reached: x29/x30 may differ from the entry's
+            if target in _reachable(succ, succ[w] if succ[w] is not None else range(len(insns))):
+                return LrProof(False, f"a write to x29/x30 reaches the pc ({_describe(insns[w], start)})", lines)
+        straight = [i for i in insns if i.address < pc][-6:]
+        lines.append("no write to x29/x30 reaches the pc on any path from the entry; before it: "
+                     + ("; ".join(_describe(i, start) for i in straight) if straight else "pc is the entry"))
+        lines.append(f"first write in the function: {_describe(insns[writes[0]], start)}")
         return LrProof(True, "entry", lines)
+
+
+def _control_flow(insns: list[Any], index: dict[int, int]) -> tuple[list[list[int] | None], list[int]]:
+    """Successors of each instruction (``None``: an indirect branch, anywhere) and the x29/x30 writers.
+
+    Calls return to the next instruction; a direct branch out of the function is a tail call; returns,
+    ``brk`` and ``udf`` end a path. PAC sign/authenticate hints keep x30 the return address.
+    """
+    succ: list[list[int] | None] = []
+    writes: list[int] = []
+    for n, insn in enumerate(insns):
+        mnem = insn.mnemonic
+        nxt = [n + 1] if n + 1 < len(insns) else []
+        if mnem == "bl" or mnem.startswith("blr"):
+            out: list[int] | None = nxt
+        elif mnem in _INDIRECT_BRANCHES:
+            out = None
+        elif mnem in _PATH_ENDS:
+            out = []
+        elif insn.group(cs_arm64.ARM64_GRP_JUMP):
+            imms = [op.imm & _U64 for op in insn.operands if op.type == cs_arm64.ARM64_OP_IMM]
+            there = [index[imms[-1]]] if imms and imms[-1] in index else []
+            out = there if mnem == "b" else there + nxt
+        else:
+            out = nxt
+        succ.append(out)
+        if mnem not in _PAC_HINTS:
+            _read, written = insn.regs_access()
+            if _FP in written or _LR in written:
+                writes.append(n)
+    return succ, writes
+
+
+def _reachable(succ: list[list[int] | None], roots: Any) -> set[int]:
+    """Every instruction reachable from ``roots``; an indirect branch reaches all of them."""
+    seen: set[int] = set()
+    work = list(roots)
+    while work:
+        n = work.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        nxt = succ[n]
+        work.extend(range(len(succ)) if nxt is None else nxt)
+    return seen
 
 
 class Completer:

@@ -63,6 +63,15 @@ def bl(at: int, target: int) -> int:
     return 0x94000000 | (((target - at) >> 2) & 0x3FFFFFF)
 
 
+#: condition codes for :func:`bcond`
+EQ, NE = 0x0, 0x1
+
+
+def bcond(at: int, target: int, cond: int) -> int:
+    """``b.<cond> target`` placed at ``at``."""
+    return 0x54000000 | ((((target - at) >> 2) & 0x7FFFF) << 5) | cond
+
+
 def b(at: int, target: int) -> int:
     """``b target`` placed at ``at``."""
     return 0x14000000 | (((target - at) >> 2) & 0x3FFFFFF)

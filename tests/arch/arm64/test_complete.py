@@ -7,9 +7,9 @@ import pytest
 from unwind import Options
 from unwind.arch.arm64 import synth as S
 from unwind.arch.arm64.complete import LrAnalyser
-from unwind.arch.arm64.synth import (ADD_X0_X0_1, AUTIASP, BR_X16, BTI_C, LDP_FP_LR_POST16, MOV_FP_SP,
+from unwind.arch.arm64.synth import (EQ, NE, ADD_X0_X0_1, AUTIASP, BR_X16, BTI_C, LDP_FP_LR_POST16, MOV_FP_SP,
                                      MOV_X1_X0, NOP, PACIASP, RET, RETURN_TO_HANDLER, STP_FP_LR_PRE16,
-                                     STP_FP_LR_PRE32, TASK_LOW, Arm64Synth, b, bl, fn, ret, sign)
+                                     STP_FP_LR_PRE32, TASK_LOW, Arm64Synth, b, bcond, bl, fn, ret, sign)
 from unwind.frame import Flag, Source
 from unwind.output import replay_text
 from unwind.walk import collect
@@ -56,7 +56,8 @@ def test_entry_before_x29_is_set(generation, off):
     assert not frames[1].reliable
 
 
-@pytest.mark.parametrize("off,why", [(16, "x29/x30 written before the pc"), (20, "x29/x30 written")])
+@pytest.mark.parametrize("off,why", [(16, "a write to x29/x30 reaches the pc (+0xc: mov x29, sp)"),
+                                     (20, "a write to x29/x30 reaches the pc")])
 def test_after_mov_x29_nothing_is_added(off, why):
     s, t, _ = running_at(PROLOGUE, F + off)
     got, _, _ = pcs(s, t, complete=True)
@@ -73,12 +74,23 @@ def test_leaf_anywhere():
     assert "leaf: no instruction of func30 writes x29 or x30 or calls" in frames[1].provenance.notes
 
 
-def test_backward_branch_into_the_straight_path_is_refused():
+def test_a_branch_back_after_the_frame_is_built_is_refused():
     code = [NOP, ADD_X0_X0_1, STP_FP_LR_PRE16, MOV_FP_SP, bl(F + 16, fn(40)), b(F + 20, F + 4), RET]
     s, t, _ = running_at(code, F + 4)
     got, _, _ = pcs(s, t, complete=True)
     assert got == [F + 4] + FAITHFUL_TAIL
-    assert "returns into [start, pc]" in LrAnalyser(s.target(t, Options())).prove(F + 4).reason
+    assert "a write to x29/x30 reaches the pc (+0xc: mov x29, sp)" == LrAnalyser(s.target(t, Options())).prove(F + 4).reason
+
+
+def test_shrink_wrapped_fast_path_with_a_clean_loop():
+    """The frame is built only on an out-of-line slow path that returns: the loop before it stays clean."""
+    code = [NOP, ADD_X0_X0_1, bcond(F + 8, F + 0x14, NE), bcond(F + 0xC, F + 4, EQ), RET,
+            PACIASP, STP_FP_LR_PRE16, MOV_FP_SP, bl(F + 0x20, fn(40)), LDP_FP_LR_POST16, AUTIASP, RET]
+    for off in (4, 8, 0xC, 0x10):
+        s, t, _ = running_at(code, F + off)
+        assert pcs(s, t, complete=True)[0] == [F + off, CALLER] + FAITHFUL_TAIL
+    s, t, _ = running_at(code, F + 0x24)  # after bl in the slow path
+    assert pcs(s, t, complete=True)[0] == [F + 0x24] + FAITHFUL_TAIL
 
 
 def test_indirect_branch_is_refused():
@@ -145,8 +157,8 @@ def test_explain_states_the_proof():
     text = "\n".join(replay_text(s, r, explain=True))
     assert "func31+0x40/0x100 [complete: live lr]" in text
     assert "rule: live link register (entry)" in text
-    assert "x29 and x30 untouched on the straight path from the entry: +0x0: bti c; +0x4: paciasp" in text
-    assert "first write after the pc: +0xc: mov x29, sp" in text
+    assert "no write to x29/x30 reaches the pc on any path from the entry; before it: +0x0: bti c; +0x4: paciasp" in text
+    assert "first write in the function: +0xc: mov x29, sp" in text
     assert f"lr raw {sign(CALLER, 0x77):#x} -> stripped {CALLER:#x}" in text
 
 
@@ -189,7 +201,7 @@ def test_v6_12_explain_names_the_pt_regs_record():
     r = sc.session.replay(sc.task, Options(complete=True, record=True))
     elr = r.frames[sc.notes["boundary_index"]]
     assert any("stackframe of an EL1 pt_regs" in n for n in elr.provenance.notes)
-    assert any(n.startswith("complete: the x30 caller is not added: x29/x30 written before the pc")
+    assert any(n.startswith("complete: the x30 caller is not added: a write to x29/x30 reaches the pc")
                for n in elr.provenance.notes)
 
 

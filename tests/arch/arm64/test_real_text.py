@@ -33,6 +33,8 @@ def analyser():
     ("ksys_read", 0x1c, False),      # after add x29, sp, #0x10
     ("__cond_resched", 0x10, True),  # at mov x29, sp
     ("__cond_resched", 0x14, False),
+    ("__ptep_set_access_flags", 0x94, True),   # a leaf fast path; the frame is built out of line
+    ("__ptep_set_access_flags", 0xe8, False),  # after the out-of-line bl
 ])
 def test_real_prologues(analyser, name, off, live):
     lr, symbols = analyser
