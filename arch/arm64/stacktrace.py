@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import re
 import struct
+import weakref
 from typing import TYPE_CHECKING, Sequence
 
 from unwind.frame import Flag, Frame, Provenance, Source
@@ -41,7 +42,9 @@ if TYPE_CHECKING:
     from .complete import Completer
 
 _U64 = (1 << 64) - 1
-_RECORD = struct.Struct("<QQ")  # struct frame_record {fp, lr}
+_RECORD = struct.Struct("<QQ")  # struct frame_record {fp, lr} (structs.frame_record), decoded in one call
+#: segment start addresses of each dump's memory, computed once per dump
+_SEGMENT_STARTS: "weakref.WeakKeyDictionary[Memory, list[int]]" = weakref.WeakKeyDictionary()
 _BIT55 = 1 << 55
 # Enum members looked up once: a class attribute lookup costs more than a frame's arithmetic.
 _NO_FLAGS = Flag.NONE
@@ -154,7 +157,7 @@ class KunwindState:
     __slots__ = ("fp", "pc", "stacks", "graph_idx", "kr_cur", "source", "flags", "regs",
                  "mem", "meta_records", "layout", "final_fp", "pac_mask", "return_to_handler",
                  "kretprobe_trampoline", "fgraph", "kretprobes", "prov", "record",
-                 "seg_start", "seg_data", "seg_last", "_seg_starts")
+                 "seg_start", "seg_data", "seg_last")
 
     def __init__(self, target: Target, meta_records: bool, layout: PtRegsLayout) -> None:
         task = target.task
@@ -180,7 +183,6 @@ class KunwindState:
         self.regs: int | None = None
         self.prov: Provenance | None = None
         # The captured segment the last record came from: records are read straight from it.
-        self._seg_starts = [seg.start for seg in self.mem.segments]
         self.seg_start, self.seg_data, self.seg_last = 0, b"", -1
 
     def read_u64(self, addr: int, what: str) -> int:
@@ -199,7 +201,10 @@ class KunwindState:
             data = self.mem.read(addr, size)
         except MemoryFault as e:
             raise UnwindStop(StopReason.MEMORY_FAULT, f"{what} at {addr:#x}: {e}") from None
-        i = bisect.bisect_right(self._seg_starts, addr) - 1
+        starts = _SEGMENT_STARTS.get(self.mem)
+        if starts is None:
+            starts = _SEGMENT_STARTS[self.mem] = [seg.start for seg in self.mem.segments]
+        i = bisect.bisect_right(starts, addr) - 1
         seg = self.mem.segments[i]
         self.seg_start, self.seg_data, self.seg_last = seg.start, seg.data, len(seg.data) - FRAME_RECORD_SIZE
         return data

@@ -15,6 +15,7 @@ later kernels add and remove members (``por_el1``, ``lockdep_hardirqs``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Mapping
 
 from construct import Array, Int32sl, Int32ul, Int64ul, Struct
@@ -99,6 +100,7 @@ class PtRegsLayout:
         return self.regs + 8 * n
 
 
+@lru_cache(maxsize=2)
 def _defaults(meta_records: bool) -> PtRegsLayout:
     layout = pt_regs_v6_13 if meta_records else pt_regs_v6_12
     return PtRegsLayout(size=layout.sizeof(), regs=_offset(layout, "regs"), pc=_offset(layout, "pc"),
