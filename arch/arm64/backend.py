@@ -104,10 +104,12 @@ class Arm64Backend(ArchBackend):
         seen = {"pac"} if want != expected else set()
         loop = next((i for i in range(1, len(want)) if want[i] == want[i - 1]), None)
         if loop is not None:
-            want, _ = want[:loop], seen.add("loop")
+            want = want[:loop]
+            seen.add("loop")
         frames = replay.frames
         if frames and frames[0].source is Source.EXCEPTION_FRAME:
-            frames, _ = frames[1:], seen.add("vector")
+            frames = frames[1:]
+            seen.add("vector")
         got = [f.pc for f in frames]
         trampolines = {target.symbol_address(n) for n in ("return_to_handler", "__kretprobe_trampoline",
                                                            "arch_rethook_trampoline")} - {None}

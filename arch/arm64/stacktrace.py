@@ -531,8 +531,8 @@ class Arm64Unwinder(Unwinder):
         self.state = KunwindState(target, meta_records, pt_regs_layout(meta_records, offsets))
         self.completer: Completer | None = None
         if target.options.complete:
-            from .complete import Completer
-            self.completer = Completer(target, self.state)
+            from . import complete
+            self.completer = complete.Completer(target, self.state)
         self._pending: list[Frame] = []
         self._deferred: UnwindStop | None = None
         self._stack_obj: object = None
