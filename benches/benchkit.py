@@ -461,12 +461,17 @@ def uniform_text_ips(table: Any, n: int, seed: int = 7) -> np.ndarray:
 
 @dataclass
 class PeerPair:
-    """One stopped kernel twice: our dump and QEMU's full memory dump, with the debug vmlinux."""
+    """One stopped kernel twice: our dump and QEMU's full memory dump, with the debug vmlinux.
+
+    ``image`` is what our replay reads: the committed slim image of the same build-id when there is
+    one (as for the corpora), else the debug vmlinux.
+    """
 
     arch: str
     dump: Path
     vmcore: Path
     vmlinux: Path
+    image: Path
 
 
 def peer_pairs() -> list[PeerPair] | Missing:
@@ -496,7 +501,8 @@ def peer_pairs() -> list[PeerPair] | Missing:
                 vmlinux = find_kernel(d.arch, d.release).root / "vmlinux"
             except (ImportError, FetchError):
                 continue
-        pairs.append(PeerPair(d.arch, dumps[0], core, vmlinux))
+        slims = sorted((CORPORA / d.arch).glob(f"*/vmlinux-{d.build_id}.slim*")) if d.build_id else []
+        pairs.append(PeerPair(d.arch, dumps[0], core, vmlinux, slims[0] if slims else vmlinux))
     return pairs or Missing(f"no NAME.vmcore + NAME.bin[.xz] pair with a vmlinux under {folder}")
 
 
@@ -535,7 +541,7 @@ def peer_workload(arch: str) -> PeerWorkload | Missing:
         prog.load_debug_info([str(pair.vmlinux)])
     except drgn.MissingDebugInfoError:
         pass  # modules without debug info (qemu_fw_cfg): the kernel's own was loaded
-    s = load_session(pair.dump)
+    s = load_session(pair.dump, vmlinux=pair.image)
     tasks = s.select(every=True)
     if QUICK:
         tasks = tasks[:4]
