@@ -90,3 +90,24 @@ def test_running_cpus_within_documented_categories(dump):
             assert res.category != "entry-or-leaf", f"complete mode should have proven it: {detail}"
     if not seen:
         pytest.skip("no running-CPU oracle in this dump")
+
+
+@pytest.mark.parametrize("dump", DUMPS[:3], ids=_name)
+def test_complete_mode_keeps_every_faithful_frame_on_real_data(dump):
+    from unwind.frame import Flag
+
+    session = load_session(dump)
+    for task in session.dump.tasks():
+        faithful = session.replay(task, Options(), symbolize=False)
+        complete = session.replay(task, Options(complete=True, record=True), symbolize=False)
+        kept = [f.pc for f in complete.frames if not f.flags & Flag.COMPLETE]
+        assert kept == [f.pc for f in faithful.frames], task.describe()
+        assert complete.stop.reason is faithful.stop.reason
+
+
+def test_cli_explain_on_a_real_dump(capsys):
+    from unwind.cli import main
+
+    assert main(["replay", DUMPS[0], "--all", "--explain", "--complete"]) == 0
+    out = capsys.readouterr().out
+    assert "Call trace:" in out and "record.lr (raw)" in out and "PAC mask 0xfff0000000000000" in out
