@@ -416,7 +416,7 @@ def write_plots(r: Results, out: Path) -> dict[str, str]:
             xs = [j + (i - (len(REPLAY_MODES) - 1) / 2) * width for j in range(len(arches))]
             ys = [reps[a].modes.get(mode, 0.0) * 1e6 for a in arches]
             bars = ax.bar(xs, ys, width, label=mode)
-            ax.bar_label(bars, fmt="%.2g", fontsize=7)
+            ax.bar_label(bars, fmt="%.3g", fontsize=7)
         ax.axhline(TARGET_US_PER_FRAME, color="red", linestyle="--", label=f"target {TARGET_US_PER_FRAME:g} µs")
         ax.set_xticks(range(len(arches)), arches)
         ax.set_ylabel(f"µs per frame ({r.stat})")
@@ -427,7 +427,11 @@ def write_plots(r: Results, out: Path) -> dict[str, str]:
             ys = [((getattr(reps[a], part) or 0.0) * 1e6) for a in arches]
             bx.bar(range(len(arches)), ys, 0.5, bottom=bottoms, label=part)
             bottoms = [b + y for b, y in zip(bottoms, ys)]
+        walks = [reps[a].modes.get("walk", 0.0) * 1e6 for a in arches]
+        bx.hlines(walks, [j - 0.3 for j in range(len(arches))], [j + 0.3 for j in range(len(arches))],
+                  colors="black", linewidth=2, zorder=3, label="walk as measured")
         bx.axhline(TARGET_US_PER_FRAME, color="red", linestyle="--")
+        bx.set_ylim(0, max(max(bottoms), max(walks)) * 1.12)
         bx.set_xticks(range(len(arches)), arches)
         bx.set_ylabel("µs per frame")
         bx.set_title("walk = setup + lookup + stack reads + recovery")
