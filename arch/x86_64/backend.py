@@ -6,11 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 import capstone
 
+from unwind.callsite import CallSiteChecker
 from unwind.frame import Flag, Frame
 from unwind.image import ImageError
 from unwind.registry import ArchBackend
 from unwind.target import Target
-from unwind.walk import Stop, Unwinder
+from unwind.walk import Stop, StopReason, Unwinder
 
 from .orc import OrcTable, load_orc
 from .printer import REGS_SOURCES, backtrace_symbol, plain_symbol, show_trace
@@ -37,6 +38,11 @@ CATEGORIES = {
     "oracle-merged": "the console text lost a 'task:' header: the oracle block runs two tasks' traces together, "
                      "ours is its first part",
     "oracle-stops-early": "gdb stops at the first stack switch (IRQ, entry or exception stack)",
+    "oracle-no-fgraph": "gdb shows return_to_handler and stops: it does not read the function-graph return stack",
+    "oracle-tail-call": "gdb reports a pc that follows no call (a tail call's jmp: the kernel's stack has no such "
+                        "frame); without those its frames are ours, or a prefix of ours",
+    "switching": "the CPU's sp is on no stack of the task recorded as current (a context switch in progress): "
+                 "get_stack_info() refuses it, as the kernel would",
     "oracle-continues": "the oracle goes on past where the kernel stops (user-mode frames, garbage past entry code)",
 }
 _KERNEL_ORACLES = ("sysrq-t", "sysrq-l", "ftrace-stacktrace")
@@ -91,10 +97,26 @@ class X86_64Backend(ArchBackend):
                     and expected[len(printed)] == printed[0] and replay.stop.clean):
                 return "oracle-merged"
             return None
-        if len(expected) < len(got) and got[:len(expected)] == expected:
-            return "oracle-stops-early"
-        if len(got) < len(expected) and expected[:len(got)] == got and replay.stop.clean:
-            return "oracle-continues"
+        if not replay.frames and replay.task.running and replay.stop.reason is StopReason.OUTSIDE_STACK:
+            return "switching"
+        return self._categorize_debugger(expected, got, replay)
+
+    def _categorize_debugger(self, expected: list[int], got: list[int], replay: "Replay") -> str | None:
+        """gdb/drgn: drop what they report and the kernel cannot (tail-call sites, return_to_handler)."""
+        want, category = list(expected), None
+        rth = replay.target.symbol_address("return_to_handler")
+        if rth in want[1:]:
+            want, category = want[:want.index(rth, 1)], "oracle-no-fgraph"
+        sites = CallSiteChecker(self, replay.target.image)
+        kept = want[:1] + [pc for pc in want[1:] if sites.check(pc).status != "bad"]
+        if kept != want:
+            want, category = kept, "oracle-tail-call"
+        if want == got:
+            return category
+        if len(want) < len(got) and got[:len(want)] == want:
+            return category or "oracle-stops-early"
+        if len(got) < len(want) and want[:len(got)] == got and replay.stop.clean:
+            return category or "oracle-continues"
         return None
 
     def symbolize(self, frame: Frame, target: Target) -> str:

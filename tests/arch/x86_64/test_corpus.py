@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
 from unwind.arch.x86_64.backend import CATEGORIES
-from unwind.replay import load_session
+from unwind.replay import Session, load_session
 from unwind.tools import compare_oracle, paths_under
 
 CORPUS = Path(os.environ.get("UNWIND_CORPORA", Path(__file__).resolve().parents[3] / "corpora")) / "x86_64"
@@ -26,9 +27,15 @@ if not DUMPS:
     pytestmark = pytest.mark.skip(reason=f"no x86-64 dumps under {CORPUS} yet (the real-kernel lab writes them)")
 
 
+@lru_cache(maxsize=None)
+def _session(dump: str) -> Session:
+    """One session per dump for all the tests here (the image is decoded once anyway)."""
+    return load_session(dump)
+
+
 @pytest.mark.parametrize("dump", DUMPS or ["none"], ids=lambda p: Path(p).name)
 def test_dump_matches_its_oracles(dump: str) -> None:
-    session = load_session(dump)
+    session = _session(dump)
     counts: Counter[str] = Counter()
     unexplained = []
     for oracle in session.dump.oracles():
@@ -47,7 +54,7 @@ def test_dump_matches_its_oracles(dump: str) -> None:
 @pytest.mark.parametrize("dump", DUMPS or ["none"], ids=lambda p: Path(p).name)
 def test_every_task_walks(dump: str) -> None:
     """No task makes the unwinder raise anything but a stop; blocked tasks mostly end cleanly."""
-    session = load_session(dump)
+    session = _session(dump)
     blocked = [t for t in session.select(every=True) if not t.running]
     clean = sum(session.replay(t, symbolize=False).stop.clean for t in blocked)
     assert clean >= 0.9 * len(blocked)
@@ -61,7 +68,7 @@ def _trace_text(lines: list[str]) -> list[str]:
 @pytest.mark.parametrize("dump", DUMPS or ["none"], ids=lambda p: Path(p).name)
 def test_printed_text_matches_sysrq(dump: str) -> None:
     """The whole printed trace of each exactly-matched blocked task, ``? `` scan lines and regs included."""
-    session = load_session(dump)
+    session = _session(dump)
     same = differ = 0
     first = ""
     for oracle in session.dump.oracles():
