@@ -130,6 +130,7 @@ def user_mode(pstate: int) -> bool:
     return (pstate & PSR_MODE_MASK) == PSR_MODE_EL0T or bool(pstate & PSR_MODE32_BIT)
 
 
+# stackinfo_get_task() in asm/stacktrace.h
 def task_stack(stacks: Sequence[StackInfo]) -> StackInfo | None:
     """``stackinfo_get_task(tsk)``: the task's own stack among the usable ones."""
     for info in stacks:
@@ -607,6 +608,7 @@ class Arm64Unwinder(Unwinder):
             self._pending = [extra]
         return first
 
+    # kunwind_next(), then consume_state() of do_kunwind()'s loop
     def next(self) -> Frame:
         """kunwind_next(), reported as the frame the consumer sees."""
         if self._pending:
@@ -639,6 +641,7 @@ class Arm64Unwinder(Unwinder):
                 self._pending.append(extra)
         return frame
 
+    # arch_bpf_unwind_consume_entry()
     def bpf_args(self, frame: Frame) -> tuple[int, int, int]:
         """``arch_bpf_unwind_consume_entry()``: ``(pc, 0, fp)``."""
         return frame.pc, 0, frame.fp or 0
