@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -161,16 +162,16 @@ def choose_version(header: bytes | None, release: str | None, forced: str | int 
         v = parse_version(forced)
         return v, f"forced v{v}"
     if header is not None:
-        v = ORC_HASHES.get(bytes(header))
-        if v is None:
+        known = ORC_HASHES.get(bytes(header))
+        if known is None:
             raise OrcFormatError(f"unknown ORC format: .orc_header hash {bytes(header).hex()} is not a known "
                                  "generation (force one with --orc-version 1..4)")
-        return v, f".orc_header {bytes(header).hex()[:16]}... (v{v})"
-    v = version_for_release(release) if release else None
-    if v is None:
+        return known, f".orc_header {bytes(header).hex()[:16]}... (v{known})"
+    by_release = version_for_release(release) if release else None
+    if by_release is None:
         raise OrcFormatError("no .orc_header and no kernel release to choose the ORC format "
                              "(force one with --orc-version 1..4)")
-    return v, f"release {release} (v{v})"
+    return by_release, f"release {release} (v{by_release})"
 
 
 # --- raw tables <-> columns -------------------------------------------------------------------
@@ -461,6 +462,8 @@ class OrcTable:
 # --- from an image, cached ----------------------------------------------------------------------
 
 _CACHE: dict[tuple, OrcTable] = {}
+#: per Image object: (release, forced) -> table, so a replay of many tasks skips even the key work
+_BY_IMAGE: "weakref.WeakKeyDictionary[Image, dict[tuple, OrcTable]]" = weakref.WeakKeyDictionary()
 
 
 def load_orc(image: Image, release: str | None = None, forced: str | int | None = None,
@@ -471,6 +474,10 @@ def load_orc(image: Image, release: str | None = None, forced: str | int | None 
     (default: the image's own symbols); without them the ``.text`` section
     bounds stand in for ``_stext``/``_etext``.
     """
+    mine = _BY_IMAGE.setdefault(image, {})
+    hit = mine.get((release, forced))
+    if hit is not None:
+        return hit
     header = image.section(".orc_header")
     version, how = choose_version(header[1] if header else None, release, forced)
     resolve = symbol or _image_symbol(image)
@@ -492,6 +499,7 @@ def load_orc(image: Image, release: str | None = None, forced: str | int | None 
         table = OrcTable.from_sections(ip_sec[0], ip_sec[1], orc_sec[1], version, stext=stext, etext=etext,
                                        inittext=inittext, how=how)
         _CACHE[key] = table
+    mine[(release, forced)] = table
     return table
 
 

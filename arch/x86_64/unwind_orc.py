@@ -14,15 +14,16 @@ frame-pointer guess (no ORC entry) every frame is flagged unreliable, as
 
 from __future__ import annotations
 
+import bisect
 import struct
 from typing import Callable
 
 from unwind.frame import Flag, Frame, Provenance, Source
-from unwind.memory import MemoryFault
+from unwind.memory import MemoryFault, Segment
 from unwind.target import Target
 from unwind.walk import StopReason, Unwinder, UnwindStop
 
-from .dumpstack import STACK_TYPE_UNKNOWN, UNKNOWN, StackFinder, StackInfo
+from .dumpstack import UNKNOWN, StackFinder, StackInfo
 from .orc import (ORC_FP_ENTRY, ORC_REG_AX, ORC_REG_BP, ORC_REG_BP_INDIRECT, ORC_REG_DI, ORC_REG_DX,
                   ORC_REG_PREV_SP, ORC_REG_R10, ORC_REG_R13, ORC_REG_SP, ORC_REG_SP_INDIRECT, ORC_REG_UNDEFINED,
                   ORC_TYPE_CALL, ORC_TYPE_END_OF_STACK, ORC_TYPE_REGS, ORC_TYPE_REGS_PARTIAL, ORC_TYPE_UNDEFINED,
@@ -32,6 +33,10 @@ from .structs import (INACTIVE_TASK_FRAME, INACTIVE_TASK_FRAME_SIZE, IRET_FRAME_
 
 PAGE_SIZE = 4096
 _U64 = struct.Struct("<Q").unpack_from
+
+
+def _seg_start(seg: Segment) -> int:
+    return seg.start
 #: [MODULES_VADDR, MODULES_END) with a 1 GiB kernel image (pgtable_64_types.h): module, BPF and
 #: trampoline text the replay cannot list, taken as kernel text like __kernel_text_address() does
 MODULES_RANGE = (0xFFFFFFFFC0000000, 0xFFFFFFFFFF000000)
@@ -116,10 +121,9 @@ class OrcUnwinder(Unwinder):
         if self._seg_lo <= addr and addr + 8 <= self._seg_hi:
             return _U64(self._seg_data, addr - self._seg_lo)[0]
         val = self._mem_read(addr)
-        for seg in self.mem.segments:
-            if seg.start <= addr < seg.end:
-                self._seg_lo, self._seg_hi, self._seg_data = seg.start, seg.end, seg.data
-                break
+        segs = self.mem.segments
+        seg = segs[bisect.bisect_right(segs, addr, key=_seg_start) - 1]
+        self._seg_lo, self._seg_hi, self._seg_data = seg.start, seg.end, seg.data
         return val
 
     # --- stack access (unwind_orc.c:387-437) ---
@@ -233,7 +237,7 @@ class OrcUnwinder(Unwinder):
 
     def unwind_next_frame(self) -> Frame:
         """The steps of ``unwind_next_frame()`` in the kernel's order."""
-        if not self.stack_info.type:  # unwind_done(): STACK_TYPE_UNKNOWN
+        if not self.stack_info.type:  # unwind_done(): STACK_TYPE_UNKNOWN is 0
             raise UnwindStop(StopReason.END_OF_STACK, "the walk is done")
         prev_sp, prev_type, orig_ip = self.sp, self.stack_info.type, self.ip
         prov = Provenance("") if self.record else None
