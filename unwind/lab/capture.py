@@ -639,9 +639,8 @@ class SysrqOracle:
                                          quiet=1.5)
         finally:
             s.rsp.halt()
-        frames, raw = parse_regs_backtrace(text, cpu, self.smap)
-        res.meta["pending_oracles"] = [{"source": "sysrq-l", "cpu": cpu, "pid": pid, "frames": frames,
-                                        "text": raw}]
+        ent = {"source": "sysrq-l", "cpu": cpu, "pid": pid, **parse_regs_backtrace(text, cpu, self.smap)}
+        res.meta["pending_oracles"] = [ent]
         return res, reply, f"sysrq-l:{fn}"
 
 
@@ -767,14 +766,61 @@ def add_gdb_oracles(paths: list[Path], vmlinux: str | Path, log=None) -> int:
         ents = found.get(str(core), [])
         meta = dict(dump.meta)
         meta["oracles"] = [o for o in meta.get("oracles", []) if o.get("source") != "gdb"] + ents
-        w = DumpWriter(dump.arch)
-        for seg in dump.memory.segments:
-            w.add_memory(seg.start, seg.data)
-        for c in dump.cpus:
-            w.add_cpu(c.cpu, c.regs, c.pid)
-        w.vmcoreinfo = dump.vmcoreinfo_text
-        w.meta = meta
-        w.write(p)
+        rewrite_dump(dump, p, meta)
         added += len(ents)
     log(f"[capture] gdb bt: {added} traces for {len(paths)} dumps in {time.monotonic() - t0:.1f}s")
     return added
+
+
+def rewrite_dump(dump, path: Path, meta: dict[str, Any]) -> None:
+    """Write ``dump`` back to ``path`` with a new JSON note."""
+    from unwind.dump import DumpWriter
+
+    w = DumpWriter(dump.arch)
+    for seg in dump.memory.segments:
+        w.add_memory(seg.start, seg.data)
+    for c in dump.cpus:
+        w.add_cpu(c.cpu, c.regs, c.pid)
+    w.vmcoreinfo = dump.vmcoreinfo_text
+    w.meta = meta
+    w.write(path)
+
+
+def reparse_oracles(paths: list[Path], system_map: str | Path) -> int:
+    """Re-derive the frames of stored sysrq-t/sysrq-l oracles from their raw text; returns changes."""
+    from unwind.dump import Dump
+
+    from .oracles import SystemMap, parse_regs_backtrace, parse_task_traces
+
+    smap = SystemMap(system_map)
+    changed = 0
+    for p in paths:
+        dump = Dump.open(p)
+        meta = dict(dump.meta)
+        every = meta.get("oracles", []) + meta.get("oracles_excluded", [])
+        for o in every:
+            before = (o.get("frames"), o.get("stale"))
+            if o.get("source") == "sysrq-t":
+                (t, *_) = parse_task_traces(o["text"], smap) or [None]
+                if t is None:
+                    continue
+                o["frames"], o["unreliable"] = t.frames, t.unreliable
+                o.pop("pt_regs", None)
+                if t.pt_regs:
+                    o["pt_regs"] = t.pt_regs
+                parse_bad = o.get("stale") and not o.get("why", "").startswith(("ran between", "not a blocked"))
+                if t.corrupt:
+                    o["stale"], o["why"] = True, t.corrupt
+                elif parse_bad:
+                    o.pop("stale", None)
+                    o.pop("why", None)
+            elif o.get("source") == "sysrq-l":
+                for k in ("pt_regs", "stale", "why"):
+                    o.pop(k, None)
+                o.update(parse_regs_backtrace("NMI backtrace for cpu %d\n" % o["cpu"] + o["text"], o["cpu"], smap))
+            changed += before != (o.get("frames"), o.get("stale"))
+        meta["oracles"] = [o for o in every if not o.get("stale")]
+        meta["oracles_excluded"] = [o for o in every if o.get("stale")]
+        rewrite_dump(dump, Path(p), meta)
+    return changed
+

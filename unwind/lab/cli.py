@@ -11,7 +11,7 @@ from pathlib import Path
 from .boot import LabError, boot, lab_state, stop
 from .btf import BtfError
 from .capture import (CaptureError, Image, Plan, Session, SysrqOracle, add_gdb_oracles, default_breaks,
-                      run_capture)
+                      reparse_oracles, run_capture)
 from .fetch import FetchError, canonical_arch, fetch, find_kernel
 from .rsp import RspClient, RspError
 
@@ -131,6 +131,16 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return 0 if written else 1
 
 
+def cmd_reparse(args: argparse.Namespace) -> int:
+    """Re-derive stored kernel-trace oracles from their raw text with the current parser."""
+    try:
+        n = reparse_oracles([Path(p) for p in args.dumps], args.system_map)
+    except _ERRORS as e:
+        return _fail(str(e).splitlines()[0])
+    print(f"{n} oracle traces changed", file=sys.stderr)
+    return 0
+
+
 def cmd_gdb_oracle(args: argparse.Namespace) -> int:
     """Add gdb's ``bt`` per CPU to existing dumps."""
     try:
@@ -172,6 +182,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--vmlinux", required=True)
     g.add_argument("dumps", nargs="+")
     g.set_defaults(func=cmd_gdb_oracle)
+    rp = lsub.add_parser("reparse-oracles", help="re-derive stored sysrq-t/sysrq-l frames from their text")
+    rp.add_argument("--system-map", required=True)
+    rp.add_argument("dumps", nargs="+")
+    rp.set_defaults(func=cmd_reparse)
     st = lsub.add_parser("stop", help="quit the guest")
     st.add_argument("--arch", required=True)
     st.set_defaults(func=cmd_lab_stop)

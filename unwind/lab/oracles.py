@@ -21,6 +21,8 @@ _TS = re.compile(r"^\[\s*\d+\.\d+\]\s?")
 _TASK = re.compile(r"task:(?P<comm>.*?)\s+state:(?P<state>\S).*?\bpid:\s*(?P<pid>\d+)")
 _FRAME = re.compile(r"^\s*(?P<q>\? )?(?:\[<(?P<addr>[0-9a-f]+)>\]\s+)?(?P<sym>[A-Za-z_.$][\w.$]*)"
                     r"\+0x(?P<off>[0-9a-f]+)/0x(?P<size>[0-9a-f]+)(?:\s+\[(?P<mod>[\w-]+)\])?\s*$")
+_BARE = re.compile(r"^\s*(?P<q>\? )?0x(?P<addr>[0-9a-f]+)\s*$")
+_RIP = re.compile(r"^RIP: [0-9a-f]{4}:(?P<sym>[A-Za-z_.$][\w.$]*)\+0x(?P<off>[0-9a-f]+)/0x(?P<size>[0-9a-f]+)")
 _MARKER = re.compile(r"^\s*</?(TASK|IRQ|NMI|SOFTIRQ|#\w+)>\s*$")
 
 
@@ -56,6 +58,42 @@ class SystemMap:
         return cands[0] + off
 
 
+def _parse_frame(line: str, smap: SystemMap | None) -> tuple[str, bool, str | None] | None:
+    """(address or ``sym+off``, unreliable?, damage note) of one trace line, None if not a frame.
+
+    Frames are ``sym+off/size``, riscv's ``[<addr>] sym+off/size`` and bare
+    addresses (code without a symbol, e.g. ftrace trampolines); ``? `` marks a
+    stack-scan guess that is not unwinder output.
+    """
+    b = _BARE.match(line)
+    if b:
+        return f"{int(b.group('addr'), 16):#x}", bool(b.group("q")), None
+    f = _FRAME.match(line)
+    if not f:
+        return None
+    off, size = int(f.group("off"), 16), int(f.group("size"), 16)
+    damage = None
+    if f.group("addr"):
+        addr: int | None = int(f.group("addr"), 16)
+    elif smap is not None and not f.group("mod"):
+        addr = smap.resolve(f.group("sym"), off, size)
+        if addr is not None and (off > size or smap.size_at(addr - off) != size):
+            damage = f"{line.strip()} disagrees with System.map"
+    else:
+        addr = None
+    txt = f"{addr:#x}" if addr is not None else f"{f.group('sym')}+0x{f.group('off')}"
+    return txt, bool(f.group("q")), damage
+
+
+def _parse_rip(line: str, smap: SystemMap | None) -> str | None:
+    """The pc of an x86 ``RIP: 0010:sym+off/size`` line printed where a trace crosses pt_regs."""
+    m = _RIP.match(line)
+    if not m or smap is None:
+        return None
+    a = smap.resolve(m.group("sym"), int(m.group("off"), 16), int(m.group("size"), 16))
+    return f"{a:#x}" if a is not None else None
+
+
 @dataclass
 class TaskTrace:
     """One task's block of a sysrq-t (or similar) dump."""
@@ -67,6 +105,7 @@ class TaskTrace:
     unreliable: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     corrupt: str | None = None
+    pt_regs: list[dict] = field(default_factory=list)
 
 
 _END = re.compile(r"Showing busy workqueues|^Sched Debug|^runnable tasks:|^sysrq: ")
@@ -95,25 +134,20 @@ def parse_task_traces(text: str, smap: SystemMap | None) -> list[TaskTrace]:
         if _END.search(line):
             cur = None
             continue
-        f = _FRAME.match(line)
-        if not f:
-            if "+0x" in line:
+        fr = _parse_frame(line, smap)
+        if fr is None:
+            rip = _parse_rip(line, smap) if cur.frames else None
+            if rip:
+                cur.pt_regs.append({"after": len(cur.frames), "pc": rip})
+            elif "+0x" in line and not _RIP.match(line):
                 cur.corrupt = cur.corrupt or f"damaged line {line.strip()!r}"
             if line.strip():
                 cur.lines.append(line)
             continue
         cur.lines.append(line)
-        off, size = int(f.group("off"), 16), int(f.group("size"), 16)
-        if f.group("addr"):
-            addr: int | None = int(f.group("addr"), 16)
-        elif smap is not None and not f.group("mod"):
-            addr = smap.resolve(f.group("sym"), off, size)
-            if addr is not None and (off > size or smap.size_at(addr - off) != size):
-                cur.corrupt = cur.corrupt or f"{line.strip()} disagrees with System.map"
-        else:
-            addr = None
-        txt = f"{addr:#x}" if addr is not None else f"{f.group('sym')}+0x{f.group('off')}"
-        (cur.unreliable if f.group("q") else cur.frames).append(txt)
+        txt, unreliable, damage = fr
+        cur.corrupt = cur.corrupt or damage
+        (cur.unreliable if unreliable else cur.frames).append(txt)
     return out
 
 
@@ -123,6 +157,8 @@ def sysrq_oracles(text: str, smap: SystemMap | None) -> list[dict]:
     for t in parse_task_traces(text, smap):
         e = {"source": "sysrq-t", "pid": t.pid, "cpu": None, "comm": t.comm, "state": t.state,
              "frames": t.frames, "unreliable": t.unreliable, "text": "\n".join(t.lines)}
+        if t.pt_regs:
+            e["pt_regs"] = t.pt_regs
         bad = [f for f in t.frames if not f.startswith("0x")]
         if bad or t.corrupt:
             e["stale"] = True
@@ -131,10 +167,13 @@ def sysrq_oracles(text: str, smap: SystemMap | None) -> list[dict]:
     return out
 
 
-def parse_regs_backtrace(text: str, cpu: int, smap: SystemMap | None) -> tuple[list[str], str]:
-    """Reliable frames (and the raw lines) of the ``NMI backtrace for cpu N`` block of sysrq-l."""
-    frames: list[str] = []
-    lines: list[str] = []
+def parse_regs_backtrace(text: str, cpu: int, smap: SystemMap | None) -> dict:
+    """The ``NMI backtrace for cpu N`` block of sysrq-l: reliable frames, pt_regs crossings, raw lines.
+
+    The trace starts after the interrupted pc (printed as ``pc :``/``epc :``/``RIP:``), so
+    ``frames`` hold what the kernel printed as trace lines only.
+    """
+    t = TaskTrace(-1, "", "")
     inside = False
     for raw in text.replace("\r", "").split("\n"):
         line = _TS.sub("", raw)
@@ -142,22 +181,28 @@ def parse_regs_backtrace(text: str, cpu: int, smap: SystemMap | None) -> tuple[l
         if m:
             inside = int(m.group(1)) == cpu and "skipped" not in line
             if inside:
-                lines.append(line)
+                t.lines.append(line)
             continue
         if not inside:
             continue
         if _END.search(line) or _TASK.search(line):
             break
-        lines.append(line)
-        f = _FRAME.match(line)
-        if not f or f.group("q"):
+        t.lines.append(line)
+        fr = _parse_frame(line, smap)
+        if fr is None:
+            rip = _parse_rip(line, smap) if t.frames else None
+            if rip:
+                t.pt_regs.append({"after": len(t.frames), "pc": rip})
             continue
-        if f.group("addr"):
-            frames.append(f"{int(f.group('addr'), 16):#x}")
-        elif smap is not None and not f.group("mod"):
-            a = smap.resolve(f.group("sym"), int(f.group("off"), 16), int(f.group("size"), 16))
-            frames.append(f"{a:#x}" if a is not None else f"{f.group('sym')}+0x{f.group('off')}")
-    return frames, "\n".join(lines)
+        txt, unreliable, damage = fr
+        t.corrupt = t.corrupt or damage
+        (t.unreliable if unreliable else t.frames).append(txt)
+    out = {"frames": t.frames, "unreliable": t.unreliable, "text": "\n".join(t.lines)}
+    if t.pt_regs:
+        out["pt_regs"] = t.pt_regs
+    if t.corrupt:
+        out["stale"], out["why"] = True, t.corrupt
+    return out
 
 
 def parse_ftrace_stacks(text: str, smap: SystemMap | None) -> list[dict]:
