@@ -153,7 +153,11 @@ def task_pt_regs_stackframe(task_stack_info: StackInfo | None, layout: PtRegsLay
 # ---------------------------------------------------------------------------
 
 class KunwindState:
-    """``struct kunwind_state`` plus what it reaches through ``task`` in the kernel."""
+    """``struct kunwind_state`` plus what it reaches through ``task`` in the kernel.
+
+    ``regs`` keeps the address of the last ``pt_regs`` crossed (the kernel clears it once the step
+    is done); complete mode reads the interrupted x30 there.
+    """
 
     __slots__ = ("fp", "pc", "stacks", "graph_idx", "kr_cur", "source", "flags", "regs",
                  "mem", "meta_records", "layout", "final_fp", "pac_mask", "return_to_handler",
