@@ -384,6 +384,7 @@ class Session:
                              "hit": hit_tid == c.tid if hit_tid else None})
         res.cpus = cpus
         res.meta = {"cpus": cpu_meta, "stacks": stacks_meta, "tasks": task_meta,
+                    "ftrace_trampolines": self.ftrace_trampolines(),
                     "capture": {"tool": "unwind capture", "kind": kind, "time": time.time(),
                                 "unreadable_tasks": unreadable}}
         res.seconds = time.monotonic() - t0
@@ -447,6 +448,32 @@ class Session:
         if kr:
             entry["kretprobes"] = kr
         return entry
+
+    def ftrace_trampolines(self) -> list[dict[str, Any]]:
+        """Dynamically allocated ftrace trampolines (``ftrace_ops_list``): where each starts, its size,
+        and whether it is a copy of ``ftrace_regs_caller`` (SAVE_REGS) or ``ftrace_caller``.
+
+        The x86 ORC unwinder maps a pc in a trampoline back to the copied code (``orc_ftrace_find``).
+        """
+        head, end = self.img.get("ftrace_ops_list"), self.img.get("ftrace_list_end")
+        if head is None or not _has(self.btf, "ftrace_ops", "trampoline"):
+            return []
+        try:
+            save_regs = self.btf.enum_value("FTRACE_OPS_FL_SAVE_REGS")
+        except BtfError:
+            save_regs = 0
+        b = self.btf
+        offs = {n: b.offsetof("ftrace_ops", n) for n in ("next", "flags", "trampoline", "trampoline_size")}
+        out = []
+        ops = self.read_u64(head)
+        while ops and ops != end and len(out) < 64:
+            data = self.read(ops, max(offs.values()) + 8)
+            v = {n: int.from_bytes(data[o:o + 8], "little") for n, o in offs.items()}
+            if v["trampoline"]:
+                out.append({"ops": _hex(ops), "start": _hex(v["trampoline"]), "size": v["trampoline_size"],
+                            "save_regs": bool(v["flags"] & save_regs)})
+            ops = v["next"]
+        return out
 
     def lab_user_regs(self, task: int, top: int) -> dict[str, str] | None:
         """The arch's user-mode pt_regs summary at the top of a running task's stack, if defined."""
