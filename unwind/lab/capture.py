@@ -371,8 +371,8 @@ class Session:
             if entry is not None:
                 task_meta.append(entry)
         for c in cpus:
-            for kind, plo, phi in self.lab.percpu_stacks(self, c.cpu):
-                stacks_meta.append({"kind": kind, "low": _hex(plo), "high": _hex(phi), "cpu": c.cpu,
+            for skind, plo, phi in self.lab.percpu_stacks(self, c.cpu):
+                stacks_meta.append({"kind": skind, "low": _hex(plo), "high": _hex(phi), "cpu": c.cpu,
                                     "pid": None})
         cpu_meta = []
         for c in cpus:
