@@ -98,8 +98,8 @@ def walk_all(backend: ArchBackend, targets: list[Target]) -> int:
 def walk_symbolize_all(backend: ArchBackend, targets: list[Target]) -> int:
     """Walk every target and symbolise each frame as ``unwind replay`` prints it; the total frames."""
     n = 0
+    sym = backend.symbolize
     for t in targets:
-        sym = backend.symbolize
 
         def consume(f: Frame, t: Target = t) -> bool:
             f.symbol = sym(f, t)
