@@ -357,6 +357,10 @@ def targets(r: Results) -> list[Goal]:
         us = a.modes["walk"] * 1e6
         ratio = us / TARGET_US_PER_FRAME
         beside = ", ".join(f"{m} {_num(a.modes[m] * 1e6)} µs" for m in REPLAY_MODES[1:] if m in a.modes)
+        pts = depth_figures(r).get(arch)
+        fit = fit_line([d for d, _ in pts], [t for _, t in pts]) if pts else None
+        if fit is not None:
+            beside += f"; marginal cost on synthetic chains {_num(fit.slope * 1e6)} µs/frame"
         out.append(Goal(name, goal, f"{_num(us)} µs/frame ({beside})", f"{_num(ratio)}× the budget",
                         _verdict(us <= TARGET_US_PER_FRAME, ratio)))
     orc = orc_figures(r)
