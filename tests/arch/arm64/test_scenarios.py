@@ -329,3 +329,40 @@ def test_missing_register_is_a_stop_not_a_crash():
     a.sd.blocked_task(7, "odd", {"pc": ret(1), "sp": TASK_LOW + 0x3000})
     frames, stop = walk(*opened(a))
     assert frames == [] and stop.reason is StopReason.MISSING_REGISTER and "fp" in stop.detail
+
+
+SDEI_NORMAL, SDEI_CRITICAL = 0xFFFF800082700000, 0xFFFF800082800000
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_sdei_stacks_nest_one_way(generation):
+    """SDEI critical -> SDEI normal -> task, as an NMI-like SDEI event nests."""
+    a = Arm64Synth(generation)
+    task = a.task_stack(8, TASK_LOW, cpu=0)
+    crit = a.sd.stack("sdei_critical", SDEI_CRITICAL, STACK_SIZE, cpu=0)
+    norm = a.sd.stack("sdei_normal", SDEI_NORMAL, STACK_SIZE, cpu=0)
+    c_fp, n_fp, t_fp = SDEI_CRITICAL + 0x3F00, SDEI_NORMAL + 0x3F00, TASK_LOW + 0x3800
+    crit.put(c_fp, n_fp, sign(ret(1), 1))
+    norm.put(n_fp, t_fp, sign(ret(2), 2))
+    task.put(t_fp, a.final_fp(task), ret(3))
+    a.running(8, "busy", 0, pc=ret(60), x29=c_fp, sp=c_fp)
+    s = a.session(S.FUNCS)
+    frames, stop = walk(s, s.select(cpu=0)[0])
+    assert [f.pc for f in frames] == [ret(60), ret(1), ret(2), ret(3)] and stop.clean
+    assert [f.stack for f in frames[1:]] == ["sdei_critical@cpu0", "sdei_normal@cpu0", "task@cpu0"]
+
+
+def test_per_cpu_stacks_of_another_cpu_are_unusable():
+    """The task running on cpu0 cannot follow a record onto cpu1's IRQ stack."""
+    a = Arm64Synth("6.13")
+    task = a.task_stack(8, TASK_LOW, cpu=0)
+    a.sd.stack("irq", IRQ_LOW, STACK_SIZE, cpu=0)
+    other = a.sd.stack("irq", IRQ_LOW + 0x10000, STACK_SIZE, cpu=1)
+    other.put(IRQ_LOW + 0x13000, 0, 0)
+    task.put(TASK_LOW + 0x3000, IRQ_LOW + 0x13000, ret(1))
+    a.running(8, "busy", 0, pc=ret(60), x29=TASK_LOW + 0x3000, sp=TASK_LOW + 0x2F00)
+    s = a.session(S.FUNCS)
+    t = s.select(cpu=0)[0]
+    assert sorted(x.label() for x in t.stacks) == ["irq@cpu0", "task@cpu0"]
+    frames, stop = walk(s, t)
+    assert [f.pc for f in frames] == [ret(60), ret(1)] and stop.reason is StopReason.OUTSIDE_STACK
