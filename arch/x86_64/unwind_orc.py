@@ -37,6 +37,11 @@ _U64 = struct.Struct("<Q").unpack_from
 
 def _seg_start(seg: Segment) -> int:
     return seg.start
+
+
+def _int(v: int | str) -> int:
+    """A number from the dump's JSON note (hex string or int)."""
+    return int(v, 0) if isinstance(v, str) else int(v)
 #: [MODULES_VADDR, MODULES_END) with a 1 GiB kernel image (pgtable_64_types.h): module, BPF and
 #: trampoline text the replay cannot list, taken as kernel text like __kernel_text_address() does
 MODULES_RANGE = (0xFFFFFFFFC0000000, 0xFFFFFFFFFF000000)
@@ -98,6 +103,10 @@ class OrcUnwinder(Unwinder):
         self.return_to_handler = sym("return_to_handler")
         self.rethook_trampoline = sym("arch_rethook_trampoline")
         self.ret_from_fork_asm = sym("ret_from_fork_asm")
+        self.ftrace_caller, self.ftrace_regs_caller = sym("ftrace_caller"), sym("ftrace_regs_caller")
+        #: dynamic ftrace trampolines the dump records: (ops->trampoline, trampoline_size, SAVE_REGS)
+        self.ftrace_trampolines = [(_int(t["addr"]), _int(t["size"]), bool(t.get("save_regs")))
+                                   for t in target.meta.get("ftrace_trampolines", [])]
         self.stext, self.etext = table.stext, table.etext
         self.text = [(table.stext, table.etext), MODULES_RANGE]
         if table.inittext is not None:
@@ -277,6 +286,8 @@ class OrcUnwinder(Unwinder):
         """The rule for this frame: ``orc_find(signal ? ip : ip - 1)``, else the frame-pointer guess."""
         ip = self.ip if self.signal else self.ip - 1
         orc = self.find(ip)
+        if orc is None and self.ftrace_trampolines:
+            orc = self.orc_ftrace_find(ip, prov)
         if orc is None:
             self.error = True
             if prov is not None:
@@ -290,6 +301,20 @@ class OrcUnwinder(Unwinder):
         if prov is not None:
             prov.rule = f"ORC at {ip:#x} ({'ip' if self.signal else 'ip-1'}): {orc}"
         return orc, Source.ORC_CALL
+
+    # orc_ftrace_find() (unwind_orc.c:143-167)
+    def orc_ftrace_find(self, ip: int, prov: Provenance | None) -> OrcEntry | None:
+        """An ip in a dynamic ftrace trampoline takes the entry of the code it copies."""
+        for start, size, save_regs in self.ftrace_trampolines:
+            if start <= ip < start + size:  # ftrace_ops_trampoline()
+                base = self.ftrace_regs_caller if save_regs else self.ftrace_caller
+                if base is None or base + (ip - start) == ip:
+                    return None
+                if prov is not None:
+                    prov.note(f"{ip:#x} is in the ftrace trampoline at {start:#x}: the entry of "
+                              f"{'ftrace_regs_caller' if save_regs else 'ftrace_caller'}+{ip - start:#x}")
+                return self.find(base + (ip - start))
+        return None
 
     # unwind_orc.c:514-578
     def prev_sp(self, orc: OrcEntry, prov: Provenance | None) -> int:

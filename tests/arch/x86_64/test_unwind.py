@@ -418,3 +418,27 @@ def test_blocked_trace_text():
     assert text == ["Call Trace:", " <TASK>", " __schedule+0x50/0x200", " schedule+0x10/0x40",
                     " do_nanosleep+0x20/0x80", " kthread+0x30/0x100", " ret_from_fork+0x10/0x40",
                     " ret_from_fork_asm+0x8/0x20", " </TASK>"]
+
+
+def test_ftrace_trampoline_takes_the_entry_of_the_code_it_copies():
+    """orc_ftrace_find(): an ip in an ops trampoline maps to ftrace_caller + offset (from the dump's list)."""
+    b = kernel()
+    b.func("ftrace_caller", 0x100, (0, call(8)), (0x90, call(24)))
+    b.func("traced", 0x40, (0, call(8)))
+    tramp = 0xFFFFFFFFC020C000
+
+    def build(st, a):
+        tsp = TASK_LO + 0x3000
+        st.put(tsp, 0, 0, 0, 0, 0, 0, a["traced"] + 4)
+        chain(st, tsp + 56, [(8, tramp + 0x99), (24, a["kthread"] + 0x30), (8, a["ret_from_fork_asm"] + 8)])
+        return tsp
+    sd = SynthDump("x86_64")
+    st = sd.stack("task", TASK_LO, STACK, pid=7)
+    sd.blocked_task(7, "worker", {"sp": build(st, b.addr)})
+    sd.extra_meta["ftrace_trampolines"] = [{"addr": hex(tramp), "size": 0x150, "save_regs": False}]
+    s = session(sd, b.image())
+    frames, stop = walk(s, s.select(pid=7)[0], record=True)
+    assert [f.pc for f in frames] == [b.addr["traced"] + 4, tramp + 0x99, b.addr["kthread"] + 0x30,
+                                      b.addr["ret_from_fork_asm"] + 8]
+    assert all(f.reliable for f in frames) and stop.clean
+    assert "ftrace trampoline" in " ".join(frames[2].provenance.notes)
