@@ -14,7 +14,9 @@ from its symbol start, shows that on every path to the pc neither ``x29`` nor
 - *leaf*: no instruction of the function writes ``x29``/``x30`` or calls; or
 - *entry*: in the function's control-flow graph (direct branches, calls that
   return, tail calls and returns that end a path, an indirect branch reaching
-  everything) no instruction that writes them reaches the pc;
+  everything) no instruction that writes them reaches the pc; or
+- *epilogue*: the pc follows ``ldp x29, x30, [sp...]`` on a straight line
+  nothing else branches into (the entry's x29/x30 are back);
 - and the next record the kernel reads does not already hold the same return
   address (which would mean ``x29`` did point at the function's own record).
 
@@ -119,6 +121,12 @@ class LrAnalyser:
         target = index[pc]
         for w in writes:  # a write from which the pc can be reached: x29/x30 may differ from the entry's
             if target in _reachable(succ, succ[w] if succ[w] is not None else range(len(insns))):
+                restore = _epilogue(insns, succ, target)
+                if restore is not None:
+                    lines.append(f"epilogue: {_describe(insns[restore], start)} restored the frame record and "
+                                 "only the straight line from it reaches the pc: "
+                                 + "; ".join(_describe(i, start) for i in insns[restore:target]))
+                    return LrProof(True, "epilogue", lines)
                 return LrProof(False, f"a write to x29/x30 reaches the pc ({_describe(insns[w], start)})", lines)
         straight = [i for i in insns if i.address < pc][-6:]
         lines.append("no write to x29/x30 reaches the pc on any path from the entry; before it: "
@@ -156,6 +164,32 @@ def _control_flow(insns: list[Any], index: dict[int, int]) -> tuple[list[list[in
             if _FP in written or _LR in written:
                 writes.append(n)
     return succ, writes
+
+
+def _epilogue(insns: list[Any], succ: list[list[int] | None], target: int) -> int | None:
+    """The ``ldp x29, x30, [sp...]`` that restored the entry's x29/x30 on the straight line to ``target``.
+
+    Between it and the pc nothing writes x29/x30, branches or calls, and no branch of the function
+    lands after it up to the pc (nor may an indirect branch exist), so the pc is reached only from it.
+    """
+    j = target - 1
+    while j >= 0:
+        insn = insns[j]
+        ops = insn.operands
+        if (insn.mnemonic == "ldp" and len(ops) >= 3 and ops[0].reg == _FP and ops[1].reg == _LR
+                and ops[2].type == cs_arm64.ARM64_OP_MEM and ops[2].mem.base == cs_arm64.ARM64_REG_SP):
+            break
+        if succ[j] != [j + 1] or (insn.mnemonic not in _PAC_HINTS and
+                                   (_FP in insn.regs_access()[1] or _LR in insn.regs_access()[1])):
+            return None
+        j -= 1
+    else:
+        return None
+    inside = set(range(j + 1, target + 1))
+    for n, out in enumerate(succ):
+        if out is None or (n not in range(j, target) and inside.intersection(out)):
+            return None
+    return j
 
 
 def _reachable(succ: list[list[int] | None], roots: Any) -> set[int]:

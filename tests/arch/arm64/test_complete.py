@@ -228,3 +228,23 @@ def test_hijacked_x30_and_hijacked_next_record_both_recover():
 
 def test_gdb_with_an_unproven_caller_that_also_stops_early():
     assert _compare(gdb(F + 8, CALLER, ret(32)), with_text=False).category == "entry-or-leaf"
+
+
+EPILOGUE = [PACIASP, STP_FP_LR_PRE16, MOV_FP_SP, bl(F + 12, fn(40)), LDP_FP_LR_POST16, AUTIASP, RET]
+
+
+@pytest.mark.parametrize("off,live", [(0x10, False), (0x14, True), (0x18, True)])
+def test_epilogue_after_the_record_is_restored(off, live):
+    """After ``ldp x29, x30, [sp], #16`` x29 is the caller's again and x30 its return address."""
+    s, t, _ = running_at(EPILOGUE, F + off)
+    got, frames, _ = pcs(s, t, complete=True, record=True)
+    assert got == [F + off] + ([CALLER] if live else []) + FAITHFUL_TAIL
+    if live:
+        assert frames[1].provenance.rule.startswith("live link register (epilogue)")
+        assert any(n.startswith("epilogue: +0x10: ldp x29, x30, [sp], #0x10 restored") for n in frames[1].provenance.notes)
+
+
+def test_epilogue_reached_by_a_branch_is_refused():
+    code = EPILOGUE[:-1] + [RET, b(F + 0x1C, F + 0x18)]  # something else jumps to the ret
+    s, t, _ = running_at(code, F + 0x18)
+    assert pcs(s, t, complete=True)[0] == [F + 0x18] + FAITHFUL_TAIL
