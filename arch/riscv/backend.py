@@ -32,6 +32,10 @@ CATEGORIES = {
     "oracle-stops-early": "the oracle stops inside the replay: gdb has no CFI at handle_exception or "
                           "call_on_irq_stack (\"frame did not save the PC\")",
     "oracle-continues": "the replay ended cleanly where the oracle goes on",
+    "oracle-fgraph": "the oracle stops at return_to_handler (gdb cannot see through the function-graph "
+                     "hijack); the replay recovered the return from the ret_stack and goes on",
+    "oracle-trap-entry": "the CPU stopped inside handle_exception before it saved the registers; gdb's "
+                         "unwind from there is wrong (drops the sepc function, repeats frames)",
 }
 
 #: the marker a complete-mode line carries, by the source of its pc
@@ -113,14 +117,28 @@ class RiscvBackend(ArchBackend):
             if oracle.get("source") == "ftrace-stacktrace" and len(got) >= 2 and expected[-len(got):] == got:
                 return "tracer-frames"
             return None
+        frames = replay.frames
+        handler = replay.target.symbol_address("return_to_handler")
+        if frames and frames[0].flags & Flag.BOUNDARY and self._in_trap_entry(frames[0].pc, replay.target):
+            return "oracle-trap-entry"
+        n = len(expected) - 1
+        if (handler is not None and expected and expected[-1] == handler and len(got) > n
+                and got[:n] == expected[:n] and frames[n].flags & Flag.FGRAPH):
+            return "oracle-fgraph"
         for i in range(1, min(len(expected), len(got) + 1)):
-            if replay.frames[i - 1].flags & Flag.BOUNDARY and expected[:i] + expected[i + 1:] == got:
+            if frames[i - 1].flags & Flag.BOUNDARY and expected[:i] + expected[i + 1:] == got:
                 return "entry-or-leaf"
         if len(expected) < len(got) and got[:len(expected)] == expected:
             return "oracle-stops-early"
         if len(got) < len(expected) and expected[:len(got)] == got and replay.stop.clean:
             return "oracle-continues"
         return None
+
+    @staticmethod
+    def _in_trap_entry(pc: int, target: Target) -> bool:
+        """Is ``pc`` in ``handle_exception``, the trap entry?"""
+        lo, hi = target.symbol_address("handle_exception"), target.symbol_address("ret_from_exception")
+        return lo is not None and hi is not None and lo <= pc < hi
 
     def _sym(self, addr: int, target: Target) -> str:
         """``%pS`` of an address."""

@@ -443,24 +443,39 @@ class RiscvUnwinder(Unwinder):
     # stacktrace.c:90 ftrace_graph_ret_addr(current, &graph_idx, pc, &frame->ra)
     def _ftrace_graph_ret_addr(self, ra: int, retp: int | None, callee: int,
                                prov: Provenance | None) -> tuple[int, Flag]:
-        """Resolve ``return_to_handler`` (``retp`` None: it was in a register); ``(pc, flags gained)``."""
+        """Resolve ``return_to_handler`` (``retp`` None: it was in a register); ``(pc, flags gained)``.
+
+        Faithful mode gives the kernel's answer. Complete mode takes the
+        ret_stack in order and checks each entry's ``func`` against the
+        function the record belongs to: the kernel's ``retp`` test is not
+        sound on riscv 6.12, whose ``retp`` is ``&fregs->ra`` in
+        ``ftrace_caller``'s frame, a slot that can coincide with another
+        function's ``&frame->ra`` and so yield a wrong caller.
+        """
         handler = self.k.return_to_handler
+        kernel_pc = ra
         if retp is not None:
-            pc, idx = ftrace_graph_ret_addr(self.fgraph_kernel, self.graph_idx, ra, retp, handler)
-            if pc != handler:
+            kernel_pc, idx = ftrace_graph_ret_addr(self.fgraph_kernel, self.graph_idx, ra, retp, handler)
+            if kernel_pc != handler:
                 self.graph_idx = idx
-                self.fg_cursor = min(self.fg_cursor, idx - 1)
                 if prov is not None:
-                    prov.note(f"ftrace_graph_ret_addr: return_to_handler -> {pc:#x} "
+                    prov.note(f"ftrace_graph_ret_addr: return_to_handler -> {kernel_pc:#x} "
                               f"(ret_stack entry {idx}, retp {retp:#x} = &frame->ra)")
-                return pc, Flag.FGRAPH
-        if not self.complete:
-            if prov is not None:
+            elif prov is not None and not self.complete:
                 why = ("no ret_stack entry has retp == &frame->ra" if self.fgraph_kernel else
                        "the kernel searches current's ret_stack, not this blocked task's")
                 prov.note(f"return_to_handler left as is: {why}")
-            return ra, _NONE
-        return self._fgraph_by_order(ra, callee, prov)
+        if not self.complete:
+            return kernel_pc, (Flag.FGRAPH if kernel_pc != handler else _NONE)
+        pc, flags = self._fgraph_by_order(ra, callee, prov)
+        if pc == handler:
+            return kernel_pc, (Flag.FGRAPH if kernel_pc != handler else _NONE)
+        if pc == kernel_pc:
+            return pc, Flag.FGRAPH
+        if prov is not None and kernel_pc != handler:
+            prov.note(f"complete: the kernel's retp match gives {kernel_pc:#x}, which is not the return of "
+                      f"the function at {callee:#x}")
+        return pc, flags
 
     def _fgraph_by_order(self, ra: int, callee: int, prov: Provenance | None) -> tuple[int, Flag]:
         """Complete mode: the next ret_stack entry below the last one used, if it is callee's."""
@@ -539,11 +554,10 @@ class RiscvUnwinder(Unwinder):
             return UnwindStop(StopReason.END_OF_STACK, f"reached ret_from_fork, the first frame of the task "
                                                        f"(fp {fp:#x} is the thread function, not a frame)")
         here, there = self.stacks.kind_of(sp), self.stacks.kind_of(fp - STACKFRAME_SIZE)
-        lo, hi = self.k.call_on_irq_stack
-        if lo <= pc < hi and there is not None and here is not None and here.kind != there.kind:
+        if there is not None and here is not None and here.kind != there.kind:
             return UnwindStop(StopReason.TRANSITION_REFUSED,
-                              f"6.12 walk_stackframe stops at call_on_irq_stack: fp {fp:#x} on the {there.kind} "
-                              f"stack is outside {window} (--complete crosses)")
+                              f"6.12 walk_stackframe does not leave the {here.kind} stack: fp {fp:#x} on the "
+                              f"{there.kind} stack is outside {window} (--complete crosses at call_on_irq_stack)")
         if fp < low and there is not None:
             return UnwindStop(StopReason.TRANSITION_REFUSED, f"fp {fp:#x} is below sp+16 = {low:#x}: "
                                                              "the record would not move up the stack")

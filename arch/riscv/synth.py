@@ -393,6 +393,42 @@ def fgraph_hijack(running: bool = True, kernel_retp: bool = True) -> Scenario:
                     complete_flags={real: Flag.FGRAPH if kernel_recovers else Flag.FGRAPH | Flag.COMPLETE})
 
 
+def fgraph_retp_collision() -> Scenario:
+    """Two hijacked returns where an older entry's retp is the younger function's ``&frame->ra``.
+
+    riscv 6.12 records ``&fregs->ra`` (in ``ftrace_caller``'s frame) as retp; the
+    slot can coincide with another function's ``&frame->ra`` (seen on the real
+    guest: sysrq printed ``vfs_write+0xaa`` for ``write_sysrq_trigger``). The
+    kernel then prints the older entry's return at the younger record, and
+    ``return_to_handler`` at the older one. Complete mode takes the entries in
+    order, checked by ``func``.
+    """
+    s = RiscvSynth()
+    pid, cpu = 52, 0
+    st = s.task_stack(pid, cpu)
+    fp_c = st.high - 0x100                                       # hrtimer_nanosleep ends the stack
+    s.record(st, fp_c, 0, 0)
+    fp_a = fp_c - 0x40                                           # do_nanosleep: traced
+    s.record(st, fp_a, fp_c, s.at("return_to_handler"))
+    fp_b = fp_a - 0x40                                           # schedule_timeout: traced
+    s.record(st, fp_b, fp_a, s.at("return_to_handler"))
+    fp_s = fp_b - 0x30                                           # schedule
+    s.record(st, fp_s, fp_b, s.at("schedule_timeout", 0x94))
+    fp_0 = fp_s - 0x20                                           # __schedule
+    s.record(st, fp_0, fp_s, s.at("schedule", 0x2C))
+    ret_a, ret_b = s.at("hrtimer_nanosleep", 0x50), s.at("do_nanosleep", 0x58)
+    entries = [{"ret": ret_a, "retp": fp_b - 8, "func": s.at("do_nanosleep")},      # retp collides
+               {"ret": ret_b, "retp": fp_0 - 0x100, "func": s.at("schedule_timeout")}]
+    first = s.at("__schedule", 0x3A6)
+    s.sd.running_task(pid, "sleep", cpu, {"pc": first, "ra": s.at("schedule", 0x2C), "sp": fp_0 - 0x40,
+                                          "s0": fp_0}, fgraph=entries)
+    head = [first, s.at("schedule", 0x2C), s.at("schedule_timeout", 0x94)]
+    both = Flag.FGRAPH | Flag.COMPLETE
+    return Scenario(s, pid, [*head, ret_a, s.at("return_to_handler")], StopReason.END_OF_STACK,
+                    [*head, ret_b, ret_a], StopReason.END_OF_STACK,
+                    faithful_flags={ret_a: Flag.FGRAPH}, complete_flags={ret_b: both, ret_a: both})
+
+
 def kretprobe_hijack() -> Scenario:
     """``probed_fn``'s return replaced by the rethook trampoline; the instance keys it by frame (s0 at entry)."""
     s = RiscvSynth()

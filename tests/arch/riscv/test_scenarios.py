@@ -28,6 +28,7 @@ SCENARIOS: dict[str, Callable[[], S.Scenario]] = {
     "fgraph, running, retp matches": S.fgraph_hijack,
     "fgraph, blocked": lambda: S.fgraph_hijack(running=False),
     "fgraph, running, riscv retp": lambda: S.fgraph_hijack(kernel_retp=False),
+    "fgraph, retp collision": S.fgraph_retp_collision,
     "kretprobe": S.kretprobe_hijack,
     "misaligned fp": lambda: S.broken_chain("misaligned"),
     "fp outside the stack": lambda: S.broken_chain("outside"),
@@ -88,7 +89,7 @@ def test_irq_stack_labels_and_sources():
     assert r.frames[6].source is Source.EXCEPTION_FRAME and r.frames[6].flags & Flag.BOUNDARY
     assert "call_on_irq_stack" in " ".join(r.frames[4].provenance.notes)
     faithful = replay(sc, complete=False)
-    assert "call_on_irq_stack" in faithful.stop.detail and "--complete" in faithful.stop.detail
+    assert "does not leave the irq stack" in faithful.stop.detail and "--complete" in faithful.stop.detail
     assert not faithful.stop.clean and r.stop.clean
 
 
