@@ -27,6 +27,7 @@ marked pseudo-frame before the interrupted pc.
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -73,8 +74,22 @@ def _describe(insn: Any, start: int) -> str:
     return f"+{insn.address - start:#x}: {insn.mnemonic} {insn.op_str}".rstrip()
 
 
+@dataclass(slots=True)
+class _Function:
+    """One disassembled function: its control flow and which instructions a write to x29/x30 reaches."""
+
+    name: str
+    start: int
+    size: int
+    insns: list[Any]
+    index: dict[int, int]
+    succ: list[list[int] | None]
+    writes: list[int]
+    tainted: dict[int, int]  # instruction -> a write that reaches it
+
+
 class LrAnalyser:
-    """Decides, from the text of the image, whether x30 is live at a pc; caches each answer."""
+    """Decides, from the text of the image, whether x30 is live at a pc; caches each function and answer."""
 
     def __init__(self, target: Target) -> None:
         self.symbols = target.symbols
@@ -83,6 +98,7 @@ class LrAnalyser:
         self._md = capstone.Cs(capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
         self._md.detail = True
         self._cache: dict[int, LrProof] = {}
+        self._functions: dict[int, _Function | str] = {}
 
     def prove(self, pc: int) -> LrProof:
         """The proof (or refusal) for ``pc``."""
@@ -91,47 +107,60 @@ class LrAnalyser:
             hit = self._cache[pc] = self._prove(pc)
         return hit
 
-    def _prove(self, pc: int) -> LrProof:
+    def _function(self, pc: int) -> _Function | str:
+        """The function holding ``pc``, analysed once; a string says why it cannot be."""
         if self.symbols is None:
-            return LrProof(False, "no symbols: the interrupted function is unknown")
+            return "no symbols: the interrupted function is unknown"
         if self.image is None:
-            return LrProof(False, "the image has no text to disassemble")
+            return "the image has no text to disassemble"
         sym = self.symbols.lookup(pc)
         if sym is None or sym.size <= 0:
-            return LrProof(False, f"{pc:#x} is in no function")
-        if sym.size > MAX_FUNCTION_BYTES:
-            return LrProof(False, f"{sym.name} is {sym.size:#x} bytes, too large to analyse")
-        code = self.image.text(sym.addr, sym.size)
+            return f"{pc:#x} is in no function"
+        hit = self._functions.get(sym.addr)
+        if hit is None:
+            hit = self._functions[sym.addr] = self._analyse(sym.name, sym.addr, sym.size)
+        return hit
+
+    def _analyse(self, name: str, start: int, size: int) -> _Function | str:
+        if size > MAX_FUNCTION_BYTES:
+            return f"{name} is {size:#x} bytes, too large to analyse"
+        code = self.image.text(start, size) if self.image is not None else None
         if code is None:
-            return LrProof(False, f"no text for {sym.name} in the image")
-        insns = list(self._md.disasm(code, sym.addr))
-        decoded_end = insns[-1].address + insns[-1].size if insns else sym.addr
-        if decoded_end < sym.addr + sym.size:
-            return LrProof(False, f"{sym.name}: undecodable bytes at +{decoded_end - sym.addr:#x}")
-        if (pc - sym.addr) % 4 or not any(i.address == pc for i in insns):
-            return LrProof(False, f"{pc:#x} is not an instruction boundary of {sym.name}")
-        start = sym.addr
+            return f"no text for {name} in the image"
+        insns = list(self._md.disasm(code, start))
+        decoded_end = insns[-1].address + insns[-1].size if insns else start
+        if decoded_end < start + size:
+            return f"{name}: undecodable bytes at +{decoded_end - start:#x}"
         index = {insn.address: n for n, insn in enumerate(insns)}
         succ, writes = _control_flow(insns, index)
-        lines = [f"disassembled {sym.name} ({sym.size:#x} bytes, {len(insns)} instructions) "
-                 f"up to {sym.name}+{pc - start:#x}"]
-        if not writes:
-            lines.append(f"leaf: no instruction of {sym.name} writes x29 or x30 or calls")
+        return _Function(name, start, size, insns, index, succ, writes, _tainted(succ, writes))
+
+    def _prove(self, pc: int) -> LrProof:
+        fn = self._function(pc)
+        if isinstance(fn, str):
+            return LrProof(False, fn)
+        target = fn.index.get(pc)
+        if target is None:
+            return LrProof(False, f"{pc:#x} is not an instruction boundary of {fn.name}")
+        start, insns = fn.start, fn.insns
+        lines = [f"disassembled {fn.name} ({fn.size:#x} bytes, {len(insns)} instructions) "
+                 f"up to {fn.name}+{pc - start:#x}"]
+        if not fn.writes:
+            lines.append(f"leaf: no instruction of {fn.name} writes x29 or x30 or calls")
             return LrProof(True, "leaf", lines)
-        target = index[pc]
-        for w in writes:  # a write from which the pc can be reached: x29/x30 may differ from the entry's
-            if target in _reachable(succ, succ[w] if succ[w] is not None else range(len(insns))):
-                restore = _epilogue(insns, succ, target)
-                if restore is not None:
-                    lines.append(f"epilogue: {_describe(insns[restore], start)} restored the frame record and "
-                                 "only the straight line from it reaches the pc: "
-                                 + "; ".join(_describe(i, start) for i in insns[restore:target]))
-                    return LrProof(True, "epilogue", lines)
-                return LrProof(False, f"a write to x29/x30 reaches the pc ({_describe(insns[w], start)})", lines)
-        straight = [i for i in insns if i.address < pc][-6:]
+        w = fn.tainted.get(target)
+        if w is not None:  # a write from which the pc can be reached: x29/x30 may differ from the entry's
+            restore = _epilogue(insns, fn.succ, target)
+            if restore is not None:
+                lines.append(f"epilogue: {_describe(insns[restore], start)} restored the frame record and "
+                             "only the straight line from it reaches the pc: "
+                             + "; ".join(_describe(i, start) for i in insns[restore:target]))
+                return LrProof(True, "epilogue", lines)
+            return LrProof(False, f"a write to x29/x30 reaches the pc ({_describe(insns[w], start)})", lines)
+        straight = insns[max(0, target - 6):target]
         lines.append("no write to x29/x30 reaches the pc on any path from the entry; before it: "
                      + ("; ".join(_describe(i, start) for i in straight) if straight else "pc is the entry"))
-        lines.append(f"first write in the function: {_describe(insns[writes[0]], start)}")
+        lines.append(f"first write in the function: {_describe(insns[fn.writes[0]], start)}")
         return LrProof(True, "entry", lines)
 
 
@@ -192,18 +221,22 @@ def _epilogue(insns: list[Any], succ: list[list[int] | None], target: int) -> in
     return j
 
 
-def _reachable(succ: list[list[int] | None], roots: Any) -> set[int]:
-    """Every instruction reachable from ``roots``; an indirect branch reaches all of them."""
-    seen: set[int] = set()
-    work = list(roots)
+def _tainted(succ: list[list[int] | None], writes: list[int]) -> dict[int, int]:
+    """Every instruction some write reaches (after it executed), with one such write."""
+    everything = range(len(succ))
+    origin: dict[int, int] = {}
+    work: deque[tuple[int, int]] = deque()
+    for w in writes:  # breadth first: the witness is the nearest write, earliest first
+        out = succ[w]
+        work.extend((n, w) for n in (everything if out is None else out))
     while work:
-        n = work.pop()
-        if n in seen:
+        n, w = work.popleft()
+        if n in origin:
             continue
-        seen.add(n)
-        nxt = succ[n]
-        work.extend(range(len(succ)) if nxt is None else nxt)
-    return seen
+        origin[n] = w
+        out = succ[n]
+        work.extend((m, w) for m in (everything if out is None else out) if m not in origin)
+    return origin
 
 
 class Completer:

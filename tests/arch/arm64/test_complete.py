@@ -79,7 +79,7 @@ def test_a_branch_back_after_the_frame_is_built_is_refused():
     s, t, _ = running_at(code, F + 4)
     got, _, _ = pcs(s, t, complete=True)
     assert got == [F + 4] + FAITHFUL_TAIL
-    assert "a write to x29/x30 reaches the pc (+0xc: mov x29, sp)" == LrAnalyser(s.target(t, Options())).prove(F + 4).reason
+    assert LrAnalyser(s.target(t, Options())).prove(F + 4).reason.startswith("a write to x29/x30 reaches the pc")
 
 
 def test_shrink_wrapped_fast_path_with_a_clean_loop():

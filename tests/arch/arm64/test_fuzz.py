@@ -32,3 +32,23 @@ def test_any_stack_terminates_with_a_stop(words, fp, generation, complete, recor
     frames, stop = collect(s.backend.unwinder(s.target(s.select(pid=7)[0], Options(complete=complete, record=record))))
     assert frames and stop.reason is not None
     assert len(frames) <= SIZE // 16 + 2  # each record consumes 16 bytes of a 1 KiB stack
+
+
+@settings(max_examples=60, deadline=None)
+@given(words=st.lists(st.one_of(st.integers(0, 2**32 - 1),
+                                st.sampled_from([S.NOP, S.PACIASP, S.STP_FP_LR_PRE16, S.MOV_FP_SP, S.RET, S.BR_X16,
+                                                 S.LDP_FP_LR_POST16, S.AUTIASP, S.ADD_X0_X0_1])),
+                      min_size=64, max_size=64),
+       off=st.integers(0, 63).map(lambda i: 4 * i))
+def test_any_text_gives_a_verdict(words, off):
+    """The live-LR proof on arbitrary instruction words: a verdict with a reason, never an exception."""
+    from unwind.arch.arm64.complete import LrAnalyser
+    from unwind.memory import Memory
+    from unwind.symbols import SymbolTable
+    from unwind.target import Target, Task
+
+    image = S.SynthImage()
+    image.put(S.fn(0), words)
+    symbols = SymbolTable([(S.fn(0), "T", "f"), (S.fn(1), "T", "g")])
+    proof = LrAnalyser(Target("arm64", Memory([]), Task(1, "x"), symbols=symbols, image=image)).prove(S.fn(0) + off)  # type: ignore[arg-type]
+    assert proof.reason

@@ -40,3 +40,23 @@ def test_real_prologues(analyser, name, off, live):
     lr, symbols = analyser
     proof = lr.prove(symbols.address(name) + off)
     assert proof.live is live, proof.reason
+
+
+def test_every_instruction_of_many_real_functions_gets_a_verdict(analyser):
+    """Every pc of 150 random real functions gets a verdict with a reason; some are live, most are not."""
+    import random
+
+    lr, symbols = analyser
+    rng = random.Random(7)
+    picks = rng.sample(range(len(symbols.addrs) - 1), 150)
+    live = total = 0
+    for i in picks:
+        start, end = symbols.addrs[i], symbols.ends[i]
+        if not 0 < end - start <= 0x400:
+            continue
+        for pc in range(start, end, 4):
+            proof = lr.prove(pc)
+            total += 1
+            live += proof.live
+            assert proof.reason
+    assert total > 1000 and 0 < live < total
