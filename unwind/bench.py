@@ -726,8 +726,9 @@ def run_suite(benches: Path, json_out: Path, quick: bool, select: str | None, cp
         import pytest_benchmark  # noqa: F401
     except ImportError:
         raise BenchError("running the suite needs pytest-benchmark: pip install 'unwind[test,report]'") from None
+    benches = benches.resolve()
     cmd = [sys.executable, "-m", "pytest", str(benches), "-p", "no:cacheprovider", "-v", "-rs",
-           f"--benchmark-json={json_out}", "--benchmark-columns=median,rounds"]
+           f"--benchmark-json={json_out.resolve()}", "--benchmark-columns=median,rounds"]
     if select:
         cmd += ["-k", select]
     if cpu_time:
@@ -736,7 +737,8 @@ def run_suite(benches: Path, json_out: Path, quick: bool, select: str | None, cp
     if quick:
         env["UNWIND_BENCH_QUICK"] = "1"
     print(f"unwind bench: {' '.join(cmd)}", file=sys.stderr, flush=True)
-    return subprocess.run(cmd, cwd=benches.parent, stdout=sys.stderr, env=env).returncode
+    # run inside benches/: from the source tree's root, its unwind/ folder would shadow an installed package
+    return subprocess.run(cmd, cwd=benches, stdout=sys.stderr, env=env).returncode
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
