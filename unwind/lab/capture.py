@@ -470,7 +470,7 @@ class Session:
             data = self.read(ops, max(offs.values()) + 8)
             v = {n: int.from_bytes(data[o:o + 8], "little") for n, o in offs.items()}
             if v["trampoline"]:
-                out.append({"ops": _hex(ops), "start": _hex(v["trampoline"]), "size": v["trampoline_size"],
+                out.append({"ops": _hex(ops), "addr": _hex(v["trampoline"]), "size": v["trampoline_size"],
                             "save_regs": bool(v["flags"] & save_regs)})
             ops = v["next"]
         return out
