@@ -146,6 +146,8 @@ class RiscvBackend(ArchBackend):
 
     @staticmethod
     def _complete_why(f: Frame) -> str:
+        if f.extra and "complete" in f.extra:
+            return str(f.extra["complete"])
         if f.flags & Flag.FGRAPH:
             return "fgraph return recovered"
         if f.flags & Flag.KRETPROBE:

@@ -171,6 +171,19 @@ class LiveRaProver:
             hit = self._cache[pc] = self._prove(pc)
         return hit
 
+    def first_write(self, function: int, reg: str) -> int | None:
+        """The address of the first instruction (in address order) of the function at ``function`` writing ``reg``."""
+        sym = self.symbols.lookup(function) if self.symbols is not None else None
+        if sym is None or self.image is None:
+            return None
+        code = self.image.text(sym.addr, sym.size)
+        if code is None:
+            return None
+        for addr, _size, mn, ops in self._md.disasm_lite(code, sym.addr):
+            if written_register(mn, ops) == reg:
+                return addr
+        return None
+
     def _decode(self, addr: int, code: bytes) -> list[tuple[int, int, str, str]] | None:
         """Every instruction of ``code``, or ``None`` if some byte does not decode."""
         out = list(self._md.disasm_lite(code, addr))

@@ -202,6 +202,8 @@ class RiscvUnwinder(Unwinder):
         self.pending_regs: int | None = None
         #: complete mode: (pc, ra, what) of a pc taken from registers whose caller may sit in ra
         self.live: tuple[int, int, str] | None = None
+        #: complete mode: (sepc, sstatus) of a CPU stopped in the trap entry, printed after its pc
+        self.trap_entry: tuple[int, int] | None = None
         #: complete mode: flags every frame beyond what the kernel prints carries
         self.beyond = _NONE
         # the kernel passes current: a blocked task's ret_stack is never consulted
@@ -261,7 +263,47 @@ class RiscvUnwinder(Unwinder):
                       f"sp {self.sp:#x}, ra {self.regs_ra:#x}")
         if self.complete:
             self.live = (self.pc, self.regs_ra, f"the ra register of cpu{self.t.task.cpu}")
+            if self.exc_lo <= self.pc < self.exc_hi:
+                self.trap_entry = self._trap_entry_sepc()
         return Frame(self.pc, self.sp, self.fp, Source.REGS_PC, self._kind(self.sp), _BOUNDARY, prov)
+
+    def _trap_entry_sepc(self) -> tuple[int, int] | None:
+        """Complete mode: ``(sepc, sstatus)`` when the CPU stopped in handle_exception before it wrote s0."""
+        if self.prover is None:
+            return None
+        limit = self.prover.first_write(self.exc_lo, "s0")
+        if limit is None or self.pc >= limit:
+            return None
+        cpu = self.t.task.cpu
+        for c in self.t.meta.get("cpus", []):
+            sysregs = c.get("sysregs") or {}
+            if c.get("cpu") == cpu and "sepc" in sysregs and "sstatus" in sysregs:
+                return int(sysregs["sepc"], 0), int(sysregs["sstatus"], 0)
+        return None
+
+    # complete mode: the interrupted pc (sepc) of a CPU stopped in the trap entry
+    def _next_trap_entry(self) -> Frame:
+        sepc, sstatus = self.trap_entry  # type: ignore[misc]
+        self.trap_entry = None
+        if not sstatus & SR_SPP:
+            raise UnwindStop(StopReason.USER_MODE, f"cpu{self.t.task.cpu} is entering the kernel from user mode "
+                                                   f"(sepc {sepc:#x}, sstatus {sstatus:#x})")
+        if not kernel_text_address(sepc, self.k.text):
+            raise UnwindStop(StopReason.BAD_PC, f"sepc {sepc:#x} is not kernel text")
+        prov = None
+        if self.record:
+            prov = Provenance("complete: trap entry: the interrupted pc is sepc")
+            prov.note(f"cpu{self.t.task.cpu} stopped in handle_exception before it saved the registers: "
+                      f"sepc {sepc:#x}, sstatus {sstatus:#x} (SPP: from the kernel); ra and s0 are still the "
+                      "interrupted function's")
+        if self.stacks.kind_of(self.sp) is None:  # the VMAP overflow check borrows sp for a moment
+            if prov is not None:
+                prov.note(f"sp {self.sp:#x} is on no stack: the walk goes on from fp - 16")
+            self.sp = self.fp - STACKFRAME_SIZE
+        self.pc = sepc
+        self.live = (sepc, self.regs_ra, f"the ra register of cpu{self.t.task.cpu} (interrupted)")
+        return Frame(sepc, self.sp, self.fp, Source.EXCEPTION_FRAME, self._kind(self.sp),
+                     _BOUNDARY | _COMPLETE, prov, extra={"complete": "interrupted pc (sepc) at trap entry"})
 
     # stacktrace.c:64-68 walk_stackframe(): blocked in __switch_to: fp = thread.s[0], sp = thread.sp, pc = thread.ra
     def _init_from_task(self, ctx: dict[str, int]) -> Frame:
@@ -283,6 +325,8 @@ class RiscvUnwinder(Unwinder):
         """The next pc the kernel loop prints (or, in complete mode, one it misses)."""
         if self.pending_regs is not None:
             return self._next_regs_pc()
+        if self.trap_entry is not None:
+            return self._next_trap_entry()
         if self.live is not None:
             frame = self._next_live_ra()
             if frame is not None:

@@ -60,6 +60,11 @@ C_BEQZ_A0_8 = bytes.fromhex("01c5")      # c.beqz a0, 8
 C_LD_A5_A0 = bytes.fromhex("1c61")       # c.ld a5, 0(a0)
 C_NOP = bytes.fromhex("0100")            # c.nop
 SW_ZERO_A0 = bytes.fromhex("23200500")   # sw zero, 0(a0)
+CSRRW_TP = bytes.fromhex("73120214")     # csrrw tp, sscratch, tp
+BNEZ_TP_16 = bytes.fromhex("63180200")   # bnez tp, 16
+CSRR_TP = bytes.fromhex("73220014")      # csrr tp, sscratch
+SD_SP_TP = bytes.fromhex("23382200")     # sd sp, 16(tp)
+LD_S0_TP = bytes.fromhex("03348201")     # ld s0, 24(tp)
 
 #: a function with a 32-byte frame: entry +0x8, ra stored +0xc, s0 set +0x10, call +0x10,
 #: return address +0x14, epilogue restores ra/s0 by +0x18, ret at +0x1a
@@ -68,6 +73,8 @@ FRAMED_CODE = (NOP + NOP + C_ADDI_SP_M32 + C_SDSP_RA_24 + C_SDSP_S0_16 + C_ADDI4
 FRAMED_CALL_RET = 0x14
 #: a frameless leaf (rcu_all_qs, __clear_user): no write to ra or s0 anywhere
 LEAF_CODE = NOP + NOP + C_LI_A0_0 + C_BEQZ_A0_8 + C_LD_A5_A0 + SW_ZERO_A0 + C_NOP + RET
+#: the head of handle_exception: s0 is first written at +0x10 (.Lsave_context's ld s0, TASK_TI_USER_SP)
+TRAP_ENTRY_CODE = CSRRW_TP + BNEZ_TP_16 + CSRR_TP + SD_SP_TP + LD_S0_TP
 
 
 class TextImage:
@@ -321,6 +328,36 @@ def leaf_at_entry(function: str = "rcu_all_qs", offset: int = 0x8) -> Scenario:
     complete = [pc, *callers]
     return Scenario(s, pid, faithful, StopReason.END_OF_STACK, complete, StopReason.END_OF_STACK,
                     complete_flags={callers[0]: Flag.COMPLETE})
+
+
+def trap_entry(offset: int = 0x4, from_user: bool = False) -> Scenario:
+    """A CPU stopped in ``handle_exception`` before it saved the registers (an IRQ in ``rcu_all_qs``).
+
+    The kernel never walks from here; faithful replay follows the registers
+    (pc in handle_exception, then the record at s0 - 16). Complete mode prints
+    the interrupted pc (``sepc``) after it when ``s0`` is not yet overwritten,
+    and ``rcu_all_qs``'s caller from ``ra``.
+    """
+    s = RiscvSynth()
+    pid, cpu = 43, 0
+    st = s.task_stack(pid, cpu)
+    s.function_code("handle_exception", TRAP_ENTRY_CODE)
+    s.function_code("rcu_all_qs", LEAF_CODE)
+    fp_r = st.high - 0x100
+    s.record(st, fp_r, 0, 0)                                     # read_zero ends the stack
+    fp_c = fp_r - 0x20                                           # __cond_resched called rcu_all_qs
+    s.record(st, fp_c, fp_r, s.at("read_zero", 0x4A))
+    pc, sepc, ra = s.at("handle_exception", offset), s.at("rcu_all_qs", 0xE), s.at("__cond_resched", 0x14)
+    s.sd.running_task(pid, "dd", cpu, {"pc": pc, "ra": ra, "sp": fp_c - 0x20, "s0": fp_c})
+    s.sd.cpus[-1]["sysregs"] = {"sepc": hex(sepc), "sstatus": hex(0x20 if from_user else 0x120)}
+    faithful = [pc, s.at("read_zero", 0x4A)]
+    if from_user:
+        return Scenario(s, pid, faithful, StopReason.END_OF_STACK, [pc], StopReason.USER_MODE)
+    if offset >= len(TRAP_ENTRY_CODE) - 4:
+        return Scenario(s, pid, faithful, StopReason.END_OF_STACK, faithful, StopReason.END_OF_STACK)
+    return Scenario(s, pid, faithful, StopReason.END_OF_STACK, [pc, sepc, ra, s.at("read_zero", 0x4A)],
+                    StopReason.END_OF_STACK,
+                    complete_flags={sepc: Flag.COMPLETE | Flag.BOUNDARY, ra: Flag.COMPLETE})
 
 
 def after_prologue() -> Scenario:

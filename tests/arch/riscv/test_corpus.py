@@ -60,10 +60,16 @@ def test_categories_on_synthetic_oracles():
     tracer = [irq.synth.at("hrtimer_nanosleep", 0x10), *irq.faithful]
     oracles["tracer-frames"] = (irq, {"source": "ftrace-stacktrace", "pid": irq.pid, "cpu": 0, "frames": hexes(tracer)})
     oracles["exact-complete"] = (irq, {"source": "gdb", "pid": None, "cpu": 0, "frames": hexes(irq.complete)})
+    fg = S.fgraph_hijack(kernel_retp=False)  # complete mode recovers; gdb stops at return_to_handler
+    oracles["oracle-fgraph"] = (fg, {"source": "gdb", "pid": None, "cpu": 0,
+                                     "frames": hexes([*fg.faithful[:3], fg.synth.at("return_to_handler")])})
+    trap = S.trap_entry()
+    oracles["oracle-trap-entry"] = (trap, {"source": "gdb", "pid": None, "cpu": 0,
+                                           "frames": hexes([trap.complete[0], trap.complete[2], trap.complete[2]])})
     for want, (scenario, oracle) in oracles.items():
         res = compare_oracle(scenario.session, oracle)
         assert res is not None and res.category == want.split("-complete")[0], (want, res)
-    assert set(CATEGORIES) >= {"stale", "tracer-frames", "entry-or-leaf", "oracle-stops-early", "oracle-continues"}
+    assert set(CATEGORIES) >= {w for w in oracles if w not in ("exact", "exact-complete", "unexplained")}
 
 
 def _name(path: str) -> str:
