@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import capstone
-
 from typing import TYPE_CHECKING, Any
+
+import capstone
 
 from unwind.frame import Flag, Frame, Source
 from unwind.registry import ArchBackend
 from unwind.target import Target
 from unwind.walk import Stop, Unwinder
 
-from .stacktrace import META_RECORDS_SINCE, Arm64Unwinder, kernel_generation, kernel_pac_mask, \
-    ptrauth_strip_kernel_insn_pac
+from .stacktrace import (META_RECORDS_SINCE, Arm64Unwinder, kernel_generation, kernel_pac_mask,
+                         ptrauth_strip_kernel_insn_pac)
 
 if TYPE_CHECKING:
     from unwind.replay import Replay
