@@ -33,3 +33,34 @@ def test_plan_interleaves_breakpoints() -> None:
                          ("random", None), ("syscall-entry", "b"), ("random", None)]
     assert Plan(3, []).kinds() == [("random", None)] * 3
     assert Plan(2, [("breakpoint", "f")], random_share=0).kinds() == [("breakpoint", "f")] * 2
+
+
+class _DyingRsp:
+    """Stops twice, then the guest is gone."""
+
+    def __init__(self) -> None:
+        self.halts = 0
+
+    def cont(self) -> None:
+        pass
+
+    def halt(self, timeout: float = 10.0) -> bytes:
+        self.halts += 1
+        if self.halts > 2:
+            from unwind.lab.rsp import RspError
+            raise RspError("gdb stub closed the connection (guest gone?)")
+        return b"T02thread:01;"
+
+
+def test_guest_dying_mid_capture_keeps_written_dumps(tmp_path) -> None:
+    from unwind.lab.capture import StopResult, run_capture
+    from unwind.lab.rsp import RspError
+
+    s = Session.__new__(Session)
+    s.rsp = _DyingRsp()
+    s.log = lambda msg: None
+    s.capture_stop = lambda label, hit=None: StopResult(meta={"tasks": [], "capture": {"kind": label}})
+    s.write_dump = lambda res, path, release, extra: path.write_bytes(b"dump")
+    with pytest.raises(RspError, match="guest gone"):
+        run_capture(s, Plan(5, [], delay=(0, 0)), tmp_path, "r")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stop-000-random.bin.xz", "stop-001-random.bin.xz"]

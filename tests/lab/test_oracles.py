@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from unwind.lab.oracles import SystemMap, parse_ftrace_stacks, parse_task_traces, sysrq_oracles
+from unwind.lab.oracles import SystemMap, parse_regs_backtrace, parse_task_traces, sysrq_oracles
 
 DATA = Path(__file__).parent / "data"
 
@@ -52,11 +52,18 @@ def test_riscv_style_lines_carry_addresses() -> None:
     assert t.pid == 77 and t.frames == ["0xffffffff80a7854c", "0xffffffff80a78e3a"]
 
 
-def test_ftrace_stacktrace_blocks() -> None:
-    text = ("          <idle>-0       [001] d.h2.   12.345678: <stack trace>\n"
-            " => __hrtimer_run_queues+0x1a0/0x2b0\n"
-            " => hrtimer_interrupt+0xf4/0x240\n"
-            "              dd-77      [000] d.h1.   12.4: hrtimer_expire_entry: x\n")
-    (e,) = parse_ftrace_stacks(text, None)
-    assert e["pid"] == 0 and e["cpu"] == 1
-    assert e["frames"] == ["__hrtimer_run_queues", "hrtimer_interrupt"]
+def test_sysrq_l_block_of_one_cpu() -> None:
+    text = ("NMI backtrace for cpu 0\n"
+            "Call Trace:\n <TASK>\n schedule+0x27/0xc0\n</TASK>\n"
+            "NMI backtrace for cpu 1\n"
+            "RIP: 0010:schedule+0x27/0xc0\n"
+            "Call Trace:\n <IRQ>\n __schedule+0x4ea/0xbe0\n </IRQ>\n <TASK>\n"
+            "RIP: 0010:kthreadd+0x2d3/0x2f0\n"
+            " ? __pfx_kthreadd+0x10/0x10\n 0xffffffffc020c099\n ret_from_fork_asm+0x1a/0x30\n"
+            " </TASK>\n")
+    smap = _smap()
+    r = parse_regs_backtrace(text, 1, smap)
+    assert r["frames"] == [_addr(smap, "__schedule", 0x4ea), "0xffffffffc020c099",
+                           _addr(smap, "ret_from_fork_asm", 0x1a)]
+    assert r["pt_regs"] == [{"after": 1, "pc": _addr(smap, "kthreadd", 0x2d3)}]
+    assert r["unreliable"] == [_addr(smap, "__pfx_kthreadd", 0x10)] and "stale" not in r

@@ -42,9 +42,6 @@ if [ -d $T/events ]; then
   echo do_sys_openat2 >> $T/set_graph_function
   echo 4 > $T/max_graph_depth
   echo function_graph > $T/current_tracer
-  mkdir $T/instances/irq
-  echo 'stacktrace' > $T/instances/irq/events/timer/hrtimer_expire_entry/trigger
-  echo 1 > $T/instances/irq/events/timer/hrtimer_expire_entry/enable
 fi
 (while :; do cat /proc/meminfo /proc/stat /proc/interrupts /proc/self/maps > /dev/null; done) &
 (while :; do dd if=/dev/zero of=/dev/null bs=4k count=200 2>/dev/null; done) &

@@ -673,11 +673,12 @@ class SysrqOracle:
 
 def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
                 sysrq: SysrqOracle | None = None, sysrq_every: int = 1,
-                suffix: str = ".bin.xz", seed: int | None = None) -> list[Path]:
+                suffix: str = ".bin.xz", seed: int | None = None, monitor=None) -> list[Path]:
     """Take ``plan.stops`` stops into ``out``; returns the dumps written.
 
     Each dump is written as soon as its stop is done, so a guest that dies
-    mid-run loses only the stop in progress.
+    mid-run loses only the stop in progress. Random stops are requested with
+    the stub's ``^C``, or with HMP ``stop`` when a ``monitor`` is given.
     """
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -705,7 +706,12 @@ def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
         elif kind == "random":
             s.rsp.cont()
             time.sleep(rng.uniform(*plan.delay))
-            reply = s.rsp.halt()
+            reply = None
+            if monitor is not None:  # HMP stop: the stub then reports the stop itself
+                monitor.cmd("stop")
+                reply = s.rsp.wait_stop(5.0)
+            if reply is None:
+                reply = s.rsp.halt()
             label = "random"
         else:
             addr = s.img.addr(sym)

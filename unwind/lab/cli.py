@@ -69,10 +69,10 @@ def cmd_lab_stop(args: argparse.Namespace) -> int:
 
 def cmd_capture(args: argparse.Namespace) -> int:
     """Capture dumps from a GDB stub (see ``unwind capture -h``)."""
-    from .monitor import Console
+    from .monitor import Console, Monitor
     from .oracles import SystemMap
 
-    console = None
+    console = monitor = None
     try:
         lab = lab_state(args.lab) if args.lab else None
         gdb = args.gdb or (lab["gdb"] if lab else None)
@@ -108,8 +108,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
             smap = SystemMap(smap_path) if Path(smap_path).exists() else None
             sysrq = SysrqOracle(console, smap)
         qemu = " ".join(lab["qemu"]) if lab else ""
+        if args.monitor:
+            monitor = Monitor(args.monitor)
         written = run_capture(s, plan, Path(args.output), release, qemu, sysrq, args.sysrq_every,
-                              seed=args.seed)
+                              seed=args.seed, monitor=monitor)
     except _ERRORS as e:
         print(f"unwind: error: {str(e).splitlines()[0]} (dumps written so far are kept in {args.output})",
               file=sys.stderr)
@@ -123,6 +125,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
         rsp.close()
         if console is not None:
             console.close()
+        if monitor is not None:
+            monitor.close()
     if written and args.gdb_oracle:
         try:
             add_gdb_oracles(written, vmlinux)
@@ -194,7 +198,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--gdb", help="HOST:PORT of the GDB stub")
     c.add_argument("--vmlinux", help="the debug vmlinux of the running kernel")
     c.add_argument("--lab", metavar="ARCH", help="take stub, vmlinux and console from `unwind lab boot`")
-    c.add_argument("--monitor", help="HMP socket (recorded; stops use the stub's ^C)")
+    c.add_argument("--monitor", help="HMP socket: random stops via HMP 'stop' (default: the stub's ^C)")
     c.add_argument("--console", help="serial console socket (for sysrq-t)")
     c.add_argument("--system-map", help="System.map (default: next to the vmlinux)")
     c.add_argument("--stops", type=int, default=20)

@@ -3,7 +3,7 @@
 - ``sysrq-t``: the console text of ``echo t > /proc/sysrq-trigger``, split per
   task; ``sym+off/size`` resolved to addresses with System.map (kallsyms and
   DWARF disagree on names, addresses do not).
-- ``ftrace-stacktrace``: ``<stack trace>`` blocks of a trace buffer.
+- ``sysrq-l``: the ``NMI backtrace for cpu N`` block printed from a running CPU's pt_regs.
 - ``gdb``: ``bt`` of gdb-multiarch on a written dump, inline frames dropped.
 """
 
@@ -202,30 +202,6 @@ def parse_regs_backtrace(text: str, cpu: int, smap: SystemMap | None) -> dict:
         out["pt_regs"] = t.pt_regs
     if t.corrupt:
         out["stale"], out["why"] = True, t.corrupt
-    return out
-
-
-def parse_ftrace_stacks(text: str, smap: SystemMap | None) -> list[dict]:
-    """``<stack trace>`` blocks of an ftrace buffer: ``=> sym+off/size`` lines after an event."""
-    out: list[dict] = []
-    cur: dict | None = None
-    for line in text.split("\n"):
-        if "<stack trace>" in line:
-            m = re.match(r"\s*(?P<comm>.+?)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]", line)
-            cur = {"source": "ftrace-stacktrace", "pid": int(m.group("pid")) if m else None,
-                   "cpu": int(m.group("cpu")) if m else None, "frames": [], "text": line}
-            out.append(cur)
-            continue
-        if cur is not None and line.startswith(" => "):
-            cur["text"] += "\n" + line
-            f = re.match(r" => (?P<sym>[\w.$]+)(?:\+0x(?P<off>[0-9a-f]+)/0x(?P<size>[0-9a-f]+))?", line)
-            if f and f.group("off") and smap is not None:
-                a = smap.resolve(f.group("sym"), int(f.group("off"), 16), int(f.group("size"), 16))
-                cur["frames"].append(f"{a:#x}" if a is not None else f.group("sym"))
-            elif f:
-                cur["frames"].append(f.group("sym"))
-        elif cur is not None and line.strip():
-            cur = None
     return out
 
 
