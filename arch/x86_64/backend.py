@@ -15,7 +15,7 @@ from unwind.walk import Stop, StopReason, Unwinder
 
 from .orc import OrcTable, load_orc
 from .printer import REGS_SOURCES, backtrace_symbol, plain_symbol, show_trace
-from .unwind_orc import OrcUnwinder
+from .unwind_orc import MODULES_RANGE, OrcUnwinder
 
 if TYPE_CHECKING:
     from unwind.replay import Replay
@@ -35,10 +35,13 @@ CATEGORIES = {
     "printed": "the kernel prints a pt_regs ip as a 'RIP:' line, not a trace line, and a rethook-hijacked "
                "return address as the trampoline (its printer does not recover rethook)",
     "stale": "the task ran between the capture and the oracle",
+    "ftrace-trampoline": "our walk stops at a dynamic ftrace trampoline the dump does not list (orc_ftrace_find() "
+                         "needs ftrace_trampolines); up to there it prints what the kernel printed",
     "oracle-merged": "the console text lost a 'task:' header: the oracle block runs two tasks' traces together, "
                      "ours is its first part",
     "oracle-stops-early": "gdb stops at the first stack switch (IRQ, entry or exception stack)",
-    "oracle-no-fgraph": "gdb shows return_to_handler and stops: it does not read the function-graph return stack",
+    "oracle-no-fgraph": "gdb cannot unwind through return_to_handler: it shows the hijacked slot and stops, or "
+                        "guesses past the trampoline's asm; it does not read the function-graph return stack",
     "oracle-tail-call": "gdb reports a pc that follows no call (a tail call's jmp: the kernel's stack has no such "
                         "frame); without those its frames are ours, or a prefix of ours",
     "switching": "the CPU's sp is on no stack of the task recorded as current (a context switch in progress): "
@@ -90,12 +93,20 @@ class X86_64Backend(ArchBackend):
         frames = [f for f in replay.frames if f.reliable]
         got = [f.pc for f in frames]
         if oracle.get("source") in _KERNEL_ORACLES:
+            # the oracle keeps the reliable 'sym+off/size' lines: not the bare addresses the kernel prints
+            symbols = replay.target.symbols
             printed = printed_pcs(frames, replay.target)
-            if printed == expected:
+            named = [pc for pc in printed if backtrace_symbol(symbols, pc) != hex(pc)]
+            if expected in (printed, named):
                 return "printed"
+            printed = named if expected[:len(named)] == named else printed
             if (got and len(expected) > len(printed) and expected[:len(printed)] == printed
                     and expected[len(printed)] == printed[0] and replay.stop.clean):
                 return "oracle-merged"
+            last = replay.frames[-1] if replay.frames else None
+            if (last is not None and not replay.stop.clean and MODULES_RANGE[0] <= last.pc < MODULES_RANGE[1]
+                    and not replay.target.meta.get("ftrace_trampolines") and expected[:len(printed)] == printed):
+                return "ftrace-trampoline"
             return None
         if not replay.frames and replay.task.running and replay.stop.reason is StopReason.OUTSIDE_STACK:
             return "switching"
@@ -105,8 +116,11 @@ class X86_64Backend(ArchBackend):
         """gdb/drgn: drop what they report and the kernel cannot (tail-call sites, return_to_handler)."""
         want, category = list(expected), None
         rth = replay.target.symbol_address("return_to_handler")
-        if rth in want[1:]:
-            want, category = want[:want.index(rth, 1)], "oracle-no-fgraph"
+        sym = replay.target.symbols.lookup(rth) if rth is not None and replay.target.symbols else None
+        inside = [i for i, pc in enumerate(want) if i and sym is not None and rth <= pc < rth + sym.size]
+        if inside:  # the hijacked slot itself, or gdb's guess past the asm it cannot unwind
+            i = inside[0]
+            want, category = want[:i] if want[i] == rth else want[:i + 1], "oracle-no-fgraph"
         sites = CallSiteChecker(self, replay.target.image)
         kept = want[:1] + [pc for pc in want[1:] if sites.check(pc).status != "bad"]
         if kept != want:
