@@ -12,7 +12,7 @@ which are usable for a given task; this module knows no architecture.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable
 
@@ -52,8 +52,9 @@ class StackSet:
     __slots__ = ("stack", "stacks", "_known")
 
     def __init__(self, stacks: Iterable[StackInfo]) -> None:
-        self._known: tuple[StackInfo, ...] = tuple(replace(s) for s in stacks)
-        self.stacks: list[StackInfo] = [replace(s) for s in self._known]
+        # the caller's ranges are never changed: the walk consumes copies
+        self._known: tuple[StackInfo, ...] = tuple(stacks)
+        self.stacks: list[StackInfo] = [StackInfo(s.low, s.high, s.kind, s.cpu) for s in self._known]
         # unwind_init_common(): the walk starts on no stack at all.
         self.stack: StackInfo = StackInfo(0, 0, "unknown")
 
@@ -73,7 +74,7 @@ class StackSet:
         left = None
         if info is not self.stack:
             left = self.stack.label() if self.stack.low else None
-            self.stack = replace(info)
+            self.stack = StackInfo(info.low, info.high, info.kind, info.cpu)
             info.low = 0  # stackinfo_get_unknown(): never found again
         self.stack.low = sp + size
         return left
