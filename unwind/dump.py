@@ -275,7 +275,8 @@ class Dump:
             pid=pid, comm=t.get("comm", "?"), state=t.get("state", ""), cpu=cpu, regs=regs,
             context={k: _hex(v) for k, v in t["context"].items()} if t.get("context") else None,
             stacks=usable,
-            fgraph=[FgraphEntry(_hex(e["ret"]), _hex(e["retp"]), _hex(e.get("func", 0))) for e in t.get("fgraph", [])],
+            fgraph=[FgraphEntry(_hex(e["ret"]), _hex(e["retp"]), _hex(e.get("func", 0)), _hex(e.get("fp", 0)))
+                    for e in t.get("fgraph", [])],
             kretprobes=[KretprobeInstance(_hex(e["ret"]), _hex(e["fp"])) for e in t.get("kretprobes", [])],
             user_regs={k: _hex(v) for k, v in t["user_regs"].items()} if t.get("user_regs") else None,
             extra={k: v for k, v in t.items() if k not in _TASK_KEYS},

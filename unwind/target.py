@@ -20,6 +20,8 @@ class FgraphEntry:
     ret: int
     retp: int
     func: int = 0
+    #: the frame pointer recorded at the hijack (HAVE_FUNCTION_GRAPH_FP_TEST: riscv's caller s0), 0 if none
+    fp: int = 0
 
 
 @dataclass(slots=True)
