@@ -202,6 +202,9 @@ class RiscvUnwinder(Unwinder):
         self.pending_regs: int | None = None
         #: complete mode: (pc, ra, what) of a pc taken from registers whose caller may sit in ra
         self.live: tuple[int, int, str] | None = None
+        #: complete mode: a frame to print next, and a hijacked return in flight found on the way
+        self.pending_frame: Frame | None = None
+        self.inflight = 0
         #: complete mode: (sepc, sstatus) of a CPU stopped in the trap entry, printed after its pc
         self.trap_entry: tuple[int, int] | None = None
         #: complete mode: flags every frame beyond what the kernel prints carries
@@ -323,6 +326,9 @@ class RiscvUnwinder(Unwinder):
 
     def next(self) -> Frame:
         """The next pc the kernel loop prints (or, in complete mode, one it misses)."""
+        if self.pending_frame is not None:
+            frame, self.pending_frame = self.pending_frame, None
+            return frame
         if self.pending_regs is not None:
             return self._next_regs_pc()
         if self.trap_entry is not None:
@@ -365,7 +371,7 @@ class RiscvUnwinder(Unwinder):
                 prov.note(switch_note)
         pc = ra
         if ra == self.return_to_handler:
-            pc, more = self._ftrace_graph_ret_addr(ra, rec + STACKFRAME_RA, callee, prov)
+            pc, more = self._ftrace_graph_ret_addr(ra, rec + STACKFRAME_RA, callee, new_fp, fp, prov)
             self.pc, flags = pc, flags | more
         elif ra in self.rethook_trampolines and self.complete:
             pc, more = self._recover_kretprobe(ra, new_fp, prov)
@@ -378,7 +384,23 @@ class RiscvUnwinder(Unwinder):
         lo, hi, kind = self._kind_cache
         if not lo <= rec < hi:
             kind = self._kind(rec)
-        return Frame(pc, fp, new_fp, Source.STACK_SWITCH if switch_note else Source.FRAME, kind, flags, prov)
+        frame = Frame(pc, fp, new_fp, Source.STACK_SWITCH if switch_note else Source.FRAME, kind, flags, prov)
+        if self.inflight:
+            return self._inflight_frame(frame)
+        return frame
+
+    # complete mode: the return of a call being entered through ftrace_caller (no frame record yet)
+    def _inflight_frame(self, after: Frame) -> Frame:
+        """The frame of the function whose call the tracer hijacked in flight; ``after`` comes next."""
+        ret, self.inflight = self.inflight, 0
+        self.pending_frame = after
+        prov = None
+        if self.record:
+            prov = Provenance("complete: a call being entered through ftrace_caller")
+            prov.note(f"ret_stack entry with fp {after.sp:#x} (this frame) holds the return {ret:#x}: "
+                      "ftrace_caller keeps it in ftrace_regs, not in a frame record")
+        return Frame(ret, after.sp, after.sp, Source.FRAME, after.stack, self.beyond | Flag.FGRAPH | _COMPLETE,
+                     prov, extra={"complete": "return of a call the tracer is entering"})
 
     def _read_record(self, rec: int) -> tuple[int, int]:
         """``{frame->fp, frame->ra}`` at ``rec``, remembering the captured segment that holds it."""
@@ -456,7 +478,7 @@ class RiscvUnwinder(Unwinder):
             prov = self._live_provenance(proof, ra, where)
         flags = self.beyond | _COMPLETE
         if ra == self.k.return_to_handler:
-            ra, more = self._ftrace_graph_ret_addr(ra, None, pc, prov)
+            ra, more = self._ftrace_graph_ret_addr(ra, None, pc, self.fp, -1, prov)
             flags |= more
         elif ra in self.k.rethook_trampolines:
             ra, more = self._recover_kretprobe(ra, self.fp, prov)
@@ -485,7 +507,7 @@ class RiscvUnwinder(Unwinder):
             return False
 
     # stacktrace.c:90 ftrace_graph_ret_addr(current, &graph_idx, pc, &frame->ra)
-    def _ftrace_graph_ret_addr(self, ra: int, retp: int | None, callee: int,
+    def _ftrace_graph_ret_addr(self, ra: int, retp: int | None, callee: int, caller_fp: int, frame_fp: int,
                                prov: Provenance | None) -> tuple[int, Flag]:
         """Resolve ``return_to_handler`` (``retp`` None: it was in a register); ``(pc, flags gained)``.
 
@@ -511,7 +533,7 @@ class RiscvUnwinder(Unwinder):
                 prov.note(f"return_to_handler left as is: {why}")
         if not self.complete:
             return kernel_pc, (Flag.FGRAPH if kernel_pc != handler else _NONE)
-        pc, flags = self._fgraph_by_order(ra, callee, prov)
+        pc, flags = self._fgraph_by_order(ra, retp, callee, caller_fp, frame_fp, prov)
         if pc == handler:
             return kernel_pc, (Flag.FGRAPH if kernel_pc != handler else _NONE)
         if pc == kernel_pc:
@@ -521,33 +543,61 @@ class RiscvUnwinder(Unwinder):
                       f"the function at {callee:#x}")
         return pc, flags
 
-    def _fgraph_by_order(self, ra: int, callee: int, prov: Provenance | None) -> tuple[int, Flag]:
-        """Complete mode: the next ret_stack entry below the last one used, if it is callee's."""
+    def _fgraph_by_order(self, ra: int, retp: int | None, callee: int, caller_fp: int, frame_fp: int,
+                         prov: Provenance | None) -> tuple[int, Flag]:
+        """Complete mode: the ret_stack entry of this hijacked return, taken in order.
+
+        With the ``fp`` riscv records (the caller's ``s0`` at the hijack): the
+        next entry, below the last one used, whose ``fp`` is ``caller_fp`` (the
+        fp the record holds); entries above it are hijacks still in flight (a
+        function being entered through ``ftrace_caller``, which builds no frame
+        record): one whose ``fp`` is ``frame_fp`` returns into the function
+        that owns the record, and is kept in :attr:`inflight`. Without it: the next
+        entry, if its ``func`` is the function the record belongs to (that of
+        ``callee``) or its ``retp`` is this record's ``&frame->ra``.
+        """
         stack, handler = self.fgraph_all, self.k.return_to_handler
         k = self.fg_cursor
-        top_func = 0
-        while k >= 0 and stack[k].ret == handler:  # tail calls: the real ret is further down
-            top_func = top_func or stack[k].func
-            k -= 1
-        if k < 0:
-            if prov is not None:
-                prov.note("return_to_handler: no ret_stack entry left to recover it")
-            return ra, _NONE
-        entry = stack[k]
-        func = top_func or entry.func
-        syms = self.t.symbols
-        if func and syms is not None:
-            want, have = syms.lookup(func), syms.lookup(callee)
-            if want is None or have is None or want.addr != have.addr:
+        if k >= 0 and stack[k].fp:
+            while k >= 0 and (stack[k].fp != caller_fp or stack[k].ret == handler):
+                if stack[k].fp == frame_fp and stack[k].ret != handler and not self.inflight:
+                    self.inflight = stack[k].ret  # a call from this frame, hijacked while being entered
+                k -= 1
+            if k < 0:
                 if prov is not None:
-                    prov.note(f"return_to_handler: ret_stack entry {k} is for {func:#x}, not for the function "
-                              f"at {callee:#x}: not recovered")
+                    prov.note(f"return_to_handler: no ret_stack entry left with fp {caller_fp:#x}")
                 return ra, _NONE
+            entry = stack[k]
+            why = f"its fp {entry.fp:#x} is the fp this record holds"
+        else:
+            top_func = 0
+            while k >= 0 and stack[k].ret == handler:  # tail calls: the real ret is further down
+                top_func = top_func or stack[k].func
+                k -= 1
+            if k < 0:
+                if prov is not None:
+                    prov.note("return_to_handler: no ret_stack entry left to recover it")
+                return ra, _NONE
+            entry = stack[k]
+            func = top_func or entry.func
+            syms = self.t.symbols
+            if retp is not None and entry.retp == retp:
+                why = f"its retp {retp:#x} is this record's &frame->ra"
+            elif func and syms is not None:
+                want, have = syms.lookup(func), syms.lookup(callee)
+                if want is None or have is None or want.addr != have.addr:
+                    if prov is not None:
+                        prov.note(f"return_to_handler: ret_stack entry {k} is for {func:#x}, not for the function "
+                                  f"at {callee:#x}: not recovered")
+                    return ra, _NONE
+                why = f"its func {func:#x} is the function at {callee:#x}"
+            else:
+                why = "no symbols to check its func"
         self.fg_cursor = k - 1
         if prov is not None:
-            prov.note(f"complete: return_to_handler -> {entry.ret:#x} from ret_stack entry {k} (func "
-                      f"{func:#x}, retp {entry.retp:#x}) taken in order: 6.12 riscv records &fregs->ra as "
-                      "retp, and the kernel searches only current's ret_stack")
+            prov.note(f"complete: return_to_handler -> {entry.ret:#x} from ret_stack entry {k}, the next in order "
+                      f"({why}); 6.12 riscv records &fregs->ra as retp, and the kernel searches only current's "
+                      "ret_stack")
         return entry.ret, Flag.FGRAPH | _COMPLETE
 
     # complete mode: kernel/trace/rethook.c:229 rethook_find_ret_addr(task, frame, &cur)

@@ -430,7 +430,7 @@ def fgraph_hijack(running: bool = True, kernel_retp: bool = True) -> Scenario:
                     complete_flags={real: Flag.FGRAPH if kernel_recovers else Flag.FGRAPH | Flag.COMPLETE})
 
 
-def fgraph_retp_collision() -> Scenario:
+def fgraph_retp_collision(with_fp: bool = False) -> Scenario:
     """Two hijacked returns where an older entry's retp is the younger function's ``&frame->ra``.
 
     riscv 6.12 records ``&fregs->ra`` (in ``ftrace_caller``'s frame) as retp; the
@@ -438,7 +438,7 @@ def fgraph_retp_collision() -> Scenario:
     guest: sysrq printed ``vfs_write+0xaa`` for ``write_sysrq_trigger``). The
     kernel then prints the older entry's return at the younger record, and
     ``return_to_handler`` at the older one. Complete mode takes the entries in
-    order, checked by ``func``.
+    order, checked by ``func`` (or, ``with_fp``, by the ``fp`` riscv records).
     """
     s = RiscvSynth()
     pid, cpu = 52, 0
@@ -456,6 +456,8 @@ def fgraph_retp_collision() -> Scenario:
     ret_a, ret_b = s.at("hrtimer_nanosleep", 0x50), s.at("do_nanosleep", 0x58)
     entries = [{"ret": ret_a, "retp": fp_b - 8, "func": s.at("do_nanosleep")},      # retp collides
                {"ret": ret_b, "retp": fp_0 - 0x100, "func": s.at("schedule_timeout")}]
+    if with_fp:  # the caller's s0 at the hijack
+        entries[0]["fp"], entries[1]["fp"] = fp_c, fp_a
     first = s.at("__schedule", 0x3A6)
     s.sd.running_task(pid, "sleep", cpu, {"pc": first, "ra": s.at("schedule", 0x2C), "sp": fp_0 - 0x40,
                                           "s0": fp_0}, fgraph=entries)
@@ -464,6 +466,35 @@ def fgraph_retp_collision() -> Scenario:
     return Scenario(s, pid, [*head, ret_a, s.at("return_to_handler")], StopReason.END_OF_STACK,
                     [*head, ret_b, ret_a], StopReason.END_OF_STACK,
                     faithful_flags={ret_a: Flag.FGRAPH}, complete_flags={ret_b: both, ret_a: both})
+
+
+def fgraph_in_flight() -> Scenario:
+    """A CPU inside the tracer while it enters ``__clear_user`` from ``read_zero``.
+
+    ``ftrace_caller`` builds no frame record: the walk goes from the tracer
+    straight to ``read_zero``'s record, whose own return is hijacked too. The
+    ret_stack holds both hijacks, with the caller's fp: complete mode prints
+    ``read_zero``'s pc from the in-flight entry, then recovers its return.
+    """
+    s = RiscvSynth()
+    pid, cpu = 53, 0
+    st = s.task_stack(pid, cpu)
+    fp_v = st.high - 0x100                                       # vfs_read ends the stack
+    s.record(st, fp_v, 0, 0)
+    fp_g = fp_v - 0x40                                           # read_zero: its return hijacked
+    s.record(st, fp_g, fp_v, s.at("return_to_handler"))
+    fp_0 = fp_g - 0x200                                          # the tracer (schedule plays it), called
+    s.record(st, fp_0, fp_g, s.at("__switch_to", 0x8))          # from the trampoline (__switch_to plays it)
+    entries = [{"ret": s.at("vfs_read", 0x9C), "retp": fp_0 - 0x80, "func": s.at("read_zero"), "fp": fp_v},
+               {"ret": s.at("read_zero", 0x5E), "retp": fp_0 - 0x70, "func": s.at("__clear_user"), "fp": fp_g}]
+    pc = s.at("schedule", 0x10)
+    s.sd.running_task(pid, "dd", cpu, {"pc": pc, "ra": s.at("__switch_to", 0x8), "sp": fp_0 - 0x20, "s0": fp_0},
+                      fgraph=entries)
+    head = [pc, s.at("__switch_to", 0x8)]
+    both = Flag.FGRAPH | Flag.COMPLETE
+    return Scenario(s, pid, [*head, s.at("return_to_handler")], StopReason.END_OF_STACK,
+                    [*head, s.at("read_zero", 0x5E), s.at("vfs_read", 0x9C)], StopReason.END_OF_STACK,
+                    complete_flags={s.at("read_zero", 0x5E): both, s.at("vfs_read", 0x9C): both})
 
 
 def kretprobe_hijack() -> Scenario:

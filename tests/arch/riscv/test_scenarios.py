@@ -32,6 +32,8 @@ SCENARIOS: dict[str, Callable[[], S.Scenario]] = {
     "fgraph, blocked": lambda: S.fgraph_hijack(running=False),
     "fgraph, running, riscv retp": lambda: S.fgraph_hijack(kernel_retp=False),
     "fgraph, retp collision": S.fgraph_retp_collision,
+    "fgraph, retp collision, with fp": lambda: S.fgraph_retp_collision(with_fp=True),
+    "fgraph, a hijack in flight": S.fgraph_in_flight,
     "kretprobe": S.kretprobe_hijack,
     "misaligned fp": lambda: S.broken_chain("misaligned"),
     "fp outside the stack": lambda: S.broken_chain("outside"),
