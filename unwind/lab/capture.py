@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from elftools.elf.elffile import ELFFile
@@ -140,7 +140,7 @@ class StopResult:
 class Session:
     """A GDB-stub connection plus the vmlinux knowledge to read the kernel behind it."""
 
-    def __init__(self, rsp: RspClient, image: Image, log=None) -> None:
+    def __init__(self, rsp: RspClient, image: Image, log: Callable[[str], None] | None = None) -> None:
         self.rsp = rsp
         self.img = image
         self.btf = image.btf
@@ -437,9 +437,6 @@ class Session:
                         add_mem(sp, phi)
                     elif kind == "irq":
                         add_mem(plo, phi)  # an exception on top of an IRQ needs both
-            user = self.lab_user_regs(task, hi)
-            if user:
-                entry["user_regs"] = user
         fg, raw = self.fgraph(tb)
         if fg:
             entry["fgraph"] = fg
@@ -474,11 +471,6 @@ class Session:
                             "save_regs": bool(v["flags"] & save_regs)})
             ops = v["next"]
         return out
-
-    def lab_user_regs(self, task: int, top: int) -> dict[str, str] | None:
-        """The arch's user-mode pt_regs summary at the top of a running task's stack, if defined."""
-        fn = getattr(self.lab, "user_regs", None)
-        return fn(self, task, top) if fn else None
 
     def symbols_meta(self) -> dict[str, str]:
         """Handy symbol values for the JSON note."""
