@@ -13,18 +13,24 @@ on a synthetic dump whose oracles are known.
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from unwind.arch.riscv import structs
 from unwind.arch.riscv import synth as S
 from unwind.arch.riscv.backend import CATEGORIES
-from unwind.replay import load_session
+from unwind.dump import DumpWriter
+from unwind.frame import Source
+from unwind.replay import Replay, load_session
 from unwind.target import Options
 from unwind.tools import compare_oracle, paths_under
 
 CORPUS = Path(__file__).resolve().parents[3] / "corpora" / "riscv"
+#: the full debug vmlinux in the real-kernel lab's cache (for the chained gdb check)
+LAB_VMLINUX = sorted((Path.home() / ".cache" / "unwind" / "kernels").glob("*riscv64*/vmlinux"))
 DUMPS = paths_under(CORPUS) if CORPUS.is_dir() else []
 NO_DUMPS = f"no riscv dumps under {CORPUS} yet (written by the real-kernel lab)"
 
@@ -116,3 +122,67 @@ def test_running_cpus_within_documented_categories(dump):
             assert res.category == "exact" or res.category in CATEGORIES, detail
     if not seen:
         pytest.skip("no running-CPU oracle in this dump")
+
+
+def _segments(r: Replay) -> list[tuple[dict[str, int], list[int]]]:
+    """Register sets where gdb must be restarted (past each pt_regs and call_on_irq_stack record) and
+    the complete-mode pcs from there to the next restart."""
+    frames = r.frames
+    starts = [i for i, f in enumerate(frames) if i and (f.source is Source.STACK_SWITCH or (
+        f.source is Source.EXCEPTION_FRAME and not (f.extra and "complete" in f.extra)))]
+    out = []
+    for j, k in enumerate(starts):
+        f = frames[k]
+        if f.source is Source.EXCEPTION_FRAME:  # all GPRs from the pt_regs, pc = epc
+            pr = structs.pt_regs.parse(r.target.mem.read(f.sp, structs.PT_SIZE))
+            regs = {n: pr[n] for n in structs.GPR_NAMES}
+            regs["pc"] = pr["epc"]
+        else:  # past call_on_irq_stack: pc = [s0 - 8], sp = s0, s0 = [s0 - 16]
+            regs = {n: 0 for n in structs.GPR_NAMES}
+            regs.update(pc=f.pc, sp=f.sp, s0=f.fp)
+        out.append((regs, [x.pc for x in frames[k:(starts + [len(frames)])[j + 1]]]))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not DUMPS, reason=NO_DUMPS)
+def test_complete_mode_equals_chained_gdb(tmp_path):
+    """gdb-multiarch restarted past every exception and IRQ-stack boundary, as real-kernels.md chains it."""
+    if shutil.which("gdb-multiarch") is None or not LAB_VMLINUX:
+        pytest.skip("needs gdb-multiarch and the lab's riscv64 debug vmlinux")
+    from unwind.lab.oracles import gdb_backtraces
+
+    jobs = []
+    for dump in DUMPS:
+        session = load_session(dump)
+        for task in session.dump.tasks():
+            if not task.running:
+                continue
+            r = session.replay(task, Options(complete=True), symbolize=False)
+            for regs, ours in _segments(r):
+                w = DumpWriter("riscv")
+                for seg in r.target.mem.segments:
+                    w.add_memory(seg.start, seg.data)
+                w.add_cpu(0, regs)
+                core = tmp_path / f"{len(jobs):04d}.core"
+                w.write(core)
+                jobs.append((core, ours, session))
+    if not jobs:
+        pytest.skip("no exception or IRQ-stack boundary in the corpus")
+    syms = jobs[0][2].symbols
+    text = (syms.address("_stext"), syms.address("_etext"))
+    got = gdb_backtraces(LAB_VMLINUX[0], [j[0] for j in jobs], "riscv:rv64", text)
+    handler = syms.address("return_to_handler")
+    counts: Counter[str] = Counter()
+    for core, ours, _s in jobs:
+        gdb = [int(x, 16) for e in got[str(core)] for x in e["frames"]]
+        if gdb[:len(ours)] == ours:
+            counts["exact"] += 1
+        elif gdb and gdb[-1] == handler and ours[:len(gdb) - 1] == gdb[:-1]:
+            counts["oracle-fgraph"] += 1
+        elif gdb and ours[:len(gdb)] == gdb and syms.lookup(gdb[-1]).name.startswith("ftrace_"):
+            counts["gdb-stops-in-ftrace-trampoline"] += 1
+        else:
+            counts["unexplained"] += 1
+    COUNTS["gdb chained"] = counts
+    assert not counts["unexplained"], dict(counts)
