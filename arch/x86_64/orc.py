@@ -339,7 +339,10 @@ class OrcTable:
         last_of_run = np.ones(len(ips), dtype=bool)
         last_of_run[:-1] = ips[1:] != ips[:-1]
         self._distinct_to_index = np.nonzero(last_of_run)[0].astype(np.int32)
-        self._has_dups = len(self._distinct_to_index) != len(ips)
+        # runs of equal ips: (distinct position, entries dropped); a few are cheaper as compares than a gather
+        ends = self._distinct_to_index
+        extra = np.diff(ends, prepend=-1) - 1
+        self._dup_runs = [(int(p), int(e)) for p, e in zip(np.nonzero(extra)[0].tolist(), extra[extra > 0].tolist())]
         distinct = ips[last_of_run]
         size = self.etext - self.stext
         nsub = (size + (1 << _SUB_ORDER) - 1) >> _SUB_ORDER
@@ -456,7 +459,12 @@ class OrcTable:
         idx += np.bitwise_count(mask)
         if self._clamp:
             np.maximum(idx, 0, out=idx)
-        return self._distinct_to_index[idx] if self._has_dups else idx
+        if len(self._dup_runs) > 4:
+            return self._distinct_to_index[idx]
+        distinct = idx.copy() if len(self._dup_runs) > 1 else idx
+        for pos, dropped in self._dup_runs:  # the rightmost duplicate: skip the entries dropped up to here
+            idx += (distinct >= pos) if dropped == 1 else (distinct >= pos).astype(np.int32) * dropped
+        return idx
 
 
 # --- from an image, cached ----------------------------------------------------------------------

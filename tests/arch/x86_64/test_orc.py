@@ -168,3 +168,15 @@ def test_image_loading_and_cache():
     with pytest.raises(OrcFormatError):
         orc.load_orc(b.image(3, header=bytes(20)), "6.12.0")
     assert orc.load_orc(b.image(3, header=bytes(20)), "6.12.0", forced="3").version == 3
+
+
+@pytest.mark.parametrize("runs", [1, 3, 12])
+def test_batch_lookup_with_runs_of_equal_ips(runs):
+    rng = np.random.default_rng(runs)
+    ips = np.sort(rng.choice(np.arange(TEXT, TEXT + 0x4000, 5, dtype=np.uint64), 400, replace=False)).tolist()
+    rows = [(ip, call(8 * (1 + i % 5))) for i, ip in enumerate(ips)]
+    for k, ip in enumerate(rng.choice(ips, runs, replace=False).tolist()):
+        rows += [(ip, UNDEFINED)] * (1 + k % 3)  # terminators sharing a real entry's ip
+    table = OrcTable.from_entries(rows, stext=TEXT, etext=TEXT + TEXT_SIZE)
+    q = rng.integers(TEXT, TEXT + 0x4100, 3000, dtype=np.uint64)
+    assert table.orc_find_batch(q).tolist() == [kernel_orc_find(table, int(ip)) for ip in q.tolist()]
