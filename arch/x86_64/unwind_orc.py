@@ -103,10 +103,9 @@ class OrcUnwinder(Unwinder):
         self.return_to_handler = sym("return_to_handler")
         self.rethook_trampoline = sym("arch_rethook_trampoline")
         self.ret_from_fork_asm = sym("ret_from_fork_asm")
-        self.ftrace_caller, self.ftrace_regs_caller = sym("ftrace_caller"), sym("ftrace_regs_caller")
-        #: dynamic ftrace trampolines the dump records: (ops->trampoline, trampoline_size, SAVE_REGS)
-        self.ftrace_trampolines = [(_int(t["addr"]), _int(t["size"]), bool(t.get("save_regs")))
-                                   for t in target.meta.get("ftrace_trampolines", [])]
+        self._ftrace: list[tuple[int, int, bool]] | None = None  # read at the first ORC miss
+        self.ftrace_caller: int | None = None
+        self.ftrace_regs_caller: int | None = None
         self.stext, self.etext = table.stext, table.etext
         self.text = [(table.stext, table.etext), MODULES_RANGE]
         if table.inittext is not None:
@@ -286,7 +285,7 @@ class OrcUnwinder(Unwinder):
         """The rule for this frame: ``orc_find(signal ? ip : ip - 1)``, else the frame-pointer guess."""
         ip = self.ip if self.signal else self.ip - 1
         orc = self.find(ip)
-        if orc is None and self.ftrace_trampolines:
+        if orc is None and self.target.meta.get("ftrace_trampolines"):
             orc = self.orc_ftrace_find(ip, prov)
         if orc is None:
             self.error = True
@@ -305,7 +304,12 @@ class OrcUnwinder(Unwinder):
     # orc_ftrace_find() (unwind_orc.c:143-167)
     def orc_ftrace_find(self, ip: int, prov: Provenance | None) -> OrcEntry | None:
         """An ip in a dynamic ftrace trampoline takes the entry of the code it copies."""
-        for start, size, save_regs in self.ftrace_trampolines:
+        if self._ftrace is None:  # the dump's list: (ops->trampoline, trampoline_size, SAVE_REGS)
+            self._ftrace = [(_int(t["addr"]), _int(t["size"]), bool(t.get("save_regs")))
+                            for t in self.target.meta.get("ftrace_trampolines", [])]
+            sym = self.target.symbol_address
+            self.ftrace_caller, self.ftrace_regs_caller = sym("ftrace_caller"), sym("ftrace_regs_caller")
+        for start, size, save_regs in self._ftrace:
             if start <= ip < start + size:  # ftrace_ops_trampoline()
                 base = self.ftrace_regs_caller if save_regs else self.ftrace_caller
                 if base is None or base + (ip - start) == ip:
