@@ -63,11 +63,16 @@ class TextSource(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Proof:
-    """Why ``ra`` is live and ``s0`` the caller's at a pc: ``kind`` is entry, leaf or epilogue."""
+    """Why ``ra`` is live and ``s0`` the caller's at a pc: ``kind`` is entry, leaf, paths or epilogue.
+
+    ``sp_at_entry``: no instruction before the pc moved ``sp`` either (an entry
+    proof with no stack allocation), so ``sp`` is still the caller's.
+    """
 
     kind: str
     function: str
     detail: str
+    sp_at_entry: bool = False
 
 
 def written_register(mnemonic: str, op_str: str) -> str | None:
@@ -219,8 +224,9 @@ class LiveRaProver:
         for _addr, _size, mn, ops in insns:
             if is_control_flow(mn) or written_register(mn, ops) in _WATCHED:
                 return None
+        sp_kept = all(written_register(mn, ops) != "sp" for _a, _s, mn, ops in insns)
         return Proof("entry", name, f"{len(insns)} instruction(s) from {name} to the pc: straight-line, "
-                                    "none writes ra or s0 (before the prologue)")
+                                    "none writes ra or s0 (before the prologue)", sp_kept)
 
     def _function(self, start: int, size: int) -> list[tuple[int, int, str, str]] | None:
         """Every instruction of a function; trailing zero padding may stay undecoded."""

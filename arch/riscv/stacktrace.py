@@ -486,6 +486,11 @@ class RiscvUnwinder(Unwinder):
         if not kernel_text_address(ra, self.k.text):
             return None
         self.pc = ra
+        if self.exc_lo <= ra < self.exc_hi and proof.sp_at_entry:
+            # called from the trap entry (do_trap_ecall_u+0): the pt_regs is at the unmoved sp
+            self.pending_regs = self.sp
+            if prov is not None:
+                prov.note(f"a return into handle_exception with sp untouched: the pt_regs is at sp {self.sp:#x}")
         return Frame(ra, self.sp, self.fp, Source.LIVE_LR, self._kind(self.sp), flags, prov)
 
     @staticmethod
@@ -641,12 +646,12 @@ class RiscvUnwinder(Unwinder):
         window = f"[sp+16, ALIGN(sp, THREAD_SIZE)] = [{low:#x}, {high:#x}]"
         if fp == 0:
             return UnwindStop(StopReason.END_OF_STACK, "fp is 0")
-        if fp & 7:
-            return UnwindStop(StopReason.MISALIGNED_FP, f"fp {fp:#x} (sp {sp:#x})")
         lo, hi = self.k.ret_from_fork
         if lo <= pc < hi:
             return UnwindStop(StopReason.END_OF_STACK, f"reached ret_from_fork, the first frame of the task "
                                                        f"(fp {fp:#x} is the thread function, not a frame)")
+        if fp & 7:
+            return UnwindStop(StopReason.MISALIGNED_FP, f"fp {fp:#x} (sp {sp:#x})")
         here, there = self.stacks.kind_of(sp), self.stacks.kind_of(fp - STACKFRAME_SIZE)
         if there is not None and here is not None and here.kind != there.kind:
             return UnwindStop(StopReason.TRANSITION_REFUSED,
@@ -655,6 +660,8 @@ class RiscvUnwinder(Unwinder):
         if fp < low and there is not None:
             return UnwindStop(StopReason.TRANSITION_REFUSED, f"fp {fp:#x} is below sp+16 = {low:#x}: "
                                                              "the record would not move up the stack")
+        if fp < UPPER_HALF:
+            window += " (a user address: s0 still holds the user sp, as at the trap entry)"
         return UnwindStop(StopReason.OUTSIDE_STACK, f"fp {fp:#x} outside {window}")
 
     def _bad_pc_stop(self, pc: int, fp: int, where: str) -> UnwindStop:

@@ -24,6 +24,7 @@ SCENARIOS: dict[str, Callable[[], S.Scenario]] = {
     "framed function, ra stored, s0 not set": lambda: S.leaf_at_entry("__cond_resched", 0xC),
     "framed function in its epilogue": lambda: S.leaf_at_entry("__cond_resched", 0x18),
     "after the prologue": S.after_prologue,
+    "syscall entry breakpoint": S.syscall_entry,
     "trap entry": S.trap_entry,
     "trap entry, s0 already overwritten": lambda: S.trap_entry(0x10),
     "trap entry from user mode": lambda: S.trap_entry(from_user=True),
