@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import bisect
 import struct
+import weakref
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from unwind.frame import Flag, Frame, Provenance, Source
-from unwind.memory import MemoryFault
+from unwind.memory import Memory, MemoryFault
 from unwind.stackinfo import StackSet
 from unwind.target import FgraphEntry, KretprobeInstance, Target
 from unwind.walk import StopReason, Unwinder, UnwindStop
@@ -72,7 +73,22 @@ class KernelLayout:
 
     @classmethod
     def of(cls, target: Target) -> "KernelLayout":
-        """Symbols from the image (or the dump's hints); THREAD_SIZE from the dump's task stack."""
+        """Symbols from the image (or the dump's hints); THREAD_SIZE from the dump's task stack.
+
+        Resolved once per dump (its memory), symbol table and THREAD_SIZE: short
+        real traces would otherwise spend most of their time here.
+        """
+        per_dump = _PER_DUMP.setdefault(target.mem, {})
+        key = (id(target.symbols), thread_size(target))
+        hit = per_dump.get(key)
+        if hit is not None and hit[0] is target.symbols:
+            return hit[1]
+        layout = cls._resolve(target)
+        per_dump[key] = (target.symbols, layout)
+        return layout
+
+    @classmethod
+    def _resolve(cls, target: Target) -> "KernelLayout":
         sym = target.symbol_address
         text = []
         for lo, hi in (("_stext", "_etext"), ("_sinittext", "_einittext")):
@@ -97,6 +113,19 @@ class KernelLayout:
             call_on_irq_stack=_symbol_range(target, "call_on_irq_stack"),
             ret_from_fork=_symbol_range(target, "ret_from_fork"),
         )
+
+
+#: per captured memory (one dump): resolved layouts, and the start of every segment
+_PER_DUMP: "weakref.WeakKeyDictionary[Memory, dict[Any, Any]]" = weakref.WeakKeyDictionary()
+
+
+def segment_starts(mem: Memory) -> list[int]:
+    """The start address of every captured segment, for bisecting (cached per dump)."""
+    per_dump = _PER_DUMP.setdefault(mem, {})
+    starts = per_dump.get("starts")
+    if starts is None:
+        starts = per_dump["starts"] = [seg.start for seg in mem.segments]
+    return starts
 
 
 def _or_none(addr: int | None) -> int:
@@ -187,7 +216,7 @@ class RiscvUnwinder(Unwinder):
         self.stacks = StackSet(target.task.stacks)
         self._kind_cache: tuple[int, int, str | None] = (0, 0, None)
         self._seg: tuple[int, int, bytes] = (0, 0, b"")
-        self._seg_starts = [seg.start for seg in self.mem.segments]
+        self._seg_starts = segment_starts(self.mem)
         # hot-path copies of the layout
         self.text0 = layout.text[0] if layout.text else (0, 0)
         self.exc_lo, self.exc_hi = layout.handle_exception, layout.ret_from_exception_end
