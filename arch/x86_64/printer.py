@@ -251,10 +251,30 @@ class TracePrinter:
             self.out.append((line, st.frame if i == 0 else None))
 
 
+# __show_regs(SHOW_REGS_ALL) (process_64.c): the lines after the general registers
+def system_regs_lines(target: Target) -> list[str]:
+    """``FS:``/``CS:``/``CR2:`` lines from the CPU's captured system registers (none when not captured).
+
+    The debug registers are left out: they print only in a non-default state, which a capture
+    does not record.
+    """
+    cpu = next((c for c in target.meta.get("cpus", []) if c.get("cpu") == target.task.cpu), {})
+    sysregs = {k: int(v, 0) if isinstance(v, str) else int(v) for k, v in (cpu.get("sysregs") or {}).items()}
+    need = ("fs_base", "gs_base", "k_gs_base", "cr0", "cr2", "cr3", "cr4")
+    if not all(k in sysregs for k in need):
+        return []
+    r = target.task.regs or {}
+    seg = {k: r.get(k, 0) & 0xFFFF for k in ("fs", "gs", "ds", "es", "cs")}
+    return [f"FS:  {sysregs['fs_base']:016x}({seg['fs']:04x}) GS:{sysregs['gs_base']:016x}({seg['gs']:04x}) "
+            f"knlGS:{sysregs['k_gs_base']:016x}",
+            f"CS:  {seg['cs']:04x} DS: {seg['ds']:04x} ES: {seg['es']:04x} CR0: {sysregs['cr0']:016x}",
+            f"CR2: {sysregs['cr2']:016x} CR3: {sysregs['cr3']:016x} CR4: {sysregs['cr4']:016x}"]
+
+
 def show_trace(frames: list[Frame], target: Target) -> Lines:
     """``show_regs()`` for a running task's CPU registers, then ``show_trace_log_lvl()``."""
     out: Lines = []
     if frames and frames[0].source is Source.REGS_PC:
-        for i, line in enumerate(regs_lines(cpu_regs(target), False, target)):
-            out.append((line, frames[0] if i == 0 else None))
+        lines = regs_lines(cpu_regs(target), False, target) + system_regs_lines(target)
+        out += [(line, frames[0] if i == 0 else None) for i, line in enumerate(lines)]
     return out + TracePrinter(frames, target).print_trace()

@@ -60,28 +60,37 @@ def test_every_task_walks(dump: str) -> None:
     assert clean >= 0.9 * len(blocked)
 
 
+#: lines the replay does not print: sched_show_task()/show_regs_print_info() headers, the console prompt,
+#: and Code: bytes (the kernel shows its live-patched text, the image holds the file's)
+_NOT_TRACE = ("task:", "Workqueue:", "Code:", "NMI backtrace for cpu", "CPU:", "Hardware name:", "~ #")
+
+
 def _trace_text(lines: list[str]) -> list[str]:
-    """Trace lines without the ``task:``/``Workqueue:`` header and ``Code:`` bytes (a slim image has no text)."""
-    return [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith(("task:", "Workqueue:", "Code:"))]
+    """The trace lines a replay prints."""
+    return [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith(_NOT_TRACE)]
 
 
 @pytest.mark.parametrize("dump", DUMPS or ["none"], ids=lambda p: Path(p).name)
 def test_printed_text_matches_sysrq(dump: str) -> None:
-    """The whole printed trace of each exactly-matched blocked task, ``? `` scan lines and regs included."""
+    """The whole printed trace of each matched sysrq-t task and sysrq-l CPU: ``? `` scan lines, markers,
+    register blocks (a running CPU's system registers too)."""
     session = _session(dump)
     same = differ = 0
     first = ""
     for oracle in session.dump.oracles():
         res = compare_oracle(session, oracle)
-        if oracle.get("source") != "sysrq-t" or res is None or res.category not in ("exact", "printed"):
+        if oracle.get("source") not in ("sysrq-t", "sysrq-l") or res is None \
+                or res.category not in ("exact", "printed"):
             continue
-        task = next(t for t in session.select(every=True) if t.pid == oracle["pid"] and not t.running)
+        task = next(t for t in session.select(every=True)
+                    if (t.cpu == oracle["cpu"] if oracle.get("cpu") is not None else t.pid == oracle["pid"]
+                        and not t.running))
         r = session.replay(task)
         ours = _trace_text([line for line, _ in session.backend.format_trace(r.frames, r.stop, r.target)])
         if ours == _trace_text(oracle.get("text", "").splitlines()):
             same += 1
         else:
             differ += 1
-            first = first or f"pid {task.pid}"
+            first = first or f"{oracle['source']} pid {task.pid}"
     print(f"{Path(dump).name}: printed text same {same}, differs {differ} {first}")
     assert differ == 0, f"{differ} traces print differently, first {first}"
