@@ -363,9 +363,9 @@ class RiscvUnwinder(Unwinder):
         if self.trap_entry is not None:
             return self._next_trap_entry()
         if self.live is not None:
-            frame = self._next_live_ra()
-            if frame is not None:
-                return frame
+            live = self._next_live_ra()
+            if live is not None:
+                return live
         return self._next_frame_record()
 
     # stacktrace.c:74-92 walk_stackframe(): the loop body from fp_is_valid() to the next pc
