@@ -236,49 +236,49 @@ class OrcUnwinder(Unwinder):
 
     # --- one step: unwind_next_frame() ---
 
-    def next(self) -> Frame:
-        """The caller's frame (``unwind_next_frame()`` then ``unwind_get_return_address()``)."""
+    def unwind_next_frame(self) -> Frame:
+        """The caller's frame: the steps of ``unwind_next_frame()`` in the kernel's order, then
+        ``unwind_get_return_address()``. This is :meth:`next`."""
         try:
-            return self.unwind_next_frame()
+            if not self.stack_info.type:  # unwind_done(): STACK_TYPE_UNKNOWN is 0
+                raise UnwindStop(StopReason.END_OF_STACK, "the walk is done")
+            prev_sp, prev_type, orig_ip = self.sp, self.stack_info.type, self.ip
+            prov = Provenance("") if self.record else None
+            self.recovered = Flag.NONE
+            orc, source = self.find_orc(prov)
+            self.signal = orc.signal  # unwind_orc.c:512
+            sp = self.prev_sp(orc, prov)
+            if orc.type == ORC_TYPE_CALL:
+                stack = self.step_call(sp, prov)
+            elif orc.type == ORC_TYPE_REGS:
+                stack = self.step_regs(sp, orig_ip, prov)
+            elif orc.type == ORC_TYPE_REGS_PARTIAL:
+                stack = self.step_regs_partial(sp, orig_ip, prov)
+            else:  # unwind_orc.c:634-637
+                raise UnwindStop(StopReason.UNKNOWN_METADATA,
+                                 f"unknown .orc_unwind entry type {orc.type} at {orig_ip:#x}")
+            self.prev_bp(orc, sp, prov)
+            self.check_direction(prev_type, prev_sp, orig_ip)
+            flags = (self.recovered | Flag.UNRELIABLE) if self.error else self.recovered
+            regs = self.regs
+            if regs is not None and orc.type != ORC_TYPE_CALL:
+                source = Source.ORC_REGS if orc.type == ORC_TYPE_REGS else Source.ORC_REGS_PARTIAL
+                if regs.user_mode(self.read):  # unwind_orc.c:481-483 on the next call: the_end
+                    if self.last is not None:
+                        self.last.extra = {**(self.last.extra or {}), "user_regs": regs.addr}
+                    raise UnwindStop(StopReason.USER_MODE, f"user-mode {regs.describe()}: ip {self.ip:#x}, "
+                                     f"sp {self.sp:#x}")
+            if not self.stext <= self.ip < self.etext:
+                self.check_text(self.ip)
+            frame = Frame(self.ip, self.sp, self.bp, source, stack, flags, prov)
+            if orc.type != ORC_TYPE_CALL:
+                frame.extra = {"regs": regs.addr if regs is not None else None, "partial": not self.full_regs}
+            self.last = frame
+            return frame
         except MemoryFault as e:
             raise UnwindStop(StopReason.MEMORY_FAULT, str(e)) from None
 
-    def unwind_next_frame(self) -> Frame:
-        """The steps of ``unwind_next_frame()`` in the kernel's order."""
-        if not self.stack_info.type:  # unwind_done(): STACK_TYPE_UNKNOWN is 0
-            raise UnwindStop(StopReason.END_OF_STACK, "the walk is done")
-        prev_sp, prev_type, orig_ip = self.sp, self.stack_info.type, self.ip
-        prov = Provenance("") if self.record else None
-        self.recovered = Flag.NONE
-        orc, source = self.find_orc(prov)
-        self.signal = orc.signal  # unwind_orc.c:512
-        sp = self.prev_sp(orc, prov)
-        if orc.type == ORC_TYPE_CALL:
-            stack = self.step_call(sp, prov)
-        elif orc.type == ORC_TYPE_REGS:
-            stack = self.step_regs(sp, orig_ip, prov)
-        elif orc.type == ORC_TYPE_REGS_PARTIAL:
-            stack = self.step_regs_partial(sp, orig_ip, prov)
-        else:  # unwind_orc.c:634-637
-            raise UnwindStop(StopReason.UNKNOWN_METADATA, f"unknown .orc_unwind entry type {orc.type} at {orig_ip:#x}")
-        self.prev_bp(orc, sp, prov)
-        self.check_direction(prev_type, prev_sp, orig_ip)
-        flags = (self.recovered | Flag.UNRELIABLE) if self.error else self.recovered
-        regs = self.regs
-        if regs is not None and orc.type != ORC_TYPE_CALL:
-            source = Source.ORC_REGS if orc.type == ORC_TYPE_REGS else Source.ORC_REGS_PARTIAL
-            if regs.user_mode(self.read):  # unwind_orc.c:481-483 on the next call: the_end
-                if self.last is not None:
-                    self.last.extra = {**(self.last.extra or {}), "user_regs": regs.addr}
-                raise UnwindStop(StopReason.USER_MODE, f"user-mode {regs.describe()}: ip {self.ip:#x}, "
-                                 f"sp {self.sp:#x}")
-        if not self.stext <= self.ip < self.etext:
-            self.check_text(self.ip)
-        frame = Frame(self.ip, self.sp, self.bp, source, stack, flags, prov)
-        if orc.type != ORC_TYPE_CALL:
-            frame.extra = {"regs": regs.addr if regs is not None else None, "partial": not self.full_regs}
-        self.last = frame
-        return frame
+    next = unwind_next_frame
 
     # unwind_orc.c:485-510
     def find_orc(self, prov: Provenance | None) -> tuple[OrcEntry, Source]:

@@ -11,7 +11,8 @@ from unwind.arch.x86_64.orc import (NOT_FOUND, NULL_ENTRY, NULL_ORC_ENTRY, ORC_R
                                     ORC_REG_BP_INDIRECT, ORC_REG_DI, ORC_REG_DX, ORC_REG_PREV_SP, ORC_REG_R10,
                                     ORC_REG_R13, ORC_REG_SP, ORC_REG_SP_INDIRECT, OrcEntry, OrcFormatError, OrcTable)
 from unwind.arch.x86_64.structs import orc_entry
-from unwind.arch.x86_64.synth import END_OF_STACK, FP_FRAME, INIT_TEXT, TEXT, TEXT_SIZE, UNDEFINED, OrcBuilder, call, regs
+from unwind.arch.x86_64.synth import (END_OF_STACK, FP_FRAME, INIT_TEXT, TEXT, TEXT_SIZE, UNDEFINED, OrcBuilder,
+                                      call, regs)
 
 # One logical table every generation can express (v1 has no signal bit and no AX; v1/v2 mark
 # UNDEFINED/END by sp_reg undefined).
