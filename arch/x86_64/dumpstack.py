@@ -38,7 +38,7 @@ STACK_TYPE_NAMES: dict[int, str] = {STACK_TYPE_TASK: "TASK", STACK_TYPE_IRQ: "IR
                                     **{STACK_TYPE_EXCEPTION + i: n for i, n in
                                        enumerate(("#DF", "NMI", "#DB", "#MC", "#VC", "#VC2"))}}
 
-# get_stack_info_noinstr(): the task stack, then exception, IRQ and entry stacks
+# get_stack_info_noinstr() (dumpstack_64.c:170-189): the task stack, then exception, IRQ and entry stacks
 _SEARCH_ORDER = {STACK_TYPE_TASK: 0, **{STACK_TYPE_EXCEPTION + i: 1 for i in range(len(ESTACKS))},
                  STACK_TYPE_IRQ: 2, STACK_TYPE_ENTRY: 3, STACK_TYPE_SOFTIRQ: 4}
 
@@ -80,7 +80,7 @@ class StackFinder:
         #: why the last get_stack_info() failed
         self.why = ""
 
-    # get_stack_info()
+    # get_stack_info() (dumpstack_64.c:191-221) over get_stack_info_noinstr() (170-189)
     def get_stack_info(self, addr: int, visit_mask: list[int]) -> StackInfo | None:
         """The stack holding ``addr``, or ``None`` (unknown, or visited before: "stack recursion").
 

@@ -312,7 +312,7 @@ class OrcTable:
                            int(self.bp_reg[i]), int(self.type[i]), bool(self.signal[i])) for i in first.tolist()]
         return [shared[k] for k in inverse.ravel().tolist()]
 
-    # unwind_init(): orc_lookup[i] = __orc_find(LOOKUP_START_IP + LOOKUP_BLOCK_SIZE * i), then the stop block
+    # unwind_init() (unwind_orc.c:338-359): orc_lookup[i] = __orc_find(_stext + 256 * i), then _etext's
     def _build_lookup(self) -> np.ndarray:
         """The kernel's ``.orc_lookup``: one entry index per 256-byte text block, plus the end."""
         nblocks = (self.etext - self.stext + LOOKUP_BLOCK_SIZE - 1) // LOOKUP_BLOCK_SIZE + 1
@@ -403,7 +403,7 @@ class OrcTable:
         """The ip of table ``index``."""
         return self._ips_list[index]
 
-    # orc_find()
+    # orc_find() (unwind_orc.c:198-242) with __orc_find() (83-110)
     def orc_find(self, ip: int) -> OrcEntry | None:
         """The kernel's entry for ``ip``, or ``None`` where ``orc_find()`` returns NULL."""
         off = ip - self.stext

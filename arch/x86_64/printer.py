@@ -162,6 +162,7 @@ class TracePrinter:
     def state(self) -> _State | None:
         return self.states[self.k] if self.k < len(self.states) else None
 
+    # __show_trace_log_lvl() (dumpstack.c:186-306): the loop over stacks
     def print_trace(self) -> Lines:
         """``Call Trace:``, then each visited stack between its ``<NAME>`` markers."""
         self.out.append(("Call Trace:", None))
@@ -191,6 +192,7 @@ class TracePrinter:
                                  st.frame))
         return self.out
 
+    # dumpstack.c:251-287, printk_stack_address() (68-73)
     def scan_word(self, addr: int, begin: int, end: int) -> None:
         """One word of the scan: skip non-text, print ``? `` guesses, print and step at the unwinder's slot."""
         try:
@@ -230,12 +232,13 @@ class TracePrinter:
                 return e.ret
         return word
 
+    # dumpstack.c:289-300
     def step(self, begin: int, end: int) -> None:
         """``unwind_next_frame()``, then print the new state's entry regs if they are on this stack."""
         self.k += 1
         self.show_regs_if_on_stack(begin, end)
 
-    # show_regs_if_on_stack()
+    # show_regs_if_on_stack() (dumpstack.c:154-178)
     def show_regs_if_on_stack(self, begin: int, end: int) -> None:
         """The current state's ``pt_regs`` (or IRET frame) when it lies on the stack being printed."""
         st = self.state()

@@ -136,7 +136,7 @@ class OrcUnwinder(Unwinder):
 
     # --- stack access (unwind_orc.c:387-437) ---
 
-    # stack_access_ok()
+    # stack_access_ok() (unwind_orc.c:387-398)
     def stack_access_ok(self, addr: int, length: int) -> bool:
         """Is ``[addr, addr+length)`` on the current stack, or on a stack the walk may move to?"""
         info = self.stack_info  # the unknown stack has begin == end == 0: nothing is on it
@@ -146,7 +146,7 @@ class OrcUnwinder(Unwinder):
         self.stack_info = new if new is not None else UNKNOWN
         return new is not None and new.on_stack(addr, length)
 
-    # deref_stack_reg()
+    # deref_stack_reg() (unwind_orc.c:400-408)
     def deref_stack_reg(self, addr: int, what: str, prov: Provenance | None) -> int:
         """The stack word at ``addr``; an error stop when it is on no usable stack."""
         info = self.stack_info
@@ -167,7 +167,7 @@ class OrcUnwinder(Unwinder):
         self.stacks.why = ""
         raise UnwindStop(reason, f"{what} at {addr:#x}: {why}")
 
-    # get_reg()
+    # get_reg() (unwind_orc.c:447-466)
     def get_reg(self, member: str) -> int | None:
         """A register from full regs, or from the previous full regs under an IRET frame; else ``None``."""
         if self.regs is None:
@@ -180,7 +180,7 @@ class OrcUnwinder(Unwinder):
 
     # --- start ---
 
-    # __unwind_start()
+    # __unwind_start() (unwind_orc.c:685-768)
     def start(self) -> Frame:
         """The first frame: the CPU's ``regs->ip``, or a blocked task's ``inactive_task_frame``."""
         try:
@@ -418,14 +418,14 @@ class OrcUnwinder(Unwinder):
 
     # --- return-address recovery (asm/unwind.h) ---
 
-    # unwind_recover_ret_addr(): ftrace_graph_ret_addr() then unwind_recover_rethook()
+    # unwind_recover_ret_addr() (asm/unwind.h:118-128): ftrace_graph_ret_addr(), then unwind_recover_rethook()
     def unwind_recover_ret_addr(self, ip: int, ip_p: int, prov: Provenance | None) -> int:
         """A return address through the fgraph return stack and rethook instances."""
         if ip == self.return_to_handler and self.return_to_handler is not None:
             ip = self.ftrace_graph_ret_addr(ip, ip_p, prov)
         return self.unwind_recover_rethook(ip, ip_p, prov)
 
-    # ftrace_graph_ret_addr() (kernel/trace/fgraph.c)
+    # ftrace_graph_ret_addr() (kernel/trace/fgraph.c:891-925)
     def ftrace_graph_ret_addr(self, ret: int, retp: int, prov: Provenance | None) -> int:
         """The original return address of a ``return_to_handler`` hijack, keyed by ``retp``."""
         stack = self.task.fgraph
@@ -443,7 +443,7 @@ class OrcUnwinder(Unwinder):
             prov.note(f"return_to_handler at {retp:#x}: no fgraph entry for it (left as is)")
         return ret
 
-    # unwind_recover_rethook() / rethook_find_ret_addr() (kernel/trace/rethook.c)
+    # unwind_recover_rethook() (asm/unwind.h:106-116), rethook_find_ret_addr() (kernel/trace/rethook.c:205-264)
     def unwind_recover_rethook(self, ip: int, ip_p: int, prov: Provenance | None) -> int:
         """The original return address of an ``arch_rethook_trampoline`` hijack, keyed by ``frame``."""
         tramp = self.rethook_trampoline
@@ -466,7 +466,7 @@ class OrcUnwinder(Unwinder):
             prov.note(f"arch_rethook_trampoline at {ip_p:#x}: rethook instance {i} gives {nodes[i].ret:#x}")
         return nodes[i].ret
 
-    # unwind_get_return_address(): __kernel_text_address(), else arch_stack_walk() stops
+    # unwind_get_return_address() (unwind_orc.c:364-370): not kernel text -> arch_stack_walk() stops
     def check_text(self, ip: int) -> None:
         """Stop where ``arch_stack_walk()`` would: an ip that is not kernel text."""
         for lo, hi in self.text:
