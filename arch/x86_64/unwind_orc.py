@@ -261,8 +261,9 @@ class OrcUnwinder(Unwinder):
             self.check_direction(prev_type, prev_sp, orig_ip)
             flags = (self.recovered | Flag.UNRELIABLE) if self.error else self.recovered
             regs = self.regs
-            if regs is not None and orc.type != ORC_TYPE_CALL:
+            if regs is not None and orc.type != ORC_TYPE_CALL:  # a pc from pt_regs: not a return address
                 source = Source.ORC_REGS if orc.type == ORC_TYPE_REGS else Source.ORC_REGS_PARTIAL
+                flags |= Flag.BOUNDARY
                 if regs.user_mode(self.read):  # unwind_orc.c:481-483 on the next call: the_end
                     if self.last is not None:
                         self.last.extra = {**(self.last.extra or {}), "user_regs": regs.addr}

@@ -177,6 +177,7 @@ def test_exception_stack_crossing_through_full_pt_regs():
                                       b.addr["default_idle"] + 7, b.addr["kthread"] + 0x30,
                                       b.addr["ret_from_fork_asm"] + 8]
     assert frames[2].source is Source.ORC_REGS and frames[2].fp == 0x4242 and frames[2].stack == "exception:NMI"
+    assert frames[2].flags & Flag.BOUNDARY and not frames[1].flags & Flag.BOUNDARY
     assert [f.stack for f in frames[3:]] == ["task", "task"]
     r = stack_walk_reliable(s.backend.unwinder(s.target(t, Options())), lambda pc: True)
     assert r.ok  # ORC accepts kernel-mode pt_regs
