@@ -575,16 +575,20 @@ def peer_workload(arch: str) -> PeerWorkload | Missing:
         mine_frames = walk_all(s.backend, ours)
     except NotImplementedError as e:
         return Missing(f"{arch} backend not ready: {e}")
-    drgn_frames = sum(len(prog.stack_trace(t)) for t in theirs)
+    drgn_frames = drgn_all(prog.stack_trace, theirs)
     return PeerWorkload(arch, f"{pair.dump.name} + {pair.vmcore.name}", ours, s.backend, mine_frames, theirs,
                         prog.stack_trace, drgn_frames, left_out)
 
 
 def drgn_all(trace: Callable[[Any], Any], tasks: list[Any]) -> int:
-    """drgn's ``stack_trace`` of every task, touching each frame's pc; the total frames."""
+    """drgn's ``stack_trace`` of every task, reading each frame's pc; the total frames.
+
+    drgn lists an inlined call as a frame of its own at the same pc; only the real frames (one per
+    return address, as the kernel counts them) are counted.
+    """
     n = 0
     for t in tasks:
         for frame in trace(t):
             frame.pc  # noqa: B018 - a user of the trace reads each pc
-            n += 1
+            n += not frame.is_inline
     return n

@@ -680,10 +680,16 @@ def report_lines(r: Results, plots: dict[str, str] | None, source: str) -> list[
     if pf:
         rows = []
         for arch, p in sorted(pf.items()):
+            b = {x.extra["tool"]: x for x in r.of("peer", arch=arch)}
             ratio = p["drgn"] / p["unwind"] if "drgn" in p and "unwind" in p else None
-            rows.append([arch, _us(p["unwind"]) if "unwind" in p else "–", _us(p["drgn"]) if "drgn" in p else "–",
-                         f"{_num(ratio)}×" if ratio else "–"])
-        L += _table(("arch", "unwind per frame", "drgn per frame", "drgn / unwind"), rows)
+            per_task = b["drgn"].seconds / b["unwind"].seconds if ratio else None
+            cell = (lambda tool: f"{_us(p[tool])} ({b[tool].extra['frames']:,} frames)" if tool in p else "–")
+            rows.append([arch, str(b[next(iter(b))].extra.get("tasks", "?")), cell("unwind"), cell("drgn"),
+                         f"{_num(ratio)}×" if ratio else "–", f"{_num(per_task)}×" if per_task else "–"])
+        L += _table(("arch", "tasks", "unwind per frame", "drgn per frame", "drgn / unwind per frame",
+                     "drgn / unwind per task"), rows)
+        L += ["", "Each side divides its time by the frames it walked (drgn's inlined-call frames not counted; "
+              "drgn also walks on into user frames). drgn reads DWARF CFI, falling back to ORC."]
     else:
         L.append("Not measured: " + ("; ".join(r.skips("test_peer")) or "not run"))
     L.append("")
