@@ -1,8 +1,10 @@
-"""Parsing the kernel's own traces captured from a real console (x86-64 6.12 sysrq-t excerpt)."""
+"""Parsing the kernel's own traces captured from a real console (x86-64 6.12 sysrq-t excerpt, a riscv64
+6.12 ftrace ``stacktrace`` trigger block read from ``per_cpu/cpu1/trace``)."""
 
 from pathlib import Path
 
-from unwind.lab.oracles import SystemMap, parse_regs_backtrace, parse_task_traces, sysrq_oracles
+from unwind.lab.oracles import (SystemMap, parse_ftrace_stack, parse_regs_backtrace, parse_task_traces,
+                                sysrq_oracles)
 
 DATA = Path(__file__).parent / "data"
 
@@ -67,3 +69,19 @@ def test_sysrq_l_block_of_one_cpu() -> None:
                            _addr(smap, "ret_from_fork_asm", 0x1a)]
     assert r["pt_regs"] == [{"after": 1, "pc": _addr(smap, "kthreadd", 0x2d3)}]
     assert r["unreliable"] == [_addr(smap, "__pfx_kthreadd", 0x10)] and "stale" not in r
+
+
+def test_ftrace_stack_trace_block() -> None:
+    smap = SystemMap(DATA / "System.map-riscv64-excerpt")
+    text = (DATA / "ftrace-stacktrace-riscv.txt").read_text()
+    (b,) = parse_ftrace_stack(text, smap)
+    assert b["cpu"] == 1 and "stale" not in b
+    # sym-addr gives the pc itself; the first printed frame is the first one the skip count left
+    assert b["frames"][0] == hex(smap.by_name["trace_event_buffer_commit"][0] + 0x7c) == "0xffffffff8014e49c"
+    # the kernel's riscv walk does not recover these fgraph-hijacked returns: printed as the trampoline
+    assert b["frames"][-3:] == ["0xffffffff8000c9e0", "0xffffffff8000c9e0", "0xffffffff80a814e2"]
+    assert len(b["frames"]) == 12 and b["text"].splitlines()[0].endswith("<stack trace>")
+    # a damaged line (name/offset disagreeing with its address) marks the block stale
+    bad = text.replace("hrtimer_interrupt+0xde/0x1fa", "hrtimer_interrupt+0xdf/0x1fa")
+    (b,) = parse_ftrace_stack(bad, smap)
+    assert b["stale"] and "disagrees with System.map" in b["why"]

@@ -530,6 +530,7 @@ class Plan:
     delay: tuple[float, float] = (0.05, 1.5)
     break_timeout: float = 15.0
     sysrq_l: int = 0  # stops where sysrq-l prints a running CPU's trace, appended at the end
+    ftrace: int = 0  # stops where an ftrace stacktrace trigger fires (FtraceStacktrace), appended at the end
 
     def kinds(self) -> list[tuple[str, str | None]]:
         """The sequence of stops: random ones interleaved with the breakpoints in turn."""
@@ -542,7 +543,7 @@ class Plan:
             if self.breaks and len(seq) < self.stops:
                 seq.append(self.breaks[bi % len(self.breaks)])
                 bi += 1
-        return seq + [("sysrq-l", None)] * self.sysrq_l
+        return seq + [("sysrq-l", None)] * self.sysrq_l + [("ftrace", None)] * self.ftrace
 
 
 def default_breaks(lab: ModuleType, img: Image) -> list[tuple[str, str]]:
@@ -663,9 +664,119 @@ class SysrqOracle:
         return res, reply, f"sysrq-l:{fn}"
 
 
+#: tracefs instance the ftrace oracle uses (its own buffer: the lab's function_graph stays out of it)
+FTRACE_INSTANCE = "/sys/kernel/tracing/instances/unwind"
+#: the function the ``stacktrace`` trigger runs (kernel/trace/trace_events_trigger.c); not traceable
+FTRACE_TRIGGER_FN = "stacktrace_trigger"
+
+
+class FtraceStacktrace:
+    """The kernel's own walk at a trace event: an ftrace ``stacktrace:1`` trigger, caught as it fires.
+
+    Once per session (console): a tracefs instance with options ``sym-offset`` and ``sym-addr``, the
+    event enabled with a filter no record passes (``now < 0`` for ``timer/hrtimer_expire_entry``: the
+    event is discarded, its post-call triggers still run), so the instance's buffer holds only stack
+    traces. Per stop: a hardware breakpoint on ``stacktrace_trigger`` (entry, before its frame), then
+    the trigger is re-armed with count 1 after clearing the buffer; the first CPU to run it stops the
+    guest there. The dump is captured, the guest resumes (the trigger now saves its walk, and being
+    ``:1`` fires nowhere else), and ``per_cpu/cpuN/trace`` of that CPU is read and parsed
+    (:func:`.oracles.parse_ftrace_stack`): exactly one ``<stack trace>`` block is expected.
+
+    The kernel's walk skips its own top frames (``STACK_SKIP`` 4 in trace_events_trigger.c, +1 in
+    ``__ftrace_trace_stack`` without ORC, +1 in ``stack_trace_save``); the stop is above them, so the
+    replay of that CPU holds ``stacktrace_trigger+0`` (and, on arches whose walk from regs drops an
+    ra/lr-held caller, not ``event_triggers_post_call``) on top of the oracle: ``unwind diff`` compares
+    from the oracle's first pc (:func:`unwind.tools.compare_oracle`).
+    """
+
+    def __init__(self, console, smap, event: str = "timer/hrtimer_expire_entry",
+                 never: str = "now < 0", timeout: float = 60.0) -> None:
+        self.console = console
+        self.smap = smap
+        self.event = event
+        self.never = never
+        self.timeout = timeout
+        self.ready = False
+
+    def _run(self, s: Session, cmd: str, done: str = "UNWIND-FT-DONE") -> str:
+        """Type ``cmd`` into the running guest's shell; its output (up to an end mark)."""
+        mark = self.console.mark()
+        # the echoed command shows the mark split ('X''Y'), only the shell's output has it whole
+        half = len(done) // 2
+        self.console.type(f"{cmd}; echo {done[:half]}''{done[half:]}")
+        text = self.console.wait_for(mark, rf"^{done}\b", self.timeout, quiet=0.3)
+        return text
+
+    def setup(self, s: Session) -> None:
+        """Create the instance and enable the filtered event (guest running)."""
+        i, ev = FTRACE_INSTANCE, f"{FTRACE_INSTANCE}/events/{self.event}"
+        self._run(s, f"mkdir -p {i} && echo 1 > {i}/options/sym-offset && echo 1 > {i}/options/sym-addr && "
+                     f"echo '{self.never}' > {ev}/filter && echo 1 > {ev}/enable")
+        self.ready = True
+
+    def stop(self, s: Session, timeout: float) -> tuple[StopResult, bytes, str] | str:
+        """One stop at the trigger and its oracle (the guest is halted on entry and on return)."""
+        i, ev = FTRACE_INSTANCE, f"{FTRACE_INSTANCE}/events/{self.event}"
+        addr = s.img.addr(FTRACE_TRIGGER_FN)
+        label = f"ftrace:{self.event.split('/')[-1]}"
+        s.rsp.cont()
+        try:
+            if not self.ready:
+                self.setup(s)
+            self._run(s, f"echo '!stacktrace:1' > {ev}/trigger 2>/dev/null; echo > {i}/trace")
+        finally:
+            s.rsp.halt()
+        s.rsp.breakpoint(addr, s.lab.BREAK_KIND)
+        s.rsp.cont()
+        self.console.type(f"echo 'stacktrace:1' > {ev}/trigger")
+        try:
+            reply = s.rsp.wait_stop(timeout)
+            if reply is None:
+                s.rsp.halt()
+        finally:
+            s.rsp.breakpoint(addr, s.lab.BREAK_KIND, insert=False)
+        hit = RspClient.stop_thread(reply) if reply else None
+        if reply is None or hit not in s.threads:
+            return f"{FTRACE_TRIGGER_FN} not reached in {timeout:.0f}s"
+        cpu = s.threads.index(hit)
+        s.rsp.select_thread(hit)
+        pc = s.rsp.read_registers(["pc"]).get("pc")
+        if pc != addr:
+            return f"cpu{cpu} stopped at {pc:#x}, not at {FTRACE_TRIGGER_FN}"
+        res = s.capture_stop(label, hit)
+        if isinstance(res, str):
+            return res
+        s.rsp.cont()
+        try:
+            text = self._run(s, f"cat {i}/per_cpu/cpu{cpu}/trace")
+        finally:
+            s.rsp.halt()
+        for _ in range(10):  # the vCPU used for memory may now be in user/firmware mode
+            if s.pick_memory_thread(s.read_cpus()):
+                break
+            s.rsp.cont()
+            time.sleep(0.05)
+            s.rsp.halt()
+        from .oracles import parse_ftrace_stack
+
+        blocks = parse_ftrace_stack(text, self.smap)
+        if len(blocks) != 1:
+            return f"cpu{cpu}: {len(blocks)} <stack trace> blocks in its buffer, expected 1"
+        b = blocks[0]
+        ent = {"source": "ftrace-stacktrace", "cpu": cpu, "pid": None, "frames": b["frames"], "text": b["text"],
+               "event": self.event, "trigger": "stacktrace:1", "stop": f"{FTRACE_TRIGGER_FN}+0"}
+        if b.get("cpu") != cpu:
+            ent["stale"], ent["why"] = True, f"block printed for cpu {b.get('cpu')}"
+        elif b.get("stale"):
+            ent["stale"], ent["why"] = True, b["why"]
+        res.meta["pending_oracles"] = [ent]
+        return res, reply, label
+
+
 def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
                 sysrq: SysrqOracle | None = None, sysrq_every: int = 1,
-                suffix: str = ".bin.xz", seed: int | None = None, monitor=None) -> list[Path]:
+                suffix: str = ".bin.xz", seed: int | None = None, monitor=None,
+                ftrace: FtraceStacktrace | None = None, first: int = 0) -> list[Path]:
     """Take ``plan.stops`` stops into ``out``; returns the dumps written.
 
     Each dump is written as soon as its stop is done, so a guest that dies
@@ -695,6 +806,13 @@ def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
                 i += 1
                 continue
             res, reply, label = got
+        elif kind == "ftrace":
+            got = ftrace.stop(s, plan.break_timeout) if ftrace is not None else "no console"
+            if isinstance(got, str):
+                s.log(f"[capture] ftrace: skipped ({got})")
+                skipped += 1
+                continue
+            res, reply, label = got
         elif kind == "random":
             s.rsp.cont()
             time.sleep(rng.uniform(*plan.delay))
@@ -720,7 +838,7 @@ def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
                 continue
             hit = RspClient.stop_thread(reply)
             label = f"{kind}:{sym}"
-        if kind != "sysrq-l":
+        if kind not in ("sysrq-l", "ftrace"):
             res = s.capture_stop(label, hit)
         if isinstance(res, str):
             skipped += 1
@@ -739,7 +857,7 @@ def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
         res.meta["oracles"] = [o for o in oracles if not o.get("stale")]
         res.meta["oracles_excluded"] = [o for o in oracles if o.get("stale")]
         extra["notes"] = "; ".join(notes) if notes else None
-        path = out / f"stop-{written:03d}-{label.replace(':', '-')}{suffix}"
+        path = out / f"stop-{first + written:03d}-{label.replace(':', '-')}{suffix}"
         s.write_dump(res, path, release, extra)
         paths.append(path)
         written += 1
@@ -815,7 +933,7 @@ def reparse_oracles(paths: list[Path], system_map: str | Path) -> int:
     """Re-derive the frames of stored sysrq-t/sysrq-l oracles from their raw text; returns changes."""
     from unwind.dump import Dump
 
-    from .oracles import SystemMap, parse_regs_backtrace, parse_task_traces
+    from .oracles import SystemMap, parse_ftrace_stack, parse_regs_backtrace, parse_task_traces
 
     smap = SystemMap(system_map)
     changed = 0
@@ -843,6 +961,16 @@ def reparse_oracles(paths: list[Path], system_map: str | Path) -> int:
                 for k in ("pt_regs", "stale", "why"):
                     o.pop(k, None)
                 o.update(parse_regs_backtrace("NMI backtrace for cpu %d\n" % o["cpu"] + o["text"], o["cpu"], smap))
+            elif o.get("source") == "ftrace-stacktrace":
+                blocks = parse_ftrace_stack(o["text"], smap)
+                if not blocks:
+                    continue
+                b = blocks[0]
+                o["frames"] = b["frames"]
+                o.pop("stale", None)
+                o.pop("why", None)
+                if b.get("stale"):
+                    o["stale"], o["why"] = True, b["why"]
             changed += before != (o.get("frames"), o.get("stale"))
         meta["oracles"] = [o for o in every if not o.get("stale")]
         meta["oracles_excluded"] = [o for o in every if o.get("stale")]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from .boot import LabError, boot, lab_state, stop
 from .btf import BtfError
-from .capture import (CaptureError, Image, Plan, Session, SysrqOracle, add_gdb_oracles, default_breaks,
-                      reparse_oracles, run_capture)
+from .capture import (CaptureError, FtraceStacktrace, Image, Plan, Session, SysrqOracle, add_gdb_oracles,
+                      default_breaks, reparse_oracles, run_capture)
 from .fetch import FetchError, canonical_arch, fetch, find_kernel
 from .rsp import RspClient, RspError
 
@@ -101,17 +101,20 @@ def cmd_capture(args: argparse.Namespace) -> int:
         for _, sym in breaks:
             img.addr(sym)
         plan = Plan(args.stops, breaks, random_share=0 if args.breaks else 2,
-                    break_timeout=args.break_timeout, sysrq_l=0 if args.no_sysrq else args.sysrq_l)
-        sysrq = None
-        if not args.no_sysrq and con_sock:
+                    break_timeout=args.break_timeout, sysrq_l=0 if args.no_sysrq else args.sysrq_l,
+                    ftrace=args.ftrace)
+        sysrq = ftrace = None
+        if (not args.no_sysrq or args.ftrace) and con_sock:
             console = Console(con_sock, Path(args.output) / "console.txt")
             smap = SystemMap(smap_path) if Path(smap_path).exists() else None
-            sysrq = SysrqOracle(console, smap)
+            sysrq = None if args.no_sysrq else SysrqOracle(console, smap)
+            if args.ftrace:
+                ftrace = FtraceStacktrace(console, smap, args.ftrace_event, args.ftrace_never)
         qemu = " ".join(lab["qemu"]) if lab else ""
         if args.monitor:
             monitor = Monitor(args.monitor)
         written = run_capture(s, plan, Path(args.output), release, qemu, sysrq, args.sysrq_every,
-                              seed=args.seed, monitor=monitor)
+                              seed=args.seed, monitor=monitor, ftrace=ftrace, first=args.first)
     except _ERRORS as e:
         print(f"unwind: error: {str(e).splitlines()[0]} (dumps written so far are kept in {args.output})",
               file=sys.stderr)
@@ -207,6 +210,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--no-sysrq", action="store_true", help="no sysrq-t oracle")
     c.add_argument("--sysrq-l", type=int, default=0, metavar="N",
                    help="then N stops where sysrq-l prints a running CPU's trace (kernel oracle)")
+    c.add_argument("--ftrace", type=int, default=0, metavar="N",
+                   help="then N stops where an ftrace stacktrace trigger fires (kernel oracle 'ftrace-stacktrace')")
+    c.add_argument("--ftrace-event", default="timer/hrtimer_expire_entry", metavar="SYS/EVENT",
+                   help="the trace event that carries the trigger (default timer/hrtimer_expire_entry)")
+    c.add_argument("--ftrace-never", default="now < 0", metavar="FILTER",
+                   help="an event filter no record passes, so the buffer holds only the stack traces")
+    c.add_argument("--first", type=int, default=0, metavar="N", help="number the dumps from N (stop-NNN-...)")
     c.add_argument("--sysrq-every", type=int, default=1, help="sysrq-t after every N-th stop")
     c.add_argument("--gdb-oracle", action="store_true", help="then store gdb-multiarch's bt in each dump")
     c.add_argument("--release", help="kernel release to record (default: VMCOREINFO OSRELEASE)")

@@ -4,6 +4,8 @@
   task; ``sym+off/size`` resolved to addresses with System.map (kallsyms and
   DWARF disagree on names, addresses do not).
 - ``sysrq-l``: the ``NMI backtrace for cpu N`` block printed from a running CPU's pt_regs.
+- ``ftrace-stacktrace``: the ``<stack trace>`` block an ftrace ``stacktrace`` event trigger stored
+  in one CPU's ring buffer (``per_cpu/cpuN/trace`` with ``sym-offset`` and ``sym-addr``).
 - ``gdb``: ``bt`` of gdb-multiarch on a written dump, inline frames dropped.
 """
 
@@ -202,6 +204,51 @@ def parse_regs_backtrace(text: str, cpu: int, smap: SystemMap | None) -> dict:
         out["pt_regs"] = t.pt_regs
     if t.corrupt:
         out["stale"], out["why"] = True, t.corrupt
+    return out
+
+
+_FT_STACK = re.compile(r"^\s*=> (?:(?P<sym>[A-Za-z_.$][\w.$]*)\+0x(?P<off>[0-9a-f]+)/0x(?P<size>[0-9a-f]+)"
+                       r"(?:\s+\[(?P<mod>[\w-]+)\])?|0x[0-9a-f]+|\[FTRACE TRAMPOLINE\])(?:\s+<(?P<addr>[0-9a-f]+)>)?\s*$")
+
+
+def parse_ftrace_stack(text: str, smap: SystemMap | None) -> list[dict]:
+    """Every ``<stack trace>`` block of an ftrace trace file, as oracle fields.
+
+    The lines are `` => sym+off/size <addr>`` (options ``sym-offset`` and ``sym-addr``): the
+    address is the frame; ``sym+off/size`` is checked against System.map and a disagreement
+    (a damaged console line) marks the block stale. ``[FTRACE TRAMPOLINE]`` and a line without an
+    address also make it stale: there is no pc to compare. Each entry holds the block's header line
+    (task-pid, CPU, flags, timestamp) and lines as ``text``.
+    """
+    out: list[dict] = []
+    cur: dict | None = None
+    for raw in text.replace("\r", "").split("\n"):
+        line = raw.rstrip()
+        if line.endswith("<stack trace>"):
+            m = re.search(r"\[(\d+)\]", line)
+            cur = {"frames": [], "text": [line], "cpu": int(m.group(1)) if m else None}
+            out.append(cur)
+            continue
+        if cur is None:
+            continue
+        if not line.lstrip().startswith("=>"):
+            cur = None
+            continue
+        cur["text"].append(line)
+        f = _FT_STACK.match(line)
+        if f is None or f.group("addr") is None:
+            cur.setdefault("why", f"no address in {line.strip()!r}")
+            continue
+        addr = int(f.group("addr"), 16)
+        cur["frames"].append(f"{addr:#x}")
+        if f.group("sym") and smap is not None and not f.group("mod"):
+            want = smap.resolve(f.group("sym"), int(f.group("off"), 16), int(f.group("size"), 16))
+            if want != addr:
+                cur.setdefault("why", f"{line.strip()} disagrees with System.map")
+    for e in out:
+        e["text"] = "\n".join(e["text"])
+        if "why" in e:
+            e["stale"] = True
     return out
 
 
