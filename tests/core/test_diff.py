@@ -11,13 +11,13 @@ from .toy import BACKEND
 TASK = 0x10000
 
 
-def write(tmp_path, name, oracle_frames):
+def write(tmp_path, name, oracle_frames, source="sysrq-t"):
     sd = SynthDump(BACKEND)
     st = sd.stack("task", TASK, 0x4000, pid=7)
     st.put(TASK + 0x100, TASK + 0x200, 0x2000)
     st.put(TASK + 0x200, 0, 0)
     sd.blocked_task(7, "worker", {"fp": TASK + 0x100, "pc": 0x1000})
-    sd.oracles.append({"source": "sysrq-t", "pid": 7, "cpu": None, "frames": oracle_frames})
+    sd.oracles.append({"source": source, "pid": 7, "cpu": None, "frames": oracle_frames})
     p = tmp_path / name
     p.write_bytes(sd.to_bytes())
     return str(p)
@@ -36,3 +36,16 @@ def test_unexplained_difference_exits_1(tmp_path, capsys):
     assert main(["diff", p]) == 1
     out = capsys.readouterr().out
     assert "unexplained" in out and "expected 0x1000 0x2004" in out and "replayed 0x1000 0x2000" in out
+
+
+def test_ftrace_stacktrace_compared_from_its_first_pc(tmp_path):
+    """The trigger's walk skips the tracer's own top frames, the stop is above them: the replay frames
+    above the oracle's first pc are left out (and counted), the rest must be equal pc for pc."""
+    p = write(tmp_path, "c.bin", ["0x2000"], "ftrace-stacktrace")
+    (r,) = diff_dumps([p]).results
+    assert r.source == "ftrace-stacktrace" and r.category == "exact" and r.cut == 1 and r.got == [0x2000]
+    # the same rule does not hide a difference below the first pc, nor apply to other sources
+    for frames, source in ((["0x1000", "0x2004"], "ftrace-stacktrace"), (["0x2000"], "sysrq-t")):
+        p = write(tmp_path, "d.bin", frames, source)
+        (r,) = diff_dumps([p]).results
+        assert r.category == "unexplained" and r.cut == 0, (frames, source)
