@@ -1,8 +1,9 @@
 """Real-data acceptance: every riscv dump under ``corpora/riscv/`` against its stored oracles.
 
 - blocked tasks: the faithful replay equals the kernel's own ``sysrq-t`` trace, pc for pc;
-- IRQ context: the faithful replay equals the tail of the ftrace ``stacktrace`` trigger's trace (which
-  ends at ``call_on_irq_stack``, as 6.12 does);
+- IRQ context: the faithful replay equals the ftrace ``stacktrace`` trigger's trace (which ends at
+  ``call_on_irq_stack``, as 6.12 does) from its first pc: the dump is taken at ``stacktrace_trigger+0``
+  and the kernel's walk skipped the tracer's own frames, so exactly that one replay frame is above it;
 - running CPUs: complete mode equals gdb's chained DWARF unwind (inline frames dropped), and every
   difference falls in a documented category (``unwind.arch.riscv.backend.CATEGORIES``).
 
@@ -117,11 +118,34 @@ def test_running_cpus_within_documented_categories(dump):
         detail = f"{res.source} {res.who}: {res.category}: expected {[hex(x) for x in res.expected]}, " \
                  f"replayed {[hex(x) for x in res.got]}"
         if res.source == "ftrace-stacktrace":
-            assert res.category in ("exact", "tracer-frames", "stale"), detail
+            assert res.category in ("exact", "tracer-frames", "stale"), detail  # real stops: exact, above
         else:
             assert res.category == "exact" or res.category in CATEGORIES, detail
     if not seen:
         pytest.skip("no running-CPU oracle in this dump")
+
+
+FTRACE = [d for d in DUMPS if "-ftrace-" in Path(d).name]
+
+
+@pytest.mark.skipif(not FTRACE, reason="no ftrace-stacktrace stops in the riscv corpus")
+@pytest.mark.parametrize("dump", FTRACE, ids=_name)
+def test_irq_context_equals_ftrace_stacktrace(dump):
+    """The trigger's walk (arch_stack_walk from inside stack_trace_save) printed after skipping 6 frames:
+    arch_stack_walk, stack_trace_save, __ftrace_trace_stack, __trace_stack, stacktrace_trigger,
+    event_triggers_post_call. The stop is at stacktrace_trigger+0, where the faithful walk from regs
+    shows the pc and drops the ra-held event_triggers_post_call: one frame above the oracle."""
+    session = load_session(dump)
+    (oracle,) = [o for o in session.dump.oracles() if o["source"] == "ftrace-stacktrace"]
+    res = compare_oracle(session, oracle)
+    assert res is not None and res.category == "exact" and res.cut == 1, res
+    (task,) = [t for t in session.dump.tasks() if t.cpu == oracle["cpu"]]
+    r = session.replay(task, Options(), symbolize=False)
+    trigger = r.target.symbol_address("stacktrace_trigger")
+    assert trigger is not None and r.frames[0].pc == trigger
+    assert [hex(f.pc) for f in r.frames[1:]] == oracle["frames"]
+    assert oracle["frames"][-1] == hex(r.target.symbol_address("call_on_irq_stack") + 0x32)
+    COUNTS.setdefault("ftrace-stacktrace (cut 1)", Counter())["exact"] += 1
 
 
 def _segments(r: Replay) -> list[tuple[dict[str, int], list[int]]]:
