@@ -20,6 +20,8 @@ from typing import Any, Mapping
 
 from construct import Array, Int32sl, Int32ul, Int64ul, Struct
 
+from unwind.layout import offsetof
+
 # asm/stacktrace/frame.h
 FRAME_META_TYPE_NONE = 0
 FRAME_META_TYPE_FINAL = 1
@@ -74,16 +76,6 @@ PSR_MODE_EL0T = 0x0
 PSR_MODE32_BIT = 0x10
 
 
-def _offset(layout: Struct, name: str) -> int:
-    """Byte offset of a top-level member of a fixed-size construct Struct."""
-    off = 0
-    for sc in layout.subcons:
-        if sc.name == name:
-            return off
-        off += sc.sizeof()
-    raise KeyError(name)
-
-
 @dataclass(frozen=True, slots=True)
 class PtRegsLayout:
     """Where the unwinder finds things in a ``struct pt_regs``, and its size."""
@@ -103,8 +95,8 @@ class PtRegsLayout:
 @lru_cache(maxsize=2)
 def _defaults(meta_records: bool) -> PtRegsLayout:
     layout = pt_regs_v6_13 if meta_records else pt_regs_v6_12
-    return PtRegsLayout(size=layout.sizeof(), regs=_offset(layout, "regs"), pc=_offset(layout, "pc"),
-                        pstate=_offset(layout, "pstate"), stackframe=_offset(layout, "stackframe"),
+    return PtRegsLayout(size=layout.sizeof(), regs=offsetof(layout, "regs"), pc=offsetof(layout, "pc"),
+                        pstate=offsetof(layout, "pstate"), stackframe=offsetof(layout, "stackframe"),
                         source="v6.13+ defaults" if meta_records else "v6.12 defaults")
 
 

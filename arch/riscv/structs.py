@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from construct import Int64ul, Struct
 
+from unwind.layout import offsetof
+
 # arch/riscv/include/asm/stacktrace.h: struct stackframe
 stackframe = Struct(
     "fp" / Int64ul,
@@ -44,16 +46,6 @@ user_regs_struct = Struct(
 
 # arch/riscv/include/asm/csr.h: SR_SPP, the previous privilege (1: the trap came from S-mode)
 SR_SPP = 0x100
-
-
-def offsetof(struct: Struct, member: str) -> int:
-    """``offsetof()``: the byte offset of ``member`` (every member here is a fixed-size word)."""
-    off = 0
-    for sub in struct.subcons:
-        if sub.name == member:
-            return off
-        off += sub.sizeof()
-    raise KeyError(f"no member {member!r}")
 
 
 def member_names(struct: Struct) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ from typing import Sequence
 from unwind.memory import Memory, MemoryFault
 from unwind.stackinfo import StackInfo as CoreStackInfo
 
-from .structs import PT_REGS, PT_REGS_SIZE, field_offset
+from .structs import PT_REGS, PT_REGS_SIZE, offsetof
 
 # enum stack_type (asm/stacktrace.h)
 STACK_TYPE_UNKNOWN = 0
@@ -42,7 +42,7 @@ STACK_TYPE_NAMES: dict[int, str] = {STACK_TYPE_TASK: "TASK", STACK_TYPE_IRQ: "IR
 _SEARCH_ORDER = {STACK_TYPE_TASK: 0, **{STACK_TYPE_EXCEPTION + i: 1 for i in range(len(ESTACKS))},
                  STACK_TYPE_IRQ: 2, STACK_TYPE_ENTRY: 3, STACK_TYPE_SOFTIRQ: 4}
 
-_PT_REGS_SP = field_offset(PT_REGS, "sp")
+_PT_REGS_SP = offsetof(PT_REGS, "sp")
 
 
 @dataclass(slots=True)

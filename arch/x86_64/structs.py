@@ -8,12 +8,14 @@
 - ``struct inactive_task_frame`` (``arch/x86/include/asm/switch_to.h``), 56 bytes.
 
 Code asks these declarations for sizes, offsets and bit positions
-(:func:`field_offset`, :func:`flag_bits`) instead of repeating numbers.
+(:func:`~unwind.layout.offsetof`, :func:`flag_bits`) instead of repeating numbers.
 """
 
 from __future__ import annotations
 
 from construct import BitsInteger, BitStruct, ByteSwapped, Construct, Flag, Int16sl, Int64ul, Padding, Struct
+
+from unwind.layout import offsetof
 
 # The u16 of bitfields: construct's BitStruct reads most significant bit
 # first, so the little-endian u16 is byte-swapped and the fields are listed
@@ -90,17 +92,7 @@ INACTIVE_TASK_FRAME = Struct(
 )
 
 
-def field_offset(struct: Struct, name: str) -> int:
-    """Byte offset of member ``name`` in a construct ``Struct`` of fixed-size members."""
-    off = 0
-    for sub in struct.subcons:
-        if sub.name == name:
-            return off
-        off += sub.sizeof()
-    raise KeyError(name)
-
-
 PT_REGS_SIZE = PT_REGS.sizeof()                                  # 168
-IRET_FRAME_OFFSET = field_offset(PT_REGS, "ip")                  # 128, unwind.h
+IRET_FRAME_OFFSET = offsetof(PT_REGS, "ip")                  # 128, unwind.h
 IRET_FRAME_SIZE = PT_REGS_SIZE - IRET_FRAME_OFFSET               # 40
 INACTIVE_TASK_FRAME_SIZE = INACTIVE_TASK_FRAME.sizeof()          # 56

@@ -21,7 +21,7 @@ from unwind.synth import SynthDump, SynthStack
 from .orc import (ORC_HASHES, ORC_REG_PREV_SP, ORC_REG_SP, ORC_REG_UNDEFINED, ORC_TYPE_CALL,
                   ORC_TYPE_END_OF_STACK, ORC_TYPE_REGS, ORC_TYPE_REGS_PARTIAL, ORC_TYPE_UNDEFINED, OrcEntry,
                   encode_entries, encode_ips)
-from .structs import PT_REGS, PT_REGS_SIZE, field_offset
+from .structs import PT_REGS, PT_REGS_SIZE, offsetof
 
 TEXT = 0xFFFFFFFF81000000
 TEXT_SIZE = 0x100000
@@ -112,7 +112,7 @@ def put_pt_regs(stack: SynthStack, addr: int, **values: int) -> int:
     """Write a ``struct pt_regs`` at ``addr`` (unnamed members zero, ``orig_ax`` -1); return its end."""
     values.setdefault("orig_ax", 2**64 - 1)
     for sub in PT_REGS.subcons:
-        stack.put(addr + field_offset(PT_REGS, sub.name), values.get(sub.name, 0))
+        stack.put(addr + offsetof(PT_REGS, sub.name), values.get(sub.name, 0))
     return addr + PT_REGS_SIZE
 
 

@@ -29,7 +29,7 @@ from .orc import (ORC_FP_ENTRY, ORC_REG_AX, ORC_REG_BP, ORC_REG_BP_INDIRECT, ORC
                   ORC_TYPE_CALL, ORC_TYPE_END_OF_STACK, ORC_TYPE_REGS, ORC_TYPE_REGS_PARTIAL, ORC_TYPE_UNDEFINED,
                   REG_NAMES, OrcEntry, OrcTable)
 from .structs import (INACTIVE_TASK_FRAME, INACTIVE_TASK_FRAME_SIZE, IRET_FRAME_OFFSET, IRET_FRAME_SIZE, PT_REGS,
-                      PT_REGS_SIZE, field_offset)
+                      PT_REGS_SIZE, offsetof)
 
 PAGE_SIZE = 4096
 _U64 = struct.Struct("<Q").unpack_from
@@ -46,9 +46,9 @@ def _int(v: int | str) -> int:
 #: trampoline text the replay cannot list, taken as kernel text like __kernel_text_address() does
 MODULES_RANGE = (0xFFFFFFFFC0000000, 0xFFFFFFFFFF000000)
 
-_FRAME_BP = field_offset(INACTIVE_TASK_FRAME, "bp")
-_FRAME_RET = field_offset(INACTIVE_TASK_FRAME, "ret_addr")
-_OFF = {name: field_offset(PT_REGS, name) for name in ("r10", "r13", "di", "dx", "ax", "bp", "ip", "cs", "sp")}
+_FRAME_BP = offsetof(INACTIVE_TASK_FRAME, "bp")
+_FRAME_RET = offsetof(INACTIVE_TASK_FRAME, "ret_addr")
+_OFF = {name: offsetof(PT_REGS, name) for name in ("r10", "r13", "di", "dx", "ax", "bp", "ip", "cs", "sp")}
 #: pt_regs member -> NT_PRSTATUS (user_regs_struct) name, for the CPU's own registers
 _PRSTATUS = {"r10": "r10", "r13": "r13", "di": "rdi", "dx": "rdx", "ax": "rax", "bp": "rbp", "ip": "rip",
              "cs": "cs", "sp": "rsp"}
