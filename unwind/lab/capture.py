@@ -740,7 +740,8 @@ class FtraceStacktrace:
             return f"{FTRACE_TRIGGER_FN} not reached in {timeout:.0f}s"
         cpu = s.threads.index(hit)
         s.rsp.select_thread(hit)
-        pc = s.rsp.read_registers(["pc"]).get("pc")
+        _, regs, _ = s.lab.classify(s.rsp.read_registers(s.lab.SYSREGS), s)
+        pc, _ = s.lab.pc_sp(regs)
         if pc != addr:
             return f"cpu{cpu} stopped at {pc:#x}, not at {FTRACE_TRIGGER_FN}"
         res = s.capture_stop(label, hit)
