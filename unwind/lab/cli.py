@@ -157,6 +157,20 @@ def cmd_gdb_oracle(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_drgn_oracle(args: argparse.Namespace) -> int:
+    """Add drgn's traces of the same stop (from QEMU's vmcore) to an existing dump."""
+    from .drgn_oracle import add_drgn_oracles
+
+    try:
+        n = add_drgn_oracles(Path(args.dump), args.vmcore, args.vmlinux)
+    except ImportError:
+        return _fail("drgn is not installed (pip install drgn)")
+    except _ERRORS as e:
+        return _fail(str(e).splitlines()[0])
+    print(f"{n} drgn traces stored in {args.dump}", file=sys.stderr)
+    return 0
+
+
 def _osrelease(vmcoreinfo: str) -> str:
     for line in vmcoreinfo.splitlines():
         if line.startswith("OSRELEASE="):
@@ -189,6 +203,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--vmlinux", required=True)
     g.add_argument("dumps", nargs="+")
     g.set_defaults(func=cmd_gdb_oracle)
+    dg = lsub.add_parser("drgn-oracle", help="store drgn's traces of the same stop, read from QEMU's vmcore")
+    dg.add_argument("--vmcore", required=True, help="dump-guest-memory file of the same stop")
+    dg.add_argument("--vmlinux", required=True, help="the debug vmlinux")
+    dg.add_argument("dump")
+    dg.set_defaults(func=cmd_drgn_oracle)
     rp = lsub.add_parser("reparse-oracles", help="re-derive stored sysrq-t/sysrq-l frames from their text")
     rp.add_argument("--system-map", required=True)
     rp.add_argument("dumps", nargs="+")
