@@ -9,6 +9,10 @@
 - ``c_bsearch``: the compiled floor, the same plain binary search in C, built
   here with the system ``cc`` (skipped with a note when there is none).
 
+``test_orc_lookup_trace_ips`` repeats the batch methods on the ips the walks of
+the committed x86-64 corpus really looked up (``ip - 1`` after a call, ``ip``
+for a pt_regs frame), drawn to the same count: real traces hit few, hot blocks.
+
 Each round resolves the same ips; ``extra_info["lookups"]`` lets the report
 turn times into lookups per second and ratios. Targets (issue 7): batch at
 least 30 M lookups/s and faster than ``c_bsearch``.
@@ -28,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from benchkit import QUICK, Missing, need, real_orc_table, uniform_text_ips
+from benchkit import CORPORA, QUICK, Missing, need, real_orc_table, uniform_text_ips
 
 #: ips per batch round, and per scalar round (Python loops are slow: fewer, same distribution)
 BATCH_N = 20_000 if QUICK else 1_000_000
@@ -132,4 +136,46 @@ def test_orc_lookup(benchmark: Any, method: str) -> None:
         assert np.array_equal(out, table.orc_find_batch(batch)), "the C helper disagrees with orc_find_batch"
     benchmark.group = "orc lookup"
     benchmark.extra_info.update(kind="orc_lookup", method=method, entries=len(table), table=src.label)
+    benchmark.extra_info["lookups"] = benchmark(fn, *args)
+
+
+@lru_cache(maxsize=None)
+def trace_ips(n: int) -> np.ndarray | Missing:
+    """``n`` lookup addresses drawn from the replays of the committed x86-64 dumps (fixed seed)."""
+    from unwind.frame import Flag
+    from unwind.replay import ReplayError, load_session
+    from unwind.target import Options
+
+    dumps = sorted((CORPORA / "x86_64").glob("*/stop-*.bin.xz"))[: 3 if QUICK else None]
+    seen: list[int] = []
+    for d in dumps:
+        try:
+            session = load_session(d)
+        except ReplayError as e:
+            return Missing(f"{d.name}: {e}")
+        for task in session.dump.tasks():
+            r = session.replay(task, Options(), symbolize=False)
+            seen += [f.pc if f.flags & Flag.BOUNDARY else f.pc - 1 for f in r.frames]
+    if not seen:
+        return Missing(f"no x86-64 dumps under {CORPORA}")
+    return np.random.default_rng(11).choice(np.array(seen, dtype=np.uint64), size=n)
+
+
+@pytest.mark.parametrize("method", ("orc_find_batch", "searchsorted", "c_bsearch"))
+def test_orc_lookup_trace_ips(benchmark: Any, method: str) -> None:
+    """The batch methods over ips taken from real traces."""
+    src = need(real_orc_table())
+    table = src.table
+    batch = need(trace_ips(BATCH_N))
+    fn: Callable[..., int]
+    if method == "orc_find_batch":
+        fn, args = _batch, (table.orc_find_batch, batch)
+    elif method == "searchsorted":
+        fn, args = _searchsorted, (table.ips, batch)
+    else:
+        cfn = need(c_bsearch())
+        out = np.empty(len(batch), np.int64)
+        fn, args = _c, (cfn, np.ascontiguousarray(table.ips), batch, out)
+    benchmark.group = "orc lookup, ips from real traces"
+    benchmark.extra_info.update(kind="orc_lookup_traces", method=method, entries=len(table), table=src.label)
     benchmark.extra_info["lookups"] = benchmark(fn, *args)

@@ -317,10 +317,11 @@ class OrcFigures:
         return self.rates.get("c_bsearch")
 
 
-def orc_figures(r: Results) -> OrcFigures:
-    """Read ``bench_orc.py``'s results (``kind`` ``orc_lookup``, one per ``method``)."""
+def orc_figures(r: Results, kind: str = "orc_lookup") -> OrcFigures:
+    """Read ``bench_orc.py``'s results (``kind`` ``orc_lookup``, or ``orc_lookup_traces`` for the ips of
+    real traces; one per ``method``)."""
     f = OrcFigures({})
-    for b in r.of("orc_lookup"):
+    for b in r.of(kind):
         rate = b.rate("lookups")
         if rate is None:
             continue
@@ -396,6 +397,16 @@ def targets(r: Results) -> list[Goal]:
         out.append(Goal("batch orc_find vs C floor", goal,
                         f"{_rate(batch_rate)} vs C {_rate(orc.c_floor)} ({orc.batch_lookups:,} ips)",
                         f"{_num(ratio)}×", _verdict(ratio > 1.0, 1.0 / ratio)))
+    traced = orc_figures(r, "orc_lookup_traces")
+    t_batch, t_c = traced.rates.get("orc_find_batch"), traced.c_floor
+    if t_batch is not None:
+        vs = f" vs C {_rate(t_c)}" if t_c is not None else ""
+        out.append(Goal("batch orc_find, ips from real traces",
+                        f"≥ {_num(TARGET_BATCH_RATE / 1e6)} M lookups/s and faster than C (1 M ips of real traces)",
+                        f"{_rate(t_batch)}{vs} ({traced.batch_lookups:,} ips)",
+                        f"{_num(t_batch / TARGET_BATCH_RATE)}× the 30 M/s target",
+                        _verdict(t_batch >= TARGET_BATCH_RATE and (t_c is None or t_batch > t_c),
+                                 TARGET_BATCH_RATE / t_batch)))
     peers = peer_figures(r)
     for arch in ("x86_64", "arm64"):
         p = peers.get(arch, {})
