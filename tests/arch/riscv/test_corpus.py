@@ -27,6 +27,7 @@ from unwind.dump import DumpWriter
 from unwind.frame import Source
 from unwind.replay import Replay, load_session
 from unwind.target import Options
+from tests.corpus_checks import assert_blocked_tasks_equal_sysrq_t
 from unwind.tools import compare_oracle, paths_under
 
 CORPUS = Path(__file__).resolve().parents[3] / "corpora" / "riscv"
@@ -86,20 +87,7 @@ def _name(path: str) -> str:
 @pytest.mark.skipif(not DUMPS, reason=NO_DUMPS)
 @pytest.mark.parametrize("dump", DUMPS, ids=_name)
 def test_blocked_tasks_equal_sysrq_t(dump):
-    session = load_session(dump)
-    tasks = {t.pid: t for t in session.dump.tasks() if not t.running}
-    checked = 0
-    for oracle in session.dump.oracles():
-        if oracle.get("source") != "sysrq-t" or oracle.get("stale") or oracle.get("pid") not in tasks:
-            continue
-        r = session.replay(tasks[oracle["pid"]], Options(), symbolize=False)
-        got = [hex(f.pc) for f in r.frames]
-        want = [hex(int(x, 0)) for x in oracle["frames"]]
-        COUNTS.setdefault("sysrq-t", Counter())["exact" if got == want else "DIFFERENT"] += 1
-        assert got == want, f"pid {oracle['pid']} ({oracle.get('comm')}): stop {r.stop}"
-        checked += 1
-    if not checked:
-        pytest.skip("no fresh sysrq-t oracle for a blocked task in this dump")
+    assert_blocked_tasks_equal_sysrq_t(dump, COUNTS)
 
 
 @pytest.mark.skipif(not DUMPS, reason=NO_DUMPS)

@@ -1,0 +1,28 @@
+"""Checks shared by the per-arch real-corpus tests."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from unwind.replay import load_session
+from unwind.target import Options
+
+
+def assert_blocked_tasks_equal_sysrq_t(dump: str, counts: dict[str, Counter[str]]) -> None:
+    """Faithful replay of every blocked task equals the kernel's sysrq-t trace pc for pc."""
+    session = load_session(dump)
+    tasks = {t.pid: t for t in session.dump.tasks() if not t.running}
+    checked = 0
+    for oracle in session.dump.oracles():
+        if oracle.get("source") != "sysrq-t" or oracle.get("stale") or oracle.get("pid") not in tasks:
+            continue
+        r = session.replay(tasks[oracle["pid"]], Options(), symbolize=False)
+        got = [hex(f.pc) for f in r.frames]
+        want = [hex(int(x, 0)) for x in oracle["frames"]]
+        counts.setdefault("sysrq-t", Counter())["exact" if got == want else "DIFFERENT"] += 1
+        assert got == want, f"pid {oracle['pid']} ({oracle.get('comm')}): stop {r.stop}"
+        checked += 1
+    if not checked:
+        pytest.skip("no fresh sysrq-t oracle for a blocked task in this dump")
