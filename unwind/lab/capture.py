@@ -576,12 +576,7 @@ class SysrqOracle:
                                          self.timeout, quiet=1.5)
         finally:
             s.rsp.halt()
-        for _ in range(10):  # the vCPU used for memory may now be in user/firmware mode
-            if s.pick_memory_thread(s.read_cpus()):
-                break
-            s.rsp.cont()
-            time.sleep(0.05)
-            s.rsp.halt()
+        _repick_memory_thread(s)
         ents = sysrq_oracles(text, self.smap)
         by_pid = {t["pid"]: t for t in res.meta["tasks"]}
         off = s.btf.offsetof("task_struct", "nvcsw")
@@ -752,12 +747,7 @@ class FtraceStacktrace:
             text = self._run(s, f"cat {i}/per_cpu/cpu{cpu}/trace")
         finally:
             s.rsp.halt()
-        for _ in range(10):  # the vCPU used for memory may now be in user/firmware mode
-            if s.pick_memory_thread(s.read_cpus()):
-                break
-            s.rsp.cont()
-            time.sleep(0.05)
-            s.rsp.halt()
+        _repick_memory_thread(s)
         from .oracles import parse_ftrace_stack
 
         blocks = parse_ftrace_stack(text, self.smap)
@@ -914,6 +904,17 @@ def add_gdb_oracles(paths: list[Path], vmlinux: str | Path, log=None) -> int:
         added += len(ents)
     log(f"[capture] gdb bt: {added} traces for {len(paths)} dumps in {time.monotonic() - t0:.1f}s")
     return added
+
+
+def _repick_memory_thread(s: "Session") -> None:
+    """After a resume and halt, the vCPU used for memory reads may be in user/firmware mode: pick one
+    that is in the kernel, letting the guest run briefly between tries."""
+    for _ in range(10):
+        if s.pick_memory_thread(s.read_cpus()):
+            break
+        s.rsp.cont()
+        time.sleep(0.05)
+        s.rsp.halt()
 
 
 def rewrite_dump(dump, path: Path, meta: dict[str, Any]) -> None:
