@@ -112,6 +112,16 @@ def _c(fn: Callable[[np.ndarray, np.ndarray, np.ndarray], None], ips: np.ndarray
 METHODS = ("orc_find", "orc_find_batch", "searchsorted", "bisect", "c_bsearch")
 
 
+def _batch_method(method: str, table: Any, batch: np.ndarray) -> tuple[Callable[..., int], tuple[Any, ...]]:
+    """The function and arguments of a method that resolves a whole array of ips at once."""
+    if method == "orc_find_batch":
+        return _batch, (table.orc_find_batch, batch)
+    if method == "searchsorted":
+        return _searchsorted, (table.ips, batch)
+    cfn = need(c_bsearch())
+    return _c, (cfn, np.ascontiguousarray(table.ips), batch, np.empty(len(batch), np.int64))
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_orc_lookup(benchmark: Any, method: str) -> None:
     """Uniform random kernel-text ips resolved by ``method`` on the real table."""
@@ -124,16 +134,12 @@ def test_orc_lookup(benchmark: Any, method: str) -> None:
         fn, args = _scalar, (table.orc_find, scalar)
     elif method == "bisect":
         fn, args = _bisect, (table.ips.tolist(), scalar)
-    elif method == "orc_find_batch":
-        fn, args = _batch, (table.orc_find_batch, batch)
-    elif method == "searchsorted":
-        fn, args = _searchsorted, (table.ips, batch)
     else:
-        cfn = need(c_bsearch())
-        out = np.empty(len(batch), np.int64)
-        fn, args = _c, (cfn, np.ascontiguousarray(table.ips), batch, out)
-        cfn(args[1], batch, out)
-        assert np.array_equal(out, table.orc_find_batch(batch)), "the C helper disagrees with orc_find_batch"
+        fn, args = _batch_method(method, table, batch)
+        if method == "c_bsearch":
+            cfn, ips, _, out = args
+            cfn(ips, batch, out)
+            assert np.array_equal(out, table.orc_find_batch(batch)), "the C helper disagrees with orc_find_batch"
     benchmark.group = "orc lookup"
     benchmark.extra_info.update(kind="orc_lookup", method=method, entries=len(table), table=src.label)
     benchmark.extra_info["lookups"] = benchmark(fn, *args)
@@ -167,15 +173,7 @@ def test_orc_lookup_trace_ips(benchmark: Any, method: str) -> None:
     src = need(real_orc_table())
     table = src.table
     batch = need(trace_ips(BATCH_N))
-    fn: Callable[..., int]
-    if method == "orc_find_batch":
-        fn, args = _batch, (table.orc_find_batch, batch)
-    elif method == "searchsorted":
-        fn, args = _searchsorted, (table.ips, batch)
-    else:
-        cfn = need(c_bsearch())
-        out = np.empty(len(batch), np.int64)
-        fn, args = _c, (cfn, np.ascontiguousarray(table.ips), batch, out)
+    fn, args = _batch_method(method, table, batch)
     benchmark.group = "orc lookup, ips from real traces"
     benchmark.extra_info.update(kind="orc_lookup_traces", method=method, entries=len(table), table=src.label)
     benchmark.extra_info["lookups"] = benchmark(fn, *args)
