@@ -59,12 +59,7 @@ def capture_pair(arch: str, prefix: Path, tries: int = 20) -> tuple[Path, Path]:
         if not vmcore.exists():
             raise CaptureError(f"QEMU wrote no {vmcore}: {reply or 'no reply'}")
     finally:
-        try:
-            if not rsp.running:
-                rsp.cont()
-        except RspError:
-            pass
-        rsp.close()
+        rsp.release()
     return dump, vmcore
 
 

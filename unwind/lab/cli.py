@@ -120,12 +120,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     finally:
-        try:
-            if not rsp.running:
-                rsp.cont()
-        except RspError:
-            pass
-        rsp.close()
+        rsp.release()
         if console is not None:
             console.close()
         if monitor is not None:

@@ -96,6 +96,15 @@ class RspClient:
         except OSError:
             pass
 
+    def release(self) -> None:
+        """Let a halted guest run again, then close; a stub that is already gone is no error."""
+        try:
+            if not self.running:
+                self.cont()
+        except RspError:
+            pass
+        self.close()
+
     def __enter__(self) -> "RspClient":
         return self
 
