@@ -587,7 +587,7 @@ def report_lines(r: Results, plots: dict[str, str] | None, source: str) -> list[
 
     def plot(name: str, caption: str) -> None:
         if plots is None:
-            L.append(f"_({name}: matplotlib is not installed; `pip install 'unwind[report]'` draws it)_")
+            L.append(f"_({name}: matplotlib is not installed; `pip install '.[report]'` draws it)_")
         elif name in plots:
             L.append(f"_({name} not drawn: {plots[name]})_")
         else:
@@ -753,7 +753,7 @@ def run_suite(benches: Path, json_out: Path, quick: bool, select: str | None, cp
     try:
         import pytest_benchmark  # noqa: F401
     except ImportError:
-        raise BenchError("running the suite needs pytest-benchmark: pip install 'unwind[test,report]'") from None
+        raise BenchError("running the suite needs pytest-benchmark: pip install '.[test,report]'") from None
     benches = benches.resolve()
     cmd = [sys.executable, "-m", "pytest", str(benches), "-p", "no:cacheprovider", "-v", "-rs",
            f"--benchmark-json={json_out.resolve()}", "--benchmark-columns=median,rounds"]

@@ -109,7 +109,7 @@ def test_report_without_matplotlib_says_so(results: bench.Results, tmp_path: Pat
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     text = bench.write_report(results, tmp_path, "the fixture").read_text()
-    assert "_(depth.png: matplotlib is not installed; `pip install 'unwind[report]'` draws it)_" in text
+    assert "_(depth.png: matplotlib is not installed; `pip install '.[report]'` draws it)_" in text
     assert not list(tmp_path.glob("*.png"))
 
 
