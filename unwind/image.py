@@ -24,6 +24,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.constants import SH_FLAGS
 from elftools.elf.elffile import ELFFile
 
+from .btf import Btf, BtfError
 from .symbols import SymbolError, SymbolTable
 
 NT_GNU_BUILD_ID = "NT_GNU_BUILD_ID"
@@ -66,6 +67,8 @@ class Image:
             raise ImageError(f"{path} is not an ELF image: {e}") from None
         self.machine: str = self.elf["e_machine"]
         self._text: list[TextRange] | None = None
+        #: why :attr:`btf` is ``None``, once asked
+        self.btf_problem: str | None = None
 
     def close(self) -> None:
         """Close the underlying file."""
@@ -127,6 +130,19 @@ class Image:
             return SymbolTable(entries)
         except SymbolError as e:
             raise ImageError(f"{self.path}: {e}") from None
+
+    @cached_property
+    def btf(self) -> Btf | None:
+        """The kernel's type information from ``.BTF``, or ``None`` (see :attr:`btf_problem`)."""
+        sec = self.section(".BTF")
+        if sec is None:
+            self.btf_problem = "the image has no .BTF"
+            return None
+        try:
+            return Btf(sec[1])
+        except BtfError as e:
+            self.btf_problem = f"the image's .BTF is unreadable: {e}"
+            return None
 
     def section(self, name: str) -> tuple[int, bytes] | None:
         """``(sh_addr, data)`` of a section with file contents, or ``None``."""

@@ -2,8 +2,8 @@
 
 ``unwind slim VMLINUX -o IMAGE [--with-text]`` keeps every section header
 (so symbol section indices and addresses stay valid) but only the contents
-of the symbol table, string tables, notes (the build-id), the ORC sections
-and, with ``--with-text``, the executable sections. Everything else becomes
+of the symbol table, string tables, notes (the build-id), the ORC sections,
+the type information (``.BTF``: struct layouts) and, with ``--with-text``, the executable sections. Everything else becomes
 ``SHT_NOBITS``. The build-id therefore matches the original image.
 """
 
@@ -19,7 +19,7 @@ from . import elfcore
 from .image import Image
 
 #: sections whose contents replay reads
-KEPT_SECTIONS = (".symtab", ".strtab", ".shstrtab", ".orc_unwind_ip", ".orc_unwind", ".orc_header")
+KEPT_SECTIONS = (".symtab", ".strtab", ".shstrtab", ".orc_unwind_ip", ".orc_unwind", ".orc_header", ".BTF")
 
 
 def slim_bytes(image: Image, with_text: bool) -> bytes:

@@ -104,3 +104,20 @@ def test_cached_symbols_and_unpacked_images_equal_fresh_ones(elf_exe, tmp_path, 
     assert (cached.names, cached.addrs, cached.ends) == (fresh.names, fresh.addrs, fresh.ends)
     assert cached.address("caller") == fresh.address("caller")
     assert again.text(fresh.address("caller"), 8) == first.text(fresh.address("caller"), 8)
+
+
+def test_slim_keeps_btf(elf_exe, tmp_path):
+    from tests.core.test_btf import _blob
+
+    objcopy = shutil.which("objcopy")
+    if objcopy is None:
+        pytest.skip("no objcopy to add a .BTF section")
+    (tmp_path / "btf").write_bytes(_blob())
+    with_btf = tmp_path / "t.btf"
+    subprocess.run([objcopy, "--add-section", f".BTF={tmp_path / 'btf'}", "--set-section-flags", ".BTF=alloc,readonly",
+                    str(elf_exe), str(with_btf)], check=True)
+    plain = Image(elf_exe)
+    assert plain.btf is None and "no .BTF" in plain.btf_problem
+    write_slim(with_btf, tmp_path / "t.slim.xz")
+    slim = Image(tmp_path / "t.slim.xz")
+    assert slim.btf is not None and slim.btf.offsetof("outer", "in.b") == 8

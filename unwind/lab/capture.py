@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 from elftools.elf.elffile import ELFFile
 
-from .btf import Btf, BtfError
+from unwind.btf import Btf, BtfError
 from .fetch import build_id
 from .rsp import RspClient, RspMemoryError
 

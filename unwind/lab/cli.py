@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .boot import LabError, boot, lab_state, stop
-from .btf import BtfError
+from unwind.btf import BtfError
 from .capture import (CaptureError, FtraceStacktrace, Image, Plan, Session, SysrqOracle, add_gdb_oracles,
                       default_breaks, reparse_oracles, run_capture)
 from .fetch import FetchError, canonical_arch, fetch, find_kernel
