@@ -26,6 +26,24 @@ class MemoryFault(Exception):
         self.size = size
 
 
+class NotMapped(MemoryFault):
+    """A virtual address the kernel's page tables (or its linear maps) do not map."""
+
+    def __init__(self, addr: int, size: int, reason: str = "") -> None:
+        super().__init__(addr, size)
+        self.reason = reason
+        self.args = (f"{addr:#x} (+{size}) is not mapped by the kernel's page tables"
+                     + (f": {reason}" if reason else ""),)
+
+
+class ExcludedPage(MemoryFault):
+    """A page the dump left out on purpose (a filtered makedumpfile dump, ``-d 31``)."""
+
+    def __init__(self, addr: int, size: int) -> None:
+        super().__init__(addr, size)
+        self.args = (f"{addr:#x} (+{size}) is in a page excluded from the dump",)
+
+
 @dataclass(frozen=True, slots=True)
 class Segment:
     """One captured range: ``data`` holds the bytes at ``[start, start + len(data))``."""

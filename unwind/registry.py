@@ -9,9 +9,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 if TYPE_CHECKING:
+    from .vmcore.virtual import PhysReader, Translator
+    from .vmcore.vmcoreinfo import VmcoreInfo
     from .frame import Frame
     from .replay import Replay
     from .target import Target
@@ -58,6 +60,15 @@ class ArchBackend(ABC):
         Each line comes with the frame it prints, or ``None`` for headers
         and stack markers, so ``--explain`` can put provenance under it.
         """
+
+    def translator(self, info: "VmcoreInfo", phys: "PhysReader",
+                   symbol: "Callable[[str], int | None]") -> "Translator":
+        """Kernel virtual-to-physical translation of a vmcore (``arch/<arch>/mm.py``).
+
+        ``info`` is the dump's VMCOREINFO, ``phys`` its physical memory and
+        ``symbol`` gives the runtime address (KASLR applied) of an image symbol.
+        """
+        raise ArchError(f"{self.name}: no kernel address translation for vmcores")
 
     def categorize(self, oracle: dict, expected: list[int], replay: "Replay") -> str | None:
         """Name the documented category of a difference from an oracle, or ``None`` if unexplained."""

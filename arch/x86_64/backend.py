@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import capstone
 
@@ -13,12 +13,16 @@ from unwind.registry import ArchBackend
 from unwind.target import Target
 from unwind.walk import Stop, StopReason, Unwinder
 
+from . import mm
+from .mm import X86_64Translator
 from .orc import OrcTable, load_orc
 from .printer import REGS_SOURCES, backtrace_symbol, plain_symbol, show_trace
 from .unwind_orc import MODULES_RANGE, OrcUnwinder
 
 if TYPE_CHECKING:
     from unwind.replay import Replay
+    from unwind.vmcore.virtual import PhysReader
+    from unwind.vmcore.vmcoreinfo import VmcoreInfo
 
 
 def orc_table(target: Target) -> OrcTable:
@@ -85,6 +89,11 @@ class X86_64Backend(ArchBackend):
     def unwinder(self, target: Target) -> Unwinder:
         """An ORC walk over the tables of ``target.image`` (full, stripped or slim)."""
         return OrcUnwinder(target, orc_table(target))
+
+    def translator(self, info: "VmcoreInfo", phys: "PhysReader",
+                   symbol: Callable[[str], int | None]) -> X86_64Translator:
+        """The kernel's page tables and linear maps of a vmcore (:mod:`.mm`)."""
+        return mm.translator(info, phys, symbol)
 
     def categorize(self, oracle: dict[str, Any], expected: list[int], replay: "Replay") -> str | None:
         """Name the documented category of a difference from an oracle (:data:`CATEGORIES`), else ``None``."""

@@ -1,0 +1,1 @@
+"""Real crash dumps (vmcores): physical memory, VMCOREINFO, and kernel virtual memory over them."""
