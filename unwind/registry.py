@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
+from types import ModuleType
 from typing import TYPE_CHECKING, Callable, ClassVar
 
 if TYPE_CHECKING:
@@ -73,6 +74,12 @@ class ArchBackend(ABC):
     def categorize(self, oracle: dict, expected: list[int], replay: "Replay") -> str | None:
         """Name the documented category of a difference from an oracle, or ``None`` if unexplained."""
         return None
+
+    @property
+    def kernel(self) -> ModuleType:
+        """The arch's hooks for reading a stopped kernel (``arch/<arch>/kernel.py``): saved contexts,
+        per-CPU stacks, CPU modes (see :mod:`unwind.kernel`)."""
+        return importlib.import_module(f"{type(self).__module__.rpartition('.')[0]}.kernel")
 
     def symbolize(self, frame: "Frame", target: "Target") -> str:
         """The symbol text the kernel would print for this frame (``%pS`` by default)."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .kernel import blocked_context, context_sp, percpu_stacks  # noqa: F401  (the capture's hooks)
+
 if TYPE_CHECKING:
     from unwind.lab.capture import Session
 
@@ -66,38 +68,6 @@ def current_task(s: "Session", cpu: int, raw: dict[str, int]) -> tuple[int, str]
         if stack >> 63:
             return sp_el0, "SP_EL0"
     return s.read_u64(s.percpu_addr("__entry_task", cpu)), "__entry_task"
-
-
-def percpu_stacks(s: "Session", cpu: int) -> list[tuple[str, int, int]]:
-    """(kind, low, high) of the IRQ, overflow and SDEI stacks of ``cpu``."""
-    out: list[tuple[str, int, int]] = []
-    irq = s.read_u64(s.percpu_addr("irq_stack_ptr", cpu))
-    if irq:
-        out.append(("irq", irq, irq + s.thread_size))
-    ovf = s.percpu_addr("overflow_stack", cpu)
-    size = s.img.size("overflow_stack") or 4096
-    out.append(("overflow", ovf, ovf + size))
-    for name, kind in (("sdei_stack_normal_ptr", "sdei_normal"), ("sdei_stack_critical_ptr", "sdei_critical")):
-        if s.img.get(name) is None:
-            continue
-        p = s.read_u64(s.percpu_addr(name, cpu))
-        if p:
-            out.append((kind, p, p + s.thread_size))
-    return out
-
-
-def blocked_context(s: "Session", task: int, tbytes: bytes) -> dict[str, int]:
-    """``thread.cpu_context`` (x19..x28, fp, sp, pc) of a task that is not running."""
-    out = {}
-    for r in _CTX:
-        off = s.btf.offsetof("task_struct", f"thread.cpu_context.{r}")
-        out[r] = int.from_bytes(tbytes[off:off + 8], "little")
-    return out
-
-
-def context_sp(ctx: dict[str, int]) -> int:
-    """Lowest stack address a walk from ``ctx`` reads."""
-    return ctx["sp"]
 
 
 def gdb_fixup(segs: dict[int, bytes], cpus: list[tuple[int, dict[str, int]]], vmcoreinfo: dict[str, str],

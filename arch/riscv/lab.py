@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .kernel import blocked_context, context_sp, percpu_stacks  # noqa: F401  (the capture's hooks)
+
 if TYPE_CHECKING:
     from unwind.lab.capture import Session
 
@@ -57,33 +59,6 @@ def current_task(s: "Session", cpu: int, raw: dict[str, int]) -> tuple[int, str]
             return tp, "tp"
     rq = s.percpu_addr("runqueues", cpu) + s.btf.offsetof("rq", "curr")
     return s.read_u64(rq), "runqueues.curr"
-
-
-def percpu_stacks(s: "Session", cpu: int) -> list[tuple[str, int, int]]:
-    """(kind, low, high) of the IRQ and overflow stacks of ``cpu``."""
-    out: list[tuple[str, int, int]] = []
-    if s.img.get("irq_stack_ptr") is not None:
-        irq = s.read_u64(s.percpu_addr("irq_stack_ptr", cpu))
-        if irq:
-            out.append(("irq", irq, irq + s.thread_size))
-    if s.img.get("overflow_stack") is not None:
-        ovf = s.percpu_addr("overflow_stack", cpu)
-        out.append(("overflow", ovf, ovf + (s.img.size("overflow_stack") or 4096)))
-    return out
-
-
-def blocked_context(s: "Session", task: int, tbytes: bytes) -> dict[str, int]:
-    """``thread.ra``, ``thread.sp`` and ``thread.s[0]`` of a task that is not running."""
-    out = {}
-    for key, path in (("ra", "thread.ra"), ("sp", "thread.sp"), ("s0", "thread.s[0]")):
-        off = s.btf.offsetof("task_struct", path)
-        out[key] = int.from_bytes(tbytes[off:off + 8], "little")
-    return out
-
-
-def context_sp(ctx: dict[str, int]) -> int:
-    """Lowest stack address a walk from ``ctx`` reads."""
-    return ctx["sp"]
 
 
 #: the printer sysrq-l runs on each other CPU with the interrupted registers (first argument)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .kernel import blocked_context, context_sp, percpu_member, percpu_stacks  # noqa: F401  (the capture's hooks)
+
 if TYPE_CHECKING:
     from unwind.lab.capture import Session
 
@@ -18,9 +20,6 @@ GDB_ARCH = "i386:x86-64"
 BREAK_KIND = 1
 #: registers outside the ``g`` block we record
 SYSREGS = ["fs_base", "gs_base", "k_gs_base", "cr0", "cr2", "cr3", "cr4", "efer"]
-#: cpu_entry_area of CPU n is at CEA_PER_CPU_BASE + n * sizeof(struct cpu_entry_area)
-#: (CPU_ENTRY_AREA_BASE + PAGE_SIZE; the same with 4- and 5-level paging)
-CEA_PER_CPU_BASE = 0xFFFFFE0000001000
 #: where random/breakpoint stops go for each capture kind
 SYSCALL_ENTRY = ["do_syscall_64"]
 IRQ_BREAKS = ["hrtimer_interrupt", "__sysvec_apic_timer_interrupt"]
@@ -54,40 +53,9 @@ def current_task(s: "Session", cpu: int, raw: dict[str, int]) -> tuple[int, str]
 
     Not ``gs_base``: before ``swapgs`` it holds the user value.
     """
-    addr = s.percpu_addr("pcpu_hot", cpu) + s.btf.offsetof("pcpu_hot", "current_task")
-    return s.read_u64(addr), "pcpu_hot.current_task"
+    where = "current_task" if s.symbol("current_task") is not None else "pcpu_hot.current_task"
+    return s.read_u64(percpu_member(s, "current_task", cpu)), where
 
-
-def percpu_stacks(s: "Session", cpu: int) -> list[tuple[str, int, int]]:
-    """(kind, low, high) of the per-CPU stacks of ``cpu``."""
-    out: list[tuple[str, int, int]] = []
-    irq_size = s.thread_size
-    ptr = s.read_u64(s.percpu_addr("pcpu_hot", cpu) + s.btf.offsetof("pcpu_hot", "hardirq_stack_ptr"))
-    if ptr:
-        # the pointer holds top - 8; the top word holds the interrupted sp
-        out.append(("irq", ptr + 8 - irq_size, ptr + 8))
-    cea = CEA_PER_CPU_BASE + cpu * s.btf.sizeof("cpu_entry_area")
-    m = s.btf.member("cpu_entry_area", "entry_stack_page")
-    out.append(("entry", cea + m.offset, cea + m.offset + m.size))
-    est = cea + s.btf.offsetof("cpu_entry_area", "estacks")
-    for name in ("DF", "NMI", "DB", "MCE", "VC", "VC2"):
-        try:
-            m = s.btf.member("cea_exception_stacks", f"{name}_stack")
-        except Exception:
-            continue
-        out.append((f"exception:{name}", est + m.offset, est + m.offset + m.size))
-    return out
-
-
-def blocked_context(s: "Session", task: int, tbytes: bytes) -> dict[str, int]:
-    """Saved context of a task that is not running: ``thread.sp``."""
-    off = s.btf.offsetof("task_struct", "thread.sp")
-    return {"sp": int.from_bytes(tbytes[off:off + 8], "little")}
-
-
-def context_sp(ctx: dict[str, int]) -> int:
-    """Lowest stack address a walk from ``ctx`` reads."""
-    return ctx["sp"]
 
 #: the printer sysrq-l runs on each other CPU with the interrupted registers (first argument)
 REGS_PRINTER = ("show_regs", "rdi")

@@ -24,6 +24,7 @@ import numpy as np
 from elftools.elf.elffile import ELFFile
 
 from unwind.btf import Btf, BtfError
+from unwind.kernel import ftrace_trampolines
 from .fetch import build_id
 from .rsp import RspClient, RspMemoryError
 
@@ -175,6 +176,14 @@ class Session:
     def percpu_addr(self, sym: str, cpu: int) -> int:
         """Address of per-CPU variable ``sym`` on ``cpu``."""
         return (self.img.addr(sym) + self.per_cpu_offset[cpu]) & (2**64 - 1)
+
+    def symbol(self, name: str) -> int | None:
+        """Address of ``name`` or None (the arch ``kernel`` hooks' reader surface)."""
+        return self.img.get(name)
+
+    def var_size(self, name: str) -> int:
+        """``st_size`` of the variable ``name`` (0 when unknown)."""
+        return self.img.size(name)
 
     def readable(self, addr: int) -> bool:
         """Can one word at ``addr`` be read?"""
@@ -452,25 +461,7 @@ class Session:
 
         The x86 ORC unwinder maps a pc in a trampoline back to the copied code (``orc_ftrace_find``).
         """
-        head, end = self.img.get("ftrace_ops_list"), self.img.get("ftrace_list_end")
-        if head is None or not _has(self.btf, "ftrace_ops", "trampoline"):
-            return []
-        try:
-            save_regs = self.btf.enum_value("FTRACE_OPS_FL_SAVE_REGS")
-        except BtfError:
-            save_regs = 0
-        b = self.btf
-        offs = {n: b.offsetof("ftrace_ops", n) for n in ("next", "flags", "trampoline", "trampoline_size")}
-        out = []
-        ops = self.read_u64(head)
-        while ops and ops != end and len(out) < 64:
-            data = self.read(ops, max(offs.values()) + 8)
-            v = {n: int.from_bytes(data[o:o + 8], "little") for n, o in offs.items()}
-            if v["trampoline"]:
-                out.append({"ops": _hex(ops), "addr": _hex(v["trampoline"]), "size": v["trampoline_size"],
-                            "save_regs": bool(v["flags"] & save_regs)})
-            ops = v["next"]
-        return out
+        return ftrace_trampolines(self)
 
     def symbols_meta(self) -> dict[str, str]:
         """Handy symbol values for the JSON note."""

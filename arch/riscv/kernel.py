@@ -1,0 +1,50 @@
+"""RISC-V kernel knowledge for reading a stopped kernel: saved contexts and per-CPU stacks.
+
+Read through a :class:`unwind.kernel.KernelReader` (a vmcore, or a live guest
+during capture); every offset from BTF, every size from BTF or THREAD_SIZE.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from unwind.kernel import KernelReader
+
+#: OVERFLOW_STACK_SIZE (arch/riscv/include/asm/thread_info.h) when BTF has no VAR for overflow_stack
+OVERFLOW_STACK_SIZE = 4096
+
+
+# __switch_to (arch/riscv/kernel/entry.S) saves ra, sp and s0..s11 in task->thread
+def blocked_context(k: "KernelReader", task: int, tbytes: bytes) -> dict[str, int]:
+    """``thread.ra``, ``thread.sp`` and ``thread.s[0]`` of a task that is not running."""
+    out = {}
+    for key, path in (("ra", "thread.ra"), ("sp", "thread.sp"), ("s0", "thread.s[0]")):
+        off = k.btf.offsetof("task_struct", path)
+        out[key] = int.from_bytes(tbytes[off:off + 8], "little")
+    return out
+
+
+def context_sp(ctx: dict[str, int]) -> int:
+    """Lowest stack address a walk from ``ctx`` reads."""
+    return ctx["sp"]
+
+
+# irq_stack_ptr (CONFIG_IRQ_STACKS, arch/riscv/kernel/irq.c) and overflow_stack (kernel/traps.c)
+def percpu_stacks(k: "KernelReader", cpu: int) -> list[tuple[str, int, int]]:
+    """(kind, low, high) of the IRQ and overflow stacks of ``cpu``."""
+    out: list[tuple[str, int, int]] = []
+    if k.symbol("irq_stack_ptr") is not None:
+        irq = k.read_u64(k.percpu_addr("irq_stack_ptr", cpu))
+        if irq:
+            out.append(("irq", irq, irq + k.thread_size))  # IRQ_STACK_SIZE == THREAD_SIZE
+    if k.symbol("overflow_stack") is not None:
+        ovf = k.percpu_addr("overflow_stack", cpu)
+        out.append(("overflow", ovf, ovf + (k.var_size("overflow_stack") or OVERFLOW_STACK_SIZE)))
+    return out
+
+
+def cpu_mode(regs: dict[str, int]) -> str:
+    """``kernel`` or ``user`` for a CPU's saved registers: NT_PRSTATUS carries no privilege level, so
+    the pc's half of the address space decides (kernel addresses have the top bit set)."""
+    return "kernel" if regs.get("pc", 0) >> 63 else "user"
