@@ -1,0 +1,104 @@
+"""Tasks, CPUs, contexts, stacks, fgraph and kretprobes read back from a synthetic kernel built by construction."""
+
+import pytest
+
+from unwind import registry
+from unwind.elfcore import prstatus_bytes
+from unwind.kernel import Kernel, task_state_char
+from unwind.vmdump import VmcoreDump
+
+from .kernelgen import THREAD_SIZE, SynthKernel, SynthTask
+
+
+def _procs() -> list[SynthTask]:
+    sh = SynthTask(100, 100, "sh", 1, cpu=1, fgraph=[(0xFFFF800080001234, 0xFFFF800080001000, 0xFFFF800090003F00),
+                                                      (0xFFFF800080005678, 0xFFFF800080005000, 0xFFFF800090003E00)])
+    worker = SynthTask(200, 200, "worker", 0x402, kretprobes=[(0xFFFF80008000AAAA, 0x1111), (0xFFFF80008000BBBB, 0x2222)])
+    worker.threads = [SynthTask(201, 200, "worker-t1", 2), SynthTask(202, 200, "worker-t2", 0, cpu=1)]
+    zombie = SynthTask(300, 300, "zombie", 0, exit_state=0x20)
+    return [sh, worker, zombie]
+
+
+def _prstatus(cpu: int, regs: dict[str, int]) -> bytes:
+    names = registry.get("arm64").prstatus_regs
+    return prstatus_bytes(len(names), [regs.get(n, 0) for n in names], cpu + 1)  # QEMU numbers pr_pid cpu + 1
+
+
+@pytest.mark.parametrize("gen", ["new", "old"])
+def test_every_task_once_with_its_fields(gen: str) -> None:
+    k = SynthKernel(gen)
+    procs = _procs()
+    everyone, idle = k.build(procs, [None, procs[1].threads[1]])
+    kern = Kernel(k.memory(), k.btf, k.symbol)
+    got = {t.addr: t for t in kern.tasks()}
+    assert sorted(got) == sorted(t.addr for t in everyone)
+    assert not kern.warnings
+    for t in everyone:
+        g = got[t.addr]
+        assert (g.pid, g.tgid, g.comm, g.stack, g.cpu) == (t.pid, t.tgid, t.comm, t.stack, t.cpu)
+        assert g.state == task_state_char(t.state, t.exit_state)
+    assert got[procs[1].threads[1].addr].running_on == 1
+    assert got[idle[0]].running_on == 0 and got[idle[0]].idle
+    assert got[idle[1]].running_on is None and got[idle[1]].idle
+    assert [got[p.addr].state for p in procs] == ["S", "I", "Z"]
+
+
+def test_state_letters_follow_task_state_index() -> None:
+    assert [task_state_char(s, 0) for s in (0, 1, 2, 4, 8, 0x40, 0x402, 0x1000, 0x8000 | 1)] == \
+        ["R", "S", "D", "T", "t", "P", "I", "D", "D"]
+    assert task_state_char(0, 0x10) == "X" and task_state_char(0, 0x20) == "Z"
+
+
+@pytest.mark.parametrize("gen", ["new", "old"])
+def test_fgraph_and_kretprobes_per_generation(gen: str) -> None:
+    k = SynthKernel(gen)
+    procs = _procs()
+    k.build(procs, [None, None])
+    kern = Kernel(k.memory(), k.btf, k.symbol)
+    by_pid = {t.pid: t for t in kern.tasks()}
+    fg = kern.fgraph(by_pid[100])
+    assert [(e.ret, e.func, e.retp) for e in fg] == procs[0].fgraph
+    kr = kern.kretprobes(by_pid[200])
+    assert [(e.ret, e.fp) for e in kr] == procs[1].kretprobes
+    assert kern.fgraph(by_pid[200]) == [] and kern.kretprobes(by_pid[100]) == []
+
+
+def test_a_looping_task_list_ends_with_a_warning() -> None:
+    k = SynthKernel()
+    procs = _procs()
+    k.build(procs, [None, None])
+    off = k.off("task_struct", "tasks")
+    k.u64(procs[2].addr + off, procs[1].addr + off)  # zombie -> worker: a cycle that never reaches init_task
+    kern = Kernel(k.memory(), k.btf, k.symbol)
+    pids = sorted(t.pid for t in kern.tasks())
+    assert pids == [0, 0, 100, 200, 201, 202, 300]
+    assert any("loops back" in w for w in kern.warnings)
+
+
+def test_vmcore_dump_tasks_regs_contexts_and_stacks() -> None:
+    k = SynthKernel()
+    procs = _procs()
+    running = procs[1].threads[1]
+    everyone, idle = k.build(procs, [None, running])
+    regs1 = {"pc": 0xFFFF800080004444, "sp": running.stack + 0x3000, "x29": running.stack + 0x3010,
+             "pstate": 0x5}
+    regs0 = {"pc": 0xFFFF800080003333, "sp": k.irq_stacks[0] + 0x100, "pstate": 0x5}
+    d = VmcoreDump("synthetic", registry.get("arm64"), k.memory(), [_prstatus(1, regs1), _prstatus(0, regs0)],
+                   "OSRELEASE=6.12.0-synthetic\nBUILD-ID=" + "ab" * 20 + "\n")
+    d.attach(k.symbol, k.btf)
+    assert d.build_id == "ab" * 20 and d.release == "6.12.0-synthetic"
+    assert [c.cpu for c in d.cpus] == [0, 1] and d.cpus[1].regs["pc"] == regs1["pc"]
+    tasks = d.tasks()
+    assert [(t.cpu, t.pid) for t in tasks[:2]] == [(0, 0), (1, 202)]
+    t202 = tasks[1]
+    assert t202.regs == {**{n: 0 for n in registry.get("arm64").prstatus_regs}, **regs1}
+    assert t202.stacks[0].low == running.stack and t202.stacks[0].high == running.stack + THREAD_SIZE
+    kinds = {s.kind: (s.low, s.high, s.cpu) for s in t202.stacks[1:]}
+    assert kinds["irq"] == (k.irq_stacks[1], k.irq_stacks[1] + THREAD_SIZE, 1)
+    ovf = k.symbols["overflow_stack"] + k.percpu_offset[1]
+    assert kinds["overflow"] == (ovf, ovf + 4096, 1)
+    blocked = {t.pid: t for t in tasks[2:] if t.pid}
+    assert blocked[201].context == procs[1].threads[0].ctx and blocked[201].cpu is None
+    assert [s.kind for s in blocked[201].stacks] == ["task"]
+    assert blocked[100].fgraph and blocked[200].kretprobes
+    assert blocked[201].extra["task"] == f"{procs[1].threads[0].addr:#x}"

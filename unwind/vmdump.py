@@ -1,0 +1,213 @@
+"""A vmcore opened for replay: the same surface as :class:`unwind.dump.Dump`, read from the kernel itself.
+
+Where a dump written by ``unwind capture`` lists its tasks and stacks in a
+JSON note, a vmcore (kdump ``/proc/vmcore``, makedumpfile, QEMU
+``dump-guest-memory``) holds the whole kernel: the tasks, their saved
+contexts, stacks, function-graph return stacks and kretprobe instances are
+found through BTF (:mod:`unwind.kernel`), the running CPUs' registers come
+from the ``NT_PRSTATUS`` notes. The result is the same :class:`Task` list,
+and a ``meta`` dict with the keys backends read from a dump's note.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from . import elfcore, registry
+from .dump import CpuState, DumpError, _parse_vmcoreinfo
+from .kernel import Kernel, KernelError, KernelModule, KernelTask, ftrace_trampolines
+from .btf import Btf, BtfError
+from .memory import MemoryFault
+from .stackinfo import StackInfo
+from .symbols import SymbolTable
+from .target import Task
+
+#: the JSON-note keys a vmcore fills (docs/dump-format.md)
+FORMAT_VERSION = 1
+
+
+def _prstatus_pid(raw: bytes) -> int:
+    return int.from_bytes(raw[32:36], "little", signed=True)  # elf_prstatus.pr_pid
+
+
+class VmcoreDump:
+    """A vmcore as replay sees it.
+
+    Built from its parts: ``memory`` reads kernel virtual addresses (page
+    tables or the direct map already applied), ``prstatus`` are the raw
+    ``NT_PRSTATUS`` descriptors in file order, ``vmcoreinfo_text`` the
+    VMCOREINFO note. Tasks need the kernel image: :meth:`attach` gives its
+    symbols and BTF (``Session.load`` calls it once the image is found).
+    """
+
+    def __init__(self, path: str, backend: "registry.ArchBackend", memory: Any, prstatus: list[bytes],
+                 vmcoreinfo_text: str, *, source: str = "vmcore") -> None:
+        self.path = path
+        self.backend = backend
+        self.arch = backend.name
+        self.memory = memory
+        self.vmcoreinfo_text = vmcoreinfo_text
+        self.vmcoreinfo: dict[str, str] = _parse_vmcoreinfo(vmcoreinfo_text)
+        self._prstatus = prstatus
+        self.source = source
+        self.kernel: Kernel | None = None
+        self.warnings: list[str] = []
+        self.meta: dict[str, Any] = {"format": FORMAT_VERSION, "arch": self.arch,
+                                     "kernel": {"release": self.release}, "build_id": self.build_id,
+                                     "capture": {"tool": source}}
+        self._tasks: list[Task] | None = None
+        self._ktasks: list[KernelTask] = []
+        self.modules: list[KernelModule] = []
+        self.cpus: list[CpuState] = []
+
+    # -- what Session reads before the image is known ------------------------
+    @property
+    def build_id(self) -> str | None:
+        """VMCOREINFO ``BUILD-ID``: the vmlinux the vmcore was taken from."""
+        return self.vmcoreinfo.get("BUILD-ID") or None
+
+    @property
+    def release(self) -> str | None:
+        """VMCOREINFO ``OSRELEASE``."""
+        return self.vmcoreinfo.get("OSRELEASE")
+
+    def kaslr_offset(self, symbols: SymbolTable | None) -> int:
+        """The KASLR slide: ``KERNELOFFSET``, else ``SYMBOL(_stext)`` against the image's ``_stext``."""
+        raw = self.vmcoreinfo.get("KERNELOFFSET")
+        if raw:
+            try:
+                return int(raw, 16)
+            except ValueError:
+                raise DumpError(f"{self.path}: VMCOREINFO KERNELOFFSET={raw!r} is not hex") from None
+        stext = self.vmcoreinfo.get("SYMBOL(_stext)")
+        link = symbols.address("_stext") if symbols is not None else None
+        if stext and link is not None:
+            try:
+                return int(stext, 16) - link
+            except ValueError:
+                pass
+        return 0
+
+    # -- once the image is known -------------------------------------------------
+    def attach(self, symbol: Callable[[str], int | None], btf: Btf) -> None:
+        """Read the kernel: CPUs, tasks and modules, with the image's runtime symbols and BTF."""
+        try:
+            self.kernel = Kernel(self.memory, btf, symbol)
+            self.cpus = self._read_cpus()
+            self._ktasks = self.kernel.tasks()
+            self.modules = self.kernel.modules()
+            try:
+                self.meta["ftrace_trampolines"] = ftrace_trampolines(self.kernel)
+            except (MemoryFault, BtfError) as e:
+                self.kernel.warnings.append(f"ftrace_ops_list unreadable: {e}")
+        except KernelError as e:
+            raise DumpError(f"{self.path}: {e}") from None
+        except MemoryFault as e:
+            raise DumpError(f"{self.path}: kernel structures unreadable: {e}") from None
+        self.meta["modules"] = [m.to_json() for m in self.modules]
+        self.meta["symbols"] = {n: f"{a:#x}" for n in ("_stext", "_etext", "init_task")
+                                if (a := symbol(n)) is not None}
+        self.warnings.extend(self.kernel.warnings)
+
+    def _require_kernel(self) -> Kernel:
+        if self.kernel is None:
+            raise DumpError(f"{self.path}: a vmcore's tasks need the kernel image (give --vmlinux)")
+        return self.kernel
+
+    # -- CPUs ----------------------------------------------------------------
+    def _read_cpus(self) -> list[CpuState]:
+        """One :class:`CpuState` per CPU that saved registers, indexed as the kernel numbers CPUs.
+
+        A real crash (VMCOREINFO ``CRASHTIME``) has each CPU's note in its
+        ``crash_notes`` buffer; QEMU numbers its notes ``pr_pid = cpu + 1``;
+        otherwise the notes are taken in file order.
+        """
+        names = self.backend.prstatus_regs
+        layout = elfcore.elf_prstatus(len(names))
+        by_cpu: dict[int, bytes] = {}
+        if "CRASHTIME" in self.vmcoreinfo:
+            by_cpu = self._crash_notes(layout.sizeof())
+        if not by_cpu:
+            pids = [_prstatus_pid(raw) for raw in self._prstatus]
+            qemu = sorted(pids) == list(range(1, len(pids) + 1))
+            by_cpu = {(pid - 1 if qemu else i): raw for i, (pid, raw) in enumerate(zip(pids, self._prstatus))}
+        out = []
+        hooks = self.backend.kernel
+        for cpu in sorted(by_cpu):
+            raw = by_cpu[cpu]
+            if len(raw) < layout.sizeof():
+                raise DumpError(f"{self.path}: NT_PRSTATUS of cpu{cpu} is {len(raw)} bytes, "
+                                f"expected {layout.sizeof()}")
+            regs = dict(zip(names, layout.parse(raw).pr_reg))
+            out.append(CpuState(cpu=cpu, regs=regs, pid=_prstatus_pid(raw), mode=hooks.cpu_mode(regs)))
+        return out
+
+    # crash_save_cpu() (kernel/crash_core.c) writes one note into per_cpu_ptr(crash_notes, cpu)
+    def _crash_notes(self, size: int) -> dict[int, bytes]:
+        k = self._require_kernel()
+        ptr = k.symbol("crash_notes")
+        if ptr is None:
+            return {}
+        out: dict[int, bytes] = {}
+        try:
+            base = k.read_u64(ptr)
+        except MemoryFault:
+            return {}
+        for cpu in range(k.nr_cpus):
+            addr = (base + k.per_cpu_offset[cpu]) & (2**64 - 1)
+            try:
+                hdr = k.read(addr, 12)
+                namesz, descsz, ntype = (int.from_bytes(hdr[i:i + 4], "little") for i in (0, 4, 8))
+                if namesz == 0 or ntype != elfcore.NT_PRSTATUS or descsz < size or descsz > 4096:
+                    continue
+                out[cpu] = k.read(addr + 12 + (namesz + 3) // 4 * 4, descsz)
+            except MemoryFault:
+                continue
+        return out
+
+    # -- tasks ---------------------------------------------------------------
+    def tasks(self) -> list[Task]:
+        """Every task in the kernel, running ones first in CPU order."""
+        if self._tasks is None:
+            k = self._require_kernel()
+            regs = {c.cpu: c for c in self.cpus}
+            stacks = {cpu: self._percpu_stacks(k, cpu) for cpu in regs}
+            out = [self._task(k, t, regs, stacks) for t in self._ktasks]
+            out.sort(key=lambda t: (t.cpu is None, t.cpu if t.cpu is not None else 0))
+            self._tasks = out
+        return self._tasks
+
+    def _percpu_stacks(self, k: Kernel, cpu: int) -> list[StackInfo]:
+        try:
+            return [StackInfo(lo, hi, kind, cpu) for kind, lo, hi in self.backend.kernel.percpu_stacks(k, cpu)]
+        except (MemoryFault, BtfError, KernelError) as e:
+            self.warnings.append(f"cpu{cpu}: per-CPU stacks unreadable: {e}")
+            return []
+
+    def _task(self, k: Kernel, t: KernelTask, cpus: dict[int, CpuState], percpu: dict[int, list[StackInfo]]) -> Task:
+        extra: dict[str, Any] = {"task": f"{t.addr:#x}", "switches": t.switches}
+        cpu = t.running_on if t.running_on in cpus else None
+        if t.running_on is not None and cpu is None:
+            extra["note"] = f"current on cpu{t.running_on}, which saved no registers: its saved context is stale"
+        stacks = [StackInfo(t.stack, t.stack + k.thread_size, "task", cpu)] if t.stack else []
+        context = None
+        regs = None
+        if cpu is not None:
+            regs = dict(cpus[cpu].regs)
+            stacks += percpu.get(cpu, [])
+        else:
+            try:
+                context = self.backend.kernel.blocked_context(k, t.addr, t.data)
+            except BtfError as e:
+                extra["note"] = f"no saved context: {e}"
+        return Task(pid=t.pid, comm=t.comm, state=t.state, cpu=cpu, regs=regs, context=context, stacks=stacks,
+                    fgraph=k.fgraph(t), kretprobes=k.kretprobes(t), extra=extra)
+
+    def kernel_tasks(self) -> list[KernelTask]:
+        """The tasks as ``ps`` lists them (``task_struct`` fields)."""
+        self._require_kernel()
+        return list(self._ktasks)
+
+    def oracles(self) -> list[dict[str, Any]]:
+        """A vmcore carries no oracle traces."""
+        return []
