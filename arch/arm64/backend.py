@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import capstone
 
@@ -11,11 +11,14 @@ from unwind.registry import ArchBackend
 from unwind.target import Target
 from unwind.walk import Stop, Unwinder
 
+from . import mm
 from .stacktrace import (META_RECORDS_SINCE, Arm64Unwinder, kernel_generation, kernel_pac_mask,
                          ptrauth_strip_kernel_insn_pac)
 
 if TYPE_CHECKING:
     from unwind.replay import Replay
+    from unwind.vmcore.virtual import PhysReader
+    from unwind.vmcore.vmcoreinfo import VmcoreInfo
 
 # state_source_string() (v6.13+)
 _SOURCE_LETTER = {Source.FRAME: "", Source.CALLER: "C", Source.TASK: "T", Source.REGS_PC: "P"}
@@ -85,6 +88,11 @@ class Arm64Backend(ArchBackend):
                     line += f" ({info})"
             out.append((line, f))
         return out
+
+    def translator(self, info: "VmcoreInfo", phys: "PhysReader",
+                   symbol: Callable[[str], int | None]) -> mm.Arm64Translator:
+        """The kernel's page tables and linear maps of a vmcore (:mod:`.mm`)."""
+        return mm.translator(info, phys, symbol)
 
     def categorize(self, oracle: dict[str, Any], expected: list[int], replay: "Replay") -> str | None:
         """Name the documented category of a difference from an oracle (:data:`CATEGORIES`), else ``None``.
