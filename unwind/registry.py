@@ -10,7 +10,7 @@ import importlib
 import pkgutil
 from abc import ABC, abstractmethod
 from types import ModuleType
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
 
 if TYPE_CHECKING:
     from .vmcore.virtual import PhysReader, Translator
@@ -70,6 +70,17 @@ class ArchBackend(ABC):
         ``symbol`` gives the runtime address (KASLR applied) of an image symbol.
         """
         raise ArchError(f"{self.name}: no kernel address translation for vmcores")
+
+    def vmcoreinfo_from_memory(self, phys: "PhysReader", ranges: "Iterable[tuple[int, int]]",
+                               symbol: "Callable[[str], int | None]") -> "tuple[VmcoreInfo, str]":
+        """The kernel's own VMCOREINFO found in memory, for a dump that carries no note of it.
+
+        ``ranges`` are the dump's physical ``[start, end)`` ranges, ``symbol``
+        the image's link-time addresses. Returns the text and a sentence
+        saying where it was found; an input error (:class:`ArchError`,
+        :class:`~unwind.dump.DumpError`) when it cannot be.
+        """
+        raise ArchError(f"{self.name}: the dump has no VMCOREINFO note")
 
     def categorize(self, oracle: dict, expected: list[int], replay: "Replay") -> str | None:
         """Name the documented category of a difference from an oracle, or ``None`` if unexplained."""

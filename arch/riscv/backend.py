@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import capstone
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from unwind.frame import Flag, Frame, Source
 from unwind.registry import ArchBackend
 from unwind.target import Target
 from unwind.walk import Stop, Unwinder
 
-from . import structs
+from . import mm, structs
 from .liveness import LiveRaProver
 from .stacktrace import KernelLayout, RiscvUnwinder, UserUnwinder
 
 if TYPE_CHECKING:
     from unwind.replay import Replay
+    from unwind.vmcore.virtual import PhysReader
+    from unwind.vmcore.vmcoreinfo import VmcoreInfo
 
 #: the kernel's own printed traces: faithful replay must equal them
 _KERNEL_ORACLES = ("sysrq-t", "sysrq-l", "ftrace-stacktrace", "dump_backtrace")
@@ -107,6 +109,16 @@ class RiscvBackend(ArchBackend):
                 line += f" (complete: {self._complete_why(f)})"
             out.append((line, f))
         return out
+
+    def translator(self, info: "VmcoreInfo", phys: "PhysReader",
+                   symbol: Callable[[str], int | None]) -> mm.RiscvTranslator:
+        """The kernel's page tables and linear maps of a vmcore (:mod:`.mm`)."""
+        return mm.translator(info, phys, symbol)
+
+    def vmcoreinfo_from_memory(self, phys: "PhysReader", ranges: Iterable[tuple[int, int]],
+                               symbol: Callable[[str], int | None]) -> "tuple[VmcoreInfo, str]":
+        """The kernel's own ``vmcoreinfo_note``, found through the image's symbols (:func:`.mm.find_vmcoreinfo`)."""
+        return mm.find_vmcoreinfo(phys, ranges, symbol)
 
     def categorize(self, oracle: dict[str, Any], expected: list[int], replay: "Replay") -> str | None:
         """Name the documented category of a difference from an oracle (:data:`CATEGORIES`), else ``None``."""

@@ -1,0 +1,250 @@
+"""riscv64 kernel address translation, as ``arch/riscv/include/asm/{pgtable-64,pgtable-bits,page}.h`` define it.
+
+Sv39, Sv48 and Sv57 (3, 4 or 5 levels of 512 entries, 4 KiB pages); a
+present entry with any of R, W, X (``_PAGE_LEAF``) is a leaf at its level, so
+2 MiB, 1 GiB and 512 GiB pages come out of the same walk. The PFN is bits
+[53:10] (``_PAGE_PFN_MASK``); a Svnapot PTE (bit 63) maps 64 KiB.
+
+The shortcuts are the kernel's ``__va_to_pa_nodebug()``: the linear map
+``linear_mapping_va_to_pa()`` (``PAGE_OFFSET``, ``phys_ram_base``) for
+``is_linear_mapping()``, and the kernel mapping ``kernel_mapping_va_to_pa()``
+(``va_kernel_pa_offset``) over the image.
+
+QEMU writes no VMCOREINFO for riscv guests; :func:`find_vmcoreinfo` finds the
+kernel's own ``vmcoreinfo_note`` in physical memory through the image's symbols.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from unwind.dump import DumpError
+from unwind.memory import MemoryFault, NotMapped
+from unwind.vmcore.virtual import LinearMap, PhysReader, VirtualMemory, read_entry
+from unwind.vmcore.vmcoreinfo import VmcoreInfo, parse_vmcoreinfo_note
+
+_U64 = (1 << 64) - 1
+
+# --- pgtable-64.h, pgtable-bits.h, page.h ---
+PAGE_SHIFT = 12
+PTRS_PER_PTE = 512
+_PAGE_PRESENT = 1 << 0
+_PAGE_READ = 1 << 1
+_PAGE_WRITE = 1 << 2
+_PAGE_EXEC = 1 << 3
+_PAGE_LEAF = _PAGE_READ | _PAGE_WRITE | _PAGE_EXEC
+_PAGE_PFN_SHIFT = 10
+#: GENMASK(53, 10)
+_PAGE_PFN_MASK = ((1 << 54) - 1) & ~((1 << _PAGE_PFN_SHIFT) - 1)
+_PAGE_NAPOT_SHIFT = 63
+_PAGE_NAPOT = 1 << _PAGE_NAPOT_SHIFT
+#: satp MODE per paging mode (csr.h SATP_MODE_39/48/57), by VA_BITS
+SATP_MODES = {39: "Sv39", 48: "Sv48", 57: "Sv57"}
+#: the kernel is loaded at a PMD_SIZE-aligned physical address (Documentation/arch/riscv/boot.rst)
+PMD_SIZE = 1 << 21
+
+
+# __page_val_to_pfn()
+def page_val_to_pfn(val: int) -> int:
+    """``(val & _PAGE_PFN_MASK) >> _PAGE_PFN_SHIFT``."""
+    return (val & _PAGE_PFN_MASK) >> _PAGE_PFN_SHIFT
+
+
+# pte_pfn(): a Svnapot PTE encodes its size in the low PFN bits; clearing the lowest set bit gives the base
+def pte_pfn(pte: int) -> int:
+    """The first PFN a PTE maps (the 64 KiB region's for a Svnapot PTE)."""
+    res = page_val_to_pfn(pte)
+    if pte & _PAGE_NAPOT:
+        res &= res - 1
+    return res
+
+
+# napot_cont_shift(): the size a Svnapot PTE maps, from the trailing zeros of its PFN
+def napot_cont_shift(pte: int) -> int:
+    """``PAGE_SHIFT + napot_cont_order()``: 16 for the 64 KiB order the kernel uses."""
+    pfn = page_val_to_pfn(pte)
+    return PAGE_SHIFT + ((pfn << 1) & -(pfn << 1)).bit_length() - 1 if pfn else PAGE_SHIFT
+
+
+class RiscvTranslator:
+    """Kernel virtual to physical on one riscv64 dump."""
+
+    page_shift = PAGE_SHIFT
+
+    def __init__(self, phys: PhysReader, pgd: int, *, va_bits: int, linear: tuple[LinearMap, ...] = ()) -> None:
+        if va_bits not in SATP_MODES:
+            raise DumpError(f"riscv: VA_BITS={va_bits} is none of Sv39, Sv48, Sv57")
+        self.phys = phys
+        #: physical address of ``swapper_pg_dir``
+        self.pgd = pgd
+        self.va_bits = va_bits
+        self.levels = (va_bits - PAGE_SHIFT) // 9
+        #: PGDIR_SHIFT is ``pgdir_shift``: 30, 39 or 48 as the kernel picked the mode
+        self.pgdir_shift = va_bits - 9
+        self.linear = linear
+        self._names = ("PGD", "P4D", "PUD", "PMD", "PTE")[-self.levels:]
+
+    # pgd_index()
+    def pgd_index(self, address: int) -> int:
+        """``(address >> PGDIR_SHIFT) & (PTRS_PER_PGD - 1)``."""
+        return (address >> self.pgdir_shift) & (PTRS_PER_PTE - 1)
+
+    # pXd_present(): _PAGE_PRESENT
+    @staticmethod
+    def present(entry: int) -> bool:
+        """``pgd_present()``, ``p4d_present()``, ``pud_present()``, ``pmd_present()``, ``pte_present()``."""
+        return bool(entry & _PAGE_PRESENT)
+
+    # pXd_leaf(): present and any of R, W, X
+    @staticmethod
+    def leaf(entry: int) -> bool:
+        """``pud_leaf()``, ``pmd_leaf()``: a mapping, not a pointer to the next table."""
+        return bool(entry & _PAGE_PRESENT) and bool(entry & _PAGE_LEAF)
+
+    # pfn_to_phys(__page_val_to_pfn()): the next table of a non-leaf entry (pud_pgtable(), pmd_page_vaddr(), ...)
+    @staticmethod
+    def table(entry: int) -> int:
+        """Physical address of the table an upper entry points to."""
+        return page_val_to_pfn(entry) << PAGE_SHIFT
+
+    # the pgd_offset_k() .. pte_offset_kernel() chain
+    def walk(self, address: int) -> int:
+        """Descend from ``swapper_pg_dir`` to the leaf of ``address``."""
+        slot = self.pgd + 8 * self.pgd_index(address)
+        for level in range(self.levels):
+            name = self._names[level]
+            entry = read_entry(self.phys, slot, address, name)
+            shift = PAGE_SHIFT + 9 * (self.levels - 1 - level)
+            if not self.present(entry):
+                raise NotMapped(address, 1, f"{name} entry not present")
+            if self.leaf(entry):
+                if entry & _PAGE_NAPOT and level == self.levels - 1:
+                    shift = napot_cont_shift(entry)
+                mask = (1 << shift) - 1
+                return ((pte_pfn(entry) << PAGE_SHIFT) & ~mask) | (address & mask)
+            if level == self.levels - 1:
+                raise NotMapped(address, 1, "PTE points to another table")
+            slot = self.table(entry) + 8 * ((address >> (shift - 9)) & (PTRS_PER_PTE - 1))
+        raise AssertionError("the last level always returns")
+
+    # the sign extension the MMU requires: bits above VA_BITS - 1 copy it
+    def is_canonical(self, address: int) -> bool:
+        """Is ``address`` a sign-extended ``VA_BITS``-bit address?"""
+        top = address >> (self.va_bits - 1)
+        return top == 0 or top == _U64 >> (self.va_bits - 1)
+
+    def translate(self, vaddr: int) -> int:
+        """``__va_to_pa_nodebug()`` where a shortcut covers ``vaddr``, else the table walk."""
+        if not self.is_canonical(vaddr):
+            raise NotMapped(vaddr, 1, f"not a canonical {SATP_MODES[self.va_bits]} address")
+        for lm in self.linear:
+            if lm.start <= vaddr < lm.end:
+                return (vaddr - lm.offset) & _U64
+        return self.walk(vaddr)
+
+
+# linear_mapping_va_to_pa() over is_linear_mapping()
+def linear_map(page_offset: int, phys_ram_base: int, va_bits: int) -> LinearMap:
+    """``pa = va - va_pa_offset`` over ``[PAGE_OFFSET, PAGE_OFFSET + KERN_VIRT_SIZE)``.
+
+    ``KERN_VIRT_SIZE`` is ``(PTRS_PER_PGD / 2 * PGDIR_SIZE) / 2``, that is ``1 << (VA_BITS - 2)``.
+    """
+    end = min(page_offset + (1 << (va_bits - 2)), _U64)
+    return LinearMap(page_offset, end, (page_offset - phys_ram_base) & _U64)
+
+
+# kernel_mapping_va_to_pa() over is_kernel_mapping()
+def kernel_mapping(start: int, end: int, va_kernel_pa_offset: int) -> LinearMap:
+    """``pa = va - va_kernel_pa_offset`` over the image ``[_start, _end)``."""
+    return LinearMap(start, end, va_kernel_pa_offset)
+
+
+def translator(info: VmcoreInfo, phys: PhysReader, symbol: Callable[[str], int | None]) -> RiscvTranslator:
+    """Build the translation of a dump from its VMCOREINFO and the image's (runtime) symbols.
+
+    Required: ``NUMBER(va_kernel_pa_offset)`` (not written by XIP kernels) and
+    ``SYMBOL(swapper_pg_dir)``. ``NUMBER(VA_BITS)`` (5.17+) picks the mode,
+    Sv39 without it, as crash assumes. The linear shortcut needs
+    ``NUMBER(PAGE_OFFSET)`` and ``NUMBER(phys_ram_base)``; the image one the
+    ``_start``/``_end`` symbols.
+    """
+    voffset = info.word("NUMBER(va_kernel_pa_offset)")
+    swapper = info.symbol("swapper_pg_dir")
+    if voffset is None:
+        raise DumpError("riscv: VMCOREINFO has no NUMBER(va_kernel_pa_offset): cannot find the kernel page tables")
+    if swapper is None:
+        raise DumpError("riscv: VMCOREINFO has no SYMBOL(swapper_pg_dir): cannot find the kernel page tables")
+    va_bits = info.number("NUMBER(VA_BITS)", lo=39, hi=57)
+    if va_bits is None:
+        va_bits = 39
+    if va_bits not in SATP_MODES:
+        raise DumpError(f"riscv: VMCOREINFO NUMBER(VA_BITS)={va_bits} is none of Sv39, Sv48, Sv57")
+    linear: list[LinearMap] = []
+    page_offset = info.word("NUMBER(PAGE_OFFSET)")
+    phys_ram_base = info.word("NUMBER(phys_ram_base)")
+    if page_offset is not None and phys_ram_base is not None and page_offset >> 63:
+        linear.append(linear_map(page_offset, phys_ram_base, va_bits))
+    start, end = symbol("_start"), symbol("_end")
+    if start is not None and end is not None and start < end:
+        linear.append(kernel_mapping(start, end, voffset))
+    return RiscvTranslator(phys, (swapper - voffset) & _U64, va_bits=va_bits, linear=tuple(linear))
+
+
+def find_vmcoreinfo(phys: PhysReader, ranges: Iterable[tuple[int, int]],
+                    symbol: Callable[[str], int | None]) -> tuple[VmcoreInfo, str]:
+    """The kernel's own VMCOREINFO, read from ``vmcoreinfo_note`` when the dump has no note of it.
+
+    ``symbol`` gives the image's link-time addresses of ``_start``,
+    ``vmcoreinfo_note`` and ``swapper_pg_dir``; ``ranges`` are the dump's
+    physical ``[start, end)`` ranges. The image sits at a 2 MiB-aligned
+    physical address, so each candidate load address gives where
+    ``vmcoreinfo_note`` (a pointer into the linear map) and ``swapper_pg_dir``
+    would be; a candidate counts when walking that pointer through those
+    page tables in one of Sv57, Sv48, Sv39 reaches an ELF note named
+    ``VMCOREINFO``, which ``update_vmcoreinfo_note()`` wrote at boot.
+    Returns the parsed text and a sentence saying where it was found.
+    """
+    start, note_sym, swapper = symbol("_start"), symbol("vmcoreinfo_note"), symbol("swapper_pg_dir")
+    if start is None or note_sym is None or swapper is None:
+        raise DumpError("riscv: the dump has no VMCOREINFO and the image lacks _start, vmcoreinfo_note "
+                        "or swapper_pg_dir to find the kernel's own")
+    if not (start <= note_sym and start <= swapper):
+        raise DumpError("riscv: vmcoreinfo_note and swapper_pg_dir lie below _start in the image")
+    for lo, hi in sorted(ranges):
+        base = -(-lo // PMD_SIZE) * PMD_SIZE
+        while base + (note_sym - start) + 8 <= hi:
+            found = _vmcoreinfo_at(phys, base + (note_sym - start), base + (swapper - start))
+            if found is not None:
+                return found, (f"VMCOREINFO read from the kernel's vmcoreinfo_note (image loaded at "
+                               f"physical {base:#x}): the dump has no VMCOREINFO note")
+            base += PMD_SIZE
+    raise DumpError("riscv: the dump has no VMCOREINFO, and the kernel's vmcoreinfo_note was not found "
+                    "in its memory (wrong vmlinux?)")
+
+
+def _vmcoreinfo_at(phys: PhysReader, note_ptr_pa: int, pgd: int) -> VmcoreInfo | None:
+    """The note the pointer at ``note_ptr_pa`` leads to through the tables at ``pgd``; else ``None``."""
+    try:
+        ptr = int.from_bytes(phys.read_phys(note_ptr_pa, 8), "little")
+    except MemoryFault:
+        return None
+    if not ptr >> 63 or ptr & ((1 << PAGE_SHIFT) - 1):  # alloc_pages_exact(): a page of the linear map
+        return None
+    for va_bits in (57, 48, 39):
+        walk = RiscvTranslator(phys, pgd, va_bits=va_bits)
+        if not walk.is_canonical(ptr):
+            continue
+        try:
+            vm = VirtualMemory(phys, walk)
+            note = vm.read(ptr, 24)
+            if note[12:23] != b"VMCOREINFO\0":
+                continue
+            note += vm.read(ptr + 24, min(int.from_bytes(note[4:8], "little"), 1 << 16))
+        except MemoryFault:
+            continue
+        try:
+            return parse_vmcoreinfo_note(note)
+        except DumpError:
+            return None
+    return None
+
