@@ -1,0 +1,131 @@
+"""Bad vmcores: one VmcoreError line at open, or a MemoryFault on the page; never anything else."""
+
+from __future__ import annotations
+
+import lzma
+import random
+
+import pytest
+
+from unwind.dump import DumpError
+from unwind.memory import MemoryFault
+from unwind.vmcore import CorruptPageFault, VmcoreError, codecs, open_vmcore
+
+from .synth import KdumpSpec, Load, elf_vmcore, flatten, kdump_file, notes_blob, page_bytes, vmcoreinfo
+
+RAM = set(range(24))
+
+
+def _kdump(codec: int = codecs.DUMP_DH_COMPRESSED_ZLIB, **kw) -> bytes:
+    dumped = {p: page_bytes(p) if p % 5 else bytes(4096) for p in RAM if p != 3}
+    return kdump_file(KdumpSpec(max_mapnr=24, ram=RAM, dumped=dumped, codec=codec,
+                                notes=notes_blob([(1, 0)], 27, vmcoreinfo()), **kw))
+
+
+def _elf() -> bytes:
+    return elf_vmcore([Load(0x1000, b"".join(page_bytes(p) for p in range(1, 5)))],
+                      notes_blob([(1, 0), (2, 0)], 27, vmcoreinfo()))
+
+
+def _open_and_read_all(path: str) -> str:
+    """Open and read every page; the outcome as text. Only VmcoreError and MemoryFault may escape."""
+    try:
+        vm = open_vmcore(path)
+    except VmcoreError as e:
+        msg = str(e)
+        assert "\n" not in msg and msg.startswith(path)
+        return "error"
+    with vm:
+        for pfn in range(0, 32):
+            try:
+                vm.read_phys(pfn * 4096, 4096)
+            except MemoryFault as e:
+                assert "\n" not in str(e)
+        vm.ranges, vm.prstatus, vm.vmcoreinfo_dict, vm.page_size
+    return "opened"
+
+
+def _one_line_error(path: str) -> str:
+    with pytest.raises(VmcoreError) as e:
+        open_vmcore(path)
+    assert isinstance(e.value, DumpError)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+@pytest.mark.parametrize("kind", ["kdump", "flat", "elf"])
+def test_every_truncation_is_one_line(tmp_path, kind):
+    full = {"kdump": _kdump(), "flat": flatten(_kdump(), record=2048, seed=1), "elf": _elf()}[kind]
+    path = tmp_path / "cut"
+    cuts = sorted(set(range(0, 600, 7)) | set(range(600, len(full), max(1, len(full) // 97))))
+    for cut in cuts:
+        path.write_bytes(full[:cut])
+        msg = _one_line_error(str(path))
+        assert "truncated" in msg or "too short" in msg, (cut, msg)
+
+
+def test_bad_magic_and_compressed_files(tmp_path):
+    cases = {
+        "empty": b"",
+        "text": b"this is not a vmcore at all\n" * 4,
+        "xz": lzma.compress(_elf()),
+        "diskdump": b"DISKDUMP" + bytes(600),
+    }
+    msgs = {}
+    for name, data in cases.items():
+        p = tmp_path / name
+        p.write_bytes(data)
+        msgs[name] = _one_line_error(str(p))
+    assert "not a vmcore" in msgs["text"] and "xz-compressed" in msgs["xz"] and "DISKDUMP" in msgs["diskdump"]
+    assert "cannot read" in _one_line_error(str(tmp_path / "missing"))
+    assert "cannot read" in _one_line_error(str(tmp_path)) or "read error" in _one_line_error(str(tmp_path))
+
+
+def test_unknown_compression_in_the_header(tmp_path):
+    p = tmp_path / "x.kdump"
+    p.write_bytes(_kdump(status_extra=0x40))
+    assert "unknown compression" in _one_line_error(str(p))
+
+
+def test_bad_block_size(tmp_path):
+    raw = bytearray(_kdump())
+    raw[428:432] = (4095).to_bytes(4, "little")
+    p = tmp_path / "x.kdump"
+    p.write_bytes(raw)
+    assert "block_size 4095" in _one_line_error(str(p))
+
+
+@pytest.mark.parametrize("override,why", [
+    (dict(size=4097, flags=0), "uncompressed page of 4097 bytes"),
+    (dict(size=5000), "compressed page of 5000 bytes"),
+    (dict(flags=0x3), "unknown compression flags 0x3"),
+    (dict(flags=codecs.DUMP_DH_COMPRESSED_SNAPPY), "snappy"),
+    (dict(offset=1 << 40), "descriptor says"),
+    (dict(size=0), "descriptor says 0 bytes"),
+])
+def test_a_corrupt_page_is_a_memory_fault_of_its_own(tmp_path, override, why):
+    p = tmp_path / "x.kdump"
+    p.write_bytes(_kdump(page_overrides={7: override}))
+    with open_vmcore(p) as vm:
+        with pytest.raises(CorruptPageFault, match="corrupt in the dump") as e:
+            vm.read_phys(7 * 4096 + 16, 8)
+        assert why in str(e.value)
+        assert vm.read_phys(8 * 4096, 4096) == page_bytes(8)
+
+
+@pytest.mark.parametrize("kind", ["kdump-zlib", "kdump-lzo", "kdump-snappy", "kdump-zstd", "flat", "elf"])
+def test_mutated_files_never_raise_anything_else(tmp_path, kind):
+    codec = {"kdump-zlib": 1, "kdump-lzo": 2, "kdump-snappy": 4, "kdump-zstd": 0x20}.get(kind, 1)
+    base = {"flat": flatten(_kdump(), record=4096, seed=2), "elf": _elf()}.get(kind) or _kdump(codec)
+    rng = random.Random(kind)
+    path = tmp_path / "m"
+    outcomes = set()
+    for _ in range(60):
+        raw = bytearray(base)
+        for _ in range(rng.choice((1, 2, 8))):
+            pos = rng.randrange(min(len(raw), rng.choice((600, 5000, len(raw)))))
+            raw[pos] = rng.randrange(256)
+        path.write_bytes(raw)
+        outcomes.add(_open_and_read_all(str(path)))
+    assert "opened" in outcomes

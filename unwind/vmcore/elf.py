@@ -1,0 +1,130 @@
+"""ELF vmcores: kdump's ``/proc/vmcore``, QEMU ``dump-guest-memory`` (with and without ``-p``), ``makedumpfile -E``.
+
+``PT_LOAD`` segments give physical ranges at ``p_paddr`` (kdump keeps the
+kernel's ``p_paddr``; QEMU writes guest-physical addresses); ``PT_NOTE``
+segments hold the notes. pyelftools reads the headers; memory is read on
+demand with ``pread``.
+
+A ``PT_LOAD`` whose ``p_filesz`` is less than its ``p_memsz`` has a tail that
+is not in the file. ``makedumpfile -E`` makes such tails out of excluded
+pages, so a read there raises :class:`ExcludedPageFault` rather than
+returning zeros. QEMU's ``-p`` dumps clamp ``p_filesz`` to a RAM block
+instead; their tails (and any address outside every segment) are plain
+holes.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Hashable
+
+from elftools.elf.elffile import ELFFile
+
+from .. import elfcore
+from ..memory import MemoryFault
+from .errors import ExcludedPageFault, VmcoreError
+from .notes import Note, parse_notes, prstatus_notes, vmcoreinfo_text
+from .physmem import DEFAULT_CACHE_BYTES, PhysicalMemory, PhysRange, VirtualLoad
+from .source import Source
+
+#: bytes per cached chunk of an ELF segment
+ELF_CHUNK = 4096
+#: QEMU's per-vCPU CPU-state note (x86), which marks a QEMU dump
+QEMU_NOTE_NAME = "QEMU"
+
+
+@dataclass(frozen=True, slots=True)
+class _Extent:
+    """Physical ``[start, end)`` stored at file ``offset``."""
+
+    start: int
+    end: int
+    offset: int
+
+
+class ElfVmcore(PhysicalMemory):
+    """Physical memory and notes of an ELF vmcore."""
+
+    block_size = ELF_CHUNK
+
+    def __init__(self, path: str, source: Source, fmt: str = "elf",
+                 cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.format = fmt
+        if source.size < elfcore.Elf64_Ehdr.sizeof():
+            raise VmcoreError(f"{path}: truncated: {source.size} bytes, shorter than an ELF header")
+        elf = ELFFile(source.stream())
+        if elf.elfclass != 64 or not elf.little_endian:
+            raise VmcoreError(f"{path}: only 64-bit little-endian ELF vmcores are read "
+                              f"(this one is {elf.elfclass}-bit {'LE' if elf.little_endian else 'BE'})")
+        if elf["e_type"] != "ET_CORE":
+            raise VmcoreError(f"{path}: not an ELF core file ({elf['e_type']})")
+        machine = elf["e_machine"]
+        self.machine = machine if isinstance(machine, str) and machine.startswith("EM_") else None
+        self.machine_source = "ELF e_machine"
+        if elf["e_phoff"] + elf.num_segments() * elf["e_phentsize"] > source.size:
+            raise VmcoreError(f"{path}: truncated: program headers end past the file")
+
+        notes: list[Note] = []
+        loads: list[tuple[int, int, int, int, int]] = []  # paddr, vaddr, filesz, memsz, offset
+        for seg in elf.iter_segments():
+            filesz, offset = seg["p_filesz"], seg["p_offset"]
+            if filesz and offset + filesz > source.size:
+                raise VmcoreError(f"{path}: truncated: a {seg['p_type']} segment at file offset {offset:#x} "
+                                  f"(+{filesz:#x}) ends past the file ({source.size:#x} bytes)")
+            if seg["p_type"] == "PT_NOTE" and filesz:
+                notes.extend(parse_notes(source.pread(offset, filesz)))
+            elif seg["p_type"] == "PT_LOAD":
+                loads.append((seg["p_paddr"], seg["p_vaddr"], filesz, seg["p_memsz"], offset))
+        super().__init__(path, source, notes, prstatus_notes(notes), vmcoreinfo_text(notes), cache_bytes)
+
+        self.virtual_loads = [VirtualLoad(v, p, m) for p, v, _f, m, _o in loads if m and v != p]
+        self._extents = _file_extents(loads)
+        self._starts = [e.start for e in self._extents]
+        qemu = any(n.name == QEMU_NOTE_NAME for n in notes)
+        self._tails = [] if qemu else sorted(
+            (p + f, p + m) for p, _v, f, m, _o in loads if m > f)
+
+    @property
+    def ranges(self) -> list[PhysRange]:
+        """Physical ranges stored in the file, merged."""
+        out: list[PhysRange] = []
+        for e in self._extents:
+            if out and out[-1].end == e.start:
+                out[-1] = PhysRange(out[-1].start, e.end)
+            else:
+                out.append(PhysRange(e.start, e.end))
+        return out
+
+    def _locate(self, paddr: int, addr: int, size: int) -> tuple[Hashable, int]:
+        i = bisect.bisect_right(self._starts, paddr) - 1
+        if i >= 0 and paddr < self._extents[i].end:
+            base = paddr - paddr % ELF_CHUNK
+            return (i, base), max(base, self._extents[i].start)
+        for lo, hi in self._tails:
+            if lo <= paddr < hi:
+                raise ExcludedPageFault(addr, size, paddr - paddr % self.page_size)
+        raise MemoryFault(addr, size)
+
+    def _load(self, key: Hashable, start: int, addr: int, size: int) -> bytes:
+        i, base = key  # type: ignore[misc]
+        ext = self._extents[i]
+        end = min(base + ELF_CHUNK, ext.end)
+        return self._src.pread(ext.offset + (start - ext.start), end - start)
+
+
+def _file_extents(loads: list[tuple[int, int, int, int, int]]) -> list[_Extent]:
+    """The file-backed parts of the ``PT_LOAD``s by physical address, overlaps given to the first.
+
+    kdump repeats the kernel image inside a RAM range and QEMU ``-p`` maps one
+    physical page at several virtual addresses: the bytes are the same.
+    """
+    out: list[_Extent] = []
+    for p, _v, f, _m, off in sorted(((p, v, f, m, o) for p, v, f, m, o in loads if f),
+                                    key=lambda l: (l[0], -l[2])):
+        start, end = p, p + f
+        if out and start < out[-1].end:
+            start = out[-1].end
+        if start < end:
+            out.append(_Extent(start, end, off + (start - p)))
+    return out
