@@ -16,6 +16,7 @@ holes.
 from __future__ import annotations
 
 import bisect
+import struct
 from dataclasses import dataclass
 from typing import Hashable
 
@@ -62,20 +63,17 @@ class ElfVmcore(PhysicalMemory):
         machine = elf["e_machine"]
         self.machine = machine if isinstance(machine, str) and machine.startswith("EM_") else None
         self.machine_source = "ELF e_machine"
-        if elf["e_phoff"] + elf.num_segments() * elf["e_phentsize"] > source.size:
-            raise VmcoreError(f"{path}: truncated: program headers end past the file")
 
         notes: list[Note] = []
         loads: list[tuple[int, int, int, int, int]] = []  # paddr, vaddr, filesz, memsz, offset
-        for seg in elf.iter_segments():
-            filesz, offset = seg["p_filesz"], seg["p_offset"]
+        for p_type, offset, vaddr, paddr, filesz, memsz in _program_headers(elf, source, path):
             if filesz and offset + filesz > source.size:
-                raise VmcoreError(f"{path}: truncated: a {seg['p_type']} segment at file offset {offset:#x} "
-                                  f"(+{filesz:#x}) ends past the file ({source.size:#x} bytes)")
-            if seg["p_type"] == "PT_NOTE" and filesz:
+                raise VmcoreError(f"{path}: truncated: a segment at file offset {offset:#x} (+{filesz:#x}) "
+                                  f"ends past the file ({source.size:#x} bytes)")
+            if p_type == elfcore.PT_NOTE and filesz:
                 notes.extend(parse_notes(source.pread(offset, filesz)))
-            elif seg["p_type"] == "PT_LOAD":
-                loads.append((seg["p_paddr"], seg["p_vaddr"], filesz, seg["p_memsz"], offset))
+            elif p_type == elfcore.PT_LOAD:
+                loads.append((paddr, vaddr, filesz, memsz, offset))
         super().__init__(path, source, notes, prstatus_notes(notes), vmcoreinfo_text(notes), cache_bytes)
 
         self.virtual_loads = [VirtualLoad(v, p, m) for p, v, _f, m, _o in loads if m and v != p]
@@ -111,6 +109,27 @@ class ElfVmcore(PhysicalMemory):
         ext = self._extents[i]
         end = min(base + ELF_CHUNK, ext.end)
         return self._src.pread(ext.offset + (start - ext.start), end - start)
+
+
+#: ``Elf64_Phdr`` as a ``struct`` format, derived from the one construct declaration
+_PHDR = struct.Struct("<" + "".join(sc.subcon.fmtstr.lstrip("<") for sc in elfcore.Elf64_Phdr.subcons))
+
+
+def _program_headers(elf: ELFFile, source: Source, path: str) -> list[tuple[int, int, int, int, int, int]]:
+    """(p_type, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz) of every program header, in one read.
+
+    QEMU ``-p`` dumps have tens of thousands of ``PT_LOAD``s; pyelftools gives
+    the table's place and count (``PN_XNUM`` included), the table is unpacked
+    in one pass.
+    """
+    count, entsize, phoff = elf.num_segments(), elf["e_phentsize"], elf["e_phoff"]
+    if count and entsize < _PHDR.size:
+        raise VmcoreError(f"{path}: bad ELF header: e_phentsize {entsize}")
+    if phoff + count * entsize > source.size:
+        raise VmcoreError(f"{path}: truncated: {count} program headers at {phoff:#x} end past the file")
+    table = source.pread(phoff, count * entsize)
+    return [(t, off, va, pa, fs, ms) for t, _f, off, va, pa, fs, ms, _a in
+            (_PHDR.unpack_from(table, i * entsize) for i in range(count))]
 
 
 def _file_extents(loads: list[tuple[int, int, int, int, int]]) -> list[_Extent]:
