@@ -42,6 +42,8 @@ def replay_json(session: Session, r: Replay, explain: bool = False) -> dict[str,
     }
     if r.reliable is not None:
         out["reliable"] = {"ok": r.reliable.ok, "reason": r.reliable.reason}
+    if r.basis:
+        out["basis"] = dict(r.basis)
     return out
 
 
@@ -52,6 +54,8 @@ def replay_text(session: Session, r: Replay, explain: bool = False) -> list[str]
         lines.append(line)
         if explain and frame is not None:
             lines.extend(explain_lines(frame))
+    if explain:
+        lines.extend(f"-- {key}: {value}" for key, value in r.basis.items())
     mark = "clean" if r.stop.clean else "ERROR"
     lines.append(f"-- stop: {r.stop} ({mark})")
     if r.reliable is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import registry
@@ -27,6 +27,8 @@ class Replay:
     frames: list[Frame]
     stop: Stop
     reliable: ReliableResult | None = None
+    #: the generation followed and the layouts read (:meth:`Unwinder.basis`)
+    basis: dict[str, str] = field(default_factory=dict)
 
     @property
     def task(self) -> Task:
@@ -108,7 +110,8 @@ class Session:
                max_frames: int = DEFAULT_MAX_FRAMES, symbolize: bool = True) -> Replay:
         """Walk ``task``: all frames and the stop; with ``reliable``, the reliable verdict too."""
         target = self.target(task, options or Options())
-        frames, stop = collect(self.backend.unwinder(target), max_frames)
+        unwinder = self.backend.unwinder(target)
+        frames, stop = collect(unwinder, max_frames)
         verdict = None
         if reliable:
             verdict = stack_walk_reliable(self.backend.unwinder(target), lambda pc: True, max_frames)
@@ -116,7 +119,7 @@ class Session:
             if symbolize:
                 f.symbol = self.backend.symbolize(f, target)
             self._callsites.annotate(f)
-        return Replay(target, frames, stop, verdict)
+        return Replay(target, frames, stop, verdict, unwinder.basis())
 
 
 def load_session(dump_path: str | Path, **kw: object) -> Session:

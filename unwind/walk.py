@@ -87,6 +87,11 @@ class Unwinder(ABC):
         """What ``arch_bpf_stack_walk`` hands its consumer: ``(ip, sp, fp)``."""
         return frame.pc, 0, frame.fp or 0
 
+    def basis(self) -> dict[str, str]:
+        """What the walk followed: ``generation`` and ``generation_why``, and per struct the layout read
+        and where it came from (BTF, the dump, derived from the stacks, or the table)."""
+        return {}
+
 
 Consumer = Callable[[Frame], bool]
 

@@ -12,8 +12,7 @@ from unwind.target import Target
 from unwind.walk import Stop, Unwinder
 
 from . import mm
-from .stacktrace import (META_RECORDS_SINCE, Arm64Unwinder, kernel_generation, kernel_pac_mask,
-                         ptrauth_strip_kernel_insn_pac)
+from .stacktrace import Arm64Unwinder, kernel_pac_mask, ptrauth_strip_kernel_insn_pac, walk_generation
 
 if TYPE_CHECKING:
     from unwind.replay import Replay
@@ -74,8 +73,7 @@ class Arm64Backend(ArchBackend):
         `` (F)``, `` (K)`` and their combinations such as `` (TF)``.
         Frames only complete mode adds carry a ``[complete: ...]`` mark.
         """
-        gen, _ = kernel_generation(target)
-        markers = gen is not None and gen >= META_RECORDS_SINCE
+        markers = walk_generation(target).meta_records
         out: list[tuple[str, Frame | None]] = [("Call trace:", None)]
         for f in frames:
             line = " " + (f.symbol or self.symbolize(f, target))

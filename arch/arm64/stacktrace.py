@@ -26,6 +26,7 @@ import bisect
 import re
 import struct
 import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from unwind.frame import Flag, Frame, Provenance, Source
@@ -34,9 +35,12 @@ from unwind.stackinfo import Refusal, StackInfo, StackSet
 from unwind.target import FgraphEntry, KretprobeInstance, Target
 from unwind.walk import StopReason, Unwinder, UnwindStop
 
+from unwind.btf import BtfError
+from unwind.layout import StructLayout, image_btf, resolve_layout
+
 from .structs import (FRAME_META_TYPE_FINAL, FRAME_META_TYPE_PT_REGS, FRAME_RECORD_META_SIZE,
-                      FRAME_RECORD_SIZE, PSR_MODE32_BIT, PSR_MODE_EL0T, PSR_MODE_MASK, PtRegsLayout,
-                      pt_regs_layout)
+                      FRAME_RECORD_SIZE, META_RECORDS_SINCE, PSR_MODE32_BIT, PSR_MODE_EL0T, PSR_MODE_MASK,
+                      PT_REGS_MEMBERS, PtRegsLayout, pt_regs_table)
 
 if TYPE_CHECKING:
     from .complete import Completer
@@ -54,8 +58,14 @@ _SRC_FRAME = Source.FRAME
 _SRC_REGS_PC = Source.REGS_PC
 _SRC_UNKNOWN = Source.UNKNOWN
 
-#: the first kernel with frame_record_meta and kunwind_source (c2c6b27b5aa1, v6.13)
-META_RECORDS_SINCE = (6, 13)
+#: the first kernel whose walk is kunwind_stack_walk(): the first pc is recovered too and a failed
+#: kretprobe recovery is an error (the kunwind series, v6.8; the trees read are 6.1 and 6.12)
+KUNWIND_SINCE = (6, 8)
+#: the first kernel whose ftrace_graph_ret_addr() searches down from ``*idx`` and skips tail-call
+#: entries ("function_graph: Convert ret_stack to a series of longs", v6.11); 6.1 scans up from the bottom
+FGRAPH_IDX_SINCE = (6, 11)
+#: how far below the top of a task stack the FINAL record is looked for (a pt_regs is smaller)
+_FINAL_SEARCH = 0x200
 
 _RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)")
 
@@ -76,6 +86,106 @@ def kernel_generation(target: Target) -> tuple[tuple[int, int] | None, str]:
             if m:
                 return (int(m.group(1)), int(m.group(2))), f"{origin} {value}"
     return None, "no kernel release"
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """Which of the kernel's arm64 walks to follow, and why."""
+
+    #: the kernel version followed, when one is known
+    version: tuple[int, int] | None
+    #: v6.13+: frame_record_meta, kunwind_source and the printed markers
+    meta_records: bool
+    #: v6.8+: kunwind_stack_walk() (the first pc recovered, a kretprobe miss is an error)
+    kunwind: bool
+    #: v6.11+: ftrace_graph_ret_addr() walks down from ``*idx``; before, it scans up from the bottom
+    fgraph_idx: bool
+    why: str
+
+    @property
+    def name(self) -> str:
+        """``v6.13+``, ``v6.8-v6.12`` or ``v6.1-v6.7``: the walk followed."""
+        if self.meta_records:
+            return "v6.13+"
+        return "v6.8-v6.12" if self.kunwind else "v6.1-v6.7"
+
+
+# kunwind_next_frame_record_meta()'s FRAME_META_TYPE_FINAL test, from the stacks' side
+def find_final_record(target: Target) -> int | None:
+    """Where a ``{0, 0, FRAME_META_TYPE_FINAL}`` record sits below the top of the task stack, if anywhere.
+
+    Every v6.13+ task stack ends in one at ``task_pt_regs(tsk)->stackframe``
+    (entry.S for tasks from EL0, copy_thread() for kernel threads, head.S for
+    the idle tasks), a fixed distance below the top. The distance, searched
+    upward from the top, is returned.
+    """
+    top = task_stack(target.task.stacks)
+    if top is None:
+        return None
+    for dist in range(FRAME_RECORD_META_SIZE, _FINAL_SEARCH + 8, 8):
+        try:
+            words = [target.mem.read_u64(top.high - dist + 8 * i) for i in range(3)]
+        except MemoryFault:
+            return None
+        if words == [0, 0, FRAME_META_TYPE_FINAL]:
+            return dist
+    return None
+
+
+def _btf_meta_records(target: Target) -> tuple[bool | None, str]:
+    """What the image's BTF says: is ``pt_regs.stackframe`` a ``struct frame_record_meta``?"""
+    btf = image_btf(target)
+    if btf is None:
+        return None, ""
+    try:
+        tid = btf.member("pt_regs", "stackframe").type_id
+        kind = btf.kind(tid)
+        name = btf.type(btf.resolve(tid)).name
+    except BtfError:
+        return None, ""
+    meta = kind == "struct" and name == "frame_record_meta"
+    return meta, f"BTF: pt_regs.stackframe is {btf.type_name(tid)}"
+
+
+def walk_generation(target: Target) -> Generation:
+    """The walk to follow: ``--generation`` first, then the image's BTF (for meta records), the release, the stacks."""
+    version, why = kernel_generation(target)
+    if target.options.generation and version is not None:
+        meta = version >= META_RECORDS_SINCE
+    else:
+        meta_btf, btf_why = _btf_meta_records(target)
+        if meta_btf is not None:
+            meta, why = meta_btf, f"{why}; {btf_why}" if version is not None else btf_why
+        elif version is not None:
+            meta = version >= META_RECORDS_SINCE
+        else:
+            dist = find_final_record(target)
+            meta = dist is not None
+            why = (f"{why}; FRAME_META_TYPE_FINAL record {dist:#x} below the task stack's top: v6.13+"
+                   if meta else f"{why}; no FINAL meta record at the task stack's top: assuming v6.8-v6.12")
+    if version is None:
+        kunwind, fgraph_idx = True, True
+    else:
+        kunwind, fgraph_idx = version >= KUNWIND_SINCE or meta, version >= FGRAPH_IDX_SINCE or meta
+    return Generation(version, meta, kunwind, fgraph_idx, why)
+
+
+def _derived_pt_regs(target: Target, table: StructLayout) -> StructLayout | None:
+    """``sizeof(struct pt_regs)`` from where the FINAL record sits: the table's other offsets, a new size."""
+    dist = find_final_record(target)
+    if dist is None:
+        return None
+    sf = table["stackframe"]
+    return StructLayout("pt_regs", sf + dist, dict(table.offsets), "derived",
+                        f"FRAME_META_TYPE_FINAL at top-{dist:#x}, so sizeof = offsetof(stackframe) {sf} + {dist}"
+                        f" (other offsets: {table.detail})")
+
+
+def pt_regs_layout(target: Target, gen: Generation) -> PtRegsLayout:
+    """``struct pt_regs`` for this walk: BTF, the dump's offsets, the FINAL record's place, the table."""
+    table = pt_regs_table(gen.version, gen.meta_records)
+    derive = (lambda: _derived_pt_regs(target, table)) if gen.meta_records else None
+    return PtRegsLayout.of(resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, table, derive))
 
 
 def _vmcoreinfo_number(vmcoreinfo: dict[str, str], name: str) -> int | None:
@@ -115,6 +225,12 @@ def kernel_pac_mask(vmcoreinfo: dict[str, str]) -> tuple[int, str]:
     if va_bits is not None and 0 < va_bits < 64:
         return genmask_ull(63, va_bits), f"GENMASK(63, NUMBER(VA_BITS)={va_bits})"
     return 0, "no PAC mask in VMCOREINFO: return addresses are used as read"
+
+
+# ptrauth_clear_pac() (v6.1 asm/compiler.h), behind v6.1's ptrauth_strip_insn_pac()
+def ptrauth_clear_pac(ptr: int, mask: int) -> int:
+    """v6.1: bit 55 set ORs the kernel mask in; clear, it clears the user mask ``GENMASK(54, vabits)``."""
+    return (ptr | mask) if ptr & _BIT55 else (ptr & ~(mask & genmask_ull(54, 0)))
 
 
 # ptrauth_strip_kernel_insn_pac() (asm/compiler.h: xpaclri), offline form
@@ -160,14 +276,16 @@ class KunwindState:
     """
 
     __slots__ = ("fp", "pc", "stacks", "graph_idx", "kr_cur", "source", "flags", "regs",
-                 "mem", "meta_records", "layout", "final_fp", "pac_mask", "return_to_handler",
-                 "kretprobe_trampoline", "fgraph", "kretprobes", "prov", "record",
+                 "mem", "meta_records", "kunwind", "fgraph_idx", "layout", "final_fp", "pac_mask",
+                 "return_to_handler", "kretprobe_trampoline", "fgraph", "kretprobes", "prov", "record",
                  "seg_start", "seg_data", "seg_last")
 
-    def __init__(self, target: Target, meta_records: bool, layout: PtRegsLayout) -> None:
+    def __init__(self, target: Target, gen: Generation, layout: PtRegsLayout) -> None:
         task = target.task
         self.mem: Memory = target.mem
-        self.meta_records = meta_records
+        self.meta_records = gen.meta_records
+        self.kunwind = gen.kunwind
+        self.fgraph_idx = gen.fgraph_idx
         self.layout = layout
         self.stacks = StackSet(task.stacks)
         self.final_fp = task_pt_regs_stackframe(task_stack(task.stacks), layout)
@@ -280,6 +398,18 @@ def ftrace_graph_ret_addr(entries: Sequence[FgraphEntry], idx: int, ret: int, re
     return ret, idx, None
 
 
+# ftrace_graph_ret_addr() in v6.1 kernel/trace/fgraph.c (HAVE_FUNCTION_GRAPH_RET_ADDR_PTR)
+def ftrace_graph_ret_addr_v6_1(entries: Sequence[FgraphEntry], ret: int, retp: int,
+                               return_handler: int) -> tuple[int, int | None]:
+    """v6.1 (``idx`` unused): the first entry from the bottom whose ``retp`` matches: ``(addr, entry)``."""
+    if ret != return_handler:
+        return ret, None
+    for i, rs in enumerate(entries):
+        if rs.retp == retp:
+            return rs.ret, i
+    return ret, None
+
+
 # __kretprobe_find_ret_addr() in kernel/kprobes.c
 def __kretprobe_find_ret_addr(instances: Sequence[KretprobeInstance], cur: int | None,
                               trampoline: int) -> tuple[int, int | None]:
@@ -312,7 +442,10 @@ def kunwind_recover_return_address(state: KunwindState) -> None:
     """Resolve ``return_to_handler`` (fgraph) and ``__kretprobe_trampoline`` (kretprobes)."""
     pc = state.pc
     if pc == state.return_to_handler:
-        orig, idx, at = ftrace_graph_ret_addr(state.fgraph, state.graph_idx, pc, state.fp, pc)
+        if state.fgraph_idx:
+            orig, idx, at = ftrace_graph_ret_addr(state.fgraph, state.graph_idx, pc, state.fp, pc)
+        else:
+            (orig, at), idx = ftrace_graph_ret_addr_v6_1(state.fgraph, pc, state.fp, pc), 0
         if orig == pc:
             raise UnwindStop(StopReason.RECOVERY_FAILED,
                              f"return_to_handler at fp {state.fp:#x}: no function-graph return-stack entry "
@@ -324,6 +457,10 @@ def kunwind_recover_return_address(state: KunwindState) -> None:
                    f"(retp {state.fp:#x})")
     if pc == state.kretprobe_trampoline:
         orig, cur = kretprobe_find_ret_addr(state.kretprobes, state.fp, state.kr_cur, pc)
+        if not orig and not state.kunwind:  # v6.1 unwind_next(): the pc becomes 0 and the walk goes on
+            state.pc = 0
+            state.note(f"__kretprobe_trampoline at fp {state.fp:#x}: no kretprobe instance; v6.1 goes on with pc 0")
+            return
         if not orig:
             raise UnwindStop(StopReason.RECOVERY_FAILED,
                              f"__kretprobe_trampoline at fp {state.fp:#x}: no kretprobe instance with fp "
@@ -477,7 +614,8 @@ def kunwind_next(state: KunwindState) -> None:
                              f"fp {state.fp:#x} is task_pt_regs(tsk)->stackframe (final frame)")
         unwind_next_frame_record(state)
     raw = state.pc
-    pc = state.pc = ptrauth_strip_kernel_insn_pac(raw, state.pac_mask)
+    pc = state.pc = (ptrauth_strip_kernel_insn_pac(raw, state.pac_mask) if state.kunwind
+                     else ptrauth_clear_pac(raw, state.pac_mask))
     if pc != raw:
         state.flags = _PAC_STRIPPED
     if state.prov is not None:
@@ -499,23 +637,6 @@ _RULES = {
 }
 
 
-def _detect_meta_records(target: Target, layout_12: PtRegsLayout, layout_13: PtRegsLayout) -> bool | None:
-    """With no usable release: does the task's final record look like a v6.13 FINAL meta record?"""
-    top = task_stack(target.task.stacks)
-    if top is None:
-        return None
-    final_13 = top.high - layout_13.size + layout_13.stackframe
-    final_12 = top.high - layout_12.size + layout_12.stackframe
-    try:
-        if [target.mem.read_u64(final_13 + 8 * i) for i in range(3)] == [0, 0, FRAME_META_TYPE_FINAL]:
-            return True
-        if [target.mem.read_u64(final_12 + 8 * i) for i in range(2)] == [0, 0]:
-            return False
-    except MemoryFault:
-        return None
-    return None
-
-
 class Arm64Unwinder(Unwinder):
     """``kunwind_stack_walk()`` for one task of a dump, faithful to its kernel generation."""
 
@@ -523,17 +644,8 @@ class Arm64Unwinder(Unwinder):
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        gen, why = kernel_generation(target)
-        offsets = target.meta.get("offsets") if isinstance(target.meta.get("offsets"), dict) else None
-        if gen is None:
-            guess = _detect_meta_records(target, pt_regs_layout(False, offsets), pt_regs_layout(True, offsets))
-            meta_records = bool(guess)
-            why = (f"{why}; final record looks like {'v6.13+' if meta_records else 'v6.12'}" if guess is not None
-                   else f"{why}; assuming v6.12")
-        else:
-            meta_records = gen >= META_RECORDS_SINCE
-        self.why_generation = why
-        self.state = KunwindState(target, meta_records, pt_regs_layout(meta_records, offsets))
+        self.generation = gen = walk_generation(target)
+        self.state = KunwindState(target, gen, pt_regs_layout(target, gen))
         self.completer: Completer | None = None
         if target.options.complete:
             from . import complete
@@ -547,6 +659,11 @@ class Arm64Unwinder(Unwinder):
     def meta_records(self) -> bool:
         """True when the walk follows v6.13+ (meta records, sources, flags)."""
         return self.state.meta_records
+
+    def basis(self) -> dict[str, str]:
+        """The generation followed and the layouts read, and why (``--explain``, the JSON)."""
+        gen = self.generation
+        return {"generation": gen.name, "generation_why": gen.why, "pt_regs": self.state.layout.describe()}
 
     # kunwind_stack_walk() and dump_backtrace()'s user_mode() check
     def _begin(self) -> None:
@@ -578,12 +695,13 @@ class Arm64Unwinder(Unwinder):
         self._begin()
         if state.record:
             state.prov = Provenance(_RULES[state.source])
-            state.prov.note(f"generation: {'v6.13+' if state.meta_records else 'v6.12'} ({self.why_generation})")
+            state.prov.note(f"generation: {self.generation.name} ({self.generation.why})")
             state.prov.note(f"PAC mask {state.pac_mask:#x} from {kernel_pac_mask(self.target.vmcoreinfo)[1]}")
             if state.final_fp is not None:
                 state.prov.note(f"final record expected at {state.final_fp:#x} "
                                 f"(task_pt_regs(tsk)->stackframe, {state.layout.source})")
-        kunwind_recover_return_address(state)
+        if state.kunwind:  # v6.1's unwind() hands the first pc over as it is
+            kunwind_recover_return_address(state)
         regs = task.regs if task.regs is not None else task.context or {}
         sp = regs.get("sp")
         where = state.stacks.kind_of(sp if sp is not None else state.fp)

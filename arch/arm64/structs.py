@@ -4,23 +4,31 @@
   pair of v6.12): two words at x29.
 - ``struct frame_record_meta`` (v6.13+): a record whose ``fp``/``lr`` are zero,
   plus a ``type`` word (``FRAME_META_TYPE_*``).
-- ``struct pt_regs`` (``asm/ptrace.h``): v6.12 keeps ``u64 stackframe[2]`` at
-  304; v6.13+ keeps a ``frame_record_meta`` at 296. Both are 336 bytes.
+- ``struct pt_regs`` (``asm/ptrace.h``), three layouts:
 
-Code asks :class:`PtRegsLayout` for offsets and sizes; a dump may override
-them (``meta["offsets"]``, taken from the guest's BTF by the capture), since
-later kernels add and remove members (``por_el1``, ``lockdep_hardirqs``).
+  ========  =========================================  =====  ==========
+  kernels   stackframe                                  size   source read
+  ========  =========================================  =====  ==========
+  ..6.12    ``u64 stackframe[2]`` at 304                336    6.1, 6.12 trees
+  6.13..    ``struct frame_record_meta`` at 296         336    anchors §1 (v6.17)
+  6.18..    the same, ``lockdep_hardirqs``/``exit_rcu``  320    7.2 tree
+            removed (generic entry)
+  ========  =========================================  =====  ==========
+
+These are the *table*: a walk takes the layout from the image's BTF, the
+dump's ``offsets`` or the stacks first (:func:`unwind.layout.resolve_layout`). The 6.18 boundary is from
+opentelemetry-ebpf-profiler PR #1094 (commit ee776d68ba47, v6.18-rc1); only
+the 6.1, 6.12 and 7.2 trees were read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Mapping
 
 from construct import Array, Int32sl, Int32ul, Int64ul, Struct
 
-from unwind.layout import offsetof
+from unwind.layout import StructLayout, table_layout
 
 # asm/stacktrace/frame.h
 FRAME_META_TYPE_NONE = 0
@@ -57,17 +65,24 @@ pt_regs_v6_12 = Struct(
     "exit_rcu" / Int64ul,
 )
 
-# v6.13+ arch/arm64/include/asm/ptrace.h (c2c6b27b5aa1 "unwind exception boundaries")
-pt_regs_v6_13 = Struct(
+_pt_regs_v6_13_head = (
     *_user_pt_regs,
     "orig_x0" / Int64ul,
     "syscallno" / Int32sl,
     "pmr" / Int32ul,
     "sdei_ttbr1" / Int64ul,
     "stackframe" / frame_record_meta,
+)
+
+# v6.13+ arch/arm64/include/asm/ptrace.h (c2c6b27b5aa1 "unwind exception boundaries")
+pt_regs_v6_13 = Struct(
+    *_pt_regs_v6_13_head,
     "lockdep_hardirqs" / Int64ul,
     "exit_rcu" / Int64ul,
 )
+
+# v6.18+ (7.2 arch/arm64/include/asm/ptrace.h): the generic entry code keeps the irq/RCU state elsewhere
+pt_regs_v6_18 = Struct(*_pt_regs_v6_13_head)
 
 #: PSR_MODE_MASK and PSR_MODE_EL0t (``asm/ptrace.h``): user_mode(regs)
 PSR_MODE_MASK = 0xF
@@ -76,9 +91,13 @@ PSR_MODE_EL0T = 0x0
 PSR_MODE32_BIT = 0x10
 
 
+#: the members of ``struct pt_regs`` the walk reads
+PT_REGS_MEMBERS = ("regs", "pc", "pstate", "stackframe")
+
+
 @dataclass(frozen=True, slots=True)
 class PtRegsLayout:
-    """Where the unwinder finds things in a ``struct pt_regs``, and its size."""
+    """Where the unwinder finds things in a ``struct pt_regs``, its size, and where that came from."""
 
     size: int
     regs: int
@@ -91,66 +110,38 @@ class PtRegsLayout:
         """Offset of ``regs[n]``."""
         return self.regs + 8 * n
 
+    def describe(self) -> str:
+        """``struct pt_regs: 320 bytes, stackframe at 296, from btf: the image's .BTF``."""
+        return f"struct pt_regs: {self.size} bytes, stackframe at {self.stackframe}, from {self.source}"
 
-@lru_cache(maxsize=2)
-def _defaults(meta_records: bool) -> PtRegsLayout:
-    layout = pt_regs_v6_13 if meta_records else pt_regs_v6_12
-    return PtRegsLayout(size=layout.sizeof(), regs=offsetof(layout, "regs"), pc=offsetof(layout, "pc"),
-                        pstate=offsetof(layout, "pstate"), stackframe=offsetof(layout, "stackframe"),
-                        source="v6.13+ defaults" if meta_records else "v6.12 defaults")
-
-
-def _num(v: Any) -> int | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, str):
-        try:
-            return int(v, 0)
-        except ValueError:
-            return None
-    return None
+    @classmethod
+    def of(cls, layout: StructLayout) -> "PtRegsLayout":
+        """The hot-path form of a resolved :class:`~unwind.layout.StructLayout`."""
+        return cls(size=layout.size, regs=layout["regs"], pc=layout["pc"], pstate=layout["pstate"],
+                   stackframe=layout["stackframe"], source=f"{layout.source}: {layout.detail}")
 
 
-def pt_regs_layout(meta_records: bool, offsets: Mapping[str, Any] | None = None) -> PtRegsLayout:
-    """The ``pt_regs`` layout of a generation, overridden by the dump's offsets.
+#: the first kernel with frame_record_meta (c2c6b27b5aa1, v6.13)
+META_RECORDS_SINCE = (6, 13)
 
-    ``offsets`` (the dump's ``meta["offsets"]``) may be nested,
-    ``{"pt_regs": {"stackframe": 296, "size": 336, ...}}``, or flat,
-    ``{"pt_regs.stackframe": 296, "sizeof(pt_regs)": 336}``; values are ints
-    or hex strings. Missing members keep the generation's default.
+#: (first kernel, pt_regs declaration, what it is), newest first
+PT_REGS_TABLE: tuple[tuple[tuple[int, int], Struct, str], ...] = (
+    ((6, 18), pt_regs_v6_18, "v6.18+ table (generic entry: 320 bytes)"),
+    ((6, 13), pt_regs_v6_13, "v6.13-v6.17 table (frame_record_meta, 336 bytes)"),
+    ((0, 0), pt_regs_v6_12, "v6.12 and older table (u64 stackframe[2], 336 bytes)"),
+)
+
+
+@lru_cache(maxsize=16)
+def pt_regs_table(version: tuple[int, int] | None, meta_records: bool) -> StructLayout:
+    """The table's ``struct pt_regs`` for a kernel version with (or without) meta records.
+
+    The newest layout of that kind the version has reached; with no version
+    (or one older than every layout of that kind), the oldest of that kind.
     """
-    base = _defaults(meta_records)
-    if not offsets:
-        return base
-    nested = offsets.get("pt_regs") if isinstance(offsets.get("pt_regs"), Mapping) else {}
-
-    def pick(field: str, *flat: str) -> int | None:
-        for key in (field, f"__{field}__"):
-            got = _num(nested.get(key)) if nested else None
-            if got is not None:
-                return got
-        for key in flat:
-            got = _num(offsets.get(key))
-            if got is not None:
-                return got
-        return None
-
-    values = {
-        "size": pick("size", "sizeof(pt_regs)", "pt_regs.size", "pt_regs.__size__"),
-        "regs": pick("regs", "pt_regs.regs"),
-        "pc": pick("pc", "pt_regs.pc"),
-        "pstate": pick("pstate", "pt_regs.pstate"),
-        "stackframe": pick("stackframe", "pt_regs.stackframe"),
-    }
-    found = {k: v for k, v in values.items() if v is not None}
-    if not found:
-        return base
-    return PtRegsLayout(
-        size=found.get("size", base.size), regs=found.get("regs", base.regs), pc=found.get("pc", base.pc),
-        pstate=found.get("pstate", base.pstate), stackframe=found.get("stackframe", base.stackframe),
-        source=f"dump offsets ({', '.join(sorted(found))}), else {base.source}")
+    kind = [row for row in PT_REGS_TABLE if (row[0] >= META_RECORDS_SINCE) == meta_records]
+    since, decl, what = next((row for row in kind if version is not None and version >= row[0]), kind[-1])
+    return table_layout("pt_regs", decl, PT_REGS_MEMBERS, what)
 
 
 FRAME_RECORD_SIZE = frame_record.sizeof()

@@ -20,7 +20,8 @@ from unwind.synth import SynthDump, SynthStack
 from unwind.target import Task
 from unwind.walk import StopReason
 
-from .structs import FRAME_META_TYPE_FINAL, FRAME_META_TYPE_PT_REGS, PtRegsLayout, pt_regs_layout
+from .structs import (FRAME_META_TYPE_FINAL, FRAME_META_TYPE_PT_REGS, META_RECORDS_SINCE, PtRegsLayout,
+                      pt_regs_table)
 
 #: Debian 6.12 under QEMU -cpu max runs 52-bit VA: GENMASK(63, 52)
 PAC_MASK_52 = 0xFFF0000000000000
@@ -104,13 +105,22 @@ class SynthImage:
 
 
 class Arm64Synth:
-    """A synthetic arm64 dump of one kernel generation ("6.12" or "6.13")."""
+    """A synthetic arm64 dump of one kernel generation ("6.1", "6.12", "6.13", "6.18", "7.2", ...).
+
+    Its stacks follow that generation's ``pt_regs`` (the table's declaration).
+    With ``release=False`` the dump names no kernel release, so a replay must
+    find the generation and the layout in the stacks themselves.
+    """
 
     def __init__(self, generation: str = "6.12", *, pac_mask: int | None = PAC_MASK_52,
-                 vmcoreinfo: dict[str, str] | None = None) -> None:
+                 vmcoreinfo: dict[str, str] | None = None, release: bool = True) -> None:
         self.sd = SynthDump("arm64", release=f"{generation}.0-synthetic")
-        self.meta_records = tuple(int(x) for x in generation.split(".")[:2]) >= (6, 13)
-        self.layout: PtRegsLayout = pt_regs_layout(self.meta_records)
+        if not release:
+            self.sd.release = ""
+            del self.sd.vmcoreinfo["OSRELEASE"]
+        self.version = tuple(int(x) for x in generation.split(".")[:2])
+        self.meta_records = self.version >= META_RECORDS_SINCE
+        self.layout: PtRegsLayout = PtRegsLayout.of(pt_regs_table(self.version, self.meta_records))
         if pac_mask is not None:
             self.sd.vmcoreinfo["NUMBER(KERNELPACMASK)"] = f"{pac_mask:#x}"
         self.sd.vmcoreinfo.update(vmcoreinfo or {})
@@ -348,9 +358,38 @@ def kretprobe_hijack(generation: str) -> Scenario:
     return _scenario(a, [ret(1), ret(2), ret(3), ret(7)], StopReason.END_OF_STACK, pid=12, recovered=[1, 3])
 
 
+def preempted_in_irq(generation: str, *, release: bool = True) -> Scenario:
+    """A task preempted at the end of an EL1 IRQ (``preempt_schedule_irq()``), blocked since.
+
+    Its chain, from ``thread.cpu_context``: three records of the IRQ exit
+    path (``__schedule`` <- ``preempt_schedule_irq`` <- ``el1_interrupt``),
+    the record ``el1h_64_irq`` builds at the ``pt_regs`` of the exception
+    (v6.13+: a ``FRAME_META_TYPE_PT_REGS`` record), then the interrupted
+    ``func30``, whose own record sits right above that ``pt_regs`` (where
+    the interrupted sp was), and its callers down to the final record. A walk
+    that takes the wrong ``sizeof(struct pt_regs)`` consumes past that record
+    and refuses it.
+    """
+    a = Arm64Synth(generation, release=release)
+    st = a.task_stack(20, TASK_LOW)
+    size = a.layout.size
+    regs_base = TASK_LOW + 0x3000
+    f30_fp = regs_base + size                     # the interrupted func30's record: at its sp
+    callers = [f30_fp + 0x40, f30_fp + 0x80]     # func31, func32
+    st.put(f30_fp, callers[0], sign(ret(31), 0x31))
+    a.chain(st, callers, [sign(ret(32), 0x32), ret(33)], a.final_fp(st))
+    elr = fn(30) + 0x24
+    frame_at = a.pt_regs(st, regs_base, pc=elr, x29=f30_fp, x30=sign(ret(31), 0x31))
+    exit_fps = [regs_base - 0xC0, regs_base - 0x80, regs_base - 0x40]
+    a.chain(st, exit_fps, [sign(ret(1), 1), sign(ret(2), 2), sign(ret(3), 3)], frame_at)
+    a.blocked(20, "preempted", fp=exit_fps[0], pc=ret(0), sp=exit_fps[0] - 0x20)
+    return _scenario(a, [ret(0), ret(1), ret(2), ret(3), elr, ret(31), ret(32), ret(33)],
+                     StopReason.END_OF_STACK, pid=20, boundary_index=4)
+
+
 #: the scenarios that end cleanly, by name, for both generations
 CLEAN_SCENARIOS = {f.__name__: f for f in (deep_chain, irq_to_task, overflow, el1_exception,
-                                            fgraph_hijack, kretprobe_hijack)}
+                                            fgraph_hijack, kretprobe_hijack, preempted_in_irq)}
 
 
 def long_chain(generation: str, frames: int = 4096) -> Scenario:

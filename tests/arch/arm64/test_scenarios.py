@@ -285,10 +285,19 @@ def test_generation_override_and_dump_offsets():
     assert [f.pc for f in frames] == [ret(60), ret(1)] and stop.reason is StopReason.END_OF_STACK
     # a v6.12 dump whose BTF offsets say the stackframe moved: the final record moves with it
     a, _, _ = build_chain("6.12", [ret(1)])
-    a.sd.extra_meta["offsets"] = {"pt_regs": {"stackframe": "0x128", "size": 352}}
+    a.sd.extra_meta["offsets"] = {"pt_regs": {"size": 352, "members": {"regs": 0, "pc": 256, "pstate": 264,
+                                                                       "stackframe": "0x128"}}}
     s, t = opened(a)
     u = s.backend.unwinder(s.target(t, Options()))
     assert u.state.final_fp == TASK_LOW + STACK_SIZE - 352 + 0x128
+    assert "from dump" in u.basis()["pt_regs"]
+    # offsets that leave a member out (or put one past the size) are not a layout: the table stays
+    for bad in ({"size": 352, "members": {"stackframe": 0x128}}, {"size": 200, "members": {"regs": 0, "pc": 256,
+                                                                                           "pstate": 264, "stackframe": 296}}):
+        a.sd.extra_meta["offsets"] = {"pt_regs": bad}
+        s, t = opened(a)
+        u = s.backend.unwinder(s.target(t, Options()))
+        assert u.state.final_fp == TASK_LOW + STACK_SIZE - 336 + 304 and "table" in u.basis()["pt_regs"]
 
 
 def test_running_cpu_in_user_mode_prints_nothing():

@@ -7,7 +7,7 @@ from unwind.arch.arm64 import structs as S
 
 def test_sizes_and_offsets_per_generation():
     assert S.FRAME_RECORD_SIZE == 16 and S.FRAME_RECORD_META_SIZE == 24
-    old, new = S.pt_regs_layout(False), S.pt_regs_layout(True)
+    old, new = S.PtRegsLayout.of(S.pt_regs_table((6, 12), False)), S.PtRegsLayout.of(S.pt_regs_table((6, 13), True))
     assert (old.size, old.stackframe, old.pc, old.pstate, old.reg(29), old.reg(30)) == (336, 304, 256, 264, 232, 240)
     assert (new.size, new.stackframe) == (336, 296)
     raw = bytearray(336)
@@ -18,8 +18,12 @@ def test_sizes_and_offsets_per_generation():
     assert S.pt_regs_v6_12.parse(bytes(raw)).stackframe == [0, S.FRAME_META_TYPE_PT_REGS]
 
 
-def test_dump_offsets_win_nested_or_flat():
-    assert S.pt_regs_layout(True, {"pt_regs": {"stackframe": "0x130", "size": 352}}).stackframe == 0x130
-    flat = S.pt_regs_layout(False, {"pt_regs.stackframe": 296, "sizeof(pt_regs)": "0x150"})
-    assert (flat.stackframe, flat.size, flat.pc) == (296, 0x150, 256) and "dump offsets" in flat.source
-    assert S.pt_regs_layout(True, {"task_struct.stack": 32}) == S.pt_regs_layout(True)
+def test_the_table_per_version():
+    def size(version, meta):
+        return S.pt_regs_table(version, meta).size
+
+    assert size((6, 1), False) == size((6, 12), False) == 336
+    assert size((6, 13), True) == size((6, 17), True) == 336
+    assert size((6, 18), True) == size((7, 2), True) == 320  # 7.2 asm/ptrace.h: ends at stackframe
+    assert S.pt_regs_table((7, 2), True)["stackframe"] == 296 == S.pt_regs_v6_18.sizeof() - 24
+    assert size((6, 12), True) == 336 and size(None, True) == 336 and size((7, 2), False) == 336
