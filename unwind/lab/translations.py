@@ -1,0 +1,238 @@
+"""Address translations of a real vmcore checked against drgn's, and recorded for the default tests.
+
+drgn (PyPI ``drgn``, imported only here) opens the same vmcore with the same
+vmlinux and answers, for a sample of kernel virtual addresses it finds itself
+(kernel-image variables, every task's ``task_struct`` and stack, per-CPU
+areas, module memory), ``follow_phys(init_mm, va)`` and the bytes there. Our
+:class:`~unwind.vmcore.virtual.VirtualMemory` must give the same physical
+address and the same bytes.
+
+:func:`record` also keeps the physical pages our translation read (page
+tables, the variables the shortcuts need) with drgn's answers, so a test can
+replay the translation of a real kernel's page tables without the vmcore:
+``python -m unwind.lab.translations VMCORE VMLINUX ARCH -o OUT.json.xz``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import lzma
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from unwind import registry
+from unwind.image import Image
+from unwind.memory import MemoryFault
+from unwind.vmcore.virtual import PhysReader, VirtualMemory
+from unwind.vmcore.vmcoreinfo import VmcoreInfo
+
+#: image variables every generation has, read as a first sample
+IMAGE_SYMBOLS = ("init_task", "jiffies", "linux_banner", "init_mm", "swapper_pg_dir", "__per_cpu_offset",
+                 "init_uts_ns", "vmcoreinfo_note")
+#: the image symbols the translators use for their shortcuts
+SHORTCUT_SYMBOLS = ("_text", "_end", "_start", "_stext", "page_offset_base", "vmalloc_base", "kasan_early_shadow_page")
+#: bytes compared per address
+SAMPLE_BYTES = 64
+_DRGN_ARCH = {"x86_64": "X86_64", "arm64": "AARCH64", "riscv": "RISCV64"}
+
+
+@dataclass
+class PageRecorder:
+    """A physical reader that remembers every page it served."""
+
+    phys: PhysReader
+    page_size: int = 4096
+    pages: dict[int, bytes] = field(default_factory=dict)
+
+    def read_phys(self, paddr: int, size: int) -> bytes:
+        data = self.phys.read_phys(paddr, size)
+        first, last = paddr // self.page_size, (paddr + max(size, 1) - 1) // self.page_size
+        for pfn in range(first, last + 1):
+            if pfn not in self.pages:
+                self.pages[pfn] = self.phys.read_phys(pfn * self.page_size, self.page_size)
+        return data
+
+
+def drgn_program(vmcore: str | Path, vmlinux: str | Path, arch: str) -> Any:
+    """drgn's Program on the vmcore, with the platform given (drgn needs it for QEMU's x86 ELF)."""
+    import drgn
+
+    flags = drgn.PlatformFlags.IS_64_BIT | drgn.PlatformFlags.IS_LITTLE_ENDIAN
+    prog = drgn.Program(drgn.Platform(getattr(drgn.Architecture, _DRGN_ARCH[arch]), flags))
+    prog.set_core_dump(str(vmcore))
+    prog.load_debug_info([str(vmlinux)])
+    return prog
+
+
+def sample_addresses(prog: Any, limit: int = 400) -> list[tuple[int, str]]:
+    """Kernel virtual addresses drgn finds on its own, each with what it is."""
+    from drgn.helpers.linux.cpumask import for_each_possible_cpu
+    from drgn.helpers.linux.module import for_each_module
+    from drgn.helpers.linux.percpu import per_cpu_ptr
+    from drgn.helpers.linux.pid import for_each_task
+
+    out: list[tuple[int, str]] = []
+    for name in IMAGE_SYMBOLS:
+        try:
+            out.append((prog.symbol(name).address, f"&{name}"))
+        except LookupError:
+            continue
+    try:
+        rq = prog["runqueues"].address_of_()
+        for cpu in for_each_possible_cpu(prog):
+            out.append((per_cpu_ptr(rq, cpu).value_(), f"runqueues[{cpu}]"))
+    except (LookupError, ValueError):
+        pass
+    for task in for_each_task(prog):
+        pid = task.pid.value_()
+        stack = task.stack.value_()
+        out += [(task.value_(), f"task {pid}"), (stack, f"stack of {pid}"), (stack + 0x3FF8, f"stack top of {pid}")]
+        if len(out) >= limit:
+            break
+    try:
+        for mod in for_each_module(prog):
+            for member in ("mem", "core_layout"):
+                try:
+                    base = mod.member_(member)
+                    base = base[0].base if member == "mem" else base.base
+                    out.append((base.value_(), f"module {mod.name.string_().decode()}"))
+                    break
+                except (LookupError, AttributeError):
+                    continue
+    except LookupError:
+        pass
+    return out
+
+
+def drgn_answers(prog: Any, addrs: list[tuple[int, str]]) -> list[dict[str, Any]]:
+    """drgn's physical address and bytes for each sampled address (``None`` where drgn faults)."""
+    from drgn import FaultError
+    from drgn.helpers.linux.mm import follow_phys
+
+    init_mm = prog["init_mm"].address_of_()
+    out = []
+    for va, what in addrs:
+        try:
+            pa = follow_phys(init_mm, va).value_()
+        except (FaultError, ValueError, LookupError):
+            pa = None
+        try:
+            data = prog.read(va, SAMPLE_BYTES).hex()
+        except FaultError:
+            data = None
+        out.append({"va": va, "what": what, "pa": pa, "bytes": data})
+    return out
+
+
+def vmcoreinfo_of(vmcore: Any, arch: str, link_symbol: Callable[[str], int | None],
+                  phys: PhysReader) -> tuple[VmcoreInfo, str | None]:
+    """The dump's VMCOREINFO, or the kernel's own found in memory (riscv QEMU dumps), with how it was found."""
+    info = VmcoreInfo.parse(vmcore.vmcoreinfo or "")
+    if info:
+        return info, None
+    return registry.get(arch).vmcoreinfo_from_memory(phys, [(r.start, r.end) for r in vmcore.ranges], link_symbol)
+
+
+def kaslr_offset(info: VmcoreInfo, link_symbol: Callable[[str], int | None]) -> int:
+    """Runtime minus link-time addresses: ``SYMBOL(_stext)`` against the image's (every arch writes it)."""
+    runtime, link = info.symbol("_stext"), link_symbol("_stext")
+    if runtime is not None and link is not None:
+        return runtime - link
+    return info.hex("KERNELOFFSET") or 0
+
+
+def info_text(info: VmcoreInfo) -> str:
+    """VMCOREINFO back as its ``KEY=VALUE`` lines."""
+    return "".join(f"{k}={v}\n" for k, v in info.items())
+
+
+def compare(vm: VirtualMemory, answers: list[dict[str, Any]]) -> list[str]:
+    """Every disagreement between our translation and drgn's, as lines; empty when they agree."""
+    bad = []
+    for a in answers:
+        va, what = a["va"], a["what"]
+        try:
+            pa = vm.page_phys(va)
+        except MemoryFault as e:
+            pa = None
+            if a["pa"] is not None:
+                bad.append(f"{va:#x} ({what}): drgn {a['pa']:#x}, ours faults: {e}")
+                continue
+        if a["pa"] is not None and pa != a["pa"]:
+            bad.append(f"{va:#x} ({what}): drgn {a['pa']:#x}, ours {pa:#x}")
+            continue
+        try:
+            ours = vm.read(va, SAMPLE_BYTES).hex()
+        except MemoryFault as e:
+            if a["bytes"] is not None:
+                bad.append(f"{va:#x} ({what}): drgn reads it, ours faults: {e}")
+            continue
+        if a["bytes"] is None:
+            bad.append(f"{va:#x} ({what}): drgn faults (excluded or absent), ours reads it")
+        elif ours != a["bytes"]:
+            bad.append(f"{va:#x} ({what}): bytes differ from drgn's")
+    return bad
+
+
+def record(vmcore_path: str | Path, vmlinux: str | Path, arch: str, out: str | Path,
+           sample_from: str | Path | None = None) -> dict[str, Any]:
+    """Check against drgn and write drgn's answers with the pages our translation read (xz JSON).
+
+    ``sample_from`` is another vmcore of the same stop where drgn can list
+    the tasks (a filtered dump may lack pages ``for_each_task`` walks).
+    """
+    import drgn
+
+    from unwind.vmcore import open_vmcore
+
+    image = Image(vmlinux)
+    prog = drgn_program(vmcore_path, vmlinux, arch)
+    addrs = sample_addresses(drgn_program(sample_from, vmlinux, arch) if sample_from else prog)
+    answers = drgn_answers(prog, addrs)
+    with open_vmcore(vmcore_path) as vmc:
+        rec = PageRecorder(vmc, vmc.page_size)
+        info, how = vmcoreinfo_of(vmc, arch, image.symbols.address, rec)
+        offset = kaslr_offset(info, image.symbols.address)
+        symbols = {n: a + offset for n in SHORTCUT_SYMBOLS if (a := image.symbols.address(n)) is not None}
+        # the translators read through the recorder, the compared bytes straight from the vmcore
+        vm = VirtualMemory(vmc, registry.get(arch).translator(info, rec, symbols.get))
+        walk = registry.get(arch).translator(info, rec, symbols.get)
+        walk.linear = ()  # the page tables alone must agree too, where the shortcuts answered
+        bad = compare(vm, answers) + compare(VirtualMemory(vmc, walk), answers)
+        if bad:
+            raise AssertionError("our translation differs from drgn's:\n" + "\n".join(bad[:20]))
+    doc = {
+        "how": (f"drgn {drgn.__version__}: follow_phys(init_mm, va) and prog.read(va, {SAMPLE_BYTES}) on "
+                f"{Path(vmcore_path).name} with {Path(vmlinux).name} (build-id {image.build_id}); addresses "
+                f"sampled by drgn{' on ' + Path(sample_from).name if sample_from else ''} (image variables, for_each_task task_struct and stack, per-CPU runqueues, "
+                "modules); pages: what our translation read"),
+        "arch": arch, "vmcoreinfo": info_text(info), "vmcoreinfo_found": how, "symbols": {k: hex(v) for k, v in symbols.items()},
+        "page_size": vm.page_size,
+        "pages": {hex(pfn): base64.b64encode(data).decode() for pfn, data in sorted(rec.pages.items())},
+        "translations": [{"va": hex(a["va"]), "what": a["what"], "pa": None if a["pa"] is None else hex(a["pa"])}
+                         for a in answers],
+    }
+    with lzma.open(out, "wt") as f:
+        json.dump(doc, f, indent=0)
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m unwind.lab.translations VMCORE VMLINUX ARCH -o OUT``."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("vmcore")
+    p.add_argument("vmlinux")
+    p.add_argument("arch", choices=sorted(_DRGN_ARCH))
+    p.add_argument("-o", "--out", required=True)
+    p.add_argument("--sample-from", help="another vmcore of the same stop to list the tasks in")
+    a = p.parse_args(argv)
+    doc = record(a.vmcore, a.vmlinux, a.arch, a.out, a.sample_from)
+    print(f"{len(doc['translations'])} translations agree with drgn; {len(doc['pages'])} pages kept in {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
