@@ -33,10 +33,15 @@ from unwind.vmcore.vmcoreinfo import VmcoreInfo
 IMAGE_SYMBOLS = ("init_task", "jiffies", "linux_banner", "init_mm", "swapper_pg_dir", "__per_cpu_offset",
                  "init_uts_ns", "vmcoreinfo_note")
 #: the image symbols the translators use for their shortcuts
-SHORTCUT_SYMBOLS = ("_text", "_end", "_start", "_stext", "page_offset_base", "vmalloc_base", "kasan_early_shadow_page")
+SHORTCUT_SYMBOLS = ("_text", "_end", "_start", "_stext", "page_offset_base", "vmalloc_base",
+                    "kasan_early_shadow_page")
 #: bytes compared per address
 SAMPLE_BYTES = 64
 _DRGN_ARCH = {"x86_64": "X86_64", "arm64": "AARCH64", "riscv": "RISCV64"}
+
+
+class TranslationMismatch(Exception):
+    """Our translation of a vmcore disagrees with drgn's."""
 
 
 @dataclass
@@ -144,6 +149,23 @@ def kaslr_offset(info: VmcoreInfo, link_symbol: Callable[[str], int | None]) -> 
     return info.hex("KERNELOFFSET") or 0
 
 
+def our_memory(vmcore: Any, arch: str, image: Image, tables: PhysReader | None = None,
+               shortcuts: bool = True) -> tuple[VirtualMemory, VmcoreInfo, dict[str, int], str | None]:
+    """Our VirtualMemory over an opened vmcore, with the VMCOREINFO, runtime symbols and how it was found.
+
+    ``tables`` serves the translator's own reads (a :class:`PageRecorder`);
+    the data is read from the vmcore. Without ``shortcuts`` every address is walked.
+    """
+    tables = tables or vmcore
+    info, how = vmcoreinfo_of(vmcore, arch, image.symbols.address, tables)
+    offset = kaslr_offset(info, image.symbols.address)
+    symbols = {n: a + offset for n in SHORTCUT_SYMBOLS if (a := image.symbols.address(n)) is not None}
+    tr = registry.get(arch).translator(info, tables, symbols.get)
+    if not shortcuts:
+        tr.linear = ()
+    return VirtualMemory(vmcore, tr), info, symbols, how
+
+
 def info_text(info: VmcoreInfo) -> str:
     """VMCOREINFO back as its ``KEY=VALUE`` lines."""
     return "".join(f"{k}={v}\n" for k, v in info.items())
@@ -177,6 +199,27 @@ def compare(vm: VirtualMemory, answers: list[dict[str, Any]]) -> list[str]:
     return bad
 
 
+def compare_capture(vm: VirtualMemory, capture: str | Path) -> tuple[int, list[str]]:
+    """Bytes of every segment of the project's capture of the same stop (read through QEMU's MMU) vs ours.
+
+    Returns the number of bytes compared and each disagreement as a line.
+    """
+    from unwind.dump import Dump
+
+    bad, n = [], 0
+    for seg in Dump.open(capture).memory.segments:
+        try:
+            ours = vm.read(seg.start, len(seg.data))
+        except MemoryFault as e:
+            bad.append(f"{seg.start:#x}+{len(seg.data):#x}: captured, ours faults: {e}")
+            continue
+        n += len(ours)
+        if ours != seg.data:
+            first = next(i for i, (a, b) in enumerate(zip(ours, seg.data)) if a != b)
+            bad.append(f"{seg.start:#x}+{len(seg.data):#x}: differs from the capture first at {seg.start + first:#x}")
+    return n, bad
+
+
 def record(vmcore_path: str | Path, vmlinux: str | Path, arch: str, out: str | Path,
            sample_from: str | Path | None = None) -> dict[str, Any]:
     """Check against drgn and write drgn's answers with the pages our translation read (xz JSON).
@@ -194,22 +237,19 @@ def record(vmcore_path: str | Path, vmlinux: str | Path, arch: str, out: str | P
     answers = drgn_answers(prog, addrs)
     with open_vmcore(vmcore_path) as vmc:
         rec = PageRecorder(vmc, vmc.page_size)
-        info, how = vmcoreinfo_of(vmc, arch, image.symbols.address, rec)
-        offset = kaslr_offset(info, image.symbols.address)
-        symbols = {n: a + offset for n in SHORTCUT_SYMBOLS if (a := image.symbols.address(n)) is not None}
-        # the translators read through the recorder, the compared bytes straight from the vmcore
-        vm = VirtualMemory(vmc, registry.get(arch).translator(info, rec, symbols.get))
-        walk = registry.get(arch).translator(info, rec, symbols.get)
-        walk.linear = ()  # the page tables alone must agree too, where the shortcuts answered
-        bad = compare(vm, answers) + compare(VirtualMemory(vmc, walk), answers)
+        vm, info, symbols, how = our_memory(vmc, arch, image, rec)
+        walk, _, _, _ = our_memory(vmc, arch, image, rec, shortcuts=False)
+        # the page tables alone must agree too, where the shortcuts answered
+        bad = compare(vm, answers) + compare(walk, answers)
         if bad:
-            raise AssertionError("our translation differs from drgn's:\n" + "\n".join(bad[:20]))
+            raise TranslationMismatch(f"{len(bad)} of our translations differ from drgn's: " + "; ".join(bad[:5]))
     doc = {
         "how": (f"drgn {drgn.__version__}: follow_phys(init_mm, va) and prog.read(va, {SAMPLE_BYTES}) on "
                 f"{Path(vmcore_path).name} with {Path(vmlinux).name} (build-id {image.build_id}); addresses "
-                f"sampled by drgn{' on ' + Path(sample_from).name if sample_from else ''} (image variables, for_each_task task_struct and stack, per-CPU runqueues, "
-                "modules); pages: what our translation read"),
-        "arch": arch, "vmcoreinfo": info_text(info), "vmcoreinfo_found": how, "symbols": {k: hex(v) for k, v in symbols.items()},
+                f"sampled by drgn{' on ' + Path(sample_from).name if sample_from else ''} (image variables, "
+                "for_each_task task_struct and stack, per-CPU runqueues, modules); pages: what our translation read"),
+        "arch": arch, "vmcoreinfo": info_text(info), "vmcoreinfo_found": how,
+        "symbols": {k: hex(v) for k, v in symbols.items()},
         "page_size": vm.page_size,
         "pages": {hex(pfn): base64.b64encode(data).decode() for pfn, data in sorted(rec.pages.items())},
         "translations": [{"va": hex(a["va"]), "what": a["what"], "pa": None if a["pa"] is None else hex(a["pa"])}

@@ -1,0 +1,92 @@
+"""Translations of real 6.12 kernels' page tables equal drgn's.
+
+The committed files (``data/*-translations.json.xz``) were written by
+``python -m unwind.lab.translations VMCORE VMLINUX ARCH -o OUT`` on labvmcore's
+QEMU ``dump-guest-memory`` vmcores of Debian 6.12.117 guests (x86-64 4-level;
+arm64 4K pages, 52-bit VA with LPA2): drgn 0.3.0 sampled the addresses itself
+(image variables, every task_struct and stack, per-CPU runqueues) and gave
+``follow_phys(init_mm, va)`` for each; the file keeps those answers, the
+VMCOREINFO and the physical pages our walk read (page tables, the variables
+the shortcuts need). The slow tests redo the comparison on the vmcores
+themselves, bytes included, and against the project's capture of the same stop.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import lzma
+import os
+from pathlib import Path
+
+import pytest
+
+from unwind import registry
+from unwind.vmcore.virtual import VirtualMemory
+from unwind.vmcore.vmcoreinfo import VmcoreInfo
+from tests.vmcore.phys import SparsePhys
+
+DATA = Path(__file__).parent / "data"
+RECORDS = sorted(DATA.glob("*-translations.json.xz"))
+VMCORES = Path(os.environ.get("UNWIND_VMCORES", "/work/lab-out/vmcores"))
+KERNELS = Path.home() / ".cache/unwind/kernels"
+
+
+def load(path: Path) -> tuple[dict, SparsePhys]:
+    with lzma.open(path, "rt") as f:
+        doc = json.load(f)
+    phys = SparsePhys(page_size=doc["page_size"])
+    for pfn, data in doc["pages"].items():
+        phys.pages[int(pfn, 16)] = bytearray(base64.b64decode(data))
+    return doc, phys
+
+
+def test_every_arch_with_a_vmcore_has_a_record():
+    assert {p.name.split("-")[0] for p in RECORDS} >= {"x86_64", "arm64"}
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.name.split("-translations")[0])
+@pytest.mark.parametrize("shortcuts", [True, False], ids=["shortcuts", "walk"])
+def test_translations_equal_drgn(path, shortcuts):
+    doc, phys = load(path)
+    symbols = {k: int(v, 16) for k, v in doc["symbols"].items()}
+    tr = registry.get(doc["arch"]).translator(VmcoreInfo.parse(doc["vmcoreinfo"]), phys, symbols.get)
+    if not shortcuts:
+        tr.linear = ()
+    vm = VirtualMemory(phys, tr)
+    checked = 0
+    for t in doc["translations"]:
+        if t["pa"] is not None:
+            assert vm.page_phys(int(t["va"], 16)) == int(t["pa"], 16), t
+            checked += 1
+    assert checked > 100
+
+
+def _vmcore_cases() -> list[tuple[str, Path, Path]]:
+    out = []
+    for arch, flavour in (("x86_64", "amd64"), ("arm64", "arm64"), ("riscv", "riscv64")):
+        for vmcore in sorted((VMCORES / arch).glob("stop-*.elf")):
+            out.append((arch, vmcore, KERNELS / f"6.12.117+deb13-{flavour}" / "vmlinux"))
+    return out
+
+
+NO_VMCORES = [pytest.param(None, None, None, marks=pytest.mark.skip(reason="no vmcores in $UNWIND_VMCORES"))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,vmcore,vmlinux", _vmcore_cases() or NO_VMCORES)
+def test_vmcores_against_drgn_and_the_capture(arch, vmcore, vmlinux, tmp_path):
+    from unwind.image import Image
+    from unwind.lab import translations
+    from unwind.vmcore import open_vmcore
+
+    if arch != "riscv":  # drgn translates no riscv addresses
+        pytest.importorskip("drgn")
+        doc = translations.record(vmcore, vmlinux, arch, tmp_path / "t.json.xz")
+        assert len(doc["translations"]) > 100
+    capture = vmcore.with_name(vmcore.name.replace(".elf", ".bin.xz"))
+    if capture.exists():
+        with open_vmcore(vmcore) as vmc:
+            vm, _, _, _ = translations.our_memory(vmc, arch, Image(vmlinux))
+            n, bad = translations.compare_capture(vm, capture)
+        assert not bad and n > 0
