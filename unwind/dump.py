@@ -263,7 +263,10 @@ class Dump:
         usable: list[StackInfo] = []
         for s in stacks:
             info = StackInfo(_hex(s["low"]), _hex(s["high"]), s["kind"], s.get("cpu"))
-            if s.get("pid") is not None and s["pid"] == pid and (s.get("cpu") is None or s.get("cpu") == cpu):
+            if s.get("task") is not None and t.get("task") is not None:  # by task_struct: idle tasks share pid 0
+                if s["task"] == t["task"]:
+                    usable.append(info)
+            elif s.get("pid") is not None and s["pid"] == pid and (s.get("cpu") is None or s.get("cpu") == cpu):
                 usable.append(info)
             elif cpu is not None and s.get("pid") is None and s.get("cpu") == cpu:
                 usable.append(info)  # per-CPU stacks: only for the task running on that CPU
@@ -281,6 +284,10 @@ class Dump:
             user_regs={k: _hex(v) for k, v in t["user_regs"].items()} if t.get("user_regs") else None,
             extra={k: v for k, v in t.items() if k not in _TASK_KEYS},
         )
+
+    def task_memory(self, task: Task) -> Memory:
+        """The memory a walk of ``task`` reads: all of the dump's."""
+        return self.memory
 
     def oracles(self) -> list[dict[str, Any]]:
         """The oracle traces stored with the dump."""

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from . import elfcore, registry
 from .dump import CpuState, DumpError, _parse_vmcoreinfo
-from .kernel import Kernel, KernelError, KernelModule, KernelTask, ftrace_trampolines
+from .kernel import MAX_CPUS, Kernel, KernelError, KernelModule, KernelTask, ftrace_trampolines
 from .btf import Btf, BtfError
 from .memory import MemoryFault
 from .stackinfo import StackInfo
@@ -41,8 +41,9 @@ class VmcoreDump:
     """
 
     def __init__(self, path: str, backend: "registry.ArchBackend", memory: Any, prstatus: list[bytes],
-                 vmcoreinfo_text: str, *, source: str = "vmcore") -> None:
+                 vmcoreinfo_text: str, *, source: str = "vmcore", phys: Any = None) -> None:
         self.path = path
+        self.phys = phys
         self.backend = backend
         self.arch = backend.name
         self.memory = memory
@@ -59,6 +60,41 @@ class VmcoreDump:
         self._ktasks: list[KernelTask] = []
         self.modules: list[KernelModule] = []
         self.cpus: list[CpuState] = []
+
+    @classmethod
+    def open(cls, path: str) -> "VmcoreDump":
+        """Open a vmcore file of any format :func:`unwind.vmcore.open_vmcore` reads (memory is read lazily)."""
+        from .vmcore import VmcoreError, open_vmcore
+
+        try:
+            phys = open_vmcore(path)
+        except VmcoreError as e:
+            raise DumpError(str(e)) from None
+        if phys.machine is None:
+            raise DumpError(f"{path}: the vmcore does not say which machine it is from")
+        try:
+            backend = registry.for_machine(phys.machine)
+        except registry.ArchError:
+            raise DumpError(f"{path}: a vmcore of {phys.machine}, which unwind has no backend for") from None
+        if not phys.vmcoreinfo:
+            raise DumpError(f"{path}: no VMCOREINFO note (QEMU needs -device vmcoreinfo): cannot find the kernel")
+        return cls(path, backend, None, [p.desc for p in phys.prstatus], phys.vmcoreinfo, source=phys.format,
+                   phys=phys)
+
+    def _virtual_memory(self, symbol: Callable[[str], int | None]) -> Any:
+        """Kernel virtual memory over the vmcore's physical memory (the arch's page tables)."""
+        from .vmcore.virtual import VirtualMemory
+        from .vmcore.vmcoreinfo import VmcoreInfo
+
+        return VirtualMemory(self.phys, self.backend.translator(VmcoreInfo.parse(self.vmcoreinfo_text), self.phys,
+                                                                symbol))
+
+    def task_memory(self, task: Task) -> Any:
+        """The memory one walk of ``task`` reads: its stacks, snapshotted as plain segments."""
+        snapshot = getattr(self.memory, "snapshot", None)
+        if snapshot is None:
+            return self.memory
+        return snapshot([(s.low, s.high) for s in task.stacks if s.low])
 
     # -- what Session reads before the image is known ------------------------
     @property
@@ -89,9 +125,23 @@ class VmcoreDump:
         return 0
 
     # -- once the image is known -------------------------------------------------
+    def btf_from_memory(self, symbol: Callable[[str], int | None]) -> Btf:
+        """The kernel's BTF from its own memory (``__start_BTF`` .. ``__stop_BTF``), for an image without ``.BTF``."""
+        lo, hi = symbol("__start_BTF"), symbol("__stop_BTF")
+        if lo is None or hi is None or not 0 < hi - lo < 1 << 28:
+            raise DumpError(f"{self.path}: no BTF: the image has no .BTF and no __start_BTF/__stop_BTF symbols")
+        if self.memory is None:
+            self.memory = self._virtual_memory(symbol)
+        try:
+            return Btf(self.memory.read(lo, hi - lo))
+        except (MemoryFault, BtfError) as e:
+            raise DumpError(f"{self.path}: the kernel's BTF in memory is unusable: {e}") from None
+
     def attach(self, symbol: Callable[[str], int | None], btf: Btf) -> None:
         """Read the kernel: CPUs, tasks and modules, with the image's runtime symbols and BTF."""
         try:
+            if self.memory is None:
+                self.memory = self._virtual_memory(symbol)
             self.kernel = Kernel(self.memory, btf, symbol)
             self.cpus = self._read_cpus()
             self._ktasks = self.kernel.tasks()
@@ -120,7 +170,8 @@ class VmcoreDump:
 
         A real crash (VMCOREINFO ``CRASHTIME``) has each CPU's note in its
         ``crash_notes`` buffer; QEMU numbers its notes ``pr_pid = cpu + 1``;
-        otherwise the notes are taken in file order.
+        otherwise (pids that are not distinct CPU numbers + 1) the notes are
+        taken in file order.
         """
         names = self.backend.prstatus_regs
         layout = elfcore.elf_prstatus(len(names))
@@ -129,7 +180,7 @@ class VmcoreDump:
             by_cpu = self._crash_notes(layout.sizeof())
         if not by_cpu:
             pids = [_prstatus_pid(raw) for raw in self._prstatus]
-            qemu = sorted(pids) == list(range(1, len(pids) + 1))
+            qemu = len(set(pids)) == len(pids) and all(1 <= p <= MAX_CPUS for p in pids)
             by_cpu = {(pid - 1 if qemu else i): raw for i, (pid, raw) in enumerate(zip(pids, self._prstatus))}
         out = []
         hooks = self.backend.kernel
@@ -185,7 +236,7 @@ class VmcoreDump:
             return []
 
     def _task(self, k: Kernel, t: KernelTask, cpus: dict[int, CpuState], percpu: dict[int, list[StackInfo]]) -> Task:
-        extra: dict[str, Any] = {"task": f"{t.addr:#x}", "switches": t.switches}
+        extra: dict[str, Any] = {"task": f"{t.addr:#x}", "switches": t.switches, "last_cpu": t.cpu}
         cpu = t.running_on if t.running_on in cpus else None
         if t.running_on is not None and cpu is None:
             extra["note"] = f"current on cpu{t.running_on}, which saved no registers: its saved context is stale"
