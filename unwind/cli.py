@@ -21,7 +21,7 @@ from .target import Options
 from .walk import DEFAULT_MAX_FRAMES
 
 #: modules that add subcommands: each has ``add_commands(subparsers)``
-_COMMAND_MODULES = ("unwind.lab.cli", "unwind.tools", "unwind.bench", "unwind.triage")
+_COMMAND_MODULES = ("unwind.lab.cli", "unwind.tools", "unwind.bench", "unwind.triage", "unwind.vmtools")
 
 #: the input errors every subcommand turns into exit status 2
 INPUT_ERRORS: tuple[type[Exception], ...] = (DumpError, ImageError, ArchError, ReplayError, OSError)

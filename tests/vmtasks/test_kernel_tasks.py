@@ -1,8 +1,13 @@
 """Tasks, CPUs, contexts, stacks, fgraph and kretprobes read back from a synthetic kernel built by construction."""
 
+import struct
+
 import pytest
 
 from unwind import registry
+from unwind.dump import Dump
+from unwind.replay import Session
+from unwind.vmtools import convert, ps_lines
 from unwind.elfcore import prstatus_bytes
 from unwind.kernel import Kernel, task_state_char
 from unwind.vmdump import VmcoreDump
@@ -102,3 +107,47 @@ def test_vmcore_dump_tasks_regs_contexts_and_stacks() -> None:
     assert [s.kind for s in blocked[201].stacks] == ["task"]
     assert blocked[100].fgraph and blocked[200].kretprobes
     assert blocked[201].extra["task"] == f"{procs[1].threads[0].addr:#x}"
+
+
+def _session() -> tuple[Session, SynthKernel, list[SynthTask]]:
+    k = SynthKernel()
+    procs = _procs()
+    running = procs[1].threads[1]
+    k.build(procs, [None, running])
+    regs1 = {"pc": 0xFFFF800080004444, "sp": running.stack + 0x3000, "x29": running.stack + 0x3010, "pstate": 0x5}
+    k.write(running.stack + 0x3010, struct.pack("<QQ", 0, 0))  # a final frame record
+    d = VmcoreDump("synthetic", registry.get("arm64"), k.memory(), [_prstatus(1, regs1)],
+                   "OSRELEASE=6.12.0-synthetic\n")
+    d.attach(k.symbol, k.btf)
+    return Session(d, None, None), k, procs  # type: ignore[arg-type]
+
+
+def test_convert_keeps_every_task_and_replays_the_same(tmp_path) -> None:
+    session, k, procs = _session()
+    tasks = session.select(every=True)
+    out = tmp_path / "dump.bin"
+    convert(session, tasks).write(out)
+    again = Session(Dump.open(out), None, None)
+    back = again.select(every=True)
+    key = lambda t: (t.pid, -1 if t.cpu is None else t.cpu, t.extra["task"])  # noqa: E731
+    assert sorted(map(key, back)) == sorted(map(key, tasks))
+    by = {key(t): t for t in back}
+    for t in tasks:
+        b = by[key(t)]
+        assert (b.comm, b.state, b.regs, b.context, b.fgraph, b.kretprobes) == \
+            (t.comm, t.state, t.regs, t.context, t.fgraph, t.kretprobes)
+        assert sorted((s.kind, s.low, s.high) for s in b.stacks) == sorted((s.kind, s.low, s.high) for s in t.stacks)
+        r1, r2 = session.replay(t, symbolize=False), again.replay(b, symbolize=False)
+        assert [f.pc for f in r1.frames] == [f.pc for f in r2.frames] and r1.stop.reason == r2.stop.reason
+    assert out.stat().st_size < 200_000
+
+
+def test_ps_lists_every_task_with_its_task_struct() -> None:
+    session, k, procs = _session()
+    lines = ps_lines(session)
+    assert lines[0].split() == ["PID", "CPU", "TASK", "ST", "COMM"]
+    rows = [ln.lstrip(">").split() for ln in lines[1:]]
+    assert sorted(int(r[0]) for r in rows) == [0, 0, 100, 200, 201, 202, 300]
+    running = [ln for ln in lines if ln.startswith(">")]
+    # only cpu1 saved registers: its task is the one running; cpu0's swapper shows its saved context
+    assert len(running) == 1 and f"{procs[1].threads[1].addr:016x}" in running[0] and "worker-t2" in running[0]
