@@ -26,6 +26,7 @@ MAX_MODULE_SYMBOLS = 1 << 18
 MAX_CPUS = 8192
 MAX_FGRAPH_WORDS = 1 << 14
 MAX_KRETPROBES = 1024
+MAX_MODULE_ORCS = 1 << 20
 
 # include/linux/sched.h: the task state bits task_state_index() reads (stable 5.14 .. 7.x)
 TASK_REPORT = 0x7F
@@ -111,13 +112,21 @@ class KernelModule:
     symbols: list[tuple[int, str]] = field(default_factory=list)
     orc: dict[str, int] | None = None
 
+    def orc_ranges(self) -> list[tuple[int, int]]:
+        """Where ``mod->arch.orc_unwind_ip`` (s32 each) and ``orc_unwind`` lie, to read them with the stacks."""
+        if not self.orc:
+            return []
+        n = self.orc["num_orcs"]
+        return [(self.orc["orc_unwind_ip"], self.orc["orc_unwind_ip"] + 4 * n),
+                (self.orc["orc_unwind"], self.orc["orc_unwind"] + self.orc["entry_size"] * n)]
+
     def to_json(self) -> dict[str, Any]:
         """The ``modules[]`` entry of the dump's JSON note (docs/dump-format.md)."""
         out: dict[str, Any] = {"name": self.name, "addr": f"{self.addr:#x}", "state": self.state,
                                "regions": [{"kind": k, "base": f"{b:#x}", "size": s} for k, b, s in self.regions],
                                "symbols": [[f"{a:#x}", n] for a, n in self.symbols]}
         if self.orc:
-            out["orc"] = {k: (f"{v:#x}" if k != "num_orcs" else v) for k, v in self.orc.items()}
+            out["orc"] = {k: (f"{v:#x}" if k.startswith("orc_") else v) for k, v in self.orc.items()}
         return out
 
 
@@ -464,7 +473,10 @@ class Kernel:
         mod.symbols = self._module_symbols(data, mod)
         if self.has("module", "arch.orc_unwind_ip"):
             orc = {k: field_int(b, data, "module", f"arch.{k}") for k in ("orc_unwind_ip", "orc_unwind", "num_orcs")}
-            if orc["num_orcs"] and orc["orc_unwind_ip"] and orc["orc_unwind"]:
+            if orc["num_orcs"] > MAX_MODULE_ORCS:
+                self.warnings.append(f"module {name}: {orc['num_orcs']} ORC entries; its ORC tables are not read")
+            elif orc["num_orcs"] and orc["orc_unwind_ip"] and orc["orc_unwind"]:
+                orc["entry_size"] = self._sizeof("orc_entry")
                 mod.orc = orc
         return mod
 

@@ -10,7 +10,7 @@ from .callsite import CallSiteChecker
 from .dump import Dump, DumpError
 from .frame import Frame
 from .image import Image, ImageError, find_image
-from .symbols import SymbolError, SymbolTable
+from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from .target import Options, Target, Task
 from .walk import DEFAULT_MAX_FRAMES, ReliableResult, Stop, collect, stack_walk_reliable
 
@@ -43,7 +43,13 @@ class Session:
         self.dump = dump
         self.backend = dump.backend
         self.image = image
-        self.symbols = symbols
+        self.symbols: SymbolTable | KernelSymbols | None = symbols
+        modules = dump.meta.get("modules")
+        if symbols is not None and isinstance(modules, list) and modules:
+            try:
+                self.symbols = KernelSymbols(symbols, [ModuleSymbols.from_json(m) for m in modules])
+            except (ValueError, KeyError, TypeError) as e:
+                raise ReplayError(f"{dump.path}: malformed modules list: {e}") from None
         self.warnings: list[str] = []
         self._callsites = CallSiteChecker(self.backend, image)
 
@@ -102,7 +108,7 @@ class Session:
         pinned = self.dump.meta.get("kernel", {}).get("generation")
         if options.generation is None and pinned:
             options = replace(options, generation=str(pinned))
-        return Target(arch=self.backend.name, mem=self.dump.memory, task=task, release=self.dump.release,
+        return Target(arch=self.backend.name, mem=self.dump.task_memory(task), task=task, release=self.dump.release,
                       vmcoreinfo=self.dump.vmcoreinfo, symbols=self.symbols, image=self.image,
                       meta=self.dump.meta, options=options)
 

@@ -31,9 +31,16 @@ class Symbol:
     addr: int
     size: int
     offset: int
+    #: the module the symbol is in, ``None`` for vmlinux
+    module: str | None = None
+
+    @property
+    def suffix(self) -> str:
+        """What ``__sprint_symbol()`` appends after ``+off/size``: `` [module]`` for a module symbol."""
+        return f" [{self.module}]" if self.module else ""
 
     def __str__(self) -> str:
-        return f"{self.name}+{self.offset:#x}/{self.size:#x}"
+        return f"{self.name}+{self.offset:#x}/{self.size:#x}{self.suffix}"
 
 
 # scripts/kallsyms.c: may_be_linker_script_provide_symbol()
@@ -170,3 +177,82 @@ class SymbolTable:
         except OSError as e:
             raise SymbolError(f"cannot read {path}: {e.strerror}") from None
         return cls(entries)
+
+
+class ModuleSymbols:
+    """One module's kallsyms (``mod->kallsyms``) with ``find_kallsyms_symbol()``'s lookup."""
+
+    def __init__(self, name: str, regions: list[tuple[int, int]], symbols: Iterable[tuple[int, str]]) -> None:
+        self.name = name
+        self.regions = sorted((b, b + size) for b, size in regions if size > 0)
+        pairs = sorted(symbols)
+        self.addrs = [a for a, _ in pairs]
+        self.names = [n for _, n in pairs]
+
+    @classmethod
+    def from_json(cls, entry: dict) -> "ModuleSymbols":
+        """A ``modules[]`` entry of a dump's JSON note (docs/dump-format.md); raises ``ValueError``/``KeyError``."""
+        num = lambda v: int(v, 0) if isinstance(v, str) else int(v)  # noqa: E731
+        return cls(str(entry["name"]), [(num(r["base"]), num(r["size"])) for r in entry.get("regions", [])],
+                   [(num(a), str(n)) for a, n in entry.get("symbols", [])])
+
+    def region(self, addr: int) -> tuple[int, int] | None:
+        """``within_module_mem_type()``: the region holding ``addr``."""
+        for lo, hi in self.regions:
+            if lo <= addr < hi:
+                return lo, hi
+        return None
+
+    # find_kallsyms_symbol() (kernel/module/kallsyms.c)
+    def lookup(self, addr: int) -> Symbol | None:
+        """The closest symbol at or below ``addr`` in its region; its size runs to the next symbol or the region end."""
+        reg = self.region(addr)
+        if reg is None:
+            return None
+        lo, hi = reg
+        i = bisect.bisect_right(self.addrs, addr) - 1
+        if i < 0 or self.addrs[i] < lo:
+            return None
+        start = self.addrs[i]
+        j = bisect.bisect_right(self.addrs, addr)
+        nextval = self.addrs[j] if j < len(self.addrs) and self.addrs[j] < hi else hi
+        return Symbol(self.names[i], start, nextval - start, addr - start, self.name)
+
+
+class KernelSymbols:
+    """vmlinux's table plus the modules': ``kallsyms_lookup()`` asks vmlinux for its own range, else the
+    module holding the address (``module_address_lookup()``)."""
+
+    def __init__(self, vmlinux: SymbolTable, modules: Iterable[ModuleSymbols]) -> None:
+        self.vmlinux = vmlinux
+        self.modules = [m for m in modules if m.regions]
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.vmlinux, name)
+
+    def __len__(self) -> int:
+        return len(self.vmlinux)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.vmlinux
+
+    def module_at(self, addr: int) -> ModuleSymbols | None:
+        """``__module_address()``: the module whose memory holds ``addr``."""
+        for m in self.modules:
+            if m.region(addr) is not None:
+                return m
+        return None
+
+    def lookup(self, addr: int) -> Symbol | None:
+        """The symbol containing ``addr``, in a module or in vmlinux."""
+        mod = self.module_at(addr)
+        return mod.lookup(addr) if mod is not None else self.vmlinux.lookup(addr)
+
+    def format(self, addr: int) -> str:
+        """``%pS``: ``name+0xoff/0xsize [module]``, or the bare hex address when unknown."""
+        sym = self.lookup(addr)
+        return str(sym) if sym is not None else hex(addr)
+
+    def address(self, name: str) -> int | None:
+        """A vmlinux symbol's address by name."""
+        return self.vmlinux.address(name)

@@ -48,7 +48,7 @@ def backtrace_symbol(symbols: SymbolTable | None, addr: int) -> str:
     sym = symbols.lookup(addr - 1) if symbols is not None else None
     if sym is None or sym.offset >= sym.size:
         return hex(addr)
-    return f"{sym.name}+{sym.offset + 1:#x}/{sym.size:#x}"
+    return f"{sym.name}+{sym.offset + 1:#x}/{sym.size:#x}{sym.suffix}"
 
 
 def plain_symbol(symbols: SymbolTable | None, addr: int) -> str:

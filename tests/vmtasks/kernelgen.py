@@ -192,6 +192,31 @@ class SynthKernel:
             prev = n + self.off(node_t, "llist")
         self.u64(o(head), prev)
 
+    def module(self, name: str, text: int, size: int, symbols: list[tuple[int, str]]) -> int:
+        """A LIVE module whose text is ``[text, text + size)`` with ``symbols`` (value, name) in its kallsyms."""
+        m = self.alloc(0x200)
+        self.write(m + self.off("module", "name"), name.encode())
+        if self.gen == "old":
+            self.u64(m + self.off("module", "core_layout.base"), text)
+            self.u32(m + self.off("module", "core_layout.size"), size)
+        else:
+            self.u64(m + self.off("module", "mem[0].base"), text)
+            self.u32(m + self.off("module", "mem[0].size"), size)
+        strtab = self.alloc(0x1000)
+        blob = b"\0" + b"".join(n.encode() + b"\0" for _, n in symbols)
+        self.write(strtab, blob)
+        symtab = self.alloc(24 * (len(symbols) + 1))
+        pos = 1
+        for i, (value, n) in enumerate(symbols, 1):  # entry 0 is the null symbol
+            self.write(symtab + 24 * i, struct.pack("<IBBHQQ", pos, 0x12, 0, 1, value, 0))
+            pos += len(n) + 1
+        ks = self.alloc(32)
+        self.u64(ks + self.off("mod_kallsyms", "symtab"), symtab)
+        self.u32(ks + self.off("mod_kallsyms", "num_symtab"), len(symbols) + 1)
+        self.u64(ks + self.off("mod_kallsyms", "strtab"), strtab)
+        self.u64(m + self.off("module", "kallsyms"), ks)
+        return m
+
     def link(self, head: int, nodes: list[int]) -> None:
         """A list_head ring: head -> nodes... -> head."""
         ring = [head, *nodes]

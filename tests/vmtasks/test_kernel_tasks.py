@@ -7,6 +7,7 @@ import pytest
 from unwind import registry
 from unwind.dump import Dump
 from unwind.replay import Session
+from unwind.symbols import KernelSymbols, ModuleSymbols, SymbolTable
 from unwind.vmtools import convert, ps_lines
 from unwind.elfcore import prstatus_bytes
 from unwind.kernel import Kernel, task_state_char
@@ -151,3 +152,26 @@ def test_ps_lists_every_task_with_its_task_struct() -> None:
     running = [ln for ln in lines if ln.startswith(">")]
     # only cpu1 saved registers: its task is the one running; cpu0's swapper shows its saved context
     assert len(running) == 1 and f"{procs[1].threads[1].addr:016x}" in running[0] and "worker-t2" in running[0]
+
+
+@pytest.mark.parametrize("gen", ["new", "old"])
+def test_module_symbols_print_with_their_module(gen: str) -> None:
+    k = SynthKernel(gen)
+    k.build(_procs(), [None, None])
+    text = 0xFFFF800078000000
+    mods = [k.module("fuse", text, 0x3000, [(text + 0x100, "fuse_dev_read"), (text + 0x40, "fuse_init"),
+                                            (text + 0x100, "$x"), (text + 0x2000, "fuse_get_req")]),
+            k.module("virtio_rng", text + 0x10000, 0x1000, [(text + 0x10000, "random_recv_done")])]
+    k.link(k.define("modules", 16), [m + k.off("module", "list") for m in mods])
+    kern = Kernel(k.memory(), k.btf, k.symbol)
+    got = kern.modules()
+    assert [m.name for m in got] == ["fuse", "virtio_rng"]
+    assert got[0].regions[0][1:] == (text, 0x3000)
+    assert [n for _, n in got[0].symbols] == ["fuse_init", "fuse_dev_read", "fuse_get_req"]  # $x is a mapping symbol
+    table = KernelSymbols(SymbolTable([(0xFFFF800080000000, "T", "_stext"), (0xFFFF800080100000, "T", "_end")]),
+                          [ModuleSymbols.from_json(m.to_json()) for m in got])
+    assert table.format(text + 0x123) == "fuse_dev_read+0x23/0x1f00 [fuse]"
+    assert table.format(text + 0x2fff) == "fuse_get_req+0xfff/0x1000 [fuse]"   # to the end of the text region
+    assert table.format(text + 0x10010) == "random_recv_done+0x10/0x1000 [virtio_rng]"
+    assert table.format(text + 0x10) == hex(text + 0x10)                        # below the first symbol
+    assert table.format(0xFFFF800080000010) == "_stext+0x10/0x100000"
