@@ -90,11 +90,13 @@ class VmcoreDump:
                                                                 symbol))
 
     def task_memory(self, task: Task) -> Any:
-        """The memory one walk of ``task`` reads: its stacks, snapshotted as plain segments."""
+        """The memory one walk of ``task`` reads, snapshotted as plain segments: its stacks, and the modules'
+        ORC tables (x86-64 ``orc_module_find()`` reads them from memory)."""
         snapshot = getattr(self.memory, "snapshot", None)
         if snapshot is None:
             return self.memory
-        return snapshot([(s.low, s.high) for s in task.stacks if s.low])
+        tables = [r for m in self.modules for r in m.orc_ranges()]
+        return snapshot([(s.low, s.high) for s in task.stacks if s.low] + tables)
 
     # -- what Session reads before the image is known ------------------------
     @property

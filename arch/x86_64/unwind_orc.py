@@ -27,7 +27,7 @@ from .dumpstack import UNKNOWN, StackFinder, StackInfo
 from .orc import (ORC_FP_ENTRY, ORC_REG_AX, ORC_REG_BP, ORC_REG_BP_INDIRECT, ORC_REG_DI, ORC_REG_DX,
                   ORC_REG_PREV_SP, ORC_REG_R10, ORC_REG_R13, ORC_REG_SP, ORC_REG_SP_INDIRECT, ORC_REG_UNDEFINED,
                   ORC_TYPE_CALL, ORC_TYPE_END_OF_STACK, ORC_TYPE_REGS, ORC_TYPE_REGS_PARTIAL, ORC_TYPE_UNDEFINED,
-                  REG_NAMES, OrcEntry, OrcTable)
+                  REG_NAMES, OrcEntry, OrcFormatError, OrcTable)
 from .structs import (INACTIVE_TASK_FRAME, INACTIVE_TASK_FRAME_SIZE, IRET_FRAME_OFFSET, IRET_FRAME_SIZE, PT_REGS,
                       PT_REGS_SIZE, offsetof)
 
@@ -55,6 +55,43 @@ _PRSTATUS = {"r10": "r10", "r13": "r13", "di": "rdi", "dx": "rdx", "ax": "rax", 
 #: sp_reg -> the pt_regs member get_reg() reads, and the kernel's warning name
 _SP_REG_MEMBERS = {ORC_REG_R10: ("r10", "R10"), ORC_REG_R13: ("r13", "R13"), ORC_REG_DI: ("di", "RDI"),
                    ORC_REG_DX: ("dx", "DX"), ORC_REG_AX: ("ax", "AX")}
+
+
+#: decoded module ORC tables: (meta id, module addr, version) -> (name, table, ips)
+_MODULE_ORC: dict[tuple[int, str, int], tuple[str, OrcTable, list[int]] | None] = {}
+
+
+def module_orc(target: Target, ip: int, version: int) -> tuple[str, OrcTable, list[int]] | None:
+    """``__module_address(ip)`` and its ``mod->arch.orc_unwind_ip``/``orc_unwind``, decoded once per dump."""
+    for m in target.meta.get("modules", []):
+        orc = m.get("orc") if isinstance(m, dict) else None
+        if not orc:
+            continue
+        try:
+            inside = any(_int(r["base"]) <= ip < _int(r["base"]) + int(r["size"]) for r in m.get("regions", []))
+        except (KeyError, TypeError, ValueError):
+            continue  # a malformed entry of the dump's note: no module there
+        if not inside:
+            continue
+        key = (id(target.meta), str(m.get("addr")), version)
+        if key not in _MODULE_ORC:
+            _MODULE_ORC[key] = _read_module_orc(target, m, orc, version)
+        return _MODULE_ORC[key]
+    return None
+
+
+def _read_module_orc(target: Target, m: dict, orc: dict, version: int) -> tuple[str, OrcTable, list[int]] | None:
+    n = int(orc["num_orcs"])
+    ip_addr, entries = _int(orc["orc_unwind_ip"]), _int(orc["orc_unwind"])
+    text = next((r for r in m["regions"] if r.get("kind") == "text"), m["regions"][0])
+    base = _int(text["base"])
+    try:
+        table = OrcTable.from_sections(ip_addr, target.mem.read(ip_addr, 4 * n),
+                                       target.mem.read(entries, int(orc["entry_size"]) * n), version,
+                                       stext=base, etext=base + int(text["size"]), how=f"module {m.get('name')}")
+    except (MemoryFault, OrcFormatError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    return str(m.get("name")), table, [table.ip(i) for i in range(len(table))]
 
 
 class Regs:
@@ -286,6 +323,8 @@ class OrcUnwinder(Unwinder):
         """The rule for this frame: ``orc_find(signal ? ip : ip - 1)``, else the frame-pointer guess."""
         ip = self.ip if self.signal else self.ip - 1
         orc = self.find(ip)
+        if orc is None and self.target.meta.get("modules"):
+            orc = self.orc_module_find(ip, prov)
         if orc is None and self.target.meta.get("ftrace_trampolines"):
             orc = self.orc_ftrace_find(ip, prov)
         if orc is None:
@@ -301,6 +340,18 @@ class OrcUnwinder(Unwinder):
         if prov is not None:
             prov.rule = f"ORC at {ip:#x} ({'ip' if self.signal else 'ip-1'}): {orc}"
         return orc, Source.ORC_CALL
+
+    # orc_module_find() (unwind_orc.c:125-136)
+    def orc_module_find(self, ip: int, prov: Provenance | None) -> OrcEntry | None:
+        """An ip in a module takes ``__orc_find()`` over the module's own tables, read from memory."""
+        found = module_orc(self.target, ip, self.table.version)
+        if found is None:
+            return None
+        name, table, ips = found
+        i = bisect.bisect_right(ips, ip) - 1  # __orc_find(): the rightmost entry <= ip, else the first
+        if prov is not None:
+            prov.note(f"{ip:#x} is in module {name}: its ORC table ({len(ips)} entries, from memory)")
+        return table.entry(max(i, 0))
 
     # orc_ftrace_find() (unwind_orc.c:143-167)
     def orc_ftrace_find(self, ip: int, prov: Provenance | None) -> OrcEntry | None:
