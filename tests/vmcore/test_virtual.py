@@ -145,3 +145,42 @@ def test_the_kernels_own_note_parses():
         parse_vmcoreinfo_note(note[:30])
     with pytest.raises(DumpError):
         parse_vmcoreinfo_note(note.replace(b"VMCOREINFO", b"VMCOREINFX"))
+
+
+def _fuzzed_translators(phys: SparsePhys) -> list:
+    from unwind.arch.arm64.mm import Arm64Translator
+    from unwind.arch.riscv.mm import RiscvTranslator
+    from unwind.arch.x86_64.mm import X86_64Translator
+
+    return [X86_64Translator(phys, 0, l5=False), X86_64Translator(phys, 0, l5=True),
+            Arm64Translator(phys, 0, page_shift=12, va_bits=48), Arm64Translator(phys, 0, page_shift=12, va_bits=52,
+                                                                                lpa2=True),
+            RiscvTranslator(phys, 0, va_bits=39), RiscvTranslator(phys, 0, va_bits=57)]
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, (1 << 12) - 1), st.integers(0, (1 << 12) - 1)),
+                min_size=1, max_size=64),
+       st.lists(st.integers(0, (1 << 64) - 1), min_size=1, max_size=16), st.integers(0, 1 << 20))
+def test_garbage_page_tables_fault_or_translate_never_raise_otherwise(entries, vaddrs, seed):
+    """Eight pages of mostly-garbage tables: every walk ends in an address or a MemoryFault."""
+    phys = SparsePhys()
+    for pfn in range(8):
+        phys.page(pfn * PAGE)
+    for i, (pfn, low, high) in enumerate(entries):
+        slot = ((seed + 97 * i) % (8 * 512)) * 8
+        # the frame of each encoding (x86 bit 12, arm64 bit 12 (4K), riscv bit 10) points into the 8 pages
+        value = (high << 52) | (pfn << 12) | (pfn << 10) | low
+        phys.write_u64(slot, value & ((1 << 64) - 1))
+    for tr in _fuzzed_translators(phys):
+        vm = VirtualMemory(phys, tr)
+        for va in vaddrs + [v | (0xFFFFFF80 << 32) for v in vaddrs]:  # and as upper-half kernel addresses
+            try:
+                pa = tr.translate(va)
+            except MemoryFault:
+                continue
+            assert 0 <= pa < 1 << 64
+            try:
+                vm.read_u64(va)
+            except MemoryFault:
+                pass
