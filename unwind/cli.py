@@ -1,8 +1,11 @@
 """The ``unwind`` command line.
 
-Exit status: 0 when every walk ended cleanly, 1 when a walk stopped on an
-error (its partial trace is still printed), 2 on unusable input. Errors are
-one line on stderr; ``--debug`` shows the traceback.
+Exit status: 0 when every walk ended cleanly (a walk cut short where the
+kernel's own unwinder stops too is clean: its stop says ``truncated``), 1 when
+a walk stopped on an error (its partial trace is still printed), 2 on unusable
+input. Errors are one line on stderr; ``--debug`` (before or after the
+subcommand) shows the traceback. A reader that closes the pipe early
+(``unwind replay ... | head``) ends the run quietly.
 """
 
 from __future__ import annotations
@@ -10,15 +13,20 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
+from importlib import metadata
 from typing import Callable, Sequence
 
 from .dump import DumpError
-from .image import ImageError
+from .image import CACHE_ENV, IMAGE_PATH_ENV, ImageError
 from .registry import ArchError
 from .replay import ReplayError, load_session
 from .target import Options
 from .walk import DEFAULT_MAX_FRAMES
+
+#: the distribution the ``unwind`` package ships in
+DISTRIBUTION = "kernel-unwind"
 
 #: modules that add subcommands: each has ``add_commands(subparsers)``
 _COMMAND_MODULES = ("unwind.lab.cli", "unwind.tools", "unwind.bench", "unwind.triage", "unwind.vmtools")
@@ -26,9 +34,27 @@ _COMMAND_MODULES = ("unwind.lab.cli", "unwind.tools", "unwind.bench", "unwind.tr
 #: the input errors every subcommand turns into exit status 2
 INPUT_ERRORS: tuple[type[Exception], ...] = (DumpError, ImageError, ArchError, ReplayError, OSError)
 
+#: shown under ``unwind --help`` and ``unwind replay --help``
+ENVIRONMENT = f"""environment:
+  {IMAGE_PATH_ENV}  folders ({os.pathsep}-separated) searched, with their subfolders, for a kernel
+                     image whose build-id matches the dump
+  {CACHE_ENV}       cache folder (default ~/.cache/unwind): unpacked images, symbol tables, and
+                     the kernels `unwind kernels fetch` downloaded (searched by build-id too)"""
+
 
 class UsageError(Exception):
     """Bad arguments (exit status 2)."""
+
+
+def max_frames_arg(text: str) -> int:
+    """``--max-frames``: a whole number of at least 1."""
+    try:
+        n = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: at least 1 frame")
+    return n
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -36,12 +62,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from .output import replay_json, replay_text
 
     session = load_session(args.dump, arch=args.arch, vmlinux=args.vmlinux, system_map=args.system_map)
-    for w in session.warnings:
-        print(f"unwind: warning: {w}", file=sys.stderr)
     options = Options(complete=args.complete, record=args.explain, user=args.user,
                       generation=args.generation, orc_version=args.orc_version)
+    session.check_options(options)
+    tasks = session.select(pid=args.task, cpu=args.cpu, every=args.all)
+    for w in session.warnings:
+        print(f"unwind: warning: {w}", file=sys.stderr)
     status = 0
-    for task in session.select(pid=args.task, cpu=args.cpu, every=args.all):
+    for task in tasks:
         r = session.replay(task, options, reliable=args.reliable, max_frames=args.max_frames)
         if args.json:
             print(json.dumps(replay_json(session, r, args.explain)))
@@ -52,16 +80,32 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return status
 
 
+def version() -> str:
+    """The installed distribution's version (the package's own when run from a checkout)."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        from . import __version__
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand."""
     p = argparse.ArgumentParser(prog="unwind", description="Replay captured Linux kernel stacks "
-                                "with the kernel's own unwinders (arm64, x86-64 ORC, RISC-V).")
+                                "with the kernel's own unwinders (arm64, x86-64 ORC, RISC-V).",
+                                epilog=ENVIRONMENT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"unwind ({DISTRIBUTION}) {version()}")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    r = sub.add_parser("replay", help="print the kernel's trace of tasks in a dump")
+    r = sub.add_parser("replay", help="print the kernel's trace of tasks in a dump",
+                       description="Print the trace each selected task's kernel would print. Exit status: "
+                       "0 clean (also a walk the kernel itself cuts short: 'truncated'), 1 a walk stopped "
+                       "on an error, 2 bad input.",
+                       epilog=ENVIRONMENT, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("dump", help="dump file (ELF core; .xz/.gz accepted)")
-    r.add_argument("--arch", help="expected arch; an error if the dump disagrees")
+    r.add_argument("--arch", help="expected arch (x86_64/x86/amd64, arm64/aarch64, riscv/riscv64); "
+                   "an error if the dump disagrees")
     r.add_argument("--vmlinux", metavar="IMAGE", help="kernel image (vmlinux or slim); default: found by build-id")
     r.add_argument("--system-map", metavar="MAP", help="take symbols from a System.map")
     sel = r.add_mutually_exclusive_group()
@@ -73,10 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--explain", action="store_true", help="show each frame's provenance")
     r.add_argument("--complete", action="store_true",
                    help="recover frames the kernel drops where the dump proves them (flagged)")
-    r.add_argument("--user", action="store_true", help="walk the user stack (where the arch supports it)")
+    r.add_argument("--user", action="store_true", help="walk the user stack (riscv)")
     r.add_argument("--generation", metavar="VER", help="kernel unwinder generation to follow, e.g. 6.12 or 6.13")
-    r.add_argument("--orc-version", metavar="N", help="force the ORC format generation (x86-64): 1..4")
-    r.add_argument("--max-frames", type=int, default=DEFAULT_MAX_FRAMES, metavar="N")
+    r.add_argument("--orc-version", metavar="N", help="force the ORC format generation (x86-64): 1..4; "
+                   "refused where the image's .orc_header names another")
+    r.add_argument("--max-frames", type=max_frames_arg, default=DEFAULT_MAX_FRAMES, metavar="N",
+                   help=f"stop a walk after N frames with 'frame limit reached' (default {DEFAULT_MAX_FRAMES})")
     r.set_defaults(func=cmd_replay)
 
     for name in _COMMAND_MODULES:
@@ -87,7 +133,30 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         mod.add_commands(sub)
+    _add_debug_everywhere(sub)
     return p
+
+
+def _add_debug_everywhere(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Accept ``--debug`` after any subcommand too (unset there unless given)."""
+    for parser in sub.choices.values():
+        if "--debug" not in parser._option_string_actions:
+            parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                help="show tracebacks on errors")
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _add_debug_everywhere(action)
+
+
+def _quiet_stdout() -> None:
+    """After a closed pipe: point stdout at /dev/null so the exit's flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # stdout is not a file (a test's capture): nothing to flush at exit
+    finally:
+        os.close(devnull)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,7 +168,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return func(args)
+        status = func(args)
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:  # the reader went away (`| head`): not an input error
+        _quiet_stdout()
+        return 0
     except (*INPUT_ERRORS, UsageError) as e:
         if args.debug:
             raise
@@ -109,8 +183,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("unwind: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

@@ -30,6 +30,11 @@ class ArchBackend(ABC):
 
     #: registry name: "arm64", "x86_64", "riscv"
     name: ClassVar[str]
+    #: other spellings users type for it (``--arch amd64``)
+    aliases: ClassVar[tuple[str, ...]] = ()
+    #: :class:`~unwind.target.Options` fields this backend acts on beyond ``complete``, ``record`` and
+    #: ``generation``; any other one set is refused rather than silently ignored
+    options: ClassVar[frozenset[str]] = frozenset()
     #: ELF machine as pyelftools names it, e.g. "EM_AARCH64", and its number
     elf_machine: ClassVar[str]
     e_machine: ClassVar[int]
@@ -130,13 +135,15 @@ def backends() -> dict[str, ArchBackend]:
 
 
 def get(name: str) -> ArchBackend:
-    """The backend called ``name``."""
+    """The backend called ``name`` or one of its aliases (case-insensitive)."""
     _load_all()
-    try:
-        return _BACKENDS[name]
-    except KeyError:
-        known = ", ".join(sorted(_BACKENDS)) or "none"
-        raise ArchError(f"unknown arch {name!r} (known: {known})") from None
+    key = name.lower()
+    for b in _BACKENDS.values():
+        if key == b.name or key in b.aliases:
+            return b
+    known = ", ".join(f"{b.name} ({', '.join(b.aliases)})" if b.aliases else b.name
+                      for b in sorted(_BACKENDS.values(), key=lambda b: b.name)) or "none"
+    raise ArchError(f"unknown arch {name!r} (known: {known})")
 
 
 def for_machine(machine: str) -> ArchBackend:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from . import registry
@@ -17,6 +17,10 @@ from .walk import DEFAULT_MAX_FRAMES, ReliableResult, Stop, collect, stack_walk_
 
 class ReplayError(Exception):
     """Unusable input for a replay (exit status 2)."""
+
+
+#: :class:`Options` fields every backend acts on
+COMMON_OPTIONS = frozenset({"complete", "record", "generation"})
 
 
 @dataclass
@@ -103,6 +107,16 @@ class Session:
         running = [t for t in tasks if t.running]
         return running or tasks
 
+    def check_options(self, options: Options) -> None:
+        """Refuse an option this dump's backend does not act on, rather than ignore it."""
+        for f in fields(Options):
+            if f.name in COMMON_OPTIONS or getattr(options, f.name) == f.default:
+                continue
+            if f.name not in self.backend.options:
+                which = sorted(b.name for b in registry.backends().values() if f.name in b.options)
+                raise ReplayError(f"--{f.name.replace('_', '-')} does not apply to {self.backend.name} dumps "
+                                  f"(only {', '.join(which) or 'none'})")
+
     def target(self, task: Task, options: Options) -> Target:
         """Everything a walk of ``task`` reads; a dump's ``kernel.generation`` applies unless overridden."""
         pinned = self.dump.meta.get("kernel", {}).get("generation")
@@ -115,7 +129,9 @@ class Session:
     def replay(self, task: Task, options: Options | None = None, *, reliable: bool = False,
                max_frames: int = DEFAULT_MAX_FRAMES, symbolize: bool = True) -> Replay:
         """Walk ``task``: all frames and the stop; with ``reliable``, the reliable verdict too."""
-        target = self.target(task, options or Options())
+        options = options or Options()
+        self.check_options(options)
+        target = self.target(task, options)
         unwinder = self.backend.unwinder(target)
         frames, stop = collect(unwinder, max_frames)
         verdict = None

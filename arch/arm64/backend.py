@@ -48,6 +48,7 @@ class Arm64Backend(ArchBackend):
     """arm64: frame records at x29, PAC stripping, exception boundaries."""
 
     name = "arm64"
+    aliases = ("aarch64",)
     elf_machine = "EM_AARCH64"
     e_machine = 183
     # struct user_pt_regs: x0..x30, sp, pc, pstate

@@ -51,6 +51,8 @@ class RiscvBackend(ArchBackend):
     """RISC-V 64: s0 frame records, exception frames, IRQ stacks."""
 
     name = "riscv"
+    aliases = ("riscv64",)
+    options = frozenset({"user"})
     elf_machine = "EM_RISCV"
     e_machine = 243
     e_flags = 0x5  # EF_RISCV_RVC | EF_RISCV_FLOAT_ABI_DOUBLE, as the kernel image

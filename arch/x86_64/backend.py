@@ -70,6 +70,8 @@ class X86_64Backend(ArchBackend):
     """x86-64: ORC tables, IRQ/entry/exception stacks."""
 
     name = "x86_64"
+    aliases = ("x86", "x86-64", "amd64")
+    options = frozenset({"orc_version"})
     elf_machine = "EM_X86_64"
     e_machine = 62
     # struct user_regs_struct

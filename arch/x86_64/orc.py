@@ -157,9 +157,18 @@ def version_for_release(release: str) -> int | None:
 
 
 def choose_version(header: bytes | None, release: str | None, forced: str | int | None) -> tuple[int, str]:
-    """``(generation, how it was chosen)``: forced, else ``.orc_header`` hash, else the release."""
+    """``(generation, how it was chosen)``: forced, else ``.orc_header`` hash, else the release.
+
+    A forced generation that a known ``.orc_header`` hash contradicts is refused: the tables
+    would decode as another format's bit fields. Forcing is for images without a header or
+    with a hash this code does not know.
+    """
     if forced is not None:
         v = parse_version(forced)
+        known = ORC_HASHES.get(bytes(header)) if header is not None else None
+        if known is not None and known != v:
+            raise OrcFormatError(f"--orc-version {v} disagrees with the image: its .orc_header hash "
+                                 f"{bytes(header).hex()[:16]}... is ORC v{known}")
         return v, f"forced v{v}"
     if header is not None:
         known = ORC_HASHES.get(bytes(header))
