@@ -37,24 +37,25 @@ class Flag(IntFlag):
     CALLSITE_OK = 1 << 6    # the instruction before the return address is a call
     CALLSITE_BAD = 1 << 7   # ... is not a call (evidence only: faithful output is unchanged)
 
+    def names(self) -> list[str]:
+        """The flag names (``pac-stripped``, ``fgraph``, ...), as ``--json`` and ``--explain`` show them."""
+        return [name for bit, (name, _) in _FLAG_TEXT.items() if self & bit]
+
     def letters(self) -> str:
-        """Short letters for text output and JSON."""
-        out = []
-        for bit, name in _FLAG_NAMES.items():
-            if self & bit:
-                out.append(name)
-        return ",".join(out)
+        """One letter per flag, for a compact column: ``P`` pac-stripped, ``F`` fgraph, ``K`` kretprobe,
+        ``?`` unreliable, ``B`` boundary, ``C`` complete, ``c`` call-ok, ``!`` call-bad."""
+        return "".join(letter for bit, (_, letter) in _FLAG_TEXT.items() if self & bit)
 
 
-_FLAG_NAMES = {
-    Flag.PAC_STRIPPED: "pac-stripped",
-    Flag.FGRAPH: "fgraph",
-    Flag.KRETPROBE: "kretprobe",
-    Flag.UNRELIABLE: "unreliable",
-    Flag.BOUNDARY: "boundary",
-    Flag.COMPLETE: "complete",
-    Flag.CALLSITE_OK: "call-ok",
-    Flag.CALLSITE_BAD: "call-bad",
+_FLAG_TEXT = {
+    Flag.PAC_STRIPPED: ("pac-stripped", "P"),
+    Flag.FGRAPH: ("fgraph", "F"),
+    Flag.KRETPROBE: ("kretprobe", "K"),
+    Flag.UNRELIABLE: ("unreliable", "?"),
+    Flag.BOUNDARY: ("boundary", "B"),
+    Flag.COMPLETE: ("complete", "C"),
+    Flag.CALLSITE_OK: ("call-ok", "c"),
+    Flag.CALLSITE_BAD: ("call-bad", "!"),
 }
 
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .frame import Frame
     from .replay import Replay
     from .target import Target
+    from .trace import TraceLine
     from .walk import Stop, Unwinder
 
 
@@ -59,12 +60,11 @@ class ArchBackend(ABC):
         """Is this decoded instruction a call that leaves a return address?"""
 
     @abstractmethod
-    def format_trace(self, frames: "list[Frame]", stop: "Stop",
-                     target: "Target") -> "list[tuple[str, Frame | None]]":
+    def format_trace(self, frames: "list[Frame]", stop: "Stop", target: "Target") -> "list[TraceLine]":
         """The trace as the kernel of ``target.release`` prints it.
 
-        Each line comes with the frame it prints, or ``None`` for headers
-        and stack markers, so ``--explain`` can put provenance under it.
+        Each line says what it is and carries its values and the frame it
+        prints (``--explain`` puts provenance under it, ``--json`` carries it).
         """
 
     def translator(self, info: "VmcoreInfo", phys: "PhysReader",

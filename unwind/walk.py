@@ -26,6 +26,10 @@ class StopReason(Enum):
     END_OF_STACK = ("end of stack", True)
     USER_MODE = ("reached user-mode registers", True)
     CONSUMER_STOPPED = ("consumer stopped the walk", True)
+    #: clean but truncated: the kernel's own unwinder stops here too (faithful mode prints what it prints)
+    KERNEL_LIMIT = ("the kernel's unwinder stops here", True)
+    FIRMWARE = ("the CPU is in firmware", True)
+    TASK_EXITED = ("task has exited; its stack is freed", True)
     MISALIGNED_FP = ("misaligned frame pointer", False)
     OUTSIDE_STACK = ("record outside every stack", False)
     TRANSITION_REFUSED = ("stack transition refused", False)
@@ -54,6 +58,11 @@ class Stop:
     def clean(self) -> bool:
         """True for a normal end of the walk."""
         return self.reason.clean
+
+    @property
+    def truncated(self) -> bool:
+        """A clean stop where the kernel's unwinder gives up before the stack's end (``--complete`` may go on)."""
+        return self.reason is StopReason.KERNEL_LIMIT
 
     def __str__(self) -> str:
         return f"{self.reason.text}: {self.detail}" if self.detail else self.reason.text

@@ -9,10 +9,11 @@ import capstone
 from unwind.frame import Flag, Frame, Source
 from unwind.registry import ArchBackend
 from unwind.target import Target
+from unwind.trace import TraceLine
 from unwind.walk import Stop, Unwinder
 
 from . import mm
-from .stacktrace import Arm64Unwinder, kernel_pac_mask, ptrauth_strip_kernel_insn_pac, walk_generation
+from .stacktrace import Arm64Unwinder, kernel_pac_mask, ptrauth_strip_kernel_insn_pac, user_mode, walk_generation
 
 if TYPE_CHECKING:
     from unwind.replay import Replay
@@ -66,18 +67,22 @@ class Arm64Backend(ArchBackend):
         """``kunwind_stack_walk()`` of the dumped kernel's generation (v6.12 or v6.13+)."""
         return Arm64Unwinder(target)
 
-    def format_trace(self, frames: list[Frame], stop: Stop, target: Target) -> list[tuple[str, Frame | None]]:
-        """``dump_backtrace()``: ``Call trace:`` then `` %pSb`` per frame.
+    def format_trace(self, frames: list[Frame], stop: Stop, target: Target) -> list[TraceLine]:
+        """``dump_backtrace()``: ``Call trace:`` then `` %pSb`` per frame; nothing for EL0 registers.
 
         From v6.13 each line ends with the source and recovery markers of
         ``dump_backtrace_entry()``: `` (P)``, `` (T)``, `` (C)``, `` (U)``,
         `` (F)``, `` (K)`` and their combinations such as `` (TF)``.
         Frames only complete mode adds carry a ``[complete: ...]`` mark.
         """
+        regs = target.task.regs
+        if regs is not None and user_mode(regs.get("pstate", 0)):  # `if (regs && user_mode(regs)) return;`
+            return []
         markers = walk_generation(target).meta_records
-        out: list[tuple[str, Frame | None]] = [("Call trace:", None)]
+        out = [TraceLine.header("Call trace:")]
         for f in frames:
-            line = " " + (f.symbol or self.symbolize(f, target))
+            sym = f.symbol or self.symbolize(f, target)
+            line = " " + sym
             if f.flags & Flag.COMPLETE:
                 line += _COMPLETE_MARK.get(f.source, " [complete]")
             elif markers:
@@ -85,7 +90,7 @@ class Arm64Backend(ArchBackend):
                 info += ("F" if f.flags & Flag.FGRAPH else "") + ("K" if f.flags & Flag.KRETPROBE else "")
                 if info:
                     line += f" ({info})"
-            out.append((line, f))
+            out.append(TraceLine.of_frame(line, f, f.pc, sym))
         return out
 
     def translator(self, info: "VmcoreInfo", phys: "PhysReader",

@@ -706,7 +706,7 @@ class Arm64Unwinder(Unwinder):
         sp = regs.get("sp")
         where = state.stacks.kind_of(sp if sp is not None else state.fp)
         flags = state.flags | (Flag.BOUNDARY if state.source is Source.REGS_PC else Flag.NONE)
-        frame = Frame(state.pc, sp, state.fp, state.source, where.label() if where else None, flags, state.prov)
+        frame = Frame(state.pc, sp, state.fp, state.source, where.kind if where else None, flags, state.prov)
         state.prov = None
         return frame
 
@@ -752,7 +752,7 @@ class Arm64Unwinder(Unwinder):
         cur = state.stacks.stack
         if cur is not self._stack_obj:
             self._stack_obj = cur
-            self._stack_label = cur.label()
+            self._stack_label = cur.kind
         frame = Frame(state.pc, None, state.fp, source, self._stack_label, flags, state.prov)
         if state.prov is not None:
             state.prov.note(f"record at {record_at:#x} on the {frame.stack} stack")

@@ -268,7 +268,7 @@ def irq_to_task(generation: str) -> Scenario:
     a.chain(task, task_fps, lrs[3:], a.final_fp(task))
     a.running(8, "busy", 0, pc=fn(40) + 8, x29=irq_fps[0], sp=irq_fps[0] - 0x20)
     return _scenario(a, [fn(40) + 8] + [ret(i) for i in range(5)], StopReason.END_OF_STACK, cpu=0,
-                     stacks=["irq@cpu0"] * 3 + ["task"] * 2)
+                     stacks=["irq"] * 3 + ["task"] * 2)
 
 
 def overflow(generation: str) -> Scenario:
@@ -283,7 +283,7 @@ def overflow(generation: str) -> Scenario:
     task.put(t_fp, a.final_fp(task), ret(3))
     a.running(9, "deep-recursion", 0, pc=fn(41) + 4, x29=o_fp, sp=o_fp - 0x10)
     return _scenario(a, [fn(41) + 4, ret(1), ret(2), ret(3)], StopReason.END_OF_STACK, cpu=0,
-                     stacks=["overflow@cpu0", "irq@cpu0", "task"])
+                     stacks=["overflow", "irq", "task"])
 
 
 def el1_exception(generation: str, *, with_text: bool = False, entry_pc: bool = True) -> Scenario:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from unwind.frame import Flag, Frame, Source
 from unwind.registry import ArchBackend
 from unwind.target import Target
+from unwind.trace import TraceLine
 from unwind.walk import Stop, Unwinder
 
 from . import mm, structs
@@ -83,33 +84,36 @@ class RiscvBackend(ArchBackend):
         return RiscvUnwinder(target, layout, prover)
 
     # arch/riscv/kernel/stacktrace.c:138-155 print_trace_address(), show_stack(); process.c:62-69 __show_regs()
-    def format_trace(self, frames: list[Frame], stop: Stop, target: Target) -> list[tuple[str, Frame | None]]:
+    def format_trace(self, frames: list[Frame], stop: Stop, target: Target) -> list[TraceLine]:
         """The 6.12 riscv trace: ``print_trace_address()`` lines, ``[<%px>] %pS``.
 
         A blocked task prints as ``show_stack()`` does (``Call Trace:`` first); a
         CPU's registers as ``show_regs()`` does (``epc : %pS`` and `` ra : %pS``
         from ``__show_regs()``, then the lines, no header). The user walk prints
         as ftrace's ``<user stack trace>``. Complete-mode frames carry a
-        ``(complete: ...)`` note and the stack switch a marker line.
+        ``[complete: ...]`` mark and the stack switch a marker line.
         """
-        out: list[tuple[str, Frame | None]] = []
+        out: list[TraceLine] = []
         if target.options.user:
-            out.append(("<user stack trace>", None))
-            out.extend((f" =>  <{f.pc:016x}>", f) for f in frames)
+            out.append(TraceLine.header("<user stack trace>"))
+            out.extend(TraceLine.of_frame(f" =>  <{f.pc:016x}>", f, f.pc, hex(f.pc)) for f in frames)
             return out
         regs = target.task.regs
         if regs is not None:
-            out.append((f"epc : {self._sym(regs['pc'], target)}", None))
-            out.append((f" ra : {self._sym(regs['ra'], target)}", None))
+            for name, key, label in (("epc", "pc", "epc :"), ("ra", "ra", " ra :")):
+                sym = self._sym(regs[key], target)
+                out.append(TraceLine.regs(f"{label} {sym}", {name: regs[key]}, symbol=sym))
         else:
-            out.append(("Call Trace:", None))
+            out.append(TraceLine.header("Call Trace:"))
         for f in frames:
             if f.source is Source.STACK_SWITCH:
-                out.append(("--- call_on_irq_stack: IRQ stack -> task stack (complete) ---", None))
-            line = f"[<{f.pc:016x}>] {f.symbol or self.symbolize(f, target)}"
+                out.append(TraceLine.marker("--- call_on_irq_stack: IRQ stack -> task stack [complete] ---",
+                                            "irq", "switch"))
+            sym = f.symbol or self.symbolize(f, target)
+            line = f"[<{f.pc:016x}>] {sym}"
             if f.flags & Flag.COMPLETE:
-                line += f" (complete: {self._complete_why(f)})"
-            out.append((line, f))
+                line += f" [complete: {self._complete_why(f)}]"
+            out.append(TraceLine.of_frame(line, f, f.pc, sym))
         return out
 
     def translator(self, info: "VmcoreInfo", phys: "PhysReader",

@@ -11,6 +11,7 @@ from unwind.frame import Flag, Frame
 from unwind.image import ImageError
 from unwind.registry import ArchBackend
 from unwind.target import Target
+from unwind.trace import TraceLine
 from unwind.walk import Stop, StopReason, Unwinder
 
 from . import mm
@@ -153,6 +154,6 @@ class X86_64Backend(ArchBackend):
         return backtrace_symbol(target.symbols, frame.pc)
 
     # show_regs() / show_trace_log_lvl() (dumpstack.c)
-    def format_trace(self, frames: list[Frame], stop: Stop, target: Target) -> list[tuple[str, Frame | None]]:
+    def format_trace(self, frames: list[Frame], stop: Stop, target: Target) -> list[TraceLine]:
         """The trace as x86 prints it: the stack scan with ``? `` guesses, markers and register blocks."""
         return show_trace(frames, target)

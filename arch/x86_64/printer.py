@@ -22,6 +22,7 @@ from unwind.frame import Flag, Frame, Source
 from unwind.memory import MemoryFault
 from unwind.symbols import SymbolTable
 from unwind.target import Target
+from unwind.trace import LineKind, TraceLine
 
 from .dumpstack import StackFinder
 from .unwind_orc import MODULES_RANGE
@@ -40,7 +41,7 @@ _LABEL = {"ax": "RAX", "bx": "RBX", "cx": "RCX", "dx": "RDX", "si": "RSI", "di":
           "r8": "R08", "r9": "R09", "r10": "R10", "r11": "R11", "r12": "R12", "r13": "R13", "r14": "R14",
           "r15": "R15"}
 
-Lines = list[tuple[str, "Frame | None"]]
+Lines = list[TraceLine]
 
 
 def backtrace_symbol(symbols: SymbolTable | None, addr: int) -> str:
@@ -60,24 +61,32 @@ def plain_symbol(symbols: SymbolTable | None, addr: int) -> str:
 
 
 # __show_regs(SHOW_REGS_SHORT) (process_64.c), show_iret_regs() and show_opcodes() (dumpstack.c)
-def regs_lines(r: dict[str, int], partial: bool, target: Target) -> list[str]:
-    """A register block: ``RIP:``, ``Code:`` (kernel text in the image), ``RSP:``, then the GPRs."""
+def regs_lines(r: dict[str, int], partial: bool, target: Target, frame: Frame | None = None) -> Lines:
+    """A register block: ``RIP:``, ``Code:`` (kernel text in the image), ``RSP:``, then the GPRs.
+
+    ``frame`` is the walk's frame whose pc the ``RIP:`` line prints.
+    """
     user = bool(r["cs"] & 3)
-    lines = [f"RIP: {r['cs'] & 0xFFFF:04x}:{hex(r['ip']) if user else plain_symbol(target.symbols, r['ip'])}"]
+    ip_text = hex(r["ip"]) if user else plain_symbol(target.symbols, r["ip"])
+    lines = [TraceLine.regs(f"RIP: {r['cs'] & 0xFFFF:04x}:{ip_text}", {"cs": r["cs"] & 0xFFFF, "ip": r["ip"]},
+                            frame, symbol=ip_text)]
     code = None if user or target.image is None else \
         target.image.text(r["ip"] - PROLOGUE_SIZE, PROLOGUE_SIZE + 1 + EPILOGUE_SIZE)
     if code is not None:
-        lines.append(f"Code: {code[:PROLOGUE_SIZE].hex(' ')} <{code[PROLOGUE_SIZE]:02x}> "
-                     f"{code[PROLOGUE_SIZE + 1:].hex(' ')}")
+        before, at, after = code[:PROLOGUE_SIZE].hex(" "), f"{code[PROLOGUE_SIZE]:02x}", code[PROLOGUE_SIZE + 1:].hex(" ")
+        lines.append(TraceLine(f"Code: {before} <{at}> {after}", LineKind.CODE, None,
+                               {"ip": r["ip"], "before": before, "at": at, "after": after}))
     rsp = f"RSP: {r['ss'] & 0xFFFF:04x}:{r['sp']:016x} EFLAGS: {r['flags']:08x}"
+    shown = {"ss": r["ss"] & 0xFFFF, "sp": r["sp"], "flags": r["flags"]}
     if partial:
-        return lines + [rsp]
+        return lines + [TraceLine.regs(rsp, shown)]
     if r["orig_ax"] != 2**64 - 1:
         rsp += f" ORIG_RAX: {r['orig_ax']:016x}"
-    lines.append(rsp)
+        shown["orig_ax"] = r["orig_ax"]
+    lines.append(TraceLine.regs(rsp, shown))
     for row in (("ax", "bx", "cx"), ("dx", "si", "di"), ("bp", "r8", "r9"), ("r10", "r11", "r12"),
                 ("r13", "r14", "r15")):
-        lines.append(" ".join(f"{_LABEL[n]}: {r[n]:016x}" for n in row))
+        lines.append(TraceLine.regs(" ".join(f"{_LABEL[n]}: {r[n]:016x}" for n in row), {n: r[n] for n in row}))
     return lines
 
 
@@ -165,7 +174,7 @@ class TracePrinter:
     # __show_trace_log_lvl() (dumpstack.c:186-306): the loop over stacks
     def print_trace(self) -> Lines:
         """``Call Trace:``, then each visited stack between its ``<NAME>`` markers."""
-        self.out.append(("Call Trace:", None))
+        self.out.append(TraceLine.header("Call Trace:"))
         finder = StackFinder(self.target.task.stacks, self.target.mem)
         mask = [0]
         stack = self.start
@@ -178,18 +187,19 @@ class TracePrinter:
                 if info is None:
                     break
             if info.name:
-                self.out.append((f" <{info.name}>", None))
+                self.out.append(TraceLine.marker(f" <{info.name}>", info.name, "begin"))
             self.show_regs_if_on_stack(info.begin, info.end)
             while stack < info.end:
                 self.scan_word(stack, info.begin, info.end)
                 stack += 8
             if info.name:
-                self.out.append((f" </{info.name}>", None))
+                self.out.append(TraceLine.marker(f" </{info.name}>", info.name, "end"))
             stack = info.next_sp or 0
         for st in self.states[self.k:]:
             if st.frame is not None:
-                self.out.append((f" [not reached by the stack scan] {backtrace_symbol(self.symbols, st.frame.pc)}",
-                                 st.frame))
+                sym = backtrace_symbol(self.symbols, st.frame.pc)
+                self.out.append(TraceLine.of_frame(f" [not reached by the stack scan] {sym}", st.frame,
+                                                   st.frame.pc, sym))
         return self.out
 
     # dumpstack.c:251-287, printk_stack_address() (68-73)
@@ -208,16 +218,23 @@ class TracePrinter:
         if st is not None and addr == st.ret_addr_p and st.frame is not None:
             f = st.frame
             if f.flags & Flag.FGRAPH:
-                self.out.append((f" ? {backtrace_symbol(self.symbols, word)}", None))
-                self.out.append((f" {self._q(f)}{backtrace_symbol(self.symbols, f.pc)}", f))
+                self._guess(word)
+                sym = backtrace_symbol(self.symbols, f.pc)
+                self.out.append(TraceLine.of_frame(f" {self._q(f)}{sym}", f, f.pc, sym))
             else:  # a rethook-hijacked slot prints the trampoline: the printer does not recover rethook
-                self.out.append((f" {self._q(f)}{backtrace_symbol(self.symbols, word)}", f))
+                sym = backtrace_symbol(self.symbols, word)
+                self.out.append(TraceLine.of_frame(f" {self._q(f)}{sym}", f, word, sym))
             self.step(begin, end)
             return
         real = self._fgraph_guess(word, addr)
         if real != word:
-            self.out.append((f" ? {backtrace_symbol(self.symbols, word)}", None))
-        self.out.append((f" ? {backtrace_symbol(self.symbols, real)}", None))
+            self._guess(word)
+        self._guess(real)
+
+    def _guess(self, addr: int) -> None:
+        """A ``? `` line: a text address on the stack that is not the unwinder's slot."""
+        sym = backtrace_symbol(self.symbols, addr)
+        self.out.append(TraceLine.guess(f" ? {sym}", addr, sym))
 
     @staticmethod
     def _q(f: Frame) -> str:
@@ -250,12 +267,11 @@ class TracePrinter:
         regs = pt_regs_at(self.target, st.regs, st.partial)
         if regs is None:
             return
-        for i, line in enumerate(regs_lines(regs, st.partial, self.target)):
-            self.out.append((line, st.frame if i == 0 else None))
+        self.out.extend(regs_lines(regs, st.partial, self.target, st.frame))
 
 
 # __show_regs(SHOW_REGS_ALL) (process_64.c): the lines after the general registers
-def system_regs_lines(target: Target) -> list[str]:
+def system_regs_lines(target: Target) -> Lines:
     """``FS:``/``CS:``/``CR2:`` lines from the CPU's captured system registers (none when not captured).
 
     The debug registers are left out: they print only in a non-default state, which a capture
@@ -268,16 +284,19 @@ def system_regs_lines(target: Target) -> list[str]:
         return []
     r = target.task.regs or {}
     seg = {k: r.get(k, 0) & 0xFFFF for k in ("fs", "gs", "ds", "es", "cs")}
-    return [f"FS:  {sysregs['fs_base']:016x}({seg['fs']:04x}) GS:{sysregs['gs_base']:016x}({seg['gs']:04x}) "
-            f"knlGS:{sysregs['k_gs_base']:016x}",
-            f"CS:  {seg['cs']:04x} DS: {seg['ds']:04x} ES: {seg['es']:04x} CR0: {sysregs['cr0']:016x}",
-            f"CR2: {sysregs['cr2']:016x} CR3: {sysregs['cr3']:016x} CR4: {sysregs['cr4']:016x}"]
+    return [TraceLine.regs(f"FS:  {sysregs['fs_base']:016x}({seg['fs']:04x}) GS:{sysregs['gs_base']:016x}"
+                           f"({seg['gs']:04x}) knlGS:{sysregs['k_gs_base']:016x}",
+                           {"fs_base": sysregs["fs_base"], "fs": seg["fs"], "gs_base": sysregs["gs_base"],
+                            "gs": seg["gs"], "k_gs_base": sysregs["k_gs_base"]}),
+            TraceLine.regs(f"CS:  {seg['cs']:04x} DS: {seg['ds']:04x} ES: {seg['es']:04x} CR0: {sysregs['cr0']:016x}",
+                           {"cs": seg["cs"], "ds": seg["ds"], "es": seg["es"], "cr0": sysregs["cr0"]}),
+            TraceLine.regs(f"CR2: {sysregs['cr2']:016x} CR3: {sysregs['cr3']:016x} CR4: {sysregs['cr4']:016x}",
+                           {"cr2": sysregs["cr2"], "cr3": sysregs["cr3"], "cr4": sysregs["cr4"]})]
 
 
 def show_trace(frames: list[Frame], target: Target) -> Lines:
     """``show_regs()`` for a running task's CPU registers, then ``show_trace_log_lvl()``."""
     out: Lines = []
     if frames and frames[0].source is Source.REGS_PC:
-        lines = regs_lines(cpu_regs(target), False, target) + system_regs_lines(target)
-        out += [(line, frames[0] if i == 0 else None) for i, line in enumerate(lines)]
+        out += regs_lines(cpu_regs(target), False, target, frames[0]) + system_regs_lines(target)
     return out + TracePrinter(frames, target).print_trace()

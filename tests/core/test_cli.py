@@ -43,12 +43,20 @@ def test_json_schema(tmp_path, capsys):
     p = write(tmp_path)
     assert main(["replay", str(p), "--all", "--json", "--reliable"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"arch", "kernel", "task", "frames", "stop", "reliable"}
+    assert set(doc) == {"arch", "kernel", "dump", "image", "task", "frames", "trace", "stop", "reliable"}
     assert doc["arch"] == "toy" and doc["task"]["pid"] == 7
+    assert doc["dump"] == {"path": str(p), "build_id": "00" * 20} and doc["image"] is None
+    assert doc["task"]["context"] == {"fp": hex(TASK + 0x100), "pc": "0x1000"} and doc["task"]["regs"] is None
     assert [f["pc"] for f in doc["frames"]] == ["0x1000", "0x2000"]
-    assert set(doc["frames"][0]) == {"pc", "sp", "fp", "symbol", "source", "stack", "flags", "reliable"}
+    assert set(doc["frames"][0]) == {"pc", "sp", "fp", "symbol", "printed_pc", "recovered_symbol", "source",
+                                     "stack", "flags", "reliable", "line"}
     assert doc["frames"][1]["source"] == "frame record" and doc["frames"][1]["fp"] == hex(TASK + 0x200)
-    assert doc["stop"] == {"reason": "end_of_stack", "text": "end of stack", "detail": "", "clean": True}
+    # the trace as printed: the header, then one line per frame pointing back at it
+    assert [(t["kind"], t["text"], t["frame"]) for t in doc["trace"]] == [
+        ("header", "Call trace:", None), ("frame", " 0x1000", 0), ("frame", " 0x2000", 1)]
+    assert [f["line"] for f in doc["frames"]] == [1, 2]
+    assert doc["stop"] == {"reason": "end_of_stack", "text": "end of stack", "detail": "", "clean": True,
+                           "truncated": False}
     assert doc["reliable"] == {"ok": True, "reason": ""}
 
 

@@ -15,6 +15,7 @@ from unwind.frame import Flag, Frame, Provenance, Source
 from unwind.memory import MemoryFault
 from unwind.stackinfo import Refusal, StackSet
 from unwind.target import Target
+from unwind.trace import TraceLine
 from unwind.walk import Stop, StopReason, Unwinder, UnwindStop
 
 META_UNKNOWN = 0x7E
@@ -87,10 +88,11 @@ class ToyBackend(registry.ArchBackend):
     def is_call(self, mnemonic: str, op_str: str) -> bool:
         return mnemonic == "bl"
 
-    def format_trace(self, frames: list[Frame], stop: Stop, target: Target) -> list[tuple[str, Frame | None]]:
-        out: list[tuple[str, Frame | None]] = [("Call trace:", None)]
+    def format_trace(self, frames: list[Frame], stop: Stop, target: Target) -> list[TraceLine]:
+        out = [TraceLine.header("Call trace:")]
         for f in frames:
-            out.append((f" {f.symbol or hex(f.pc)}", f))
+            sym = f.symbol or hex(f.pc)
+            out.append(TraceLine.of_frame(f" {sym}", f, f.pc, sym))
         return out
 
 

@@ -18,7 +18,7 @@ from unwind.target import FgraphEntry, KretprobeInstance
 
 def lines(sc, **opt):
     r = sc.session.replay(sc.task, Options(**opt))
-    return [line for line, _ in sc.session.backend.format_trace(r.frames, r.stop, r.target)], r
+    return [line.text for line in sc.session.backend.format_trace(r.frames, r.stop, r.target)], r
 
 
 # -- PAC ---------------------------------------------------------------------
@@ -88,7 +88,7 @@ def test_unknown_symbol_prints_the_address():
     r.frames[1].symbol = None
     r.target.symbols = None
     out = sc.session.backend.format_trace(r.frames, r.stop, r.target)
-    assert out[2][0] == f" {sc.expected[1]:#x}"
+    assert out[2].text == f" {sc.expected[1]:#x}"
 
 
 # -- adapters --------------------------------------------------------------------

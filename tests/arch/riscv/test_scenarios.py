@@ -117,24 +117,24 @@ def test_explain_shows_record_bounds_and_why():
     assert "fp_is_valid(fp " in text and "[sp+16, ALIGN(sp, THREAD_SIZE)] = [" in text
     assert "THREAD_SIZE 0x4000" in text
     assert "complete: crossed from the irq@cpu0 stack" in text
-    assert "(complete: past call_on_irq_stack)" in text
-    assert "--- call_on_irq_stack: IRQ stack -> task stack (complete) ---" in text
+    assert "[complete: past call_on_irq_stack]" in text
+    assert "--- call_on_irq_stack: IRQ stack -> task stack [complete] ---" in text
 
 
 def test_format_trace_is_the_kernels():
     sc = S.deep_chain(3)
     r = replay(sc, complete=False)
-    lines = [line for line, _ in sc.session.backend.format_trace(r.frames, r.stop, r.target)]
+    lines = [line.text for line in sc.session.backend.format_trace(r.frames, r.stop, r.target)]
     assert lines[0] == "Call Trace:"
     assert lines[1] == f"[<{sc.faithful[0]:016x}>] __schedule+0x3a6/0x400"
     assert lines[-1] == f"[<{sc.faithful[-1]:016x}>] ret_from_fork+0xe/0x40"
     sc = S.irq_on_irq_stack()
     r = replay(sc, complete=False)
-    lines = [line for line, _ in sc.session.backend.format_trace(r.frames, r.stop, r.target)]
+    lines = [line.text for line in sc.session.backend.format_trace(r.frames, r.stop, r.target)]
     assert lines[:2] == ["epc : riscv_timer_interrupt+0x1c/0x400", " ra : handle_percpu_devid_irq+0x70/0x400"]
     sc = S.user_stack()
     r = replay(sc, complete=False)
-    lines = [line for line, _ in sc.session.backend.format_trace(r.frames, r.stop, r.target)]
+    lines = [line.text for line in sc.session.backend.format_trace(r.frames, r.stop, r.target)]
     assert lines == ["<user stack trace>", *(f" =>  <{p:016x}>" for p in sc.faithful)]
 
 
@@ -176,4 +176,4 @@ def test_cli_replay_user_complete_explain(tmp_path, capsys):
     assert main(["replay", str(path), "--system-map", str(smap), "--complete"]) == 0
     out = capsys.readouterr().out
     assert "[<ffffffff80001312>] call_on_irq_stack+0x32/0x40\n" in out
-    assert "do_irq+0x3c/0x400 (complete: past call_on_irq_stack)" in out
+    assert "do_irq+0x3c/0x400 [complete: past call_on_irq_stack]" in out

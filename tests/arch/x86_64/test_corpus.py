@@ -87,7 +87,7 @@ def test_printed_text_matches_sysrq(dump: str) -> None:
                     if (t.cpu == oracle["cpu"] if oracle.get("cpu") is not None else t.pid == oracle["pid"]
                         and not t.running))
         r = session.replay(task)
-        ours = _trace_text([line for line, _ in session.backend.format_trace(r.frames, r.stop, r.target)])
+        ours = _trace_text([line.text for line in session.backend.format_trace(r.frames, r.stop, r.target)])
         if ours == _trace_text(oracle.get("text", "").splitlines()):
             same += 1
         else:

@@ -148,7 +148,7 @@ def test_irq_stack_crossing_through_sp_indirect():
     assert [f.stack for f in frames] == ["irq", "irq", "task", "task"]
     assert frames[0].source is Source.REGS_PC and frames[0].flags & Flag.BOUNDARY
     assert stop.reason is StopReason.END_OF_STACK
-    text = [line for line, _ in s.backend.format_trace(frames, stop, s.target(t, Options()))]
+    text = [line.text for line in s.backend.format_trace(frames, stop, s.target(t, Options()))]
     assert text[0].startswith("RIP: 0010:handler+0x4/") and "Call Trace:" in text
     assert text[text.index("Call Trace:") + 1:] == [" <IRQ>", " sysvec+0x25/0x80", " </IRQ>", " <TASK>",
                                                     " kthread+0x30/0x100", " ret_from_fork_asm+0x8/0x20",
@@ -181,7 +181,7 @@ def test_exception_stack_crossing_through_full_pt_regs():
     assert [f.stack for f in frames[3:]] == ["task", "task"]
     r = stack_walk_reliable(s.backend.unwinder(s.target(t, Options())), lambda pc: True)
     assert r.ok  # ORC accepts kernel-mode pt_regs
-    text = [line for line, _ in s.backend.format_trace(frames, stop, s.target(t, Options()))]
+    text = [line.text for line in s.backend.format_trace(frames, stop, s.target(t, Options()))]
     i = text.index(" <NMI>")
     assert text[i + 1] == " asm_exc_nmi+0x10/0x80" and text[i + 2].startswith("RIP: 0010:default_idle+0x7/")
     assert " </NMI>" in text and " <TASK>" in text
@@ -271,7 +271,7 @@ def test_user_mode_regs_end_the_walk_cleanly():
     assert stop.reason is StopReason.USER_MODE and stop.clean
     assert frames[-1].extra == {"user_regs": pt}
     assert stack_walk_reliable(s.backend.unwinder(s.target(t, Options())), lambda pc: True).ok
-    text = [line for line, _ in s.backend.format_trace(frames, stop, s.target(t, Options()))]
+    text = [line.text for line in s.backend.format_trace(frames, stop, s.target(t, Options()))]
     assert text[-2].startswith("R13: ") and "RIP: 0033:0x7f0000001000" in text
     assert "RSP: 002b:000000007fff0000 EFLAGS: 00000000 ORIG_RAX: 0000000000000000" in text
 
@@ -310,7 +310,7 @@ def test_orc_missing_pc_falls_back_to_frame_pointers_and_is_unreliable():
     assert stop.reason is StopReason.END_OF_STACK
     r = stack_walk_reliable(s.backend.unwinder(s.target(t, Options())), lambda pc: True)
     assert not r.ok and "guessed" in r.reason
-    text = [line for line, _ in s.backend.format_trace(frames, stop, s.target(t, Options()))]
+    text = [line.text for line in s.backend.format_trace(frames, stop, s.target(t, Options()))]
     assert " ? kthread+0x30/0x100" in text
 
 
@@ -376,7 +376,7 @@ def test_fgraph_and_rethook_recovery():
     assert stop.clean
     # the kernel's printer shows "? return_to_handler" before the fgraph-recovered address, and the
     # rethook trampoline itself (it does not recover rethook); %pB looks up addr-1
-    text = [line for line, _ in s.backend.format_trace(frames, stop, s.target(t, Options()))]
+    text = [line.text for line in s.backend.format_trace(frames, stop, s.target(t, Options()))]
     assert text[2:7] == [" __schedule+0x50/0x200", " ? ret_from_fork_asm+0x20/0x20", " schedule+0x10/0x40",
                          " return_to_handler+0x20/0x20", " ret_from_fork_asm+0x8/0x20"]
 
@@ -415,7 +415,7 @@ def test_blocked_trace_text():
     b = kernel()
     s, t = blocked(b, sleeping)
     r = s.replay(t)
-    text = [line for line, _ in s.backend.format_trace(r.frames, r.stop, r.target)]
+    text = [line.text for line in s.backend.format_trace(r.frames, r.stop, r.target)]
     assert text == ["Call Trace:", " <TASK>", " __schedule+0x50/0x200", " schedule+0x10/0x40",
                     " do_nanosleep+0x20/0x80", " kthread+0x30/0x100", " ret_from_fork+0x10/0x40",
                     " ret_from_fork_asm+0x8/0x20", " </TASK>"]
