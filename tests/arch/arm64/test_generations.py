@@ -123,7 +123,7 @@ def test_btf_gives_the_layout_and_the_generation():
     assert [f.pc for f in r.frames] == [ret(0), ret(1), fn(30) + 8, ret(31)] and r.stop.clean
     assert r.basis["pt_regs"].startswith("struct pt_regs: 344 bytes, stackframe at 304, from btf")
     assert r.basis["generation"] == "v6.13+" and "frame_record_meta" in r.basis["generation_why"]
-    assert "(P)" in "\n".join(line for line, _ in s.backend.format_trace(r.frames, r.stop, r.target))
+    assert "(P)" in "\n".join(line.text for line in s.backend.format_trace(r.frames, r.stop, r.target))
 
 
 def test_btf_of_a_6_12_kernel_says_no_meta_records():
