@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -16,13 +18,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .fetch import ARCHES, Kernel, cache_dir, canonical_arch, ensure_tools
 
 READY = "UNWIND-LAB-READY"
 
-#: /init: workloads, sysrq, function_graph on a few hot functions and a kretprobe.
+#: /init: workloads, sysrq, then (by option) function_graph and a kretprobe; @TRACING@ is replaced.
 INIT_SCRIPT = r"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
@@ -35,13 +38,7 @@ echo 8 > /proc/sys/kernel/printk
 T=/sys/kernel/tracing
 if [ -d $T/events ]; then
   echo 64 > $T/buffer_size_kb
-  echo 'r:krp_ksys_read ksys_read' >> $T/kprobe_events
-  echo 1 > $T/events/kprobes/krp_ksys_read/enable
-  echo vfs_read > $T/set_graph_function
-  echo vfs_write >> $T/set_graph_function
-  echo do_sys_openat2 >> $T/set_graph_function
-  echo 4 > $T/max_graph_depth
-  echo function_graph > $T/current_tracer
+@TRACING@
 fi
 (while :; do cat /proc/meminfo /proc/stat /proc/interrupts /proc/self/maps > /dev/null; done) &
 (while :; do dd if=/dev/zero of=/dev/null bs=4k count=200 2>/dev/null; done) &
@@ -53,6 +50,52 @@ echo UNWIND-LAB-READY
 exec setsid cttyhack sh
 """
 
+#: a kretprobe on ksys_read (arm64: kretprobe trampoline; x86/riscv: rethook)
+KRETPROBE = """  echo 'r:krp_ksys_read ksys_read' >> $T/kprobe_events
+  echo 1 > $T/events/kprobes/krp_ksys_read/enable"""
+
+#: function_graph on a few hot functions, shallow, so stacks hold return_to_handler
+FGRAPH = """  echo vfs_read > $T/set_graph_function
+  echo vfs_write >> $T/set_graph_function
+  echo do_sys_openat2 >> $T/set_graph_function
+  echo 4 > $T/max_graph_depth
+  echo function_graph > $T/current_tracer"""
+
+
+def init_script(fgraph: bool = True, kretprobe: bool = True) -> str:
+    """The built-in /init, with the kretprobe and function_graph set-up when asked for."""
+    parts = [KRETPROBE] * kretprobe + [FGRAPH] * fgraph
+    return INIT_SCRIPT.replace("@TRACING@", "\n".join(parts) or "  :")
+
+
+@dataclass(frozen=True)
+class BootOptions:
+    """How to boot the lab guest; a running guest is reused only when booted with the same options."""
+
+    mem: str = "1G"
+    smp: int = 2
+    #: a user /init (a file whose last step prints UNWIND-LAB-READY), else the built-in one
+    init: str | None = None
+    #: extra kernel command-line arguments
+    append: str = ""
+    #: extra QEMU arguments
+    qemu_args: tuple[str, ...] = ()
+    fgraph: bool = True
+    kretprobe: bool = True
+
+    def to_json(self) -> dict:
+        """The options as stored in lab.json."""
+        d = asdict(self)
+        d["qemu_args"] = list(self.qemu_args)
+        return d
+
+
+def parse_mem(mem: str) -> str:
+    """Check a QEMU ``-m`` size (``512M``, ``1G``, ``1024``); LabError when it is not one."""
+    if not re.fullmatch(r"[1-9][0-9]*[MG]?", mem):
+        raise LabError(f"bad --mem {mem!r}: expected a size such as 512M or 1G")
+    return mem
+
 
 class LabError(Exception):
     """A lab step failed; the message is one line for the user."""
@@ -63,7 +106,7 @@ def run_dir(arch: str) -> Path:
     return cache_dir() / "run" / canonical_arch(arch)
 
 
-def build_initramfs(k: Kernel, out: Path) -> Path:
+def build_initramfs(k: Kernel, out: Path, opts: BootOptions = BootOptions()) -> Path:
     """Write a gzip'ed newc cpio with busybox, /init and qemu_fw_cfg.ko to ``out``."""
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
@@ -73,7 +116,13 @@ def build_initramfs(k: Kernel, out: Path) -> Path:
         os.chmod(root / "bin" / "busybox", 0o755)
         if k.fw_cfg_module.exists():
             shutil.copy(k.fw_cfg_module, root / "qemu_fw_cfg.ko")
-        (root / "init").write_text(INIT_SCRIPT)
+        if opts.init:
+            try:
+                shutil.copy(opts.init, root / "init")
+            except OSError as e:
+                raise LabError(f"cannot read --init {opts.init}: {e.strerror}") from None
+        else:
+            (root / "init").write_text(init_script(opts.fgraph, opts.kretprobe))
         os.chmod(root / "init", 0o755)
         with open(out, "wb") as f:
             subprocess.run("find . | cpio -o -H newc --quiet | gzip -9", shell=True, cwd=root,
@@ -87,10 +136,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def qemu_command(k: Kernel, run: Path, initrd: Path, port: int, mem: str, smp: int) -> list[str]:
+def qemu_command(k: Kernel, run: Path, initrd: Path, port: int, opts: BootOptions = BootOptions()) -> list[str]:
     """The QEMU command line for ``k`` (TCG, gdbstub, HMP socket, logged console socket)."""
     _, _, qemu, _ = ARCHES[k.arch]
-    common = ["-accel", "tcg", "-m", mem, "-smp", str(smp), "-display", "none", "-nodefaults",
+    common = ["-accel", "tcg", "-m", opts.mem, "-smp", str(opts.smp), "-display", "none", "-nodefaults",
               "-kernel", str(k.boot_image), "-initrd", str(initrd),
               "-chardev", f"socket,id=con,path={run}/con.sock,server=on,wait=off,"
                           f"logfile={run}/console.log",
@@ -98,14 +147,15 @@ def qemu_command(k: Kernel, run: Path, initrd: Path, port: int, mem: str, smp: i
               "-gdb", f"tcp:127.0.0.1:{port}",
               "-monitor", f"unix:{run}/mon.sock,server=on,wait=off",
               "-pidfile", f"{run}/qemu.pid", "-daemonize"]
-    tail = "nokaslr panic=-1 rdinit=/init loglevel=7 log_buf_len=4M"
+    tail = " ".join(["nokaslr panic=-1 rdinit=/init loglevel=7 log_buf_len=4M", opts.append]).strip()
     if k.arch == "x86_64":
-        return [qemu, *common, "-device", "vmcoreinfo",
-                "-append", f"console=ttyS0 {tail}"]
-    if k.arch == "arm64":
-        return [qemu, "-M", "virt", "-cpu", "max,pauth-impdef=on", *common, "-device", "vmcoreinfo",
-                "-append", f"console=ttyAMA0 {tail}"]
-    return [qemu, "-M", "virt", "-bios", "default", *common, "-append", f"console=ttyS0 {tail}"]
+        cmd = [qemu, *common, "-device", "vmcoreinfo", "-append", f"console=ttyS0 {tail}"]
+    elif k.arch == "arm64":
+        cmd = [qemu, "-M", "virt", "-cpu", "max,pauth-impdef=on", *common, "-device", "vmcoreinfo",
+               "-append", f"console=ttyAMA0 {tail}"]
+    else:
+        cmd = [qemu, "-M", "virt", "-bios", "default", *common, "-append", f"console=ttyS0 {tail}"]
+    return cmd + list(opts.qemu_args)
 
 
 def _alive(pid: int) -> bool:
@@ -128,23 +178,37 @@ def lab_state(arch: str) -> dict:
     return st
 
 
-def boot(k: Kernel, mem: str = "1G", smp: int = 2, timeout: float = 180.0) -> dict:
-    """Boot ``k`` and wait until /init reports ready; returns the lab state."""
-    ensure_tools(k.arch)
+def boot(k: Kernel, opts: BootOptions = BootOptions(), timeout: float = 180.0, restart: bool = False) -> dict:
+    """Boot ``k`` and wait until /init reports ready; returns the lab state.
+
+    A guest already running for the arch is returned only when it runs ``k``
+    with the same options; otherwise LabError, or with ``restart`` it is
+    stopped and ``k`` booted.
+    """
     run = run_dir(k.arch)
+    parse_mem(opts.mem)
     try:
         st = lab_state(k.arch)
-        print(f"[lab] {k.arch} guest already running (pid {st['pid']})", file=sys.stderr)
-        return st
     except LabError:
-        pass
+        st = None
+    if st is not None:
+        differs = running_differs(st, k, opts)
+        if not differs:
+            print(f"[lab] {k.arch} guest already running {k.release} (pid {st['pid']})", file=sys.stderr)
+            return st
+        if not restart:
+            raise LabError(f"the running {k.arch} guest (pid {st['pid']}) {differs}; "
+                           f"stop it (unwind lab stop --arch {k.arch}) or pass --restart")
+        print(f"[lab] restarting the {k.arch} guest: it {differs}", file=sys.stderr)
+        stop(k.arch)
+    ensure_tools(k.arch)
     run.mkdir(parents=True, exist_ok=True)
     for f in ("console.log", "qemu.pid", "lab.json", "mon.sock", "con.sock"):
         (run / f).unlink(missing_ok=True)
-    initrd = build_initramfs(k, run / "initrd.gz")
+    initrd = build_initramfs(k, run / "initrd.gz", opts)
     port = _free_port()
-    cmd = qemu_command(k, run, initrd, port, mem, smp)
-    print("[lab] $ " + " ".join(cmd), file=sys.stderr)
+    cmd = qemu_command(k, run, initrd, port, opts)
+    print("[lab] $ " + shlex.join(cmd), file=sys.stderr)
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise LabError(f"qemu failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
@@ -152,7 +216,7 @@ def boot(k: Kernel, mem: str = "1G", smp: int = 2, timeout: float = 180.0) -> di
     st = {"arch": k.arch, "release": k.release, "kernel": str(k.root), "pid": pid,
           "gdb": f"127.0.0.1:{port}", "monitor": str(run / "mon.sock"),
           "console": str(run / "con.sock"), "console_log": str(run / "console.log"),
-          "qemu": cmd, "booted": time.time()}
+          "qemu": cmd, "options": opts.to_json(), "booted": time.time()}
     (run / "lab.json").write_text(json.dumps(st, indent=1) + "\n")
     t0 = time.time()
     log = run / "console.log"
@@ -165,6 +229,15 @@ def boot(k: Kernel, mem: str = "1G", smp: int = 2, timeout: float = 180.0) -> di
             raise LabError(f"qemu exited during boot; see {log}")
         time.sleep(0.5)
     raise LabError(f"guest not ready after {timeout:.0f}s; see {log}")
+
+
+def running_differs(st: dict, k: Kernel, opts: BootOptions) -> str:
+    """Why the running guest's lab state ``st`` is not ``k`` booted with ``opts`` ('' when it is)."""
+    if st.get("release") != k.release:
+        return f"runs {st.get('release')}, not {k.release}"
+    if st.get("options", BootOptions().to_json()) != opts.to_json():
+        return "was booted with other options"
+    return ""
 
 
 def stop(arch: str, timeout: float = 15.0) -> None:

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-from .boot import LabError, boot, lab_state, stop
+from .boot import READY, BootOptions, LabError, boot, lab_state, parse_mem, stop
 from unwind.btf import BtfError
+from unwind.kernel import KernelError
 from .capture import (CaptureError, FtraceStacktrace, Image, Plan, Session, SysrqOracle, add_gdb_oracles,
                       default_breaks, reparse_oracles, run_capture)
-from .fetch import FetchError, canonical_arch, fetch, find_kernel
+from .fetch import HOST_CHANGES, FetchError, canonical_arch, fetch, find_kernel
 from .rsp import RspClient, RspError
 
-_ERRORS = (FetchError, LabError, CaptureError, RspError, BtfError, OSError, TimeoutError)
+#: what a lab step may raise for bad input or a failed step: each becomes one line, never a traceback
+LAB_ERRORS = (FetchError, LabError, CaptureError, RspError, BtfError, KernelError, OSError, TimeoutError)
 
 
 def _fail(msg: str, code: int = 2) -> int:
@@ -27,7 +30,7 @@ def cmd_kernels_fetch(args: argparse.Namespace) -> int:
     """Fetch (or find) a kernel and print its cache folder."""
     try:
         k = fetch(args.arch, args.suite, args.release)
-    except _ERRORS as e:
+    except LAB_ERRORS as e:
         return _fail(str(e).splitlines()[0])
     print(k.root)
     return 0
@@ -50,8 +53,13 @@ def cmd_lab_boot(args: argparse.Namespace) -> int:
         if args.stop:
             stop(arch)
             return 0
-        st = boot(find_kernel(arch, args.release), mem=args.mem, smp=args.smp, timeout=args.timeout)
-    except _ERRORS as e:
+        opts = BootOptions(mem=parse_mem(args.mem), smp=args.smp, init=args.init, append=args.append,
+                           qemu_args=tuple(shlex.split(args.qemu_args)), fgraph=args.fgraph,
+                           kretprobe=args.kretprobe)
+        st = boot(find_kernel(arch, args.release), opts, timeout=args.timeout, restart=args.restart)
+    except ValueError as e:
+        return _fail(f"bad --qemu-args: {e}")
+    except LAB_ERRORS as e:
         return _fail(str(e).splitlines()[0])
     print(json.dumps({k: st[k] for k in ("arch", "release", "pid", "gdb", "monitor", "console",
                                           "console_log")}, indent=1))
@@ -62,7 +70,7 @@ def cmd_lab_stop(args: argparse.Namespace) -> int:
     """Quit the lab guest of an arch."""
     try:
         stop(canonical_arch(args.arch))
-    except _ERRORS as e:
+    except LAB_ERRORS as e:
         return _fail(str(e).splitlines()[0])
     return 0
 
@@ -88,7 +96,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
         print(f"[capture] loading {vmlinux}", file=sys.stderr)
         img = Image(vmlinux)
         rsp = RspClient(host or "127.0.0.1", int(port), timeout=args.timeout)
-    except _ERRORS as e:
+    except LAB_ERRORS as e:
         return _fail(str(e).splitlines()[0])
     try:
         if rsp.running:
@@ -110,12 +118,12 @@ def cmd_capture(args: argparse.Namespace) -> int:
             sysrq = None if args.no_sysrq else SysrqOracle(console, smap)
             if args.ftrace:
                 ftrace = FtraceStacktrace(console, smap, args.ftrace_event, args.ftrace_never)
-        qemu = " ".join(lab["qemu"]) if lab else ""
+        qemu = shlex.join(lab["qemu"]) if lab else ""
         if args.monitor:
             monitor = Monitor(args.monitor)
         written = run_capture(s, plan, Path(args.output), release, qemu, sysrq, args.sysrq_every,
                               seed=args.seed, monitor=monitor, ftrace=ftrace, first=args.first)
-    except _ERRORS as e:
+    except LAB_ERRORS as e:
         print(f"unwind: error: {str(e).splitlines()[0]} (dumps written so far are kept in {args.output})",
               file=sys.stderr)
         return 1
@@ -128,7 +136,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     if written and args.gdb_oracle:
         try:
             add_gdb_oracles(written, vmlinux)
-        except (*_ERRORS, subprocess.TimeoutExpired) as e:
+        except (*LAB_ERRORS, subprocess.TimeoutExpired) as e:
             return _fail(f"gdb oracle: {str(e).splitlines()[0]}", 1)
     return 0 if written else 1
 
@@ -137,7 +145,7 @@ def cmd_reparse(args: argparse.Namespace) -> int:
     """Re-derive stored kernel-trace oracles from their raw text with the current parser."""
     try:
         n = reparse_oracles([Path(p) for p in args.dumps], args.system_map)
-    except _ERRORS as e:
+    except LAB_ERRORS as e:
         return _fail(str(e).splitlines()[0])
     print(f"{n} oracle traces changed", file=sys.stderr)
     return 0
@@ -147,7 +155,7 @@ def cmd_gdb_oracle(args: argparse.Namespace) -> int:
     """Add gdb's ``bt`` per CPU to existing dumps."""
     try:
         add_gdb_oracles([Path(p) for p in args.dumps], args.vmlinux)
-    except (*_ERRORS, subprocess.TimeoutExpired) as e:
+    except (*LAB_ERRORS, subprocess.TimeoutExpired) as e:
         return _fail(str(e).splitlines()[0])
     return 0
 
@@ -160,7 +168,7 @@ def cmd_drgn_oracle(args: argparse.Namespace) -> int:
         n = add_drgn_oracles(Path(args.dump), args.vmcore, args.vmlinux)
     except ImportError:
         return _fail("drgn is not installed (pip install drgn)")
-    except _ERRORS as e:
+    except LAB_ERRORS as e:
         return _fail(str(e).splitlines()[0])
     print(f"{n} drgn traces stored in {args.dump}", file=sys.stderr)
     return 0
@@ -177,9 +185,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Add ``kernels``, ``lab`` and ``capture`` to the top-level parser."""
     k = sub.add_parser("kernels", help="fetch Debian kernels into the cache")
     ksub = k.add_subparsers(dest="kernels_cmd", required=True)
-    f = ksub.add_parser("fetch", help="download and extract a kernel, its vmlinux and busybox")
+    f = ksub.add_parser("fetch", help="download and extract a kernel, its vmlinux and busybox",
+                        description="Download a Debian kernel (image, -dbg vmlinux, System.map, config, "
+                        "qemu_fw_cfg.ko) and busybox-static of SUITE into the cache. " + HOST_CHANGES)
     f.add_argument("--arch", required=True, help="x86_64, arm64 or riscv")
-    f.add_argument("--suite", default="trixie", help="Debian suite (default trixie)")
+    f.add_argument("--suite", default="trixie",
+                   help="Debian suite: bookworm (with bookworm-security), trixie, sid (default trixie)")
     f.add_argument("--release", help="kernel release (default: the suite's current one)")
     f.set_defaults(func=cmd_kernels_fetch)
     ksub.add_parser("list", help="list fetched kernels").set_defaults(func=cmd_kernels_list)
@@ -188,9 +199,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     lsub = lab.add_subparsers(dest="lab_cmd", required=True)
     b = lsub.add_parser("boot", help="boot the guest (gdbstub, monitor, logged console)")
     b.add_argument("--arch", required=True)
-    b.add_argument("--release", help="which fetched kernel (default: newest)")
-    b.add_argument("--mem", default="1G")
+    b.add_argument("--release", help="which fetched kernel (default: the newest version fetched)")
+    b.add_argument("--mem", default="1G", help="guest memory, QEMU -m (default 1G; 512M is enough)")
     b.add_argument("--smp", type=int, default=2)
+    b.add_argument("--init", metavar="FILE",
+                   help=f"use FILE as /init (busybox is /bin/busybox; print {READY} when ready)")
+    b.add_argument("--append", default="", metavar="ARGS", help="extra kernel command-line arguments")
+    b.add_argument("--qemu-args", default="", metavar="ARGS", help="extra QEMU arguments (shell words)")
+    b.add_argument("--fgraph", action=argparse.BooleanOptionalAction, default=True,
+                   help="built-in /init: function_graph on vfs_read/vfs_write/do_sys_openat2 (default on)")
+    b.add_argument("--kretprobe", action=argparse.BooleanOptionalAction, default=True,
+                   help="built-in /init: a kretprobe on ksys_read (default on)")
+    b.add_argument("--restart", action="store_true",
+                   help="stop a running guest of another release or other options (else: refuse)")
     b.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for /init")
     b.add_argument("--stop", action="store_true", help="quit the running guest instead")
     b.set_defaults(func=cmd_lab_boot)
