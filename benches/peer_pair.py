@@ -14,15 +14,17 @@ points the peer benches at the pair.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
 
-from unwind.lab.boot import LabError, lab_state
+from unwind.lab.boot import lab_state
 from unwind.lab.capture import CaptureError, Image, Session, StopResult
+from unwind.lab.cli import LAB_ERRORS
 from unwind.lab.fetch import canonical_arch
 from unwind.lab.monitor import Monitor
-from unwind.lab.rsp import RspClient, RspError
+from unwind.lab.rsp import RspClient
 
 
 def capture_pair(arch: str, prefix: Path, tries: int = 20) -> tuple[Path, Path]:
@@ -49,7 +51,7 @@ def capture_pair(arch: str, prefix: Path, tries: int = 20) -> tuple[Path, Path]:
             rsp.halt()
         if isinstance(res, str):
             raise CaptureError(f"no usable stop in {tries} tries: {res}")
-        s.write_dump(res, dump, lab["release"], {"qemu": " ".join(lab["qemu"]), "peer_vmcore": vmcore.name})
+        s.write_dump(res, dump, lab["release"], {"qemu": shlex.join(lab["qemu"]), "peer_vmcore": vmcore.name})
         s.log(f"[peer] wrote {dump}; dumping guest memory to {vmcore}")
         vmcore.unlink(missing_ok=True)
         with Monitor(lab["monitor"], timeout=900.0) as mon:
@@ -71,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         dump, vmcore = capture_pair(args.lab, Path(args.output))
-    except (LabError, CaptureError, RspError, OSError, TimeoutError) as e:
-        print(f"peer_pair: error: {e}", file=sys.stderr)
+    except LAB_ERRORS as e:
+        print(f"peer_pair: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 1
     print(f"{dump}\n{vmcore}")
     return 0

@@ -68,6 +68,28 @@ def field_int(btf: Btf, data: bytes, struct: str, path: str, signed: bool = Fals
     return int.from_bytes(data[m.offset:m.offset + size], "little", signed=signed)
 
 
+#: INIT_TASK_DATA() (include/asm-generic/vmlinux.lds.h) ends init_stack at THREAD_SIZE:
+#: ``__end_init_stack`` since v6.2, ``__end_init_task`` before
+INIT_STACK_ENDS = ("__end_init_stack", "__end_init_task")
+
+
+def thread_size(btf: Btf, symbol: Callable[[str], int | None]) -> int:
+    """THREAD_SIZE: the extent of ``init_stack`` as the linker script lays it out, else ``sizeof(union thread_union)``.
+
+    The symbols exist in every generation (6.1 names the end ``__end_init_task``);
+    ``thread_union`` is in BTF only when some type refers to it (not in 6.1).
+    """
+    lo = symbol("init_stack")
+    for end in INIT_STACK_ENDS:
+        hi = symbol(end)
+        if lo is not None and hi is not None and 0 < hi - lo <= 1 << 20 and (hi - lo) & (hi - lo - 1) == 0:
+            return hi - lo
+    if btf.has("thread_union", "union"):
+        return btf.sizeof("thread_union")
+    raise KernelError("cannot tell THREAD_SIZE: no init_stack/__end_init_stack/__end_init_task symbols, "
+                      "no thread_union in BTF")
+
+
 # __task_state_index() and task_index_to_char() (include/linux/sched.h)
 def task_state_char(state: int, exit_state: int) -> str:
     """The letter ``ps`` and sysrq-t print for ``__state`` and ``exit_state``."""
@@ -211,13 +233,8 @@ class Kernel:
             raise KernelError(f"kernel BTF: {e}") from None
 
     def _thread_size(self) -> int:
-        """THREAD_SIZE: ``init_stack``'s extent, else ``sizeof(union thread_union)``."""
-        lo, hi = self._symbol("init_stack"), self._symbol("__end_init_stack")
-        if lo is not None and hi is not None and 0 < hi - lo <= 1 << 20:
-            return hi - lo
-        if self.btf.has("thread_union", "union"):
-            return self.btf.sizeof("thread_union")
-        raise KernelError("cannot tell THREAD_SIZE: no init_stack/__end_init_stack symbols, no thread_union in BTF")
+        """THREAD_SIZE of this kernel (see :func:`thread_size`)."""
+        return thread_size(self.btf, self._symbol)
 
     def _per_cpu_offsets(self) -> list[int]:
         """``__per_cpu_offset[0 .. nr_cpu_ids)`` (one zero offset on a kernel built without SMP)."""

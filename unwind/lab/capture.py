@@ -24,7 +24,7 @@ import numpy as np
 from elftools.elf.elffile import ELFFile
 
 from unwind.btf import Btf, BtfError
-from unwind.kernel import ftrace_trampolines
+from unwind.kernel import KernelError, ftrace_trampolines, thread_size
 from .fetch import build_id
 from .rsp import RspClient, RspMemoryError
 
@@ -153,8 +153,10 @@ class Session:
             raise CaptureError("the stub reports no threads")
         self.ncpu = len(self.threads)
         self.mem_tid = self.threads[0]
-        self.thread_size = image.addr("__end_init_stack") - image.addr("init_stack") \
-            if image.get("__end_init_stack") else image.btf.sizeof("thread_union")
+        try:
+            self.thread_size = thread_size(image.btf, image.get)
+        except KernelError as e:
+            raise CaptureError(str(e)) from None
         self.per_cpu_offset: list[int] = []
         self.vmcoreinfo = ""
         self._tsize = self.btf.sizeof("task_struct")
