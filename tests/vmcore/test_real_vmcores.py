@@ -1,0 +1,96 @@
+"""Real vmcores from the lab (QEMU dump-guest-memory, makedumpfile): every format of one stop reads the same memory.
+
+The expected bytes come from QEMU's own ELF dump of the stop, read through
+plain ``PT_LOAD`` offsets; each other file was written by QEMU or
+makedumpfile from the same stop. The flattened reader is checked against
+``makedumpfile -R``'s reassembly. Files live outside the repository:
+``$UNWIND_VMCORES`` (``:``-separated directories holding ``<arch>/<stop>.<kind>``),
+by default the lab's output folders.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from unwind.memory import ExcludedPage, MemoryFault
+from unwind.vmcore import detect_format, open_vmcore
+
+pytestmark = pytest.mark.slow
+
+DEFAULT_DIRS = "/work/lab-out/vmcores:/work/lab-out/vmfmt/vmcores"
+SAMPLE_PAGES = 3000
+
+
+def _stops() -> list[tuple[Path, list[Path]]]:
+    """(the stop's QEMU ELF, the other vmcores of the same stop) for every stop found."""
+    groups: dict[tuple[str, str], list[Path]] = {}
+    for d in os.environ.get("UNWIND_VMCORES", DEFAULT_DIRS).split(":"):
+        for p in sorted(Path(d).glob("*/stop-*.*")) if Path(d).is_dir() else []:
+            stop, _, kind = p.name.partition(".")
+            if kind.endswith((".elf", ".kdump", ".flat")) or kind in ("elf",):
+                groups.setdefault((p.parent.name, stop), []).append(p)
+    out = []
+    for (arch, stop), files in sorted(groups.items()):
+        base = [f for f in files if f.name == f"{stop}.elf"]
+        if base:
+            out.append((base[0], sorted({f.resolve(): f for f in files if f.name != f"{stop}.elf"}.values())))
+    return out
+
+
+STOPS = _stops()
+CASES = [pytest.param(base, other, id=f"{base.parent.name}/{other.name}") for base, others in STOPS for other in others]
+
+
+def _expected_format(path: Path) -> str:
+    kind = path.name.partition(".")[2]
+    if kind.endswith(".flat"):
+        return "flattened-kdump" if "-E" not in kind else "flattened-elf"
+    return "elf" if kind.endswith(".elf") else "kdump"
+
+
+@pytest.mark.skipif(not CASES, reason="no lab vmcores here ($UNWIND_VMCORES)")
+@pytest.mark.parametrize("base,other", CASES)
+def test_same_stop_same_bytes(base: Path, other: Path) -> None:
+    assert detect_format(other) == _expected_format(other)
+    with open_vmcore(base) as ref, open_vmcore(other) as vm:
+        assert vm.machine == ref.machine is not None
+        assert vm.vmcoreinfo == ref.vmcoreinfo
+        assert [p.desc for p in vm.prstatus] == [p.desc for p in ref.prstatus]
+        pfns = [pfn for r in ref.ranges for pfn in range(r.start // 4096, r.end // 4096)]
+        sample = random.Random(other.name).sample(pfns, min(SAMPLE_PAGES, len(pfns)))
+        same = excluded = 0
+        for pfn in sample:
+            want = ref.read_phys(pfn * 4096, 4096)
+            try:
+                got = vm.read_phys(pfn * 4096, 4096)
+            except ExcludedPage:
+                excluded += 1
+                continue
+            except MemoryFault:
+                continue  # outside this file's ranges (-p maps only what the page tables map; -E drops pages)
+            assert got == want, f"pfn {pfn:#x}"
+            same += 1
+        assert same > len(sample) // 4
+        if "-d31" in other.name and vm.format.endswith("kdump"):
+            assert excluded > 0
+
+
+FLAT_PAIRS = [pytest.param(f, f.with_name(f.name[:-len(".flat")] + ".kdump"), id=f"{f.parent.name}/{f.name}")
+              for _base, others in STOPS for f in others
+              if f.name.endswith(".flat") and f.with_name(f.name[:-len(".flat")] + ".kdump").exists()]
+
+
+@pytest.mark.skipif(not FLAT_PAIRS, reason="no flattened vmcore with its makedumpfile -R reassembly here")
+@pytest.mark.parametrize("flat,reassembled", FLAT_PAIRS)
+def test_flattened_reads_as_makedumpfile_reassembles(flat: Path, reassembled: Path) -> None:
+    with open_vmcore(flat) as vm:
+        src = vm._src
+        assert src.size == reassembled.stat().st_size
+        with open(reassembled, "rb") as f:
+            for off in range(0, src.size, 1 << 22):
+                chunk = f.read(1 << 22)
+                assert src.pread(off, len(chunk)) == chunk, f"offset {off:#x}"
