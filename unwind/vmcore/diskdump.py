@@ -25,6 +25,7 @@ from construct import Bytes, ConstructError, Int32sl, Int32ul, Int64sl, Int64ul,
 from ..memory import MemoryFault
 from . import codecs
 from .errors import CorruptPageFault, ExcludedPageFault, VmcoreError
+from .packed import packed
 from .notes import Note, parse_notes, prstatus_notes, vmcoreinfo_text
 from .physmem import DEFAULT_CACHE_BYTES, PhysicalMemory, PhysRange
 from .source import Source
@@ -81,6 +82,10 @@ Page_desc = Struct(
     "flags" / Int32ul,
     "page_flags" / Int64ul,
 )
+
+
+#: ``page_desc`` for the per-page lookups: offset, size, flags, page_flags
+_PAGE_DESC = packed(Page_desc)
 
 
 def kdump_bitmaps(half: int) -> Struct:
@@ -245,22 +250,22 @@ class DiskDump(PhysicalMemory):
     def _load(self, key: Hashable, start: int, addr: int, size: int) -> bytes:
         pfn = int(key)  # type: ignore[call-overload]
         bs = self.block_size
-        at = self._desc_start + self._desc_index(pfn) * Page_desc.sizeof()
+        at = self._desc_start + self._desc_index(pfn) * _PAGE_DESC.size
         src = self._src
-        if at + Page_desc.sizeof() > src.size:
+        if at + _PAGE_DESC.size > src.size:
             return self._missing(addr, size, start, "its descriptor is past the end of the file")
-        desc = Page_desc.parse(src.pread(at, Page_desc.sizeof()))
-        codec = desc.flags & codecs.CODEC_MASK
-        if codec == 0 and desc.size not in (0, bs):
-            raise CorruptPageFault(addr, size, start, f"uncompressed page of {desc.size} bytes")
-        if desc.size > bs:
-            raise CorruptPageFault(addr, size, start, f"compressed page of {desc.size} bytes")
-        if desc.size == 0 or desc.offset <= 0 or desc.offset + desc.size > src.size:
-            return self._missing(addr, size, start, f"descriptor says {desc.size} bytes at {desc.offset:#x}")
+        offset, stored, flags, _page_flags = _PAGE_DESC.unpack(src.pread(at, _PAGE_DESC.size))
+        codec = flags & codecs.CODEC_MASK
+        if codec == 0 and stored not in (0, bs):
+            raise CorruptPageFault(addr, size, start, f"uncompressed page of {stored} bytes")
+        if stored > bs:
+            raise CorruptPageFault(addr, size, start, f"compressed page of {stored} bytes")
+        if stored == 0 or offset <= 0 or offset + stored > src.size:
+            return self._missing(addr, size, start, f"descriptor says {stored} bytes at {offset:#x}")
         if codec == 0:
-            return src.pread(desc.offset, bs)
+            return src.pread(offset, bs)
         try:
-            return codecs.decompress_page(codec, src.pread(desc.offset, desc.size), bs)
+            return codecs.decompress_page(codec, src.pread(offset, stored), bs)
         except codecs.CodecError as e:
             raise CorruptPageFault(addr, size, start, str(e)) from None
 

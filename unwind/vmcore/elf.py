@@ -16,7 +16,6 @@ holes.
 from __future__ import annotations
 
 import bisect
-import struct
 from dataclasses import dataclass
 from typing import Hashable
 
@@ -25,6 +24,7 @@ from elftools.elf.elffile import ELFFile
 from .. import elfcore
 from ..memory import MemoryFault
 from .errors import ExcludedPageFault, VmcoreError
+from .packed import packed
 from .notes import Note, parse_notes, prstatus_notes, vmcoreinfo_text
 from .physmem import DEFAULT_CACHE_BYTES, PhysicalMemory, PhysRange, VirtualLoad
 from .source import Source
@@ -112,7 +112,7 @@ class ElfVmcore(PhysicalMemory):
 
 
 #: ``Elf64_Phdr`` as a ``struct`` format, derived from the one construct declaration
-_PHDR = struct.Struct("<" + "".join(sc.subcon.fmtstr.lstrip("<") for sc in elfcore.Elf64_Phdr.subcons))
+_PHDR = packed(elfcore.Elf64_Phdr)
 
 
 def _program_headers(elf: ELFFile, source: Source, path: str) -> list[tuple[int, int, int, int, int, int]]:
