@@ -50,6 +50,9 @@ class ArchBackend(ABC):
     capstone: ClassVar[tuple[int, int]]
     #: byte lengths a call instruction may have, shortest first
     call_lengths: ClassVar[tuple[int, ...]]
+    #: the kernel structs the walk reads, with the members it needs: ``unwind capture`` writes
+    #: their BTF layout into the dump's ``offsets`` (:func:`unwind.layout.resolve_layout`)
+    layouts: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     @abstractmethod
     def unwinder(self, target: "Target") -> "Unwinder":

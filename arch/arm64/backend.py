@@ -13,6 +13,7 @@ from unwind.trace import TraceLine
 from unwind.walk import Stop, Unwinder
 
 from . import mm
+from .structs import PT_REGS_MEMBERS
 from .stacktrace import Arm64Unwinder, kernel_pac_mask, ptrauth_strip_kernel_insn_pac, user_mode, walk_generation
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class Arm64Backend(ArchBackend):
     sp_reg = "sp"
     capstone = (capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
     call_lengths = (4,)
+    layouts = {"pt_regs": PT_REGS_MEMBERS}
 
     def is_call(self, mnemonic: str, op_str: str) -> bool:
         """BL and every BLR form (BLRAA, BLRAAZ, ...)."""

@@ -63,6 +63,7 @@ class RiscvBackend(ArchBackend):
     sp_reg = "sp"
     capstone = (capstone.CS_ARCH_RISCV, capstone.CS_MODE_RISCV64 | capstone.CS_MODE_RISCVC)
     call_lengths = (2, 4)
+    layouts = {"pt_regs": structs.PT_REGS_MEMBERS}
 
     def is_call(self, mnemonic: str, op_str: str) -> bool:
         """JAL/JALR (and compressed forms) that write a link register (rd != zero)."""

@@ -31,6 +31,7 @@ source and provenance.
 from __future__ import annotations
 
 import bisect
+import re
 import struct
 import weakref
 from dataclasses import dataclass
@@ -43,7 +44,9 @@ from unwind.target import FgraphEntry, KretprobeInstance, Target
 from unwind.walk import StopReason, Unwinder, UnwindStop
 
 from .liveness import LiveRaProver, Proof
-from .structs import (PT_EPC, PT_RA, PT_S0, PT_STATUS, SR_SPP, STACKFRAME_FP, STACKFRAME_RA,
+from unwind.layout import StructLayout, resolve_layout
+
+from .structs import (PT_REGS_MEMBERS, PT_REGS_TABLE, SR_SPP, STACK_ALIGN, STACKFRAME_FP, STACKFRAME_RA,
                       STACKFRAME_SIZE)
 
 MASK64 = (1 << 64) - 1
@@ -53,6 +56,42 @@ UPPER_HALF = 1 << 63
 DEFAULT_VA_BITS = 57
 
 _STACKFRAME = struct.Struct("<QQ")  # struct stackframe {fp, ra}, read in one go
+_RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)")
+#: the first kernel whose ftrace_graph_ret_addr() searches down from ``*idx`` (fgraph.c, v6.11);
+#: 6.1 scans up from the bottom and ignores ``idx``
+FGRAPH_IDX_SINCE = (6, 11)
+#: walk_stackframe() passes the walked task, not current, to ftrace_graph_ret_addr(): 6.12 passes
+#: current, 7.2 the task (the release in between that changed it is not pinned down here)
+FGRAPH_OF_TASK_SINCE = (7, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """What of the kernel's walk changes between the trees read (6.1, 6.12, 7.2), and why."""
+
+    version: tuple[int, int] | None
+    #: ftrace_graph_ret_addr(task, ...) (7.x) rather than (current, ...)
+    fgraph_of_task: bool
+    #: v6.11+ fgraph search (down from *idx, tail-call entries skipped)
+    fgraph_idx: bool
+    why: str
+
+    @property
+    def name(self) -> str:
+        """``v7.x``, ``v6.11-v6.x`` or ``v6.1-v6.10``: the walk followed."""
+        if self.fgraph_of_task:
+            return "v7.x"
+        return "v6.11-v6.x" if self.fgraph_idx else "v6.1-v6.10"
+
+
+def walk_generation(target: Target) -> Generation:
+    """``--generation`` first, then the kernel release; with neither, the newest walk."""
+    for value, origin in ((target.options.generation, "--generation"), (target.release, "kernel release")):
+        m = _RELEASE.match(str(value)) if value else None
+        if m:
+            v = (int(m.group(1)), int(m.group(2)))
+            return Generation(v, v >= FGRAPH_OF_TASK_SINCE, v >= FGRAPH_IDX_SINCE, f"{origin} {value}")
+    return Generation(None, True, True, "no kernel release: the newest walk (7.x)")
 _BOUNDARY = Flag.BOUNDARY
 _COMPLETE = Flag.COMPLETE
 _NONE = Flag.NONE
@@ -69,7 +108,10 @@ class KernelLayout:
     return_to_handler: int
     rethook_trampolines: frozenset[int]
     call_on_irq_stack: tuple[int, int]
-    ret_from_fork: tuple[int, int]
+    #: v6.1 tests ``pc == ret_from_exception`` (no ret_from_exception_end): the exact address, else -1
+    ret_from_exception: int
+    pt_regs: StructLayout
+    generation: Generation
 
     @classmethod
     def of(cls, target: Target) -> "KernelLayout":
@@ -79,7 +121,7 @@ class KernelLayout:
         real traces would otherwise spend most of their time here.
         """
         per_dump = _PER_DUMP.setdefault(target.mem, {})
-        key = (id(target.symbols), thread_size(target))
+        key = (id(target.symbols), thread_size(target), target.options.generation, id(target.image))
         hit = per_dump.get(key)
         if hit is not None and hit[0] is target.symbols:
             return hit[1]
@@ -111,7 +153,9 @@ class KernelLayout:
             return_to_handler=_or_none(sym("return_to_handler")),
             rethook_trampolines=tramps,
             call_on_irq_stack=_symbol_range(target, "call_on_irq_stack"),
-            ret_from_fork=_symbol_range(target, "ret_from_fork"),
+            ret_from_exception=_or_none(sym("ret_from_exception")) if exc_end is None else -1,
+            pt_regs=resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE),
+            generation=walk_generation(target),
         )
 
 
@@ -202,8 +246,25 @@ def ftrace_graph_ret_addr(stack: Sequence[FgraphEntry], idx: int, ret: int, retp
     return ret, idx
 
 
+# v6.1 kernel/trace/fgraph.c ftrace_graph_ret_addr() (HAVE_FUNCTION_GRAPH_RET_ADDR_PTR)
+def ftrace_graph_ret_addr_v6_1(stack: Sequence[FgraphEntry], idx: int, ret: int, retp: int,
+                               return_handler: int) -> tuple[int, int]:
+    """v6.1: the first entry from the bottom whose ``retp`` matches (``idx`` is not used)."""
+    if ret != return_handler:
+        return ret, idx
+    for i, e in enumerate(stack):
+        if e.retp == retp:
+            return e.ret, i
+    return ret, idx
+
+
 class RiscvUnwinder(Unwinder):
     """One ``walk_stackframe()`` of a task: from its CPU's registers or its saved context."""
+
+    def basis(self) -> dict[str, str]:
+        """The generation followed and the pt_regs layout read, and why."""
+        gen = self.generation
+        return {"generation": gen.name, "generation_why": gen.why, "pt_regs": self.pt.describe()}
 
     def __init__(self, target: Target, layout: KernelLayout, prover: LiveRaProver | None) -> None:
         self.t = target
@@ -220,6 +281,17 @@ class RiscvUnwinder(Unwinder):
         # hot-path copies of the layout
         self.text0 = layout.text[0] if layout.text else (0, 0)
         self.exc_lo, self.exc_hi = layout.handle_exception, layout.ret_from_exception_end
+        # the exception-frame test: [handle_exception, ret_from_exception_end), or v6.1's pc == ret_from_exception
+        rfe = layout.ret_from_exception
+        self.exc_frame = (rfe, rfe + 1) if rfe >= 0 else (self.exc_lo, self.exc_hi)
+        self.pt = layout.pt_regs
+        #: sp is the fp of a record the walk read (not the registers' or the saved context's sp)
+        self.sp_from_record = False
+        gen = self.generation = layout.generation
+        self.fgraph_search = ftrace_graph_ret_addr if gen.fgraph_idx else ftrace_graph_ret_addr_v6_1
+        top = next((st.high for st in target.task.stacks if st.kind == "task"), None)
+        #: task_pt_regs(tsk): the frame pointer of the task's first kernel frame
+        self.task_pt_regs = top - align(self.pt.size, STACK_ALIGN) if top is not None else None
         self.return_to_handler = layout.return_to_handler
         self.rethook_trampolines = layout.rethook_trampolines
         self.pc = self.fp = self.sp = 0
@@ -239,7 +311,8 @@ class RiscvUnwinder(Unwinder):
         #: complete mode: flags every frame beyond what the kernel prints carries
         self.beyond = _NONE
         # the kernel passes current: a blocked task's ret_stack is never consulted
-        self.fgraph_kernel = target.task.fgraph if target.task.running else []
+        # 6.12 passes current: a blocked task's ret_stack is never consulted; 7.x passes the task
+        self.fgraph_kernel = target.task.fgraph if target.task.running or gen.fgraph_of_task else []
         self.fgraph_all = target.task.fgraph
         self.fg_cursor = len(self.fgraph_all) - 1
         self.kr_cursor = 0
@@ -390,6 +463,7 @@ class RiscvUnwinder(Unwinder):
             new_fp, ra = self._read_record(rec)
         callee = self.pc
         self.fp, self.sp, self.pc = new_fp, fp, ra
+        self.sp_from_record = True
         prov = None
         if self.record:
             prov = Provenance("frame record {fp, ra} at fp - 16")
@@ -405,7 +479,8 @@ class RiscvUnwinder(Unwinder):
         elif ra in self.rethook_trampolines and self.complete:
             pc, more = self._recover_kretprobe(ra, new_fp, prov)
             self.pc, flags = pc, flags | more
-        if self.exc_lo <= pc < self.exc_hi:
+        lo, hi = self.exc_frame
+        if lo <= pc < hi:
             return self._exception_frame(rec, flags, prov)
         lo, hi = self.text0
         if not (lo <= pc < hi or kernel_text_address(pc, self.k.text)):
@@ -445,6 +520,7 @@ class RiscvUnwinder(Unwinder):
     def _leaf_rule(self, rec: int, ra_slot: int) -> Frame:
         fp = self.fp
         self.fp, self.sp, self.pc = ra_slot, fp, self.regs_ra
+        self.sp_from_record = True
         self.live = None  # the kernel itself printed regs->ra
         prov = None
         if self.record:
@@ -471,11 +547,12 @@ class RiscvUnwinder(Unwinder):
         regs = self.pending_regs
         assert regs is not None
         self.pending_regs = None
-        epc = self._read(regs + PT_EPC, "pt_regs->epc")
-        s0 = self._read(regs + PT_S0, "pt_regs->s0")
+        pt = self.pt
+        epc = self._read(regs + pt["epc"], "pt_regs->epc")
+        s0 = self._read(regs + pt["s0"], "pt_regs->s0")
         self.pc, self.fp = epc, s0
         if not kernel_text_address(epc, self.k.text):
-            status = self._read(regs + PT_STATUS, "pt_regs->status")
+            status = self._read(regs + pt["status"], "pt_regs->status")
             if not status & SR_SPP:
                 raise UnwindStop(StopReason.USER_MODE, f"pt_regs at {regs:#x}: epc {epc:#x} in user mode "
                                                        f"(status {status:#x})")
@@ -483,12 +560,12 @@ class RiscvUnwinder(Unwinder):
         prov = None
         if self.record:
             prov = Provenance("exception frame: pc = pt_regs->epc, fp = pt_regs->s0 (pt_regs at the old fp)")
-            prov.read(regs + PT_EPC, 8, epc, "pt_regs->epc")
-            prov.read(regs + PT_S0, 8, s0, "pt_regs->s0")
+            prov.read(regs + pt["epc"], 8, epc, "pt_regs->epc")
+            prov.read(regs + pt["s0"], 8, s0, "pt_regs->s0")
             prov.note("6.12 uses only epc and s0 here: pt_regs->ra is never printed")
         if self.complete:
             try:
-                self.live = (epc, self.mem.read_u64(regs + PT_RA), f"pt_regs->ra at {regs + PT_RA:#x}")
+                self.live = (epc, self.mem.read_u64(regs + pt["ra"]), f"pt_regs->ra at {regs + pt['ra']:#x}")
             except MemoryFault:
                 self.live = None
         return Frame(epc, self.sp, s0, Source.EXCEPTION_FRAME, self._kind(regs), self.beyond | _BOUNDARY, prov)
@@ -555,7 +632,7 @@ class RiscvUnwinder(Unwinder):
         handler = self.k.return_to_handler
         kernel_pc = ra
         if retp is not None:
-            kernel_pc, idx = ftrace_graph_ret_addr(self.fgraph_kernel, self.graph_idx, ra, retp, handler)
+            kernel_pc, idx = self.fgraph_search(self.fgraph_kernel, self.graph_idx, ra, retp, handler)
             if kernel_pc != handler:
                 self.graph_idx = idx
                 if prov is not None:
@@ -563,7 +640,7 @@ class RiscvUnwinder(Unwinder):
                               f"(ret_stack entry {idx}, retp {retp:#x} = &frame->ra)")
             elif prov is not None and not self.complete:
                 why = ("no ret_stack entry has retp == &frame->ra" if self.fgraph_kernel else
-                       "the kernel searches current's ret_stack, not this blocked task's")
+                       f"{self.generation.name} searches current's ret_stack, not this blocked task's")
                 prov.note(f"return_to_handler left as is: {why}")
         if not self.complete:
             return kernel_pc, (Flag.FGRAPH if kernel_pc != handler else _NONE)
@@ -675,10 +752,8 @@ class RiscvUnwinder(Unwinder):
         window = f"[sp+16, ALIGN(sp, THREAD_SIZE)] = [{low:#x}, {high:#x}]"
         if fp == 0:
             return UnwindStop(StopReason.END_OF_STACK, "fp is 0")
-        lo, hi = self.k.ret_from_fork
-        if lo <= pc < hi:
-            return UnwindStop(StopReason.END_OF_STACK, f"reached ret_from_fork, the first frame of the task "
-                                                       f"(fp {fp:#x} is the thread function, not a frame)")
+        if sp == self.task_pt_regs and (self.sp_from_record or not self.t.task.running):
+            return self._first_frame_stop(fp, sp, pc)
         if fp & 7:
             return UnwindStop(StopReason.MISALIGNED_FP, f"fp {fp:#x} (sp {sp:#x})")
         here, there = self.stacks.kind_of(sp), self.stacks.kind_of(fp - STACKFRAME_SIZE)
@@ -692,6 +767,22 @@ class RiscvUnwinder(Unwinder):
         if fp < UPPER_HALF:
             window += " (a user address: s0 still holds the user sp, as at the trap entry)"
         return UnwindStop(StopReason.OUTSIDE_STACK, f"fp {fp:#x} outside {window}")
+
+    # the end of every task's chain: the first kernel frame of a task has task_pt_regs(tsk) as its fp
+    def _first_frame_stop(self, fp: int, sp: int, pc: int) -> UnwindStop:
+        """The record just read was the task's first (its fp is ``task_pt_regs(tsk)``): a clean end.
+
+        A kernel thread starts at ``ret_from_fork`` (6.1, 6.12) or
+        ``ret_from_fork_kernel_asm`` (7.x) with sp at its pt_regs, so the first
+        C function's frame pointer is ``task_pt_regs(tsk)`` and its saved fp
+        is whatever s0 held (the thread function): the kernel's walk stops
+        there. The symbol's name is only reported.
+        """
+        sym = self.t.symbols.lookup(pc) if self.t.symbols is not None else None
+        name = f" {sym.name}," if sym is not None else ""
+        return UnwindStop(StopReason.END_OF_STACK,
+                          f"reached{name} the first frame of the task: its record's fp {sp:#x} is task_pt_regs(tsk) "
+                          f"({self.pt.source} sizeof(pt_regs) {self.pt.size}); the saved fp {fp:#x} is not a frame")
 
     def _bad_pc_stop(self, pc: int, fp: int, where: str) -> UnwindStop:
         if pc == 0 and fp == 0:

@@ -6,14 +6,17 @@
 - ``struct user_regs_struct`` (``uapi/asm/ptrace.h``): ``pc`` then x1..x31,
   the ``pr_reg`` of an ``NT_PRSTATUS`` note.
 
-Code asks these declarations for sizes and offsets (:func:`offsetof`).
+Code asks these declarations for sizes and offsets (:func:`offsetof`); the
+walk takes ``struct pt_regs`` from the image's BTF or the dump's ``offsets``
+first (:func:`unwind.layout.resolve_layout`). It is the same in the 6.1, 6.12
+and 7.2 trees (7.2 groups a0..a7 in a ``struct_group``, which moves nothing).
 """
 
 from __future__ import annotations
 
 from construct import Int64ul, Struct
 
-from unwind.layout import offsetof
+from unwind.layout import StructLayout, offsetof, table_layout
 
 # arch/riscv/include/asm/stacktrace.h: struct stackframe
 stackframe = Struct(
@@ -52,6 +55,13 @@ def member_names(struct: Struct) -> tuple[str, ...]:
     """The members of ``struct`` in declaration order."""
     return tuple(sub.name for sub in struct.subcons)
 
+
+#: the members of ``struct pt_regs`` the walk reads
+PT_REGS_MEMBERS = ("epc", "ra", "s0", "status")
+#: the table's ``struct pt_regs``
+PT_REGS_TABLE: StructLayout = table_layout("pt_regs", pt_regs, PT_REGS_MEMBERS, "6.1-7.2 table (288 bytes)")
+#: STACK_ALIGN (asm/processor.h): task_pt_regs() rounds sizeof(struct pt_regs) up to it
+STACK_ALIGN = 16
 
 STACKFRAME_SIZE = stackframe.sizeof()
 STACKFRAME_FP = offsetof(stackframe, "fp")

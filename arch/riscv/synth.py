@@ -198,7 +198,7 @@ def deep_chain(depth: int = 200, frame_size: int = 0x20) -> Scenario:
     pid = 10
     st = s.task_stack(pid)
     funcs = ["__schedule", "schedule", *names, "kthread"]
-    bottom = st.high - PT_SIZE - 0x40
+    bottom = st.high - PT_SIZE  # kthread's fp: ret_from_fork calls it with sp at task_pt_regs(tsk)
     fps = [bottom - (len(funcs) - 1 - i) * frame_size for i in range(len(funcs))]
     if fps[0] - frame_size < st.low:
         raise ValueError(f"{depth} frames of {frame_size:#x} do not fit THREAD_SIZE")
@@ -210,6 +210,65 @@ def deep_chain(depth: int = 200, frame_size: int = 0x20) -> Scenario:
     s.sd.blocked_task(pid, "kworker/0:1", {"ra": ra0, "sp": fps[0] - frame_size, "s0": fps[0]})
     pcs = [ra0, *ras]
     return Scenario(s, pid, pcs, StopReason.END_OF_STACK, pcs, StopReason.END_OF_STACK)
+
+
+def kthread_v7(release: str = "7.2.0-synthetic") -> Scenario:
+    """A blocked 7.x kernel thread: ``ret_from_fork_kernel_asm`` -> ``ret_from_fork_kernel`` -> ``kthread``.
+
+    copy_thread() starts it with sp at ``task_pt_regs(tsk)``, ``s0`` = the
+    thread function and ``ra`` = ``ret_from_fork_kernel_asm``, which calls
+    ``ret_from_fork_kernel(fn_arg, fn, regs)``: that C function's frame
+    pointer is ``task_pt_regs(tsk)`` and its saved fp is the thread
+    function's address. The walk prints ``ret_from_fork_kernel_asm`` and
+    ends there, as every task's first frame does.
+    """
+    s = RiscvSynth(release, extra_functions=("ret_from_fork_kernel_asm", "ret_from_fork_kernel"))
+    pid = 12
+    st = s.task_stack(pid)
+    fp_r = st.high - PT_SIZE                                        # ret_from_fork_kernel
+    s.record(st, fp_r, s.at("kthread"), s.at("ret_from_fork_kernel_asm", 0xC))
+    fp_k = fp_r - 0x50                                              # kthread
+    s.record(st, fp_k, fp_r, s.at("ret_from_fork_kernel", 0x1A))
+    fp_w = fp_k - 0x60                                              # worker_thread
+    s.record(st, fp_w, fp_k, s.at("kthread", 0xE8))
+    fp_s = fp_w - 0x30                                              # schedule
+    s.record(st, fp_s, fp_w, s.at("worker_thread", 0x1C4))
+    fp_0 = fp_s - 0x20                                              # __schedule
+    s.record(st, fp_0, fp_s, s.at("schedule", 0x2C))
+    first = s.at("__schedule", 0x3A6)
+    s.sd.blocked_task(pid, "kworker/1:0", {"ra": first, "sp": fp_0 - 0x40, "s0": fp_0})
+    pcs = [first, s.at("schedule", 0x2C), s.at("worker_thread", 0x1C4), s.at("kthread", 0xE8),
+           s.at("ret_from_fork_kernel", 0x1A), s.at("ret_from_fork_kernel_asm", 0xC)]
+    return Scenario(s, pid, pcs, StopReason.END_OF_STACK, pcs, StopReason.END_OF_STACK)
+
+
+def syscall_v6_1() -> Scenario:
+    """A 6.1 task blocked in a syscall: the handler's record returns to ``ret_from_exception`` itself.
+
+    6.1 has no ``ret_from_exception_end``: walk_stackframe() takes an
+    exception frame only where ``pc == ret_from_exception`` (``la ra,
+    ret_from_exception`` before the handler), then goes on from the user
+    pt_regs at the top of the stack.
+    """
+    s = RiscvSynth("6.1.0-synthetic")
+    del s.addr["ret_from_exception_end"], s.sd.symbol_hints["ret_from_exception_end"]
+    pid = 13
+    st = s.task_stack(pid)
+    p_user = st.high - PT_SIZE
+    s.pt_regs(st, p_user, epc=USER_PC, ra=USER_PC + 0x40, sp=USER_STACK_TOP - 0x100,
+              s0=USER_STACK_TOP - 0x80, status=SR_SPIE)
+    s.record(st, p_user, USER_STACK_TOP - 0x100, s.at("ret_from_exception"))  # do_trap_ecall_u
+    fp_n = p_user - 0x30                                            # __riscv_sys_clock_nanosleep
+    s.record(st, fp_n, p_user, s.at("do_trap_ecall_u", 0x6E))
+    fp_h = fp_n - 0x40                                              # hrtimer_nanosleep
+    s.record(st, fp_h, fp_n, s.at("__riscv_sys_clock_nanosleep", 0x40))
+    fp_0 = fp_h - 0x40                                              # __schedule, via do_nanosleep
+    s.record(st, fp_0, fp_h, s.at("hrtimer_nanosleep", 0x52))
+    first = s.at("__schedule", 0x3A6)
+    s.sd.blocked_task(pid, "sleep", {"ra": first, "sp": fp_0 - 0x40, "s0": fp_0})
+    pcs = [first, s.at("hrtimer_nanosleep", 0x52), s.at("__riscv_sys_clock_nanosleep", 0x40),
+           s.at("do_trap_ecall_u", 0x6E), s.at("ret_from_exception")]
+    return Scenario(s, pid, pcs, StopReason.USER_MODE, pcs, StopReason.USER_MODE)
 
 
 def irq_on_irq_stack() -> Scenario:
@@ -411,15 +470,21 @@ def kernel_leaf_rule() -> Scenario:
     return Scenario(s, pid, pcs, StopReason.END_OF_STACK, pcs, StopReason.END_OF_STACK)
 
 
-def fgraph_hijack(running: bool = True, kernel_retp: bool = True) -> Scenario:
+def _searches_task(release: str, running: bool) -> bool:
+    """Does that kernel's walk_stackframe() search this task's ret_stack? 6.12 passes current, 7.x the task."""
+    return running or int(release.split(".")[0]) >= 7
+
+
+def fgraph_hijack(running: bool = True, kernel_retp: bool = True, release: str = "6.12.0-synthetic") -> Scenario:
     """``schedule_timeout``'s return hijacked by the function-graph tracer (``return_to_handler``).
 
     ``kernel_retp``: the ret_stack entry's retp is ``&frame->ra`` (what the
     kernel's test needs); otherwise it is the ftrace_regs slot riscv 6.12
-    really records. The kernel recovers only a running task's (current's)
-    return with a matching retp; complete mode recovers the others in order.
+    and 7.x really record (``&fregs->ra`` in ``ftrace_caller``'s frame). The
+    kernel recovers a return with a matching retp, of current only in 6.12,
+    of the task walked in 7.x; complete mode recovers the others in order.
     """
-    s = RiscvSynth()
+    s = RiscvSynth(release)
     pid, cpu = 50, 0
     st = s.task_stack(pid, cpu if running else None)
     fp_n = st.high - 0x100                                       # do_nanosleep ends the stack
@@ -440,7 +505,7 @@ def fgraph_hijack(running: bool = True, kernel_retp: bool = True) -> Scenario:
     else:
         s.sd.blocked_task(pid, "sleep", {"ra": first, "sp": fp_0 - 0x40, "s0": fp_0}, fgraph=[entry])
     head = [first, s.at("schedule", 0x2C), s.at("schedule_timeout", 0x94)]
-    kernel_recovers = running and kernel_retp
+    kernel_recovers = _searches_task(release, running) and kernel_retp
     faithful = [*head, real if kernel_recovers else s.at("return_to_handler")]
     complete = [*head, real]
     return Scenario(s, pid, faithful, StopReason.END_OF_STACK, complete, StopReason.END_OF_STACK,
@@ -448,7 +513,8 @@ def fgraph_hijack(running: bool = True, kernel_retp: bool = True) -> Scenario:
                     complete_flags={real: Flag.FGRAPH if kernel_recovers else Flag.FGRAPH | Flag.COMPLETE})
 
 
-def fgraph_retp_collision(with_fp: bool = False) -> Scenario:
+def fgraph_retp_collision(with_fp: bool = False, running: bool = True,
+                          release: str = "6.12.0-synthetic") -> Scenario:
     """Two hijacked returns where an older entry's retp is the younger function's ``&frame->ra``.
 
     riscv 6.12 records ``&fregs->ra`` (in ``ftrace_caller``'s frame) as retp; the
@@ -457,10 +523,11 @@ def fgraph_retp_collision(with_fp: bool = False) -> Scenario:
     kernel then prints the older entry's return at the younger record, and
     ``return_to_handler`` at the older one. Complete mode takes the entries in
     order, checked by ``func`` (or, ``with_fp``, by the ``fp`` riscv records).
+    A blocked task shows the same on 7.x; on 6.12 its ret_stack is not searched.
     """
-    s = RiscvSynth()
+    s = RiscvSynth(release)
     pid, cpu = 52, 0
-    st = s.task_stack(pid, cpu)
+    st = s.task_stack(pid, cpu if running else None)
     fp_c = st.high - 0x100                                       # hrtimer_nanosleep ends the stack
     s.record(st, fp_c, 0, 0)
     fp_a = fp_c - 0x40                                           # do_nanosleep: traced
@@ -477,11 +544,18 @@ def fgraph_retp_collision(with_fp: bool = False) -> Scenario:
     if with_fp:  # the caller's s0 at the hijack
         entries[0]["fp"], entries[1]["fp"] = fp_c, fp_a
     first = s.at("__schedule", 0x3A6)
-    s.sd.running_task(pid, "sleep", cpu, {"pc": first, "ra": s.at("schedule", 0x2C), "sp": fp_0 - 0x40,
-                                          "s0": fp_0}, fgraph=entries)
+    if running:
+        s.sd.running_task(pid, "sleep", cpu, {"pc": first, "ra": s.at("schedule", 0x2C), "sp": fp_0 - 0x40,
+                                              "s0": fp_0}, fgraph=entries)
+    else:
+        s.sd.blocked_task(pid, "sleep", {"ra": first, "sp": fp_0 - 0x40, "s0": fp_0}, fgraph=entries)
     head = [first, s.at("schedule", 0x2C), s.at("schedule_timeout", 0x94)]
     both = Flag.FGRAPH | Flag.COMPLETE
-    return Scenario(s, pid, [*head, ret_a, s.at("return_to_handler")], StopReason.END_OF_STACK,
+    r2h = s.at("return_to_handler")
+    if not _searches_task(release, running):
+        return Scenario(s, pid, [*head, r2h, r2h], StopReason.END_OF_STACK, [*head, ret_b, ret_a],
+                        StopReason.END_OF_STACK, complete_flags={ret_b: both, ret_a: both})
+    return Scenario(s, pid, [*head, ret_a, r2h], StopReason.END_OF_STACK,
                     [*head, ret_b, ret_a], StopReason.END_OF_STACK,
                     faithful_flags={ret_a: Flag.FGRAPH}, complete_flags={ret_b: both, ret_a: both})
 

@@ -18,6 +18,7 @@ from . import mm
 from .mm import X86_64Translator
 from .orc import OrcTable, load_orc
 from .printer import REGS_SOURCES, backtrace_symbol, plain_symbol, show_trace
+from .structs import INACTIVE_TASK_FRAME_MEMBERS, PT_REGS_MEMBERS
 from .unwind_orc import MODULES_RANGE, OrcUnwinder
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ class X86_64Backend(ArchBackend):
     capstone = (capstone.CS_ARCH_X86, capstone.CS_MODE_64)
     # call rel32 (5), call *%reg (2, 3 with REX), call *disp(%reg) (3..7), retpoline thunks are call rel32
     call_lengths = (2, 3, 4, 5, 6, 7)
+    layouts = {"pt_regs": PT_REGS_MEMBERS, "inactive_task_frame": INACTIVE_TASK_FRAME_MEMBERS}
 
     def is_call(self, mnemonic: str, op_str: str) -> bool:
         """CALL in any form."""

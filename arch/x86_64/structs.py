@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from construct import BitsInteger, BitStruct, ByteSwapped, Construct, Flag, Int16sl, Int64ul, Padding, Struct
 
-from unwind.layout import offsetof
+from unwind.layout import offsetof, table_layout
 
 # The u16 of bitfields: construct's BitStruct reads most significant bit
 # first, so the little-endian u16 is byte-swapped and the fields are listed
@@ -91,6 +91,14 @@ INACTIVE_TASK_FRAME = Struct(
     "ret_addr" / Int64ul,
 )
 
+
+#: the members of ``struct pt_regs`` and ``struct inactive_task_frame`` the walk reads
+PT_REGS_MEMBERS = ("r10", "r13", "di", "dx", "ax", "bp", "ip", "cs", "sp")
+INACTIVE_TASK_FRAME_MEMBERS = ("bp", "ret_addr")
+#: the tables (both structs are the same in the 6.1, 6.12 and 7.2 trees; 6.12+ wraps cs/ss in unions)
+PT_REGS_TABLE = table_layout("pt_regs", PT_REGS, PT_REGS_MEMBERS, "6.1-7.2 table (168 bytes)")
+INACTIVE_TASK_FRAME_TABLE = table_layout("inactive_task_frame", INACTIVE_TASK_FRAME, INACTIVE_TASK_FRAME_MEMBERS,
+                                         "6.1-7.2 table (56 bytes)")
 
 PT_REGS_SIZE = PT_REGS.sizeof()                                  # 168
 IRET_FRAME_OFFSET = offsetof(PT_REGS, "ip")                  # 128, unwind.h

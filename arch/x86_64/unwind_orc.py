@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import bisect
 import struct
-from typing import Callable
+from typing import Callable, Mapping
 
 from unwind.frame import Flag, Frame, Provenance, Source
+from unwind.layout import resolve_layout
 from unwind.memory import MemoryFault, Segment
 from unwind.target import Target
 from unwind.walk import StopReason, Unwinder, UnwindStop
@@ -28,8 +29,7 @@ from .orc import (ORC_FP_ENTRY, ORC_REG_AX, ORC_REG_BP, ORC_REG_BP_INDIRECT, ORC
                   ORC_REG_PREV_SP, ORC_REG_R10, ORC_REG_R13, ORC_REG_SP, ORC_REG_SP_INDIRECT, ORC_REG_UNDEFINED,
                   ORC_TYPE_CALL, ORC_TYPE_END_OF_STACK, ORC_TYPE_REGS, ORC_TYPE_REGS_PARTIAL, ORC_TYPE_UNDEFINED,
                   REG_NAMES, OrcEntry, OrcFormatError, OrcTable)
-from .structs import (INACTIVE_TASK_FRAME, INACTIVE_TASK_FRAME_SIZE, IRET_FRAME_OFFSET, IRET_FRAME_SIZE, PT_REGS,
-                      PT_REGS_SIZE, offsetof)
+from .structs import INACTIVE_TASK_FRAME_MEMBERS, INACTIVE_TASK_FRAME_TABLE, PT_REGS_MEMBERS, PT_REGS_TABLE
 
 PAGE_SIZE = 4096
 _U64 = struct.Struct("<Q").unpack_from
@@ -46,9 +46,8 @@ def _int(v: int | str) -> int:
 #: trampoline text the replay cannot list, taken as kernel text like __kernel_text_address() does
 MODULES_RANGE = (0xFFFFFFFFC0000000, 0xFFFFFFFFFF000000)
 
-_FRAME_BP = offsetof(INACTIVE_TASK_FRAME, "bp")
-_FRAME_RET = offsetof(INACTIVE_TASK_FRAME, "ret_addr")
-_OFF = {name: offsetof(PT_REGS, name) for name in ("r10", "r13", "di", "dx", "ax", "bp", "ip", "cs", "sp")}
+#: the table's pt_regs offsets (a walk reads its own: BTF, the dump's offsets, else these)
+_OFF: Mapping[str, int] = PT_REGS_TABLE.offsets
 #: pt_regs member -> NT_PRSTATUS (user_regs_struct) name, for the CPU's own registers
 _PRSTATUS = {"r10": "r10", "r13": "r13", "di": "rdi", "dx": "rdx", "ax": "rax", "bp": "rbp", "ip": "rip",
              "cs": "cs", "sp": "rsp"}
@@ -97,17 +96,19 @@ def _read_module_orc(target: Target, m: dict, orc: dict, version: int) -> tuple[
 class Regs:
     """A ``struct pt_regs *``: one in memory at ``addr``, or the CPU's registers (``addr`` is ``None``)."""
 
-    __slots__ = ("addr", "cpu")
+    __slots__ = ("addr", "cpu", "off")
 
-    def __init__(self, addr: int | None, cpu: dict[str, int] | None = None) -> None:
+    def __init__(self, addr: int | None, cpu: dict[str, int] | None = None,
+                 off: Mapping[str, int] = _OFF) -> None:
         self.addr = addr
         self.cpu = cpu
+        self.off = off
 
     def get(self, mem_read: Callable[[int], int], member: str) -> int:
         """``((unsigned long *)regs)[member]`` (READ_ONCE_NOCHECK: no stack check)."""
         if self.addr is None:
             return (self.cpu or {})[_PRSTATUS[member]]
-        return mem_read(self.addr + _OFF[member])
+        return mem_read(self.addr + self.off[member])
 
     def user_mode(self, mem_read: Callable[[int], int]) -> bool:
         """``user_mode()``: ``regs->cs & 3`` (64-bit)."""
@@ -124,6 +125,11 @@ class OrcUnwinder(Unwinder):
     #: arch_stack_walk_reliable() accepts kernel-mode pt_regs frames under ORC
     reliable_refuses_boundary = False
 
+    def basis(self) -> dict[str, str]:
+        """The ORC format generation followed and the layouts read, and why."""
+        return {"generation": f"ORC v{self.table.version}", "generation_why": self.table.how,
+                "pt_regs": self.pt.describe(), "inactive_task_frame": self.itf.describe()}
+
     def __init__(self, target: Target, table: OrcTable) -> None:
         self.target = target
         self.task = target.task
@@ -136,6 +142,13 @@ class OrcUnwinder(Unwinder):
         self.find = table.orc_find
         self.stacks = StackFinder(target.task.stacks, target.mem)
         self.record = target.options.record
+        # struct pt_regs and struct inactive_task_frame: BTF, the dump's offsets, else the table
+        self.pt = resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE)
+        self.itf = resolve_layout(target, "inactive_task_frame", INACTIVE_TASK_FRAME_MEMBERS,
+                                  INACTIVE_TASK_FRAME_TABLE)
+        self.off = dict(self.pt.offsets)
+        self.pt_size, self.iret_offset = self.pt.size, self.pt["ip"]
+        self.iret_size = self.pt_size - self.iret_offset
         sym = target.symbol_address
         self.return_to_handler = sym("return_to_handler")
         self.rethook_trampoline = sym("arch_rethook_trampoline")
@@ -229,7 +242,7 @@ class OrcUnwinder(Unwinder):
         task = self.task
         prov = Provenance("") if self.record else None
         if task.regs is not None:  # unwind_orc.c:702-711
-            regs = Regs(None, task.regs)
+            regs = Regs(None, task.regs, self.off)
             if regs.user_mode(self.read):
                 raise UnwindStop(StopReason.USER_MODE, f"cs {task.regs.get('cs', 0):#x}: the CPU is in user mode")
             self.ip, self.sp, self.bp = task.regs["rip"], task.regs["rsp"], task.regs["rbp"]
@@ -239,15 +252,16 @@ class OrcUnwinder(Unwinder):
                 prov.rule = "the CPU's registers (rip, rsp, rbp); signal frame"
         elif task.context is not None and "sp" in task.context:  # unwind_orc.c:720-727
             tsp = task.context["sp"]
-            self.sp = tsp + INACTIVE_TASK_FRAME_SIZE
-            self.bp = self.read(tsp + _FRAME_BP)
-            self.ip = self.read(tsp + _FRAME_RET)
+            itf = self.itf
+            self.sp = tsp + itf.size
+            self.bp = self.read(tsp + itf["bp"])
+            self.ip = self.read(tsp + itf["ret_addr"])
             self.signal = self.ip == self.ret_from_fork_asm
             source, flags = Source.TASK, Flag.NONE
             if prov is not None:
                 prov.rule = f"inactive_task_frame at thread.sp {tsp:#x}"
-                prov.read(tsp + _FRAME_BP, 8, self.bp, "frame->bp")
-                prov.read(tsp + _FRAME_RET, 8, self.ip, "frame->ret_addr")
+                prov.read(tsp + itf["bp"], 8, self.bp, "frame->bp")
+                prov.read(tsp + itf["ret_addr"], 8, self.ip, "frame->ret_addr")
                 if self.signal:
                     prov.note("ret_from_fork_asm: a signal frame (look up ip, not ip-1)")
         else:
@@ -412,34 +426,36 @@ class OrcUnwinder(Unwinder):
     # unwind_orc.c:595-616
     def step_regs(self, sp: int, orig_ip: int, prov: Provenance | None) -> str:
         """REGS: ``sp`` points to a full ``struct pt_regs``."""
-        if not self.stack_access_ok(sp, PT_REGS_SIZE):
-            self.fail_access(sp, PT_REGS_SIZE, f"can't access registers at {orig_ip:#x}: pt_regs")
+        if not self.stack_access_ok(sp, self.pt_size):
+            self.fail_access(sp, self.pt_size, f"can't access registers at {orig_ip:#x}: pt_regs")
         stack = self.stack_info.kind
-        ip, new_sp = self.read(sp + _OFF["ip"]), self.read(sp + _OFF["sp"])
+        off = self.off
+        ip, new_sp = self.read(sp + off["ip"]), self.read(sp + off["sp"])
         if prov is not None:
-            prov.read(sp + _OFF["ip"], 8, ip, "pt_regs->ip")
-            prov.read(sp + _OFF["sp"], 8, new_sp, "pt_regs->sp")
+            prov.read(sp + off["ip"], 8, ip, "pt_regs->ip")
+            prov.read(sp + off["sp"], 8, new_sp, "pt_regs->sp")
         self.sp = new_sp
         self.ip = self.unwind_recover_rethook(ip, new_sp - 8, prov)
-        self.regs, self.prev_regs, self.full_regs = Regs(sp), None, True
+        self.regs, self.prev_regs, self.full_regs = Regs(sp, None, off), None, True
         return stack
 
     # unwind_orc.c:618-632
     def step_regs_partial(self, sp: int, orig_ip: int, prov: Provenance | None) -> str:
         """REGS_PARTIAL: ``sp`` points to an IRET frame (``pt_regs`` from ``ip`` on)."""
-        if not self.stack_access_ok(sp, IRET_FRAME_SIZE):
-            self.fail_access(sp, IRET_FRAME_SIZE, f"can't access iret registers at {orig_ip:#x}: iret frame")
+        if not self.stack_access_ok(sp, self.iret_size):
+            self.fail_access(sp, self.iret_size, f"can't access iret registers at {orig_ip:#x}: iret frame")
         stack = self.stack_info.kind
-        base = sp - IRET_FRAME_OFFSET
-        ip, new_sp = self.read(base + _OFF["ip"]), self.read(base + _OFF["sp"])
+        base = sp - self.iret_offset
+        off = self.off
+        ip, new_sp = self.read(base + off["ip"]), self.read(base + off["sp"])
         if prov is not None:
-            prov.read(base + _OFF["ip"], 8, ip, "iret->ip")
-            prov.read(base + _OFF["sp"], 8, new_sp, "iret->sp")
+            prov.read(base + off["ip"], 8, ip, "iret->ip")
+            prov.read(base + off["sp"], 8, new_sp, "iret->sp")
         self.sp = new_sp
         self.ip = self.unwind_recover_rethook(ip, new_sp - 8, prov)
         if self.full_regs:
             self.prev_regs = self.regs
-        self.regs, self.full_regs = Regs(base), False
+        self.regs, self.full_regs = Regs(base, None, off), False
         return stack
 
     # unwind_orc.c:640-661

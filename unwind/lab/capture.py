@@ -475,6 +475,14 @@ class Session:
                 out[name] = _hex(v)
         return out
 
+    def offsets_meta(self) -> dict[str, Any]:
+        """The layouts the replay reads, from the guest's BTF: the dump's ``offsets``."""
+        from unwind import registry
+        from unwind.layout import btf_offsets
+
+        wanted = {**registry.get(self.arch).layouts, **OFFSETS_ALSO}
+        return btf_offsets(self.btf, wanted)
+
     def write_dump(self, res: StopResult, path: Path, release: str, extra: dict[str, Any]) -> None:
         """Write ``res`` as a dump file (compressed by suffix)."""
         from unwind.dump import DumpWriter
@@ -488,9 +496,13 @@ class Session:
         w.vmcoreinfo = self.vmcoreinfo
         w.meta.update(res.meta)
         w.meta.update({"kernel": {"release": release}, "build_id": self.img.build_id,
-                       "symbols": self.symbols_meta()})
+                       "symbols": self.symbols_meta(), "offsets": self.offsets_meta()})
         w.meta["capture"].update(extra)
         w.write(path)
+
+
+#: layouts the dump records beside the arch's own (kernel/trace/fgraph.c's return stack)
+OFFSETS_ALSO = {"ftrace_ret_stack": ("ret", "func", "fp", "retp")}
 
 
 def _has(b: Btf, struct: str, member: str) -> bool:

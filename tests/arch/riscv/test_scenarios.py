@@ -35,6 +35,14 @@ SCENARIOS: dict[str, Callable[[], S.Scenario]] = {
     "fgraph, retp collision": S.fgraph_retp_collision,
     "fgraph, retp collision, with fp": lambda: S.fgraph_retp_collision(with_fp=True),
     "fgraph, a hijack in flight": S.fgraph_in_flight,
+    "7.x fgraph, blocked, retp matches": lambda: S.fgraph_hijack(running=False, release="7.2.0-synthetic"),
+    "7.x fgraph, blocked, retp in ftrace_caller's frame":
+        lambda: S.fgraph_hijack(running=False, kernel_retp=False, release="7.2.0-synthetic"),
+    "7.x fgraph, blocked, retp collision, with fp":
+        lambda: S.fgraph_retp_collision(with_fp=True, running=False, release="7.2.0-synthetic"),
+    "6.12 fgraph, blocked, retp collision": lambda: S.fgraph_retp_collision(running=False),
+    "7.x kernel thread": S.kthread_v7,
+    "6.1 syscall, exception frame at ret_from_exception": S.syscall_v6_1,
     "kretprobe": S.kretprobe_hijack,
     "misaligned fp": lambda: S.broken_chain("misaligned"),
     "fp outside the stack": lambda: S.broken_chain("outside"),

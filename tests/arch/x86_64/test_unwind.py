@@ -443,3 +443,24 @@ def test_ftrace_trampoline_takes_the_entry_of_the_code_it_copies():
                                       b.addr["ret_from_fork_asm"] + 8]
     assert all(f.reliable for f in frames) and stop.clean
     assert "ftrace trampoline" in " ".join(frames[2].provenance.notes)
+
+
+def test_inactive_task_frame_from_the_dump_offsets():
+    """A made-up inactive_task_frame with bp/ret_addr further in (64 bytes): the dump's offsets say so."""
+    b = kernel()
+
+    def build(st, a):
+        tsp = TASK_LO + 0x3000
+        st.put(tsp, 15, 14, 13, 12, 11, 0, 0xB0B0, a["__schedule"] + 0x50)  # one more word before bp
+        chain(st, tsp + 64, [(16, a["schedule"] + 0x10), (8, a["do_nanosleep"] + 0x20), (24, a["kthread"] + 0x30),
+                             (8, a["ret_from_fork"] + 0x10), (8, a["ret_from_fork_asm"] + 0x8)])
+        return tsp
+
+    s, t = blocked(b, build)
+    frames, _ = walk(s, t)
+    assert [f.pc for f in frames] != pcs(b, EXPECTED)  # the table's layout reads the wrong words
+    s.dump.meta["offsets"] = {"inactive_task_frame": {"size": 64, "members": {"bp": 48, "ret_addr": 56}}}
+    r = s.replay(t)
+    assert [f.pc for f in r.frames] == pcs(b, EXPECTED) and r.stop.clean
+    assert r.basis["inactive_task_frame"].startswith("struct inactive_task_frame: 64 bytes, from dump")
+    assert r.basis["pt_regs"].endswith("(6.1-7.2 table (168 bytes))") and r.basis["generation"] == "ORC v3"
