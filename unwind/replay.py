@@ -11,7 +11,7 @@ from .dump import Dump, DumpError
 from .frame import Frame
 from .image import Image, ImageError, find_image
 from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
-from .target import Options, Target, Task
+from .target import Options, Target, Task, kernel_version
 from .walk import DEFAULT_MAX_FRAMES, ReliableResult, Stop, collect, stack_walk_reliable
 
 
@@ -108,7 +108,10 @@ class Session:
         return running or tasks
 
     def check_options(self, options: Options) -> None:
-        """Refuse an option this dump's backend does not act on, rather than ignore it."""
+        """Refuse an option this dump's backend does not act on, or a ``--generation`` that is no version."""
+        if options.generation is not None and kernel_version(options.generation) is None:
+            raise ReplayError(f"--generation {options.generation!r}: expected a kernel version such as 6.1, 6.12 "
+                              "or 7.2")
         for f in fields(Options):
             if f.name in COMMON_OPTIONS or getattr(options, f.name) == f.default:
                 continue

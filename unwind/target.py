@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,16 @@ from .symbols import SymbolTable
 
 if TYPE_CHECKING:
     from .image import Image
+
+
+_VERSION = re.compile(r"^\s*v?(\d{1,3})\.(\d{1,3})(?![\d])")
+
+
+def kernel_version(text: object) -> tuple[int, int] | None:
+    """``(major, minor)`` of a kernel release or ``--generation`` value (``6.12``, ``v6.13``,
+    ``7.2.13+deb14-arm64``); ``None`` when it does not start with one."""
+    m = _VERSION.match(text) if isinstance(text, str) else None
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 @dataclass(slots=True)

@@ -23,7 +23,6 @@ prove; it never changes the frames the kernel reports.
 from __future__ import annotations
 
 import bisect
-import re
 import struct
 import weakref
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Sequence
 from unwind.frame import Flag, Frame, Provenance, Source
 from unwind.memory import Memory, MemoryFault
 from unwind.stackinfo import Refusal, StackInfo, StackSet
-from unwind.target import FgraphEntry, KretprobeInstance, Target
+from unwind.target import FgraphEntry, KretprobeInstance, Target, kernel_version
 from unwind.walk import StopReason, Unwinder, UnwindStop
 
 from unwind.btf import BtfError
@@ -67,7 +66,6 @@ FGRAPH_IDX_SINCE = (6, 11)
 #: how far below the top of a task stack the FINAL record is looked for (a pt_regs is smaller)
 _FINAL_SEARCH = 0x200
 
-_RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)")
 
 
 # ---------------------------------------------------------------------------
@@ -81,10 +79,9 @@ def kernel_generation(target: Target) -> tuple[tuple[int, int] | None, str]:
     kernel release; ``None`` when neither parses.
     """
     for value, origin in ((target.options.generation, "--generation"), (target.release, "kernel release")):
-        if value:
-            m = _RELEASE.match(str(value))
-            if m:
-                return (int(m.group(1)), int(m.group(2))), f"{origin} {value}"
+        version = kernel_version(value)
+        if version is not None:
+            return version, f"{origin} {value}"
     return None, "no kernel release"
 
 

@@ -31,7 +31,6 @@ source and provenance.
 from __future__ import annotations
 
 import bisect
-import re
 import struct
 import weakref
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from typing import Any, Sequence
 from unwind.frame import Flag, Frame, Provenance, Source
 from unwind.memory import Memory, MemoryFault
 from unwind.stackinfo import StackSet
-from unwind.target import FgraphEntry, KretprobeInstance, Target
+from unwind.target import FgraphEntry, KretprobeInstance, Target, kernel_version
 from unwind.walk import StopReason, Unwinder, UnwindStop
 
 from .liveness import LiveRaProver, Proof
@@ -56,7 +55,6 @@ UPPER_HALF = 1 << 63
 DEFAULT_VA_BITS = 57
 
 _STACKFRAME = struct.Struct("<QQ")  # struct stackframe {fp, ra}, read in one go
-_RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)")
 #: the first kernel whose ftrace_graph_ret_addr() searches down from ``*idx`` (fgraph.c, v6.11);
 #: 6.1 scans up from the bottom and ignores ``idx``
 FGRAPH_IDX_SINCE = (6, 11)
@@ -87,9 +85,8 @@ class Generation:
 def walk_generation(target: Target) -> Generation:
     """``--generation`` first, then the kernel release; with neither, the newest walk."""
     for value, origin in ((target.options.generation, "--generation"), (target.release, "kernel release")):
-        m = _RELEASE.match(str(value)) if value else None
-        if m:
-            v = (int(m.group(1)), int(m.group(2)))
+        v = kernel_version(value)
+        if v is not None:
             return Generation(v, v >= FGRAPH_OF_TASK_SINCE, v >= FGRAPH_IDX_SINCE, f"{origin} {value}")
     return Generation(None, True, True, "no kernel release: the newest walk (7.x)")
 _BOUNDARY = Flag.BOUNDARY

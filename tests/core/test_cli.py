@@ -72,3 +72,15 @@ def test_unknown_task_is_bad_input(tmp_path, capsys):
     p = write(tmp_path)
     assert main(["replay", str(p), "--task", "99"]) == 2
     assert "no task with pid 99" in capsys.readouterr().err
+
+
+def test_generation_that_is_no_version_is_bad_input(tmp_path, capsys):
+    p = write(tmp_path)
+    for bad in ("latest", "six.twelve", "612", "", "6"):
+        assert main(["replay", str(p), "--all", "--generation", bad]) == 2, bad
+        err = capsys.readouterr().err
+        assert "--generation" in err and "expected a kernel version" in err and "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1
+    for good in ("6.1", "v6.13", "7.2.13+deb14-arm64"):
+        assert main(["replay", str(p), "--all", "--generation", good]) == 0, good
+        capsys.readouterr()
