@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
 
 if TYPE_CHECKING:
+    from .btf import Btf
     from .vmcore.virtual import PhysReader, Translator
     from .vmcore.vmcoreinfo import VmcoreInfo
     from .frame import Frame
@@ -80,11 +81,12 @@ class ArchBackend(ABC):
         raise ArchError(f"{self.name}: no kernel address translation for vmcores")
 
     def vmcoreinfo_from_memory(self, phys: "PhysReader", ranges: "Iterable[tuple[int, int]]",
-                               symbol: "Callable[[str], int | None]") -> "tuple[VmcoreInfo, str]":
+                               symbol: "Callable[[str], int | None]",
+                               btf: "Btf | None" = None) -> "tuple[VmcoreInfo, str]":
         """The kernel's own VMCOREINFO found in memory, for a dump that carries no note of it.
 
         ``ranges`` are the dump's physical ``[start, end)`` ranges, ``symbol``
-        the image's link-time addresses. Returns the text and a sentence
+        the image's link-time addresses, ``btf`` the image's BTF when it has one. Returns the text and a sentence
         saying where it was found; an input error (:class:`ArchError`,
         :class:`~unwind.dump.DumpError`) when it cannot be.
         """

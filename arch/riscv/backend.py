@@ -17,6 +17,7 @@ from .liveness import LiveRaProver
 from .stacktrace import KernelLayout, RiscvUnwinder, UserUnwinder
 
 if TYPE_CHECKING:
+    from unwind.btf import Btf
     from unwind.replay import Replay
     from unwind.vmcore.virtual import PhysReader
     from unwind.vmcore.vmcoreinfo import VmcoreInfo
@@ -123,9 +124,10 @@ class RiscvBackend(ArchBackend):
         return mm.translator(info, phys, symbol)
 
     def vmcoreinfo_from_memory(self, phys: "PhysReader", ranges: Iterable[tuple[int, int]],
-                               symbol: Callable[[str], int | None]) -> "tuple[VmcoreInfo, str]":
+                               symbol: Callable[[str], int | None],
+                               btf: "Btf | None" = None) -> "tuple[VmcoreInfo, str]":
         """The kernel's own ``vmcoreinfo_note``, found through the image's symbols (:func:`.mm.find_vmcoreinfo`)."""
-        return mm.find_vmcoreinfo(phys, ranges, symbol)
+        return mm.find_vmcoreinfo(phys, ranges, symbol, btf)
 
     def categorize(self, oracle: dict[str, Any], expected: list[int], replay: "Replay") -> str | None:
         """Name the documented category of a difference from an oracle (:data:`CATEGORIES`), else ``None``."""

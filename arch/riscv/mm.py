@@ -16,12 +16,16 @@ kernel's own ``vmcoreinfo_note`` in physical memory through the image's symbols.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
+from unwind.btf import BtfError
 from unwind.dump import DumpError
 from unwind.memory import MemoryFault, NotMapped
 from unwind.vmcore.virtual import LinearMap, PhysReader, VirtualMemory, read_entry
 from unwind.vmcore.vmcoreinfo import VmcoreInfo, parse_vmcoreinfo_note
+
+if TYPE_CHECKING:
+    from unwind.btf import Btf
 
 _U64 = (1 << 64) - 1
 
@@ -190,17 +194,19 @@ def translator(info: VmcoreInfo, phys: PhysReader, symbol: Callable[[str], int |
     return RiscvTranslator(phys, (swapper - voffset) & _U64, va_bits=va_bits, linear=tuple(linear))
 
 
-def find_vmcoreinfo(phys: PhysReader, ranges: Iterable[tuple[int, int]],
-                    symbol: Callable[[str], int | None]) -> tuple[VmcoreInfo, str]:
+def find_vmcoreinfo(phys: PhysReader, ranges: Iterable[tuple[int, int]], symbol: Callable[[str], int | None],
+                    btf: "Btf | None" = None) -> tuple[VmcoreInfo, str]:
     """The kernel's own VMCOREINFO, read from ``vmcoreinfo_note`` when the dump has no note of it.
 
     ``symbol`` gives the image's link-time addresses of ``_start``,
-    ``vmcoreinfo_note`` and ``swapper_pg_dir``; ``ranges`` are the dump's
-    physical ``[start, end)`` ranges. The image sits at a 2 MiB-aligned
-    physical address, so each candidate load address gives where
-    ``vmcoreinfo_note`` (a pointer into the linear map) and ``swapper_pg_dir``
-    would be; a candidate counts when walking that pointer through those
-    page tables in one of Sv57, Sv48, Sv39 reaches an ELF note named
+    ``vmcoreinfo_note`` and ``swapper_pg_dir`` (and ``kernel_map``);
+    ``ranges`` are the dump's physical ``[start, end)`` ranges. The image
+    sits at a 2 MiB-aligned physical address, so each candidate load address
+    gives where those variables would be. ``vmcoreinfo_note`` points to a page
+    of the linear map; it is followed with ``kernel_map.va_pa_offset``
+    (``linear_mapping_va_to_pa()``, the offset taken from ``btf``) or, without
+    BTF or where that fails, through ``swapper_pg_dir`` in Sv57, Sv48 then
+    Sv39. A candidate counts when that reaches an ELF note named
     ``VMCOREINFO``, which ``update_vmcoreinfo_note()`` wrote at boot.
     Returns the parsed text and a sentence saying where it was found.
     """
@@ -210,41 +216,118 @@ def find_vmcoreinfo(phys: PhysReader, ranges: Iterable[tuple[int, int]],
                         "or swapper_pg_dir to find the kernel's own")
     if not (start <= note_sym and start <= swapper):
         raise DumpError("riscv: vmcoreinfo_note and swapper_pg_dir lie below _start in the image")
+    va_pa_offset_at = _va_pa_offset_location(symbol, btf)
     for lo, hi in sorted(ranges):
         base = -(-lo // PMD_SIZE) * PMD_SIZE
         while base + (note_sym - start) + 8 <= hi:
-            found = _vmcoreinfo_at(phys, base + (note_sym - start), base + (swapper - start))
+            ptr = _read_u64(phys, base + (note_sym - start))
+            found = None
+            if ptr is not None and ptr >> 63 and not ptr & ((1 << PAGE_SHIFT) - 1):  # alloc_pages_exact()
+                if va_pa_offset_at is not None:
+                    found = _linear_note(phys, ptr, _read_u64(phys, base + va_pa_offset_at - start))
+                if found is None:
+                    found = _walked_note(phys, ptr, base + (swapper - start))
             if found is not None:
                 return found, (f"VMCOREINFO read from the kernel's vmcoreinfo_note (image loaded at "
                                f"physical {base:#x}): the dump has no VMCOREINFO note")
+            rebuilt = arch_crash_save_vmcoreinfo(phys, base, symbol, btf) if btf is not None else None
+            if rebuilt is not None:
+                return rebuilt, (f"VMCOREINFO rebuilt from kernel_map, phys_ram_base and satp_mode in the image "
+                                 f"(loaded at physical {base:#x}): the dump has no VMCOREINFO note, and the "
+                                 "kernel's own vmcoreinfo_note is not in it")
             base += PMD_SIZE
     raise DumpError("riscv: the dump has no VMCOREINFO, and the kernel's vmcoreinfo_note was not found "
                     "in its memory (wrong vmlinux?)")
 
 
-def _vmcoreinfo_at(phys: PhysReader, note_ptr_pa: int, pgd: int) -> VmcoreInfo | None:
-    """The note the pointer at ``note_ptr_pa`` leads to through the tables at ``pgd``; else ``None``."""
+#: satp MODE field (csr.h SATP_MODE_39/48/57 >> SATP_MODE_SHIFT) -> VA_BITS
+SATP_MODE_VA_BITS = {8: 39, 9: 48, 10: 57}
+SATP_MODE_SHIFT = 60
+
+
+# arch_crash_save_vmcoreinfo() (arch/riscv/kernel/vmcore_info.c): the same keys, from the variables it prints
+def arch_crash_save_vmcoreinfo(phys: PhysReader, base: int, symbol: Callable[[str], int | None],
+                               btf: "Btf") -> VmcoreInfo | None:
+    """The translation keys of VMCOREINFO read from the image loaded at physical ``base``, or ``None``.
+
+    ``kernel_map`` (fields located through BTF: the struct's layout changed in
+    7.x) must say it was loaded at ``base``; ``satp_mode`` gives the paging
+    mode; ``kernel_map.virt_addr`` the KASLR slide of ``SYMBOL()`` values.
+    """
+    start = symbol("_start")
+    if start is None:
+        return None
+
+    def image_u64(name: str, member: str | None = None) -> int | None:
+        addr = symbol(name)
+        if addr is None:
+            return None
+        try:
+            off = btf.offsetof("kernel_mapping", member) if member else 0
+        except BtfError:
+            return None
+        return _read_u64(phys, base + addr - start + off)
+
+    if image_u64("kernel_map", "phys_addr") != base:
+        return None
+    virt_addr, page_offset = image_u64("kernel_map", "virt_addr"), image_u64("kernel_map", "page_offset")
+    va_kernel_pa_offset = image_u64("kernel_map", "va_kernel_pa_offset")
+    phys_ram_base, satp = image_u64("phys_ram_base"), image_u64("satp_mode")
+    swapper, stext = symbol("swapper_pg_dir"), symbol("_stext")
+    values = (virt_addr, page_offset, va_kernel_pa_offset, phys_ram_base, satp, swapper, stext)
+    if any(v is None for v in values):
+        return None
+    assert virt_addr is not None and satp is not None and swapper is not None and stext is not None
+    va_bits = SATP_MODE_VA_BITS.get(satp >> SATP_MODE_SHIFT)
+    if va_bits is None:
+        return None
+    slide = virt_addr - start
+    return VmcoreInfo.parse(
+        f"PAGESIZE={1 << PAGE_SHIFT}\nSYMBOL(swapper_pg_dir)={(swapper + slide) & _U64:x}\n"
+        f"SYMBOL(_stext)={(stext + slide) & _U64:x}\nNUMBER(phys_ram_base)={phys_ram_base}\n"
+        f"NUMBER(PAGE_OFFSET)={page_offset:#x}\nNUMBER(VA_BITS)={va_bits}\n"
+        f"NUMBER(va_kernel_pa_offset)={va_kernel_pa_offset:#x}\n")
+
+
+def _va_pa_offset_location(symbol: Callable[[str], int | None], btf: "Btf | None") -> int | None:
+    """The link-time address of ``kernel_map.va_pa_offset``, where the image and its BTF say."""
+    kernel_map = symbol("kernel_map")
+    if kernel_map is None or btf is None:
+        return None
     try:
-        ptr = int.from_bytes(phys.read_phys(note_ptr_pa, 8), "little")
+        return kernel_map + btf.offsetof("kernel_mapping", "va_pa_offset")
+    except BtfError:
+        return None
+
+
+def _read_u64(phys: PhysReader, paddr: int) -> int | None:
+    try:
+        return int.from_bytes(phys.read_phys(paddr, 8), "little")
     except MemoryFault:
         return None
-    if not ptr >> 63 or ptr & ((1 << PAGE_SHIFT) - 1):  # alloc_pages_exact(): a page of the linear map
+
+
+def _note_at(read: Callable[[int, int], bytes], addr: int) -> VmcoreInfo | None:
+    """The VMCOREINFO ELF note at ``addr`` as ``read(addr, size)`` sees it, or ``None``."""
+    try:
+        head = read(addr, 24)
+        if head[12:23] != b"VMCOREINFO\0":
+            return None
+        return parse_vmcoreinfo_note(head + read(addr + 24, min(int.from_bytes(head[4:8], "little"), 1 << 16)))
+    except (MemoryFault, DumpError):
         return None
+
+
+# linear_mapping_va_to_pa(): the note's pages are physically contiguous (alloc_pages_exact())
+def _linear_note(phys: PhysReader, ptr: int, va_pa_offset: int | None) -> VmcoreInfo | None:
+    """The note at ``ptr - kernel_map.va_pa_offset``, if one is there."""
+    return None if va_pa_offset is None else _note_at(phys.read_phys, (ptr - va_pa_offset) & _U64)
+
+
+def _walked_note(phys: PhysReader, ptr: int, pgd: int) -> VmcoreInfo | None:
+    """The note ``ptr`` leads to through the page tables at ``pgd``, in the first mode that maps it."""
     for va_bits in (57, 48, 39):
         walk = RiscvTranslator(phys, pgd, va_bits=va_bits)
-        if not walk.is_canonical(ptr):
-            continue
-        try:
-            vm = VirtualMemory(phys, walk)
-            note = vm.read(ptr, 24)
-            if note[12:23] != b"VMCOREINFO\0":
-                continue
-            note += vm.read(ptr + 24, min(int.from_bytes(note[4:8], "little"), 1 << 16))
-        except MemoryFault:
-            continue
-        try:
-            return parse_vmcoreinfo_note(note)
-        except DumpError:
-            return None
+        if walk.is_canonical(ptr) and (found := _note_at(VirtualMemory(phys, walk).read, ptr)) is not None:
+            return found
     return None
-

@@ -10,13 +10,15 @@ address and the same bytes.
 :func:`record` also keeps the physical pages our translation read (page
 tables, the variables the shortcuts need) with drgn's answers, so a test can
 replay the translation of a real kernel's page tables without the vmcore:
-``python -m unwind.lab.translations VMCORE VMLINUX ARCH -o OUT.json.xz``.
+``python -m unwind.lab.translations VMCORE VMLINUX ARCH -o OUT.json.xz [--capture DUMP]``.
+drgn translates no riscv addresses; there the capture of the same stop is the oracle.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import json
 import lzma
 from dataclasses import dataclass, field
@@ -35,6 +37,8 @@ IMAGE_SYMBOLS = ("init_task", "jiffies", "linux_banner", "init_mm", "swapper_pg_
 #: the image symbols the translators use for their shortcuts
 SHORTCUT_SYMBOLS = ("_text", "_end", "_start", "_stext", "page_offset_base", "vmalloc_base",
                     "kasan_early_shadow_page")
+#: the link-time symbols a search for the kernel's own VMCOREINFO reads (riscv)
+FIND_SYMBOLS = ("_start", "_stext", "vmcoreinfo_note", "swapper_pg_dir", "kernel_map", "phys_ram_base", "satp_mode")
 #: bytes compared per address
 SAMPLE_BYTES = 64
 _DRGN_ARCH = {"x86_64": "X86_64", "arm64": "AARCH64", "riscv": "RISCV64"}
@@ -132,13 +136,13 @@ def drgn_answers(prog: Any, addrs: list[tuple[int, str]]) -> list[dict[str, Any]
     return out
 
 
-def vmcoreinfo_of(vmcore: Any, arch: str, link_symbol: Callable[[str], int | None],
-                  phys: PhysReader) -> tuple[VmcoreInfo, str | None]:
+def vmcoreinfo_of(vmcore: Any, arch: str, image: Image, phys: PhysReader) -> tuple[VmcoreInfo, str | None]:
     """The dump's VMCOREINFO, or the kernel's own found in memory (riscv QEMU dumps), with how it was found."""
     info = VmcoreInfo.parse(vmcore.vmcoreinfo or "")
     if info:
         return info, None
-    return registry.get(arch).vmcoreinfo_from_memory(phys, [(r.start, r.end) for r in vmcore.ranges], link_symbol)
+    return registry.get(arch).vmcoreinfo_from_memory(phys, [(r.start, r.end) for r in vmcore.ranges],
+                                                     image.symbols.address, image.btf)
 
 
 def kaslr_offset(info: VmcoreInfo, link_symbol: Callable[[str], int | None]) -> int:
@@ -157,7 +161,7 @@ def our_memory(vmcore: Any, arch: str, image: Image, tables: PhysReader | None =
     the data is read from the vmcore. Without ``shortcuts`` every address is walked.
     """
     tables = tables or vmcore
-    info, how = vmcoreinfo_of(vmcore, arch, image.symbols.address, tables)
+    info, how = vmcoreinfo_of(vmcore, arch, image, tables)
     offset = kaslr_offset(info, image.symbols.address)
     symbols = {n: a + offset for n in SHORTCUT_SYMBOLS if (a := image.symbols.address(n)) is not None}
     tr = registry.get(arch).translator(info, tables, symbols.get)
@@ -221,39 +225,62 @@ def compare_capture(vm: VirtualMemory, capture: str | Path) -> tuple[int, list[s
 
 
 def record(vmcore_path: str | Path, vmlinux: str | Path, arch: str, out: str | Path,
-           sample_from: str | Path | None = None) -> dict[str, Any]:
-    """Check against drgn and write drgn's answers with the pages our translation read (xz JSON).
+           sample_from: str | Path | None = None, capture: str | Path | None = None) -> dict[str, Any]:
+    """Check our translation against drgn's (not on riscv) and the capture's bytes; write what a test replays.
 
     ``sample_from`` is another vmcore of the same stop where drgn can list
-    the tasks (a filtered dump may lack pages ``for_each_task`` walks).
+    the tasks (a filtered dump may lack pages ``for_each_task`` walks);
+    ``capture`` the project's dump of the same stop. The xz JSON written keeps
+    drgn's answers, a SHA-256 of each captured segment, and the physical pages
+    our translator read, plus those the captured bytes came from.
     """
-    import drgn
-
     from unwind.vmcore import open_vmcore
 
     image = Image(vmlinux)
-    prog = drgn_program(vmcore_path, vmlinux, arch)
-    addrs = sample_addresses(drgn_program(sample_from, vmlinux, arch) if sample_from else prog)
-    answers = drgn_answers(prog, addrs)
+    answers: list[dict[str, Any]] = []
+    how = []
+    if arch != "riscv":  # drgn translates no riscv addresses
+        import drgn
+
+        prog = drgn_program(vmcore_path, vmlinux, arch)
+        answers = drgn_answers(prog, sample_addresses(drgn_program(sample_from, vmlinux, arch) if sample_from
+                                                      else prog))
+        how.append(f"drgn {drgn.__version__}: follow_phys(init_mm, va) and prog.read(va, {SAMPLE_BYTES}) on "
+                   f"{Path(vmcore_path).name}; addresses sampled by drgn"
+                   f"{' on ' + Path(sample_from).name if sample_from else ''} (image variables, for_each_task "
+                   "task_struct and stack, per-CPU runqueues, modules)")
+    segments: list[dict[str, Any]] = []
     with open_vmcore(vmcore_path) as vmc:
         rec = PageRecorder(vmc, vmc.page_size)
-        vm, info, symbols, how = our_memory(vmc, arch, image, rec)
+        ranges = vmc.ranges
+        vm, info, symbols, found = our_memory(vmc, arch, image, rec)
         walk, _, _, _ = our_memory(vmc, arch, image, rec, shortcuts=False)
         # the page tables alone must agree too, where the shortcuts answered
         bad = compare(vm, answers) + compare(walk, answers)
+        if capture is not None:
+            data = VirtualMemory(rec, vm.translator)  # the captured bytes' pages are kept too
+            for mem in (data, walk):
+                bad += compare_capture(mem, capture)[1]
+            from unwind.dump import Dump
+
+            segments = [{"va": hex(seg.start), "size": len(seg.data), "sha256": hashlib.sha256(seg.data).hexdigest()}
+                        for seg in Dump.open(capture).memory.segments]
+            how.append(f"every segment of {Path(capture).name} (the project's capture of the same stop, read "
+                       "through QEMU's MMU) equals our read of the vmcore")
         if bad:
-            raise TranslationMismatch(f"{len(bad)} of our translations differ from drgn's: " + "; ".join(bad[:5]))
+            raise TranslationMismatch(f"{len(bad)} of our reads differ: " + "; ".join(bad[:5]))
     doc = {
-        "how": (f"drgn {drgn.__version__}: follow_phys(init_mm, va) and prog.read(va, {SAMPLE_BYTES}) on "
-                f"{Path(vmcore_path).name} with {Path(vmlinux).name} (build-id {image.build_id}); addresses "
-                f"sampled by drgn{' on ' + Path(sample_from).name if sample_from else ''} (image variables, "
-                "for_each_task task_struct and stack, per-CPU runqueues, modules); pages: what our translation read"),
-        "arch": arch, "vmcoreinfo": info_text(info), "vmcoreinfo_found": how,
+        "how": "; ".join(how) + f". vmcore {Path(vmcore_path).name}, {Path(vmlinux).name} (build-id "
+                                f"{image.build_id}); pages: what our translation read",
+        "arch": arch, "vmcoreinfo": info_text(info), "vmcoreinfo_found": found,
         "symbols": {k: hex(v) for k, v in symbols.items()},
         "page_size": vm.page_size,
         "pages": {hex(pfn): base64.b64encode(data).decode() for pfn, data in sorted(rec.pages.items())},
         "translations": [{"va": hex(a["va"]), "what": a["what"], "pa": None if a["pa"] is None else hex(a["pa"])}
                          for a in answers],
+        "capture": segments,
+        "ranges": [[hex(r.start), hex(r.end)] for r in ranges],
+        "link_symbols": {n: hex(a) for n in FIND_SYMBOLS if (a := image.symbols.address(n)) is not None},
     }
     with lzma.open(out, "wt") as f:
         json.dump(doc, f, indent=0)
@@ -268,9 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("arch", choices=sorted(_DRGN_ARCH))
     p.add_argument("-o", "--out", required=True)
     p.add_argument("--sample-from", help="another vmcore of the same stop to list the tasks in")
+    p.add_argument("--capture", help="the project's dump of the same stop, to compare bytes with")
     a = p.parse_args(argv)
-    doc = record(a.vmcore, a.vmlinux, a.arch, a.out, a.sample_from)
-    print(f"{len(doc['translations'])} translations agree with drgn; {len(doc['pages'])} pages kept in {a.out}")
+    doc = record(a.vmcore, a.vmlinux, a.arch, a.out, a.sample_from, a.capture)
+    print(f"{len(doc['translations'])} translations agree with drgn, {len(doc['capture'])} captured segments "
+          f"with the capture; {len(doc['pages'])} pages kept in {a.out}")
     return 0
 
 

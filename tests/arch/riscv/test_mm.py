@@ -145,3 +145,53 @@ def test_virtual_memory_over_riscv_tables():
     t.phys.write(0x93000000, b"efgh")
     vm = VirtualMemory(t.phys, mm.RiscvTranslator(t.phys, t.root, va_bits=48))
     assert vm.read(va + 0xFFC, 8) == b"abcdefgh"
+
+
+class _KernelMappingBtf:
+    """The two BTF questions the rebuild asks, answered with the 7.x layout of struct kernel_mapping."""
+
+    LAYOUT = {"virt_addr": 0, "virt_offset": 8, "phys_addr": 16, "size": 24, "va_pa_offset": 32,
+              "page_offset": 40, "va_kernel_pa_offset": 48}
+
+    def offsetof(self, type_: str, path: str) -> int:
+        assert type_ == "kernel_mapping"
+        return self.LAYOUT[path]
+
+
+def test_vmcoreinfo_rebuilt_from_kernel_map_when_the_note_is_gone():
+    t = image_tables(48)
+    slide = 0x40000000  # a KASLR slide: kernel_map.virt_addr is the runtime image address
+    syms = {"_start": KLINK, "_stext": KLINK + 0x2000, "vmcoreinfo_note": KLINK + 0x1500008,
+            "swapper_pg_dir": KLINK + 0x1400000, "kernel_map": KLINK + 0x1600000, "phys_ram_base": KLINK + 0x1600100,
+            "satp_mode": KLINK + 0x1600108}
+    km = LOAD + 0x1600000
+    lay = _KernelMappingBtf.LAYOUT
+    t.phys.write_u64(km + lay["virt_addr"], KLINK + slide)
+    t.phys.write_u64(km + lay["phys_addr"], LOAD)
+    t.phys.write_u64(km + lay["page_offset"], 0xFFFFAF8000000000)
+    t.phys.write_u64(km + lay["va_pa_offset"], 0xFFFFAF8000000000 - 0x80000000)
+    t.phys.write_u64(km + lay["va_kernel_pa_offset"], KLINK + slide - LOAD)
+    t.phys.write_u64(LOAD + 0x1600100, 0x80000000)
+    t.phys.write_u64(LOAD + 0x1600108, 0x9 << 60)  # SATP_MODE_48
+    t.phys.write_u64(LOAD + 0x1500008, 0xFFFFAF8000000000 + 0x6000000)  # the note's page: not in the dump
+    vi, how = mm.find_vmcoreinfo(t.phys, [(0x80000000, 0x90000000)], syms.get, _KernelMappingBtf())
+    assert "rebuilt from kernel_map" in how and "0x80200000" in how
+    assert vi.number("NUMBER(VA_BITS)") == 48 and vi.word("NUMBER(PAGE_OFFSET)") == 0xFFFFAF8000000000
+    assert vi.word("NUMBER(va_kernel_pa_offset)") == KLINK + slide - LOAD
+    assert vi.symbol("swapper_pg_dir") == KLINK + slide + 0x1400000
+    assert vi.number("NUMBER(phys_ram_base)") == 0x80000000
+    with pytest.raises(DumpError, match="not found"):  # without BTF the layout is unknown: no rebuild
+        mm.find_vmcoreinfo(t.phys, [(0x80000000, 0x90000000)], syms.get)
+    # the note itself, reached through kernel_map.va_pa_offset: no page table maps it here
+    desc = b"OSRELEASE=6.12.0\nNUMBER(VA_BITS)=48\n"
+    t.phys.write(0x86000000, (11).to_bytes(4, "little") + len(desc).to_bytes(4, "little") + bytes(4)
+                 + b"VMCOREINFO\0\0" + desc)
+    vi, how = mm.find_vmcoreinfo(t.phys, [(0x80000000, 0x90000000)], syms.get, _KernelMappingBtf())
+    assert "read from the kernel's vmcoreinfo_note" in how and vi["OSRELEASE"] == "6.12.0"
+    t.phys.write(0x86000000, bytes(64))
+    t.phys.write_u64(km + lay["phys_addr"], LOAD + PMD)  # kernel_map must say where the image is
+    with pytest.raises(DumpError, match="not found"):
+        mm.find_vmcoreinfo(t.phys, [(0x80000000, 0x90000000)], syms.get, _KernelMappingBtf())
+
+
+PMD = 1 << 21
