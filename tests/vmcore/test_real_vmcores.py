@@ -94,3 +94,55 @@ def test_flattened_reads_as_makedumpfile_reassembles(flat: Path, reassembled: Pa
             for off in range(0, src.size, 1 << 22):
                 chunk = f.read(1 << 22)
                 assert src.pread(off, len(chunk)) == chunk, f"offset {off:#x}"
+
+
+FUZZ_FILES = [pytest.param(f, id=f"{f.parent.name}/{f.name}") for base, others in STOPS for f in [base, *others]
+              if "paging" not in f.name]
+
+
+@pytest.mark.skipif(not FUZZ_FILES, reason="no lab vmcores here ($UNWIND_VMCORES)")
+@pytest.mark.parametrize("path", FUZZ_FILES)
+def test_mutated_real_files_fail_cleanly(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes of a real file flipped where its headers, notes, bitmaps and descriptors are: one line or a fault."""
+    from unwind.vmcore import VmcoreError, source
+
+    real = source.FileSource.pread
+    patch: dict[int, int] = {}
+
+    def pread(self: source.FileSource, offset: int, size: int) -> bytes:
+        data = real(self, offset, size)
+        hits = [o for o in patch if offset <= o < offset + size]
+        if not hits:
+            return data
+        buf = bytearray(data)
+        for o in hits:
+            buf[o - offset] = patch[o]
+        return bytes(buf)
+
+    monkeypatch.setattr(source.FileSource, "pread", pread)
+    size = path.stat().st_size
+    rng = random.Random(path.name)
+    outcomes: dict[str, int] = {}
+    for _ in range(150):
+        patch.clear()
+        span = rng.choice((4096, 1 << 16, 1 << 20, size))
+        for _ in range(rng.choice((1, 2, 4, 16))):
+            patch[rng.randrange(min(span, size))] = rng.randrange(256)
+        try:
+            vm = open_vmcore(path)
+        except VmcoreError as e:
+            assert "\n" not in str(e)
+            outcomes["error"] = outcomes.get("error", 0) + 1
+            continue
+        with vm:
+            ranges = vm.ranges[:64]
+            vm.page_size, vm.machine
+            for _ in range(40):
+                r = rng.choice(ranges) if ranges and rng.random() < 0.8 else None
+                addr = rng.randrange(r.start, r.end) if r else rng.randrange(0, 1 << 33)
+                try:
+                    vm.read_phys(addr & ~7, 4096)
+                except MemoryFault as e:
+                    assert "\n" not in str(e)
+        outcomes["opened"] = outcomes.get("opened", 0) + 1
+    assert outcomes.get("opened")
