@@ -114,6 +114,7 @@ class KdumpSpec:
     status_extra: int = 0
     dump_level: int = 31
     page_overrides: dict[int, dict] = field(default_factory=dict)  # pfn -> descriptor fields to force
+    split: tuple[int, int] | None = None  # a --split file holding pfns [start, end)
 
 
 def kdump_file(spec: KdumpSpec) -> bytes:
@@ -160,10 +161,12 @@ def kdump_file(spec: KdumpSpec) -> bytes:
         current_cpu=0, nr_cpus=1))
     note_off = bs + diskdump.Kdump_sub_header.sizeof()
     sub = diskdump.Kdump_sub_header.build(dict(
-        phys_base=0, dump_level=spec.dump_level, split=0, start_pfn=0, end_pfn=spec.max_mapnr & 0xFFFFFFFF,
+        phys_base=0, dump_level=spec.dump_level, split=int(spec.split is not None),
+        start_pfn=(spec.split or (0, 0))[0], end_pfn=(spec.split or (0, spec.max_mapnr))[1] & 0xFFFFFFFF,
         offset_vmcoreinfo=note_off + len(spec.notes) if info else 0, size_vmcoreinfo=len(info),
         offset_note=note_off if spec.notes else 0, size_note=len(spec.notes), offset_eraseinfo=0, size_eraseinfo=0,
-        start_pfn_64=0, end_pfn_64=spec.max_mapnr, max_mapnr_64=spec.max_mapnr))
+        start_pfn_64=(spec.split or (0, 0))[0], end_pfn_64=(spec.split or (0, spec.max_mapnr))[1],
+        max_mapnr_64=spec.max_mapnr))
     out = bytearray(hdr.ljust(bs, b"\0"))
     out += (sub + spec.notes + info).ljust(sub_hdr_size * bs, b"\0")
     out += diskdump.kdump_bitmaps(half).build(dict(ram=bytes(ram), dumped=bytes(dumped)))

@@ -153,6 +153,34 @@ def test_kdump_header_version_5_uses_32bit_max_mapnr(tmp_path):
         _check_kdump(vm)
 
 
+def test_kdump_incomplete_dump_faults_on_the_pages_it_never_wrote(tmp_path):
+    """makedumpfile sets DUMP_DH_COMPRESSED_INCOMPLETE when the disk fills: the tail of the file is missing."""
+    spec = _spec(codecs.DUMP_DH_COMPRESSED_ZLIB, status_extra=codecs.DUMP_DH_COMPRESSED_INCOMPLETE)
+    full = kdump_file(spec)
+    with open_vmcore(_write(tmp_path, "full.kdump", full)) as vm:
+        cut = vm._desc_start + 30 * 24     # the descriptors of the first 30 dumped pages survive
+    path = _write(tmp_path, "cut.kdump", full[:cut])
+    with open_vmcore(path) as vm:
+        assert vm.incomplete
+        dumped = sorted(RAM - EXCLUDED)
+        with pytest.raises(CorruptPageFault, match="the dump is incomplete"):
+            vm.read_phys(dumped[40] * 4096, 8)
+        with pytest.raises(CorruptPageFault, match="the dump is incomplete"):
+            vm.read_phys(dumped[5] * 4096, 8)    # its descriptor survives, its data does not
+
+
+def test_kdump_split_file_holds_only_its_pfn_range(tmp_path):
+    spec = _spec(codecs.DUMP_DH_COMPRESSED_ZLIB)
+    spec.dumped = {p: b for p, b in spec.dumped.items() if 16 <= p < 72}
+    spec.split = (16, 72)
+    with open_vmcore(_write(tmp_path, "split.kdump", kdump_file(spec))) as vm:
+        assert vm.read_phys(20 * 4096, 4096) == page_bytes(20)
+        for pfn in (2, 75):
+            with pytest.raises(MemoryFault) as e:
+                vm.read_phys(pfn * 4096, 8)
+            assert not isinstance(e.value, ExcludedPageFault)
+
+
 # --- flattened -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("codec", CODECS[:4], ids=lambda c: codecs.CODEC_NAMES[c])
