@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from construct import Bytes, Int64sb, Padding, Struct
 
+from .packed import packed
 from .source import FileSource, Source, SourceTruncated
 
 MDF_SIGNATURE = b"makedumpfile"
@@ -42,6 +43,9 @@ Makedumpfile_data_header = Struct(
     "buf_size" / Int64sb,
 )
 
+#: the record header for the one pass over them
+_DATA_HEADER = packed(Makedumpfile_data_header)
+
 #: records whose index is worth caching on disk
 CACHE_MIN_RECORDS = 20000
 INDEX_VERSION = 1
@@ -62,21 +66,21 @@ def _index_records(src: FileSource) -> np.ndarray:
     if not is_flattened(hdr.signature) or hdr.type != MDF_TYPE_FLAT_HEADER:
         raise FlatError(f"bad flattened header (type {hdr.type}, version {hdr.version})")
     rows: list[tuple[int, int, int]] = []
-    pos, hsize = MDF_HEADER_SIZE, Makedumpfile_data_header.sizeof()
+    pos, hsize = MDF_HEADER_SIZE, _DATA_HEADER.size
     while True:
         if pos + hsize > src.size:
             raise FlatError(f"truncated: record header at {pos:#x} past the end of the file "
                             "(no end marker)")
-        rec = Makedumpfile_data_header.parse(src.pread(pos, hsize))
-        if rec.offset == END_FLAG_FLAT_HEADER:
+        offset, buf_size = _DATA_HEADER.unpack(src.pread(pos, hsize))
+        if offset == END_FLAG_FLAT_HEADER:
             break
-        if rec.offset < 0 or rec.buf_size < 0:
-            raise FlatError(f"bad record at {pos:#x}: offset {rec.offset}, size {rec.buf_size}")
-        if pos + hsize + rec.buf_size > src.size:
-            raise FlatError(f"truncated: record at {pos:#x} (+{rec.buf_size:#x}) ends past the end of the file")
-        if rec.buf_size:
-            rows.append((rec.offset, rec.buf_size, pos + hsize))
-        pos += hsize + rec.buf_size
+        if offset < 0 or buf_size < 0:
+            raise FlatError(f"bad record at {pos:#x}: offset {offset}, size {buf_size}")
+        if pos + hsize + buf_size > src.size:
+            raise FlatError(f"truncated: record at {pos:#x} (+{buf_size:#x}) ends past the end of the file")
+        if buf_size:
+            rows.append((offset, buf_size, pos + hsize))
+        pos += hsize + buf_size
     return _resolve_overlaps(np.array(rows, dtype=np.int64).reshape(-1, 3))
 
 

@@ -13,11 +13,14 @@ from construct import FormatField, Renamed, Struct
 
 
 def packed(decl: Struct) -> struct.Struct:
-    """The ``struct`` format of a construct ``Struct`` made only of little-endian integer fields."""
-    codes = []
+    """The ``struct`` format of a construct ``Struct`` made only of integer fields of one byte order."""
+    orders, codes = set(), []
     for sub in decl.subcons:
         field = sub.subcon if isinstance(sub, Renamed) else sub
-        if not isinstance(field, FormatField) or not field.fmtstr.startswith("<"):
-            raise TypeError(f"{sub.name}: not a little-endian integer field")
+        if not isinstance(field, FormatField) or field.fmtstr[0] not in "<>":
+            raise TypeError(f"{sub.name}: not a fixed-size integer field")
+        orders.add(field.fmtstr[0])
         codes.append(field.fmtstr[1:])
-    return struct.Struct("<" + "".join(codes))
+    if len(orders) > 1:
+        raise TypeError("fields of both byte orders")
+    return struct.Struct(orders.pop() + "".join(codes))
