@@ -13,7 +13,7 @@ blocked task's saved context, the per-CPU stacks) are the arch's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from .btf import Btf, BtfError
 from .memory import MemoryFault
@@ -157,11 +157,15 @@ class Kernel:
 
     ``mem`` is any reader with ``read``/``read_u64`` raising
     :class:`~unwind.memory.MemoryFault`; ``symbol`` gives runtime addresses
-    (KASLR applied); ``warnings`` collects what the walks had to skip.
+    (KASLR applied); ``context_members`` are the ``task_struct`` members the
+    arch's saved context is in; ``warnings`` collects what the walks had to skip.
     """
 
-    def __init__(self, mem: Any, btf: Btf, symbol: Callable[[str], int | None]) -> None:
+    def __init__(self, mem: Any, btf: Btf, symbol: Callable[[str], int | None],
+                 context_members: tuple[str, ...] = ()) -> None:
         self.mem = mem
+        #: the task_struct members the arch's saved context lives in (its ``CONTEXT_MEMBERS``)
+        self.context_members = context_members
         self.btf = btf
         self._symbol = symbol
         self.warnings: list[str] = []
@@ -289,9 +293,26 @@ class Kernel:
             node = self.read_u64(node)
 
     # -- tasks ---------------------------------------------------------------
+    #: the task_struct members read for every task (each generation's names; absent ones are skipped)
+    TASK_MEMBERS = ("pid", "tgid", "comm", "__state", "state", "exit_state", "stack", "on_cpu", "thread_info.cpu",
+                    "cpu", "nvcsw", "nivcsw", "tasks", "signal", "thread_node", "thread_group", "ret_stack",
+                    "curr_ret_stack", "rethooks", "kretprobe_instances")
+
+    def read_members(self, addr: int, struct: str, paths: Iterable[str]) -> bytes:
+        """``struct`` at ``addr`` with only the members ``paths`` read (the rest zero): a struct that
+        straddles a page the dump left out still gives the members that are in it."""
+        buf = bytearray(self._sizeof(struct))
+        for path in paths:
+            if not self.has(struct, path):
+                continue
+            m = self.btf.member(struct, path)
+            size = m.size or 8
+            buf[m.offset:m.offset + size] = self.read(addr + m.offset, size)
+        return bytes(buf)
+
     def task(self, addr: int) -> KernelTask:
         """The ``task_struct`` at ``addr``."""
-        data = self.read(addr, self._tsize)
+        data = self.read_members(addr, "task_struct", self.TASK_MEMBERS + self.context_members)
         b = self.btf
 
         def u(path: str) -> int:
@@ -308,12 +329,32 @@ class Kernel:
 
     # for_each_process() (include/linux/sched/signal.h)
     def processes(self) -> Iterator[int]:
-        """``init_task`` and every task on ``init_task.tasks``."""
+        """``init_task`` and every task on ``init_task.tasks``.
+
+        When a node cannot be read (a page the dump left out), the rest of
+        the ring is walked backwards from the head through ``prev`` up to the
+        gap, so one lost page loses only the tasks on it.
+        """
         init = self.require("init_task")
         yield init
         off = self.offsetof("task_struct", "tasks")
-        for node in self.list_for_each(init + off, "init_task.tasks", MAX_TASKS):
-            yield node - off
+        head = init + off
+        seen: set[int] = set()
+        try:
+            for node in self.list_for_each(head, "init_task.tasks", MAX_TASKS):
+                seen.add(node)
+                yield node - off
+            return
+        except MemoryFault as e:
+            self.warnings.append(f"init_task.tasks is cut at a node the dump lacks ({e}); walking back from its tail")
+        try:
+            node = self.read_u64(head + 8)
+            while node != head and node not in seen and len(seen) < MAX_TASKS:
+                seen.add(node)
+                yield node - off
+                node = self.read_u64(node + 8)
+        except MemoryFault as e:
+            self.warnings.append(f"init_task.tasks backwards stops too: {e}")
 
     # for_each_thread() (include/linux/sched/signal.h), by generation
     def threads(self, leader: int) -> Iterator[int]:
@@ -338,17 +379,19 @@ class Kernel:
         """``cpu_rq(cpu)->curr`` or ``->idle``."""
         return self.read_u64(self.percpu_addr("runqueues", cpu) + self.offsetof("rq", member))
 
-    def tasks(self) -> list[KernelTask]:
+    def tasks(self, current: dict[int, int] | None = None) -> list[KernelTask]:
         """Every task: each CPU's idle task, then each process and its threads, once each.
 
-        ``running_on`` is set from ``rq->curr``; a task whose ``task_struct``
+        ``running_on`` is set from ``current`` (CPU -> task, the arch's own
+        ``current``), else from ``rq->curr``; a task whose ``task_struct``
         cannot be read is skipped with a warning.
         """
         running: dict[int, int] = {}
         idle: list[int] = []
         for cpu in self.online_cpus():
             try:
-                running.setdefault(self.rq_task(cpu, "curr"), cpu)
+                curr = (current or {}).get(cpu) or self.rq_task(cpu, "curr")
+                running.setdefault(curr, cpu)
                 idle.append(self.rq_task(cpu, "idle"))
             except MemoryFault as e:
                 self.warnings.append(f"cpu{cpu}: cannot read its runqueue: {e}")
@@ -370,16 +413,16 @@ class Kernel:
 
         for addr in idle:
             add(addr, True)
-        try:
-            for leader in self.processes():
-                add(leader, leader in idle)
+        for leader in self.processes():
+            add(leader, leader in idle)
+            try:
                 for thread in self.threads(leader):
                     add(thread, False)
-                if len(out) >= MAX_TASKS:
-                    self.warnings.append(f"more than {MAX_TASKS} tasks; the rest is not read")
-                    break
-        except MemoryFault as e:
-            self.warnings.append(f"the task list is cut short: {e}")
+            except MemoryFault as e:
+                self.warnings.append(f"threads of task {leader:#x} cut short: {e}")
+            if len(out) >= MAX_TASKS:
+                self.warnings.append(f"more than {MAX_TASKS} tasks; the rest is not read")
+                break
         for addr, cpu in running.items():  # a task on a CPU but on no list (exiting, or mid-fork)
             add(addr, False)
         return out
@@ -461,6 +504,27 @@ class Kernel:
                 self.warnings.append(f"pid {task.pid}: {head} list unreadable: {e}")
             return out
         return []
+
+    # bpf_ksym_add() keeps every JITed program and trampoline on bpf_kallsyms (kernel/bpf/core.c)
+    def bpf_symbols(self) -> list[tuple[int, int, str]]:
+        """``(start, end, name)`` of each ``struct bpf_ksym`` on ``bpf_kallsyms`` (``__bpf_address_lookup()``)."""
+        head = self._symbol("bpf_kallsyms")
+        if head is None or not self.has("bpf_ksym", "lnode"):
+            return []
+        b = self.btf
+        off = self.offsetof("bpf_ksym", "lnode")
+        out = []
+        try:
+            for node in self.list_for_each(head, "bpf_kallsyms", MAX_MODULE_SYMBOLS):
+                data = self.read_members(node - off, "bpf_ksym", ("start", "end", "name"))
+                name_m = b.member("bpf_ksym", "name")
+                name = data[name_m.offset:name_m.offset + name_m.size].split(b"\0")[0].decode("utf-8", "replace")
+                start, end = field_int(b, data, "bpf_ksym", "start"), field_int(b, data, "bpf_ksym", "end")
+                if start < end and name:
+                    out.append((start, end, name))
+        except MemoryFault as e:
+            self.warnings.append(f"bpf_kallsyms cut short: {e}")
+        return out
 
     # -- modules -------------------------------------------------------------
     def modules(self) -> list[KernelModule]:

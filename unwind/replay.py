@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Callable
 
 from . import registry
 from .callsite import CallSiteChecker
@@ -12,6 +13,7 @@ from .frame import Frame
 from .image import Image, ImageError, find_image
 from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from .target import Options, Target, Task, kernel_version
+from .vmcore import VmcoreError, detect_format, is_vmcore
 from .walk import DEFAULT_MAX_FRAMES, ReliableResult, Stop, collect, stack_walk_reliable
 
 
@@ -48,19 +50,23 @@ class Session:
         self.backend = dump.backend
         self.image = image
         self.symbols: SymbolTable | KernelSymbols | None = symbols
-        modules = dump.meta.get("modules")
-        if symbols is not None and isinstance(modules, list) and modules:
+        modules, bpf = dump.meta.get("modules"), dump.meta.get("bpf_symbols")
+        if symbols is not None and (modules or bpf):
             try:
-                self.symbols = KernelSymbols(symbols, [ModuleSymbols.from_json(m) for m in modules])
+                tables = [ModuleSymbols.from_json(m) for m in modules or []]
+                self.symbols = KernelSymbols(symbols, tables + ([ModuleSymbols.bpf(bpf)] if bpf else []))
             except (ValueError, KeyError, TypeError) as e:
-                raise ReplayError(f"{dump.path}: malformed modules list: {e}") from None
+                raise ReplayError(f"{dump.path}: malformed modules or bpf_symbols list: {e}") from None
         self.warnings: list[str] = []
         self._callsites = CallSiteChecker(self.backend, image)
 
     @classmethod
     def load(cls, dump_path: str | Path, *, arch: str | None = None, vmlinux: str | Path | None = None,
              system_map: str | Path | None = None) -> "Session":
-        """Open ``dump_path``; find its image by build-id unless ``vmlinux`` is given."""
+        """Open ``dump_path`` (a dump, or a vmcore found by magic); find its image by build-id unless
+        ``vmlinux`` is given."""
+        if _vmcore_format(dump_path):
+            return cls._load_vmcore(str(dump_path), arch, vmlinux, system_map)
         dump = Dump.open(dump_path)
         if arch is not None:
             try:
@@ -87,6 +93,39 @@ class Session:
         if symbols is None:
             session.warnings.append(f"no image with build-id {dump.build_id} found "
                                     "(use --vmlinux or $UNWIND_IMAGE_PATH): printing raw addresses")
+        return session
+
+    @classmethod
+    def _load_vmcore(cls, path: str, arch: str | None, vmlinux: str | Path | None,
+                     system_map: str | Path | None) -> "Session":
+        """A vmcore: its image is required (symbols, BTF); tasks are read from the kernel's own lists."""
+        from .vmdump import VmcoreDump
+
+        dump = VmcoreDump.open(path)
+        if arch is not None and registry.get(arch).name != dump.arch:
+            raise ReplayError(f"--arch {arch} disagrees with the vmcore, which is {dump.arch}")
+        try:
+            image = find_image(dump.build_id, path, vmlinux)
+        except ImageError as e:
+            raise ReplayError(str(e)) from None
+        if image is None:
+            raise ReplayError(f"{path}: no image with build-id {dump.build_id} found: a vmcore's tasks need "
+                              "the kernel's symbols and BTF (use --vmlinux or $UNWIND_IMAGE_PATH)")
+        if image.machine != dump.backend.elf_machine:
+            raise ReplayError(f"{image.path} is {image.machine}, the vmcore is {dump.backend.elf_machine}")
+        try:
+            symbols = SymbolTable.from_system_map(system_map) if system_map is not None else image.symbols
+        except (SymbolError, ImageError) as e:
+            raise ReplayError(str(e)) from None
+        slide = dump.kaslr_offset(symbols)
+        symbol = runtime_symbols(symbols, slide)
+        btf = image.btf if image.btf is not None else dump.btf_from_memory(symbol)
+        dump.attach(symbol, btf)
+        session = cls(dump, image, symbols)  # type: ignore[arg-type]
+        if slide:
+            session.warnings.append(f"KASLR offset {slide:#x}: the image's addresses are not relocated yet, "
+                                    "symbols and unwind tables will not match")
+        session.warnings.extend(dump.warnings)
         return session
 
     def select(self, pid: int | None = None, cpu: int | None = None, every: bool = False) -> list[Task]:
@@ -145,6 +184,31 @@ class Session:
                 f.symbol = self.backend.symbolize(f, target)
             self._callsites.annotate(f)
         return Replay(target, frames, stop, verdict, unwinder.basis())
+
+
+def _vmcore_format(path: str | Path) -> bool:
+    """Is ``path`` a vmcore? kdump-compressed and flattened files are, by magic; an ELF core is unless it
+    carries the ``UNWIND`` note of the project's own dumps."""
+    try:
+        fmt = detect_format(path)
+    except VmcoreError:
+        return False
+    return fmt != "elf" or is_vmcore(path)
+
+
+def runtime_symbols(symbols: SymbolTable, slide: int) -> Callable[[str], int | None]:
+    """Symbol name -> runtime address: the link address plus the KASLR ``slide``, except zero-based
+    per-CPU symbols (x86-64 before 6.15), which are offsets into each CPU's area."""
+    pcpu_lo, pcpu_hi = symbols.address("__per_cpu_start"), symbols.address("__per_cpu_end")
+    zero_based = pcpu_lo == 0 and pcpu_hi is not None
+
+    def symbol(name: str) -> int | None:
+        addr = symbols.address(name)
+        if addr is None or not slide or (zero_based and addr < pcpu_hi):  # type: ignore[operator]
+            return addr
+        return addr + slide
+
+    return symbol
 
 
 def load_session(dump_path: str | Path, **kw: object) -> Session:

@@ -196,6 +196,14 @@ class ModuleSymbols:
         return cls(str(entry["name"]), [(num(r["base"]), num(r["size"])) for r in entry.get("regions", [])],
                    [(num(a), str(n)) for a, n in entry.get("symbols", [])])
 
+    @classmethod
+    def bpf(cls, entries: list) -> "ModuleSymbols":
+        """JITed BPF programs and trampolines ``[[start, end, name], ...]``: each its own region, printed
+        with no module (``bpf_address_lookup()`` sets none)."""
+        num = lambda v: int(v, 0) if isinstance(v, str) else int(v)  # noqa: E731
+        rows = [(num(lo), num(hi), str(name)) for lo, hi, name in entries]
+        return cls("", [(lo, hi - lo) for lo, hi, _ in rows], [(lo, name) for lo, _, name in rows])
+
     def region(self, addr: int) -> tuple[int, int] | None:
         """``within_module_mem_type()``: the region holding ``addr``."""
         for lo, hi in self.regions:

@@ -144,9 +144,9 @@ class VmcoreDump:
         try:
             if self.memory is None:
                 self.memory = self._virtual_memory(symbol)
-            self.kernel = Kernel(self.memory, btf, symbol)
+            self.kernel = Kernel(self.memory, btf, symbol, self.backend.kernel.CONTEXT_MEMBERS)
             self.cpus = self._read_cpus()
-            self._ktasks = self.kernel.tasks()
+            self._ktasks = self.kernel.tasks(self._currents(self.kernel))
             self.modules = self.kernel.modules()
             try:
                 self.meta["ftrace_trampolines"] = ftrace_trampolines(self.kernel)
@@ -157,6 +157,7 @@ class VmcoreDump:
         except MemoryFault as e:
             raise DumpError(f"{self.path}: kernel structures unreadable: {e}") from None
         self.meta["modules"] = [m.to_json() for m in self.modules]
+        self.meta["bpf_symbols"] = [[f"{lo:#x}", f"{hi:#x}", name] for lo, hi, name in self.kernel.bpf_symbols()]
         self.meta["symbols"] = {n: f"{a:#x}" for n in ("_stext", "_etext", "init_task")
                                 if (a := symbol(n)) is not None}
         self.warnings.extend(self.kernel.warnings)
@@ -193,6 +194,16 @@ class VmcoreDump:
                                 f"expected {layout.sizeof()}")
             regs = dict(zip(names, layout.parse(raw).pr_reg))
             out.append(CpuState(cpu=cpu, regs=regs, pid=_prstatus_pid(raw), mode=hooks.cpu_mode(regs)))
+        return out
+
+    def _currents(self, k: Kernel) -> dict[int, int]:
+        """``current`` of each CPU that saved registers, by the arch's rule (``rq->curr`` lags a switch)."""
+        out = {}
+        for c in self.cpus:
+            try:
+                out[c.cpu], _ = self.backend.kernel.current_task(k, c.cpu, c.regs)
+            except (MemoryFault, BtfError, KernelError, IndexError) as e:
+                self.warnings.append(f"cpu{c.cpu}: current unreadable, rq->curr used: {e}")
         return out
 
     # crash_save_cpu() (kernel/crash_core.c) writes one note into per_cpu_ptr(crash_notes, cpu)

@@ -16,6 +16,9 @@ CPU_CONTEXT = ("x19", "x20", "x21", "x22", "x23", "x24", "x25", "x26", "x27", "x
 #: OVERFLOW_STACK_SIZE (arch/arm64/include/asm/stacktrace.h) when BTF has no VAR for overflow_stack
 OVERFLOW_STACK_SIZE = 4096
 
+#: the task_struct members blocked_context() reads
+CONTEXT_MEMBERS = ("thread.cpu_context",)
+
 
 # thread_saved_pc()/thread_saved_sp()/thread_saved_fp() read task->thread.cpu_context
 def blocked_context(k: "KernelReader", task: int, tbytes: bytes) -> dict[str, int]:
@@ -55,3 +58,9 @@ def percpu_stacks(k: "KernelReader", cpu: int) -> list[tuple[str, int, int]]:
 def cpu_mode(regs: dict[str, int]) -> str:
     """``kernel``, ``user`` or ``firmware`` for a CPU's saved registers (PSTATE.EL)."""
     return {0: "user", 1: "kernel"}.get((regs.get("pstate", 0) >> 2) & 3, "firmware")
+
+
+# entry_task_switch() (arch/arm64/kernel/process.c): __switch_to() records next in __entry_task
+def current_task(k: "KernelReader", cpu: int, regs: dict[str, int]) -> tuple[int, str]:
+    """(``current`` of ``cpu``, where it was read): per-CPU ``__entry_task`` (SP_EL0 is not in NT_PRSTATUS)."""
+    return k.read_u64(k.percpu_addr("__entry_task", cpu)), "__entry_task"

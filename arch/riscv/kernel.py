@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 #: OVERFLOW_STACK_SIZE (arch/riscv/include/asm/thread_info.h) when BTF has no VAR for overflow_stack
 OVERFLOW_STACK_SIZE = 4096
 
+#: the task_struct members blocked_context() reads
+CONTEXT_MEMBERS = ("thread.ra", "thread.sp", "thread.s")
+
 
 # __switch_to (arch/riscv/kernel/entry.S) saves ra, sp and s0..s11 in task->thread
 def blocked_context(k: "KernelReader", task: int, tbytes: bytes) -> dict[str, int]:
@@ -48,3 +51,12 @@ def cpu_mode(regs: dict[str, int]) -> str:
     """``kernel`` or ``user`` for a CPU's saved registers: NT_PRSTATUS carries no privilege level, so
     the pc's half of the address space decides (kernel addresses have the top bit set)."""
     return "kernel" if regs.get("pc", 0) >> 63 else "user"
+
+
+# get_current() (arch/riscv/include/asm/current.h): tp holds current in the kernel
+def current_task(k: "KernelReader", cpu: int, regs: dict[str, int]) -> tuple[int, str]:
+    """(``current`` of ``cpu``, where it was read): ``tp`` when the CPU is in the kernel, else ``rq->curr``."""
+    tp = regs.get("tp", 0)
+    if cpu_mode(regs) == "kernel" and tp >> 63:
+        return tp, "tp"
+    return k.read_u64(k.percpu_addr("runqueues", cpu) + k.btf.offsetof("rq", "curr")), "runqueues.curr"

@@ -22,6 +22,9 @@ CEA_PER_CPU_BASE = 0xFFFFFE0000001000
 #: the IST stacks of struct cea_exception_stacks (arch/x86/include/asm/cpu_entry_area.h)
 EXCEPTION_STACKS = ("DF", "NMI", "DB", "MCE", "VC", "VC2")
 
+#: the task_struct members blocked_context() reads
+CONTEXT_MEMBERS = ("thread.sp",)
+
 
 # switch_to() leaves task->thread.sp at the struct inactive_task_frame
 def blocked_context(k: "KernelReader", task: int, tbytes: bytes) -> dict[str, int]:
@@ -78,3 +81,10 @@ def percpu_stacks(k: "KernelReader", cpu: int) -> list[tuple[str, int, int]]:
 def cpu_mode(regs: dict[str, int]) -> str:
     """``kernel`` or ``user`` for a CPU's saved registers."""
     return "user" if regs.get("cs", 0) & 3 == 3 else "kernel"
+
+
+# get_current(): this_cpu_read(current_task) (6.1, 6.15+) or pcpu_hot.current_task (6.2-6.14)
+def current_task(k: "KernelReader", cpu: int, regs: dict[str, int]) -> tuple[int, str]:
+    """(``current`` of ``cpu``, where it was read): switch_to() changes it with the stack, unlike ``rq->curr``."""
+    where = "current_task" if k.symbol("current_task") is not None else "pcpu_hot.current_task"
+    return k.read_u64(percpu_member(k, "current_task", cpu)), where

@@ -259,6 +259,7 @@ class SynthKernel:
         self.symbols["runqueues"] = 0xFFFF800081000000
         self.symbols["irq_stack_ptr"] = 0xFFFF800081000200
         self.symbols["overflow_stack"] = 0xFFFF800081001000
+        self.symbols["__entry_task"] = 0xFFFF800081000300
         self.irq_stacks = []
         for c in range(self.ncpu):
             base = self.percpu_offset[c] + 0xFFFF800081000000
@@ -267,6 +268,7 @@ class SynthKernel:
             running = curr[c] if c < len(curr) and curr[c] is not None else idle[c]
             self.u64(rq + self.off("rq", "curr"), running.addr)
             self.u64(rq + self.off("rq", "idle"), idle[c].addr)
+            self.u64(base + 0x300, running.addr)  # arm64 current: __entry_task
             irq = self.alloc(THREAD_SIZE, "vmalloc")
             self.irq_stacks.append(irq)
             self.u64(base + 0x200, irq)

@@ -175,3 +175,12 @@ def test_module_symbols_print_with_their_module(gen: str) -> None:
     assert table.format(text + 0x10010) == "random_recv_done+0x10/0x1000 [virtio_rng]"
     assert table.format(text + 0x10) == hex(text + 0x10)                        # below the first symbol
     assert table.format(0xFFFF800080000010) == "_stext+0x10/0x100000"
+
+
+def test_bpf_programs_print_without_a_module() -> None:
+    table = KernelSymbols(SymbolTable([(0xFFFF800080000000, "T", "_stext")]),
+                          [ModuleSymbols.bpf([["0xffff800078100000", "0xffff800078100080", "bpf_prog_6deef7357e7b4530"],
+                                              ["0xffff800078101000", "0xffff800078101200", "bpf_trampoline_12"]])])
+    assert table.format(0xFFFF800078100010) == "bpf_prog_6deef7357e7b4530+0x10/0x80"
+    assert table.format(0xFFFF8000781011FF) == "bpf_trampoline_12+0x1ff/0x200"
+    assert table.format(0xFFFF800078100080) == hex(0xFFFF800078100080)

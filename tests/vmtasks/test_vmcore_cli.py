@@ -1,0 +1,78 @@
+"""Bad vmcores on the command line: one line on stderr and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from unwind import elfcore, registry
+from unwind.cli import main
+
+CORPORA = Path(__file__).resolve().parents[2] / "corpora"
+
+
+def _elf_vmcore(machine: str, vmcoreinfo: str | None, phys: bytes = bytes(4096), truncate: int = 0) -> bytes:
+    """A QEMU-style ELF vmcore: one PT_NOTE (PRSTATUS, VMCOREINFO) and one physical PT_LOAD at 0."""
+    backend = registry.for_machine(machine)
+    n = len(backend.prstatus_regs)
+    notes = elfcore.note("CORE", elfcore.NT_PRSTATUS, elfcore.prstatus_bytes(n, [0] * n, 1))
+    if vmcoreinfo is not None:
+        notes += elfcore.note("VMCOREINFO", 0, vmcoreinfo.encode())
+    off = elfcore.Elf64_Ehdr.sizeof() + 2 * elfcore.Elf64_Phdr.sizeof()
+    phdrs = [dict(p_type=elfcore.PT_NOTE, p_flags=0, p_offset=off, p_vaddr=0, p_paddr=0, p_filesz=len(notes),
+                  p_memsz=len(notes), p_align=4),
+             dict(p_type=elfcore.PT_LOAD, p_flags=6, p_offset=off + len(notes), p_vaddr=0, p_paddr=0,
+                  p_filesz=len(phys), p_memsz=len(phys), p_align=8)]
+    ehdr = elfcore.Elf64_Ehdr.build(dict(
+        e_type=elfcore.ET_CORE, e_machine=backend.e_machine, e_version=1, e_entry=0,
+        e_phoff=elfcore.Elf64_Ehdr.sizeof(), e_shoff=0, e_flags=backend.e_flags, e_ehsize=64, e_phentsize=56,
+        e_phnum=2, e_shentsize=0, e_shnum=0, e_shstrndx=0))
+    raw = ehdr + b"".join(elfcore.Elf64_Phdr.build(p) for p in phdrs) + notes + phys
+    return raw[:len(raw) - truncate] if truncate else raw
+
+
+def _slim(arch: str) -> Path:
+    return next((CORPORA / arch).glob("*/vmlinux-*.slim.xz"))
+
+
+def _run(capsys, *argv: str) -> tuple[int, str]:
+    rc = main(list(argv))
+    err = capsys.readouterr().err.strip()
+    return rc, err
+
+
+@pytest.mark.parametrize("command", ["replay", "ps"])
+def test_no_vmcoreinfo(tmp_path, capsys, command) -> None:
+    p = tmp_path / "vmcore"
+    p.write_bytes(_elf_vmcore("EM_X86_64", None))
+    rc, err = _run(capsys, command, str(p))
+    assert rc == 2 and "no VMCOREINFO" in err and len(err.splitlines()) == 1
+
+
+def test_wrong_vmlinux_is_refused(tmp_path, capsys) -> None:
+    p = tmp_path / "vmcore"
+    p.write_bytes(_elf_vmcore("EM_X86_64", "OSRELEASE=6.12.0\nBUILD-ID=" + "ab" * 20 + "\n"))
+    rc, err = _run(capsys, "replay", str(p), "--vmlinux", str(_slim("x86_64")))
+    assert rc == 2 and "does not match" in err and len(err.splitlines()) == 1
+
+
+def test_image_of_another_arch_is_refused(tmp_path, capsys) -> None:
+    p = tmp_path / "vmcore"
+    p.write_bytes(_elf_vmcore("EM_X86_64", "OSRELEASE=6.12.0\n"))
+    rc, err = _run(capsys, "ps", str(p), "--vmlinux", str(_slim("arm64")))
+    assert rc == 2 and "EM_AARCH64" in err and "EM_X86_64" in err and len(err.splitlines()) == 1
+
+
+def test_no_image_found(tmp_path, capsys) -> None:
+    p = tmp_path / "vmcore"
+    p.write_bytes(_elf_vmcore("EM_AARCH64", "OSRELEASE=6.12.0\nBUILD-ID=" + "cd" * 20 + "\n"))
+    rc, err = _run(capsys, "convert", str(p), "-o", str(tmp_path / "out.bin"))
+    assert rc == 2 and "no image with build-id" in err and len(err.splitlines()) == 1
+
+
+def test_truncated_vmcore(tmp_path, capsys) -> None:
+    p = tmp_path / "vmcore"
+    p.write_bytes(_elf_vmcore("EM_X86_64", "OSRELEASE=6.12.0\n", truncate=100))
+    rc, err = _run(capsys, "replay", str(p))
+    assert rc == 2 and "truncated" in err and len(err.splitlines()) == 1
