@@ -21,8 +21,11 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from unwind import registry
+from unwind.dump import DumpError
+from unwind.memory import MemoryFault
 from unwind.vmcore.virtual import VirtualMemory
 from unwind.vmcore.vmcoreinfo import VmcoreInfo
 from tests.vmcore.phys import SparsePhys
@@ -129,3 +132,28 @@ def test_riscv_vmcoreinfo_rebuilt_from_the_image_equals_the_kernels_note(vmcore)
     assert rebuilt is not None
     for key, value in rebuilt.items():
         assert note[key] == value or note.word(key) == rebuilt.word(key), key
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.data())
+def test_mutated_vmcoreinfo_is_one_dump_error_or_a_translator(data):
+    """A real VMCOREINFO with one value replaced by junk: DumpError, or a translator that faults cleanly."""
+    path = data.draw(st.sampled_from(RECORDS))
+    doc, phys = load(path)
+    info = dict(VmcoreInfo.parse(doc["vmcoreinfo"]))
+    key = data.draw(st.sampled_from(sorted(info)))
+    info[key] = data.draw(st.one_of(st.text(max_size=30), st.integers(-(1 << 80), 1 << 80).map(str),
+                                    st.integers(0, 1 << 70).map(hex), st.just("0x"), st.just("-1")))
+    text = "".join(f"{k}={v}\n" for k, v in info.items() if "\n" not in v and "\r" not in v)
+    symbols = {k: int(v, 16) for k, v in doc["symbols"].items()}
+    try:
+        tr = registry.get(doc["arch"]).translator(VmcoreInfo.parse(text), phys, symbols.get)
+    except DumpError as e:
+        assert "\n" not in str(e)
+        return
+    vm = VirtualMemory(phys, tr)
+    for t in doc["translations"][:20] + [{"va": s["va"]} for s in doc["capture"][:10]]:
+        try:
+            vm.read_u64(int(t["va"], 16))
+        except MemoryFault:
+            pass
