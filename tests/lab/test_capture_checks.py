@@ -64,3 +64,23 @@ def test_guest_dying_mid_capture_keeps_written_dumps(tmp_path) -> None:
     with pytest.raises(RspError, match="guest gone"):
         run_capture(s, Plan(5, [], delay=(0, 0)), tmp_path, "r")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stop-000-random.bin.xz", "stop-001-random.bin.xz"]
+
+
+@pytest.mark.parametrize("gen", ["new", "old"])
+def test_capture_reads_fgraph_in_both_ret_stack_layouts(gen: str) -> None:
+    # "old" is 6.1's array of struct ftrace_ret_stack, "new" the 6.8+ tagged words
+    from tests.vmtasks.kernelgen import SynthKernel
+    from tests.vmtasks.test_kernel_tasks import _procs
+    from unwind.kernel import Kernel
+
+    k = SynthKernel(gen)
+    procs = _procs()
+    k.build(procs, [None, None])
+    mem = k.memory()
+    task = next(t for t in Kernel(mem, k.btf, k.symbol).tasks() if t.pid == 100)
+    s = Session.__new__(Session)
+    s.btf, s.img, s._kernel = k.btf, SimpleNamespace(get=k.symbol), None
+    s.read = mem.read
+    entries, (ptr, raw) = s.fgraph(task.data)
+    assert [(int(e["ret"], 16), int(e["func"], 16), int(e["retp"], 16)) for e in entries] == procs[0].fgraph
+    assert raw == mem.read(ptr, len(raw)) and len(raw) >= len(entries) * k.btf.sizeof("ftrace_ret_stack")

@@ -24,7 +24,8 @@ import numpy as np
 from elftools.elf.elffile import ELFFile
 
 from unwind.btf import Btf, BtfError
-from unwind.kernel import KernelError, ftrace_trampolines, thread_size
+from unwind.kernel import Kernel, KernelError, KernelTask, field_int, ftrace_trampolines, thread_size
+from unwind.memory import MemoryFault
 from .fetch import build_id
 from .rsp import RspClient, RspMemoryError
 
@@ -113,6 +114,22 @@ class Image:
         return v[1] if v else 0
 
 
+class _GuestMemory:
+    """The session's guest memory as :class:`unwind.kernel.Kernel` reads it (faults as MemoryFault)."""
+
+    def __init__(self, session: "Session") -> None:
+        self.session = session
+
+    def read(self, addr: int, size: int) -> bytes:
+        try:
+            return self.session.read(addr, size)
+        except RspMemoryError:
+            raise MemoryFault(addr, size) from None
+
+    def read_u64(self, addr: int) -> int:
+        return int.from_bytes(self.read(addr, 8), "little")
+
+
 @dataclass
 class CpuStop:
     """One vCPU at a stop."""
@@ -160,6 +177,7 @@ class Session:
         self.per_cpu_offset: list[int] = []
         self.vmcoreinfo = ""
         self._tsize = self.btf.sizeof("task_struct")
+        self._kernel: Kernel | None = None
 
     # -- memory through a vCPU that can read kernel addresses ----------------
     def read(self, addr: int, size: int) -> bytes:
@@ -281,35 +299,24 @@ class Session:
                 "switches": u("nvcsw", 8) + u("nivcsw", 8)}
 
     def fgraph(self, tb: bytes) -> tuple[list[dict[str, str]], tuple[int, bytes] | None]:
-        """The function-graph return stack (bottom to top) and its raw used words."""
+        """The function-graph return stack (bottom to top) as :class:`unwind.kernel.Kernel` reads it
+        (6.8+ tagged words or the older ``ftrace_ret_stack`` array), and the raw bytes it spans."""
         b = self.btf
-        try:
-            rs = b.member("task_struct", "ret_stack")
-            cur = b.member("task_struct", "curr_ret_stack")
-        except BtfError:
+        if not (_has(b, "task_struct", "ret_stack") and _has(b, "task_struct", "curr_ret_stack")):
             return [], None
-        ptr = int.from_bytes(tb[rs.offset:rs.offset + 8], "little")
-        curr = int.from_bytes(tb[cur.offset:cur.offset + 4], "little", signed=True)
-        if not ptr or curr <= 0 or curr > 4096:
+        if self._kernel is None:
+            self._kernel = Kernel(_GuestMemory(self), b, self.img.get)
+        task = KernelTask(0, 0, 0, "", "", 0, 0, 0, 0, data=tb)
+        entries = self._kernel.fgraph(task)
+        if not entries:
             return [], None
-        words_raw = self.read(ptr, curr * 8)
-        words = [int.from_bytes(words_raw[i * 8:i * 8 + 8], "little") for i in range(curr)]
-        frame_words = b.sizeof("ftrace_ret_stack") // 8
-        fields = {n: b.offsetof("ftrace_ret_stack", n) // 8 for n in ("ret", "func", "retp", "fp")
-                  if _has(b, "ftrace_ret_stack", n)}
-        out = []
-        top = curr
-        while top > 0:
-            hdr = words[top - 1]
-            off = hdr & 0x3FF  # FGRAPH_FRAME_OFFSET_MASK: words back to the ftrace_ret_stack
-            start = top - 1 - off
-            if off < frame_words or start < 0:
-                break
-            e = {n: _hex(words[start + i]) for n, i in fields.items()}
-            out.append(e)
-            top = start
-        out.reverse()
-        return out, (ptr, words_raw)
+        ptr = field_int(b, tb, "task_struct", "ret_stack")
+        curr = field_int(b, tb, "task_struct", "curr_ret_stack", signed=True)
+        # tagged words: curr_ret_stack words; the older array: curr_ret_stack + 1 entries
+        span = max(curr * 8, len(entries) * b.sizeof("ftrace_ret_stack"))
+        fields = [n for n in ("ret", "func", "retp", "fp") if _has(b, "ftrace_ret_stack", n)]
+        out = [{n: _hex(getattr(e, n)) for n in fields} for e in entries]
+        return out, (ptr, self.read(ptr, span))
 
     def kretprobes(self, tb: bytes) -> list[dict[str, str]]:
         """kretprobe (``kretprobe_instances``) or rethook (``rethooks``) instances, newest first."""
