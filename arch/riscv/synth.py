@@ -212,7 +212,7 @@ def deep_chain(depth: int = 200, frame_size: int = 0x20) -> Scenario:
     return Scenario(s, pid, pcs, StopReason.END_OF_STACK, pcs, StopReason.END_OF_STACK)
 
 
-def kthread_v7(release: str = "7.2.0-synthetic") -> Scenario:
+def kthread_v7(release: str = "7.2.0-synthetic", pt_size: int = PT_SIZE) -> Scenario:
     """A blocked 7.x kernel thread: ``ret_from_fork_kernel_asm`` -> ``ret_from_fork_kernel`` -> ``kthread``.
 
     copy_thread() starts it with sp at ``task_pt_regs(tsk)``, ``s0`` = the
@@ -220,12 +220,13 @@ def kthread_v7(release: str = "7.2.0-synthetic") -> Scenario:
     ``ret_from_fork_kernel(fn_arg, fn, regs)``: that C function's frame
     pointer is ``task_pt_regs(tsk)`` and its saved fp is the thread
     function's address. The walk prints ``ret_from_fork_kernel_asm`` and
-    ends there, as every task's first frame does.
+    ends there, as every task's first frame does. ``pt_size`` lays the stack out for
+    another ``sizeof(struct pt_regs)`` (a kernel whose BTF or offsets say so).
     """
     s = RiscvSynth(release, extra_functions=("ret_from_fork_kernel_asm", "ret_from_fork_kernel"))
     pid = 12
     st = s.task_stack(pid)
-    fp_r = st.high - PT_SIZE                                        # ret_from_fork_kernel
+    fp_r = st.high - pt_size                                        # ret_from_fork_kernel
     s.record(st, fp_r, s.at("kthread"), s.at("ret_from_fork_kernel_asm", 0xC))
     fp_k = fp_r - 0x50                                              # kthread
     s.record(st, fp_k, fp_r, s.at("ret_from_fork_kernel", 0x1A))

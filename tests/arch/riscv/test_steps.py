@@ -12,6 +12,7 @@ from unwind.arch.riscv.stacktrace import (KernelLayout, align, fp_bounds, fp_is_
                                          kernel_text_address)
 from unwind.arch.riscv.synth import FRAMED_CODE, LEAF_CODE, RiscvSynth, TextImage
 from unwind.target import FgraphEntry, Options
+from unwind.walk import StopReason
 
 CS = (capstone.CS_ARCH_RISCV, capstone.CS_MODE_RISCV64 | capstone.CS_MODE_RISCVC)
 
@@ -149,3 +150,19 @@ def test_module_area_counts_as_text():
     assert kernel_text_address(0xFFFFFFFF01234568, layout.text)
     assert not kernel_text_address(0xFFFFFFFF00FFFFFF, layout.text)
     assert layout.thread_size == 0x4000
+
+
+def test_the_natural_end_moves_with_the_pt_regs_size_the_dump_gives():
+    """A kernel with a 304-byte pt_regs: its first frame's fp is top - 304; only the dump's offsets say so."""
+    from unwind.arch.riscv import synth as S
+
+    sc = S.kthread_v7(pt_size=304)
+    r = sc.session.replay(sc.task())
+    assert r.stop.reason is StopReason.OUTSIDE_STACK and [f.pc for f in r.frames] == sc.faithful
+    sc.synth.sd.extra_meta["offsets"] = {"pt_regs": {"size": 304, "members": {"epc": 0, "ra": 8, "s0": 64,
+                                                                             "status": 256}}}
+    sc.session = sc.synth.session()
+    r = sc.session.replay(sc.task())
+    assert r.stop.reason is StopReason.END_OF_STACK and "ret_from_fork_kernel_asm" in r.stop.detail
+    assert r.basis["pt_regs"] == "struct pt_regs: 304 bytes, from dump (the dump's offsets)"
+    assert r.basis["generation"] == "v7.x"
