@@ -26,6 +26,7 @@ from construct import Struct
 from .btf import Btf, BtfError
 
 if TYPE_CHECKING:
+    from .registry import ArchBackend
     from .target import Target
 
 #: the sources, in the order they are tried
@@ -90,6 +91,16 @@ def btf_offsets(btf: Btf, wanted: Mapping[str, Sequence[str]]) -> dict[str, Any]
         found = {m: btf.offsetof(name, m) for m in members if btf.has_member(name, m)}
         out[name] = {"size": size, "members": found}
     return out
+
+
+#: layouts a dump records beside each backend's own (kernel/trace/fgraph.c's return stack)
+COMMON_LAYOUTS: dict[str, tuple[str, ...]] = {"ftrace_ret_stack": ("ret", "func", "fp", "retp")}
+
+
+def dump_offsets(btf: Btf, backend: "ArchBackend") -> dict[str, Any]:
+    """The dump's ``offsets`` for ``backend``: its :attr:`~unwind.registry.ArchBackend.layouts` and
+    :data:`COMMON_LAYOUTS`, from ``btf`` (what ``unwind capture`` writes)."""
+    return btf_offsets(btf, {**backend.layouts, **COMMON_LAYOUTS})
 
 
 def _number(v: Any) -> int | None:

@@ -485,10 +485,9 @@ class Session:
     def offsets_meta(self) -> dict[str, Any]:
         """The layouts the replay reads, from the guest's BTF: the dump's ``offsets``."""
         from unwind import registry
-        from unwind.layout import btf_offsets
+        from unwind.layout import dump_offsets
 
-        wanted = {**registry.get(self.arch).layouts, **OFFSETS_ALSO}
-        return btf_offsets(self.btf, wanted)
+        return dump_offsets(self.btf, registry.get(self.arch))
 
     def write_dump(self, res: StopResult, path: Path, release: str, extra: dict[str, Any]) -> None:
         """Write ``res`` as a dump file (compressed by suffix)."""
@@ -506,10 +505,6 @@ class Session:
                        "symbols": self.symbols_meta(), "offsets": self.offsets_meta()})
         w.meta["capture"].update(extra)
         w.write(path)
-
-
-#: layouts the dump records beside the arch's own (kernel/trace/fgraph.c's return stack)
-OFFSETS_ALSO = {"ftrace_ret_stack": ("ret", "func", "fp", "retp")}
 
 
 def _has(b: Btf, struct: str, member: str) -> bool:
