@@ -287,3 +287,31 @@ def test_decoded_pages_are_cached_within_a_bound(tmp_path, monkeypatch):
         before = len(sizes)
         vm.read_phys(0x1000, 8)               # evicted: read again
         assert len(sizes) > before
+
+
+def test_bitmap_runs_across_chunks(monkeypatch):
+    """RAM ranges from bitmap 1, found a chunk at a time, equal a bit-by-bit scan."""
+    import random
+
+    from unwind.vmcore import diskdump
+
+    def naive(bm: bytes, n: int) -> list[tuple[int, int]]:
+        out, start = [], None
+        for i in range(n + 1):
+            bit = i < n and bm[i >> 3] >> (i & 7) & 1
+            if bit and start is None:
+                start = i
+            elif not bit and start is not None:
+                out.append((start, i))
+                start = None
+        return out
+
+    monkeypatch.setattr(diskdump, "RUN_CHUNK_BITS", 64)
+    rng = random.Random(3)
+    for _ in range(200):
+        n = rng.randrange(1, 700)
+        bm = bytes(rng.choice((0, 255, rng.randrange(256))) for _ in range((n + 7) // 8 + rng.randrange(3)))
+        assert diskdump._bit_runs(bm, n, "x") == naive(bm, n)
+    monkeypatch.setattr(diskdump, "MAX_RANGES", 10)
+    with pytest.raises(VmcoreError, match="more than 10 RAM ranges"):
+        diskdump._bit_runs(b"\x55" * 8, 64, "x")

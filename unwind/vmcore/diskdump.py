@@ -17,6 +17,7 @@ A pfn in bitmap 1 but not in bitmap 2 is RAM that was filtered out
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Hashable
 
 import numpy as np
@@ -99,6 +100,33 @@ UTS_MACHINES = {"x86_64": "EM_X86_64", "aarch64": "EM_AARCH64", "arm64": "EM_AAR
 MIN_BLOCK, MAX_BLOCK = 1 << 10, 1 << 20
 
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+
+
+#: bits of a bitmap unpacked at a time
+RUN_CHUNK_BITS = 1 << 23
+#: RAM ranges a machine may have: more in bitmap 1 is a corrupt file
+MAX_RANGES = 1 << 16
+
+
+def _bit_runs(bitmap: bytes, nbits: int, path: str) -> list[tuple[int, int]]:
+    """``[start, end)`` of every run of set bits among the first ``nbits`` (LSB first), a chunk at a time."""
+    runs: list[tuple[int, int]] = []
+    start, prev = 0, 0
+    for base in range(0, nbits, RUN_CHUNK_BITS):
+        n = min(RUN_CHUNK_BITS, nbits - base)
+        chunk = np.frombuffer(bitmap, dtype=np.uint8, count=(n + 7) // 8, offset=base // 8)
+        bits = np.unpackbits(chunk, bitorder="little")[:n]
+        for flip in np.flatnonzero(np.diff(bits, prepend=np.uint8(prev))).tolist():
+            if bits[flip]:
+                start = base + flip
+            else:
+                runs.append((start, base + flip))
+                if len(runs) > MAX_RANGES:
+                    raise VmcoreError(f"{path}: bad bitmap: more than {MAX_RANGES} RAM ranges")
+        prev = int(bits[-1])
+    if prev:
+        runs.append((start, nbits))
+    return runs
 
 
 def _cstr(raw: bytes) -> str:
@@ -224,13 +252,11 @@ class DiskDump(PhysicalMemory):
         bits = int.from_bytes(self._dumped[word * 8:word * 8 + 8], "little") & ((1 << (pfn & 63)) - 1)
         return int(self._rank[word]) + bits.bit_count()
 
-    @property
+    @cached_property
     def ranges(self) -> list[PhysRange]:
         """RAM ranges from bitmap 1 (pages filtered out of the dump included)."""
-        bits = np.unpackbits(np.frombuffer(self._ram, dtype=np.uint8), bitorder="little")[:self.max_mapnr]
-        edges = np.flatnonzero(np.diff(np.concatenate(([0], bits.astype(np.int8), [0]))))
         bs = self.block_size
-        return [PhysRange(int(a) * bs, int(b) * bs) for a, b in zip(edges[::2], edges[1::2])]
+        return [PhysRange(a * bs, b * bs) for a, b in _bit_runs(self._ram, self.max_mapnr, self.path)]
 
     def is_excluded(self, paddr: int) -> bool:
         """True when ``paddr`` is RAM whose page was filtered out of the dump."""
