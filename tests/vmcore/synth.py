@@ -18,6 +18,10 @@ from unwind import elfcore
 from unwind.vmcore import codecs, diskdump, flattened
 
 
+#: ``e_phnum`` when the count is in section 0 (``include/uapi/linux/elf.h``)
+PN_XNUM = 0xFFFF
+
+
 def page_bytes(pfn: int, size: int = 4096) -> bytes:
     """A page that compresses somewhat and differs for every pfn."""
     seed = hashlib.sha256(pfn.to_bytes(8, "little")).digest()
@@ -56,11 +60,20 @@ class Load:
     tail: int = 0
 
 
-def elf_vmcore(loads: list[Load], notes: bytes, e_machine: int = 62, note_split: int | None = None) -> bytes:
-    """An ELF vmcore: ELF header, PT_NOTEs, PT_LOADs, then notes and memory (QEMU's order)."""
+def elf_vmcore(loads: list[Load], notes: bytes, e_machine: int = 62, note_split: int | None = None,
+               note_pad: int = 0, xnum: bool = False) -> bytes:
+    """An ELF vmcore: ELF header, PT_NOTEs, PT_LOADs, then notes and memory (QEMU's order).
+
+    ``note_split`` cuts the notes into two PT_NOTEs (kexec-tools writes one per
+    CPU), each followed by ``note_pad`` zero bytes as in a ``crash_notes``
+    buffer; ``xnum`` stores the program-header count in section 0's
+    ``sh_info`` with ``e_phnum = PN_XNUM``, as QEMU does past 0xfffe segments.
+    """
     note_parts = [notes] if note_split is None else [notes[:note_split], notes[note_split:]]
+    note_parts = [part + bytes(note_pad) for part in note_parts]
     phnum = len(note_parts) + len(loads)
-    off = elfcore.Elf64_Ehdr.sizeof() + phnum * elfcore.Elf64_Phdr.sizeof()
+    shdr = elfcore.Elf64_Shdr.sizeof() if xnum else 0
+    off = elfcore.Elf64_Ehdr.sizeof() + shdr + phnum * elfcore.Elf64_Phdr.sizeof()
     phdrs, body = [], []
     for part in note_parts:
         phdrs.append(dict(p_type=elfcore.PT_NOTE, p_flags=0, p_offset=off, p_vaddr=0, p_paddr=0,
@@ -77,10 +90,14 @@ def elf_vmcore(loads: list[Load], notes: bytes, e_machine: int = 62, note_split:
         body.append(ld.data)
         off += len(ld.data)
     ehdr = elfcore.Elf64_Ehdr.build(dict(
-        e_type=elfcore.ET_CORE, e_machine=e_machine, e_version=1, e_entry=0, e_phoff=elfcore.Elf64_Ehdr.sizeof(),
-        e_shoff=0, e_flags=0, e_ehsize=elfcore.Elf64_Ehdr.sizeof(), e_phentsize=elfcore.Elf64_Phdr.sizeof(),
-        e_phnum=phnum, e_shentsize=0, e_shnum=0, e_shstrndx=0))
-    return ehdr + b"".join(elfcore.Elf64_Phdr.build(p) for p in phdrs) + b"".join(body)
+        e_type=elfcore.ET_CORE, e_machine=e_machine, e_version=1, e_entry=0,
+        e_phoff=elfcore.Elf64_Ehdr.sizeof() + shdr, e_shoff=elfcore.Elf64_Ehdr.sizeof() if xnum else 0, e_flags=0,
+        e_ehsize=elfcore.Elf64_Ehdr.sizeof(), e_phentsize=elfcore.Elf64_Phdr.sizeof(),
+        e_phnum=PN_XNUM if xnum else phnum, e_shentsize=shdr, e_shnum=1 if xnum else 0, e_shstrndx=0))
+    sections = elfcore.Elf64_Shdr.build(dict(
+        sh_name=0, sh_type=0, sh_flags=0, sh_addr=0, sh_offset=0, sh_size=0, sh_link=0, sh_info=phnum,
+        sh_addralign=0, sh_entsize=0)) if xnum else b""
+    return ehdr + sections + b"".join(elfcore.Elf64_Phdr.build(p) for p in phdrs) + b"".join(body)
 
 
 def _compress(codec: int, page: bytes) -> bytes:

@@ -77,6 +77,17 @@ def test_elf_hole_is_a_plain_fault_and_memsz_tail_is_excluded(tmp_path):
         assert vm.contains_phys(0x1000, 0x5000) and not vm.contains_phys(0x5ff8, 16)
 
 
+def test_kexec_per_cpu_note_segments_padded_and_pn_xnum(tmp_path):
+    """kexec-tools writes one PT_NOTE per CPU buffer (zero-padded); QEMU past 0xfffe segments uses PN_XNUM."""
+    notes = notes_blob([(7, 1), (9, 2)], X86_NREGS, vmcoreinfo())
+    loads = [Load(pfn * 4096, page_bytes(pfn)) for pfn in range(0, 600, 3)]
+    path = _write(tmp_path, "x.elf", elf_vmcore(loads, notes, note_split=356, note_pad=64, xnum=True))
+    with open_vmcore(path) as vm:
+        assert [p.pid for p in vm.prstatus] == [7, 9] and vm.vmcoreinfo == vmcoreinfo()
+        assert len(vm.ranges) == 200
+        assert vm.read_phys(597 * 4096, 4096) == page_bytes(597)
+
+
 def test_qemu_paging_tail_is_a_hole(tmp_path):
     with open_vmcore(_elf(tmp_path, qemu=True)) as vm:
         with pytest.raises(MemoryFault) as e:
