@@ -51,6 +51,8 @@ class ArchBackend(ABC):
     capstone: ClassVar[tuple[int, int]]
     #: byte lengths a call instruction may have, shortest first
     call_lengths: ClassVar[tuple[int, ...]]
+    #: can :meth:`vmcoreinfo_from_memory` find VMCOREINFO in a vmcore that has no note of it?
+    vmcoreinfo_in_memory: ClassVar[bool] = False
     #: the kernel structs the walk reads, with the members it needs: ``unwind capture`` writes
     #: their BTF layout into the dump's ``offsets`` (:func:`unwind.layout.resolve_layout`)
     layouts: ClassVar[dict[str, tuple[str, ...]]] = {}

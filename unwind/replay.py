@@ -108,11 +108,15 @@ class Session:
             image = find_image(dump.build_id, path, vmlinux)
         except ImageError as e:
             raise ReplayError(str(e)) from None
+        if image is None and dump.build_id is None:
+            raise ReplayError(f"{path}: no VMCOREINFO note, so no build-id to find the image by: give it with "
+                              "--vmlinux (the kernel's own VMCOREINFO is then read from memory)")
         if image is None:
             raise ReplayError(f"{path}: no image with build-id {dump.build_id} found: a vmcore's tasks need "
                               "the kernel's symbols and BTF (use --vmlinux or $UNWIND_IMAGE_PATH)")
         if image.machine != dump.backend.elf_machine:
             raise ReplayError(f"{image.path} is {image.machine}, the vmcore is {dump.backend.elf_machine}")
+        found = dump.find_vmcoreinfo(image) if not dump.vmcoreinfo_text else None
         try:
             symbols = SymbolTable.from_system_map(system_map) if system_map is not None else image.symbols
         except (SymbolError, ImageError) as e:
@@ -122,6 +126,8 @@ class Session:
         btf = image.btf if image.btf is not None else dump.btf_from_memory(symbol)
         dump.attach(symbol, btf)
         session = cls(dump, image, symbols)  # type: ignore[arg-type]
+        if found:
+            session.warnings.append(found)
         if slide:
             session.warnings.append(f"KASLR offset {slide:#x}: the image's addresses are not relocated yet, "
                                     "symbols and unwind tables will not match")

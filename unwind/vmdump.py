@@ -11,7 +11,7 @@ and a ``meta`` dict with the keys backends read from a dump's note.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import elfcore, registry
 from .dump import CpuState, DumpError, _parse_vmcoreinfo
@@ -21,6 +21,9 @@ from .memory import MemoryFault
 from .stackinfo import StackInfo
 from .symbols import SymbolTable
 from .target import Task
+
+if TYPE_CHECKING:
+    from .image import Image
 
 #: the JSON-note keys a vmcore fills (docs/dump-format.md)
 FORMAT_VERSION = 1
@@ -76,10 +79,32 @@ class VmcoreDump:
             backend = registry.for_machine(phys.machine)
         except registry.ArchError:
             raise DumpError(f"{path}: a vmcore of {phys.machine}, which unwind has no backend for") from None
-        if not phys.vmcoreinfo:
+        if not phys.vmcoreinfo and not backend.vmcoreinfo_in_memory:
             raise DumpError(f"{path}: no VMCOREINFO note (QEMU needs -device vmcoreinfo): cannot find the kernel")
-        return cls(path, backend, None, [p.desc for p in phys.prstatus], phys.vmcoreinfo, source=phys.format,
+        return cls(path, backend, None, [p.desc for p in phys.prstatus], phys.vmcoreinfo or "", source=phys.format,
                    phys=phys)
+
+    def find_vmcoreinfo(self, image: Image) -> str:
+        """Fill in VMCOREINFO from the kernel's memory (QEMU writes none for riscv): the sentence saying how.
+
+        The image's link-time symbols and BTF locate the kernel's own
+        ``vmcoreinfo_note`` (``ArchBackend.vmcoreinfo_from_memory``); a
+        ``BUILD-ID`` in it must be the image's.
+        """
+        ranges = [(r.start, r.end) for r in self.phys.ranges]
+        try:
+            info, how = self.backend.vmcoreinfo_from_memory(self.phys, ranges, image.symbols.address, image.btf)
+        except registry.ArchError as e:
+            raise DumpError(f"{self.path}: no VMCOREINFO note, and {e}") from None
+        build_id = info.get("BUILD-ID")
+        if build_id and image.build_id and build_id != image.build_id:
+            raise DumpError(f"{self.path}: the kernel's VMCOREINFO names build-id {build_id}, "
+                            f"{image.path} is {image.build_id}")
+        self.vmcoreinfo_text = "".join(f"{k}={v}\n" for k, v in info.items())
+        self.vmcoreinfo = _parse_vmcoreinfo(self.vmcoreinfo_text)
+        self.meta["kernel"]["release"] = self.release
+        self.meta["build_id"] = self.build_id
+        return how
 
     def _virtual_memory(self, symbol: Callable[[str], int | None]) -> Any:
         """Kernel virtual memory over the vmcore's physical memory (the arch's page tables)."""

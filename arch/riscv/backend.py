@@ -66,6 +66,9 @@ class RiscvBackend(ArchBackend):
     call_lengths = (2, 4)
     layouts = {"pt_regs": structs.PT_REGS_MEMBERS}
 
+    #: QEMU writes no VMCOREINFO for riscv guests: the kernel's own is found in memory (mm.find_vmcoreinfo)
+    vmcoreinfo_in_memory = True
+
     def is_call(self, mnemonic: str, op_str: str) -> bool:
         """JAL/JALR (and compressed forms) that write a link register (rd != zero)."""
         if mnemonic in ("c.jal", "c.jalr"):

@@ -157,3 +157,13 @@ def test_mutated_vmcoreinfo_is_one_dump_error_or_a_translator(data):
             vm.read_u64(int(t["va"], 16))
         except MemoryFault:
             pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("vmcore", sorted((VMCORES / "riscv").glob("stop-*.elf")) or NO_VMCORE)
+def test_riscv_vmcore_without_vmcoreinfo_loads_and_says_so(vmcore):
+    from unwind.replay import Session
+
+    s = Session.load(vmcore, vmlinux=KERNELS / "6.12.117+deb13-riscv64" / "vmlinux")
+    assert any("read from the kernel's vmcoreinfo_note" in w for w in s.warnings)
+    assert s.dump.release == "6.12.117+deb13-riscv64" and len(s.dump.tasks()) > 50

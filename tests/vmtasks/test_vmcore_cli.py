@@ -43,6 +43,17 @@ def _run(capsys, *argv: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("command", ["replay", "ps"])
+def test_riscv_without_vmcoreinfo_needs_the_image_then_finds_the_kernels_own(tmp_path, capsys, command) -> None:
+    """QEMU writes no VMCOREINFO for riscv: the image must be named, then the note is searched in memory."""
+    p = tmp_path / "vmcore"
+    p.write_bytes(_elf_vmcore("EM_RISCV", None))
+    rc, err = _run(capsys, command, str(p))
+    assert rc == 2 and "--vmlinux" in err and len(err.splitlines()) == 1
+    rc, err = _run(capsys, command, str(p), "--vmlinux", str(_slim("riscv")))
+    assert rc == 2 and "vmcoreinfo_note was not found" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["replay", "ps"])
 def test_no_vmcoreinfo(tmp_path, capsys, command) -> None:
     p = tmp_path / "vmcore"
     p.write_bytes(_elf_vmcore("EM_X86_64", None))
