@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import lzma
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from construct import ConstructError
-from elftools.common.exceptions import ELFError
+from elftools.common.exceptions import ELFError, ELFParseError
+from elftools.construct import ConstructError as ElftoolsConstructError
 from elftools.elf.elffile import ELFFile
 
 from . import elfcore, registry
 from .memory import Memory, Segment
+from .note import U64_MAX, Note, NoteError, TaskNote, note_bytes, parse_note, validate_note
 from .stackinfo import StackInfo
+from .vmcoreinfo import parse_vmcoreinfo, vmcoreinfo_text
 from .target import FgraphEntry, KretprobeInstance, Task
 
 FORMAT_VERSION = 1
@@ -43,11 +45,6 @@ class CpuState:
     mode: str = "kernel"
     sysregs: dict[str, int] | None = None
     normalised: str | None = None
-
-
-def _hex(v: Any) -> int:
-    """Decode an address from the JSON note (hex string or int)."""
-    return int(v, 0) if isinstance(v, str) else int(v)
 
 
 def _backend(arch: "str | registry.ArchBackend") -> registry.ArchBackend:
@@ -100,8 +97,7 @@ class DumpWriter:
         if self.vmcoreinfo:
             notes += elfcore.note(elfcore.VMCOREINFO_NOTE_NAME, elfcore.VMCOREINFO_NOTE_TYPE,
                                   self.vmcoreinfo.encode())
-        meta = json.dumps(self.meta, sort_keys=True, separators=(",", ":")).encode()
-        notes += elfcore.note(elfcore.UNWIND_NOTE_NAME, elfcore.NT_UNWIND_META, meta)
+        notes += elfcore.note(elfcore.UNWIND_NOTE_NAME, elfcore.NT_UNWIND_META, note_bytes(self.meta))
 
         loads = sorted(self._ranges.items())
         phnum = 1 + len(loads)
@@ -148,15 +144,17 @@ def _decompress(raw: bytes, path: str) -> bytes:
 
 
 class Dump:
-    """A dump opened for replay."""
+    """A dump opened for replay: its container checked, its note validated (:mod:`unwind.note`)."""
 
     def __init__(self, data: bytes, path: str = "<bytes>") -> None:
         self.path = path
+        #: malformed optional parts dropped at open (the walk goes on without them)
+        self.warnings: list[str] = []
         try:
             self._parse(data)
-        except DumpError:
-            raise
-        except (ELFError, ConstructError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        except NoteError as e:
+            raise DumpError(f"{path}: malformed UNWIND note: {e}") from None
+        except (ELFError, ConstructError, ElftoolsConstructError, UnicodeDecodeError) as e:
             raise DumpError(f"{path}: malformed dump: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
     @classmethod
@@ -168,10 +166,50 @@ class Dump:
             raise DumpError(f"cannot read {path}: {e.strerror}") from None
         return cls(_decompress(raw, str(path)), str(path))
 
+    def _warn(self, msg: str) -> None:
+        self.warnings.append(f"{self.path}: {msg}")
+
     def _parse(self, data: bytes) -> None:
+        elf = self._elf_header(data)
+        segments: list[Segment] = []
+        prstatus: list[bytes] = []
+        self.vmcoreinfo_text = ""
+        meta_raw: bytes | None = None
+        for seg in elf.iter_segments():
+            end = seg["p_offset"] + seg["p_filesz"]
+            if end > len(data):
+                raise DumpError(f"{self.path}: truncated: segment at {seg['p_vaddr']:#x} ends past the file")
+            if seg["p_type"] == "PT_LOAD":
+                if seg["p_vaddr"] + seg["p_filesz"] > U64_MAX + 1:
+                    raise DumpError(f"{self.path}: PT_LOAD at {seg['p_vaddr']:#x} runs past the 64-bit address space")
+                segments.append(Segment(seg["p_vaddr"], data[seg["p_offset"]:end]))
+            elif seg["p_type"] == "PT_NOTE":
+                for note in seg.iter_notes():
+                    name = note["n_name"]
+                    if note["n_type"] in ("NT_PRSTATUS", elfcore.NT_PRSTATUS) and name == "CORE":
+                        prstatus.append(_desc_bytes(note))
+                    elif name == elfcore.VMCOREINFO_NOTE_NAME:
+                        self.vmcoreinfo_text = vmcoreinfo_text(_desc_bytes(note), self._warn)
+                    elif name == elfcore.UNWIND_NOTE_NAME:
+                        meta_raw = _desc_bytes(note)
+        try:
+            self.memory = Memory(segments)
+        except ValueError as e:
+            raise DumpError(f"{self.path}: {e}") from None
+        if meta_raw is None:
+            raise DumpError(f"{self.path}: missing the UNWIND note (not a dump written by unwind)")
+        self.meta: dict[str, Any] = parse_note(meta_raw.rstrip(b"\0"))
+        self.note: Note = validate_note(self.meta, self.backend.context_keys, self._warn)
+        if self.note.arch != self.arch:
+            raise DumpError(f"{self.path}: note says arch {self.note.arch} but the ELF machine is {self.arch}")
+        self.vmcoreinfo: dict[str, str] = parse_vmcoreinfo(self.vmcoreinfo_text, self._warn)
+        self.cpus: list[CpuState] = self._cpus(prstatus)
+
+    def _elf_header(self, data: bytes) -> ELFFile:
+        """The ELF header checks, before pyelftools reads any further."""
         if data[:4] != b"\x7fELF":
             raise DumpError(f"{self.path}: not an ELF file")
-        if len(data) < 64:
+        if len(data) < elfcore.Elf64_Ehdr.sizeof():
             raise DumpError(f"{self.path}: truncated ELF header")
         if data[4] != 2:
             raise DumpError(f"{self.path}: not a 64-bit ELF (class {data[4]})")
@@ -185,104 +223,69 @@ class Dump:
         except registry.ArchError:
             raise DumpError(f"{self.path}: unknown machine {elf['e_machine']}") from None
         self.arch = self.backend.name
+        if elf["e_phentsize"] != elfcore.Elf64_Phdr.sizeof():
+            raise DumpError(f"{self.path}: e_phentsize is {elf['e_phentsize']}, not {elfcore.Elf64_Phdr.sizeof()}")
         if elf["e_phoff"] + elf["e_phnum"] * elf["e_phentsize"] > len(data):
             raise DumpError(f"{self.path}: truncated: program headers past the end of the file")
+        return elf
 
-        segments: list[Segment] = []
-        prstatus: list[bytes] = []
-        self.vmcoreinfo_text = ""
-        meta_raw: bytes | None = None
-        for seg in elf.iter_segments():
-            end = seg["p_offset"] + seg["p_filesz"]
-            if end > len(data):
-                raise DumpError(f"{self.path}: truncated: segment at {seg['p_vaddr']:#x} ends past the file")
-            if seg["p_type"] == "PT_LOAD":
-                segments.append(Segment(seg["p_vaddr"], data[seg["p_offset"]:end]))
-            elif seg["p_type"] == "PT_NOTE":
-                for note in seg.iter_notes():
-                    name = note["n_name"]
-                    if note["n_type"] in ("NT_PRSTATUS", elfcore.NT_PRSTATUS) and name == "CORE":
-                        prstatus.append(_desc_bytes(note))
-                    elif name == elfcore.VMCOREINFO_NOTE_NAME:
-                        self.vmcoreinfo_text = _desc_bytes(note).decode("ascii", "replace")
-                    elif name == elfcore.UNWIND_NOTE_NAME:
-                        meta_raw = _desc_bytes(note)
-        try:
-            self.memory = Memory(segments)
-        except ValueError as e:
-            raise DumpError(f"{self.path}: {e}") from None
-        if meta_raw is None:
-            raise DumpError(f"{self.path}: missing the UNWIND note (not a dump written by unwind)")
-        try:
-            self.meta: dict[str, Any] = json.loads(meta_raw.rstrip(b"\0"))
-        except json.JSONDecodeError as e:
-            raise DumpError(f"{self.path}: malformed UNWIND note: {e}") from None
-        if not isinstance(self.meta, dict):
-            raise DumpError(f"{self.path}: malformed UNWIND note: not a JSON object")
-        if self.meta.get("arch", self.arch) != self.arch:
-            raise DumpError(f"{self.path}: note says arch {self.meta['arch']} but the ELF machine is {self.arch}")
-        self.vmcoreinfo: dict[str, str] = _parse_vmcoreinfo(self.vmcoreinfo_text)
-
+    def _cpus(self, prstatus: list[bytes]) -> list[CpuState]:
         names = self.backend.prstatus_regs
         layout = elfcore.elf_prstatus(len(names))
-        cpu_meta = {int(c["cpu"]): c for c in self.meta.get("cpus", [])}
-        self.cpus: list[CpuState] = []
+        cpu_meta = {c.cpu: c for c in self.note.cpus}
+        cpus = []
         for i, raw in enumerate(prstatus):
             if len(raw) < layout.sizeof():
                 raise DumpError(f"{self.path}: NT_PRSTATUS {i} is {len(raw)} bytes, expected {layout.sizeof()}")
             pr = layout.parse(raw)
-            cm = cpu_meta.get(i, {})
-            self.cpus.append(CpuState(
-                cpu=i, regs=dict(zip(names, pr.pr_reg)), pid=cm.get("pid"), mode=cm.get("mode", "kernel"),
-                sysregs={k: _hex(v) for k, v in cm.get("sysregs", {}).items()} or None,
-                normalised=cm.get("normalised")))
+            cm = cpu_meta.get(i)
+            normalised = cm.normalised if cm is not None else None
+            cpus.append(CpuState(
+                cpu=i, regs=dict(zip(names, pr.pr_reg)), pid=cm.pid if cm else None,
+                mode=cm.mode if cm else "kernel", sysregs=dict(cm.sysregs) if cm and cm.sysregs else None,
+                normalised=normalised if isinstance(normalised, str) else None))
+        return cpus
 
     @property
     def build_id(self) -> str | None:
         """The build-id of the kernel image the dump was taken from."""
-        return self.meta.get("build_id")
+        return self.note.build_id
 
     @property
     def release(self) -> str | None:
         """The kernel release: the JSON note's, else VMCOREINFO ``OSRELEASE``."""
-        return self.meta.get("kernel", {}).get("release") or self.vmcoreinfo.get("OSRELEASE")
+        return self.note.kernel.release or self.vmcoreinfo.get("OSRELEASE")
 
     def tasks(self) -> list[Task]:
         """Every task in the dump, running ones first in CPU order."""
-        stacks = self.meta.get("stacks", [])
-        out: list[Task] = []
-        for t in self.meta.get("tasks", []):
-            out.append(self._task(t, stacks))
+        out = [self._task(t) for t in self.note.tasks]
         out.sort(key=lambda t: (t.cpu is None, t.cpu if t.cpu is not None else 0))
         return out
 
-    def _task(self, t: dict[str, Any], stacks: list[dict[str, Any]]) -> Task:
-        pid = t.get("pid")
-        cpu = t.get("cpu")
-        regs = None
+    def _task(self, t: TaskNote) -> Task:
+        pid, cpu = t.pid, t.cpu
         usable: list[StackInfo] = []
-        for s in stacks:
-            info = StackInfo(_hex(s["low"]), _hex(s["high"]), s["kind"], s.get("cpu"))
-            if s.get("task") is not None and t.get("task") is not None:  # by task_struct: idle tasks share pid 0
-                if s["task"] == t["task"]:
+        for s in self.note.stacks:
+            info = StackInfo(s.low, s.high, s.kind, s.cpu)
+            if s.task is not None and t.task is not None:  # by task_struct: idle tasks share pid 0
+                if s.task == t.task:
                     usable.append(info)
-            elif s.get("pid") is not None and s["pid"] == pid and (s.get("cpu") is None or s.get("cpu") == cpu):
+            elif s.pid is not None and s.pid == pid and (s.cpu is None or s.cpu == cpu):
                 usable.append(info)
-            elif cpu is not None and s.get("pid") is None and s.get("cpu") == cpu:
+            elif cpu is not None and s.pid is None and s.cpu == cpu:
                 usable.append(info)  # per-CPU stacks: only for the task running on that CPU
+        regs = None
         if cpu is not None:
-            if not 0 <= cpu < len(self.cpus):
+            if not cpu < len(self.cpus):
                 raise DumpError(f"{self.path}: task {pid} runs on cpu{cpu}, which has no NT_PRSTATUS")
             regs = dict(self.cpus[cpu].regs)
         return Task(
-            pid=pid, comm=t.get("comm", "?"), state=t.get("state", ""), cpu=cpu, regs=regs,
-            context={k: _hex(v) for k, v in t["context"].items()} if t.get("context") else None,
-            stacks=usable,
-            fgraph=[FgraphEntry(_hex(e["ret"]), _hex(e["retp"]), _hex(e.get("func", 0)), _hex(e.get("fp", 0)))
-                    for e in t.get("fgraph", [])],
-            kretprobes=[KretprobeInstance(_hex(e["ret"]), _hex(e["fp"])) for e in t.get("kretprobes", [])],
-            user_regs={k: _hex(v) for k, v in t["user_regs"].items()} if t.get("user_regs") else None,
-            extra={k: v for k, v in t.items() if k not in _TASK_KEYS},
+            pid=pid, comm=t.comm, state=t.state, cpu=cpu, regs=regs,
+            context=dict(t.context) if t.context else None, stacks=usable,
+            fgraph=[FgraphEntry(e.ret, e.retp, e.func, e.fp) for e in t.fgraph],
+            kretprobes=[KretprobeInstance(e.ret, e.fp) for e in t.kretprobes],
+            user_regs=dict(t.user_regs) if t.user_regs else None,
+            extra=dict(t.model_extra or {}),
         )
 
     def task_memory(self, task: Task) -> Memory:
@@ -290,25 +293,13 @@ class Dump:
         return self.memory
 
     def oracles(self) -> list[dict[str, Any]]:
-        """The oracle traces stored with the dump."""
+        """The oracle traces stored with the dump (each one validated at open)."""
         return list(self.meta.get("oracles", []))
-
-
-_TASK_KEYS = {"pid", "comm", "state", "cpu", "context", "fgraph", "kretprobes", "user_regs"}
 
 
 def _desc_bytes(note: Any) -> bytes:
     """The raw descriptor of a note (pyelftools decodes some descriptors)."""
     raw = bytes(note["n_descdata"])
     if len(raw) != note["n_descsz"]:
-        raise ValueError(f"note {note['n_name']!r} is truncated")
+        raise ELFParseError(f"note {note['n_name']!r} is truncated")
     return raw
-
-
-def _parse_vmcoreinfo(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            out[key.strip()] = value.strip().rstrip("\0")
-    return out

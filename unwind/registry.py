@@ -56,6 +56,9 @@ class ArchBackend(ABC):
     #: the kernel structs the walk reads, with the members it needs: ``unwind capture`` writes
     #: their BTF layout into the dump's ``offsets`` (:func:`unwind.layout.resolve_layout`)
     layouts: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: the keys of a blocked task's saved ``context`` in the dump's note (``None``: any);
+    #: the note's schema drops any other key with a warning (``unwind/note.py``)
+    context_keys: ClassVar[frozenset[str] | None] = None
 
     @abstractmethod
     def unwinder(self, target: "Target") -> "Unwinder":

@@ -90,6 +90,7 @@ class Session:
         except (SymbolError, ImageError) as e:
             raise ReplayError(str(e)) from None
         session = cls(dump, image, symbols)
+        session.warnings.extend(dump.warnings)
         if symbols is None:
             session.warnings.append(f"no image with build-id {dump.build_id} found "
                                     "(use --vmlinux or $UNWIND_IMAGE_PATH): printing raw addresses")

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import elfcore, registry
-from .dump import CpuState, DumpError, _parse_vmcoreinfo
+from .dump import CpuState, DumpError
+from .vmcoreinfo import parse_vmcoreinfo
 from .kernel import MAX_CPUS, Kernel, KernelError, KernelModule, KernelTask, ftrace_trampolines
 from .btf import Btf, BtfError
 from .memory import MemoryFault
@@ -51,7 +52,7 @@ class VmcoreDump:
         self.arch = backend.name
         self.memory = memory
         self.vmcoreinfo_text = vmcoreinfo_text
-        self.vmcoreinfo: dict[str, str] = _parse_vmcoreinfo(vmcoreinfo_text)
+        self.vmcoreinfo: dict[str, str] = parse_vmcoreinfo(vmcoreinfo_text)
         self._prstatus = prstatus
         self.source = source
         self.kernel: Kernel | None = None

@@ -57,6 +57,8 @@ class Arm64Backend(ArchBackend):
     prstatus_regs = tuple(f"x{i}" for i in range(31)) + ("sp", "pc", "pstate")
     pc_reg = "pc"
     sp_reg = "sp"
+    # thread.cpu_context (x19..x28, fp, sp, pc); "caller" marks a walk started from a caller
+    context_keys = frozenset({*(f"x{i}" for i in range(19, 29)), "fp", "sp", "pc", "caller"})
     capstone = (capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
     call_lengths = (4,)
     layouts = {"pt_regs": PT_REGS_MEMBERS}

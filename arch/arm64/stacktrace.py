@@ -32,6 +32,7 @@ from unwind.frame import Flag, Frame, Provenance, Source
 from unwind.memory import Memory, MemoryFault
 from unwind.stackinfo import Refusal, StackInfo, StackSet
 from unwind.target import FgraphEntry, KretprobeInstance, Target, kernel_version
+from unwind.vmcoreinfo import vmcoreinfo_number
 from unwind.walk import StopReason, Unwinder, UnwindStop
 
 from unwind.btf import BtfError
@@ -186,16 +187,7 @@ def pt_regs_layout(target: Target, gen: Generation) -> PtRegsLayout:
 
 
 def _vmcoreinfo_number(vmcoreinfo: dict[str, str], name: str) -> int | None:
-    raw = vmcoreinfo.get(f"NUMBER({name})")
-    if raw is None:
-        return None
-    try:
-        return int(raw.strip(), 0)
-    except ValueError:
-        try:
-            return int(raw.strip(), 16)
-        except ValueError:
-            return None
+    return vmcoreinfo_number(vmcoreinfo, f"NUMBER({name})")
 
 
 def genmask_ull(high: int, low: int) -> int:

@@ -62,6 +62,8 @@ class RiscvBackend(ArchBackend):
     prstatus_regs = structs.member_names(structs.user_regs_struct)
     pc_reg = "pc"
     sp_reg = "sp"
+    # thread.ra, thread.sp, thread.s[0..11]
+    context_keys = frozenset({"ra", "sp", *(f"s{i}" for i in range(12))})
     capstone = (capstone.CS_ARCH_RISCV, capstone.CS_MODE_RISCV64 | capstone.CS_MODE_RISCVC)
     call_lengths = (2, 4)
     layouts = {"pt_regs": structs.PT_REGS_MEMBERS}

@@ -40,6 +40,7 @@ from unwind.frame import Flag, Frame, Provenance, Source
 from unwind.memory import Memory, MemoryFault
 from unwind.stackinfo import StackSet
 from unwind.target import FgraphEntry, KretprobeInstance, Target, kernel_version
+from unwind.vmcoreinfo import vmcoreinfo_number
 from unwind.walk import StopReason, Unwinder, UnwindStop
 
 from .liveness import LiveRaProver, Proof
@@ -134,10 +135,10 @@ class KernelLayout:
             a, b = sym(lo), sym(hi)
             if a is not None and b is not None:
                 text.append((a, b))
-        mods = [target.vmcoreinfo.get(f"NUMBER({k})") for k in ("MODULES_VADDR", "MODULES_END")]
-        if text and mods[0] and mods[1]:
+        mods = [vmcoreinfo_number(target.vmcoreinfo, f"NUMBER({k})") for k in ("MODULES_VADDR", "MODULES_END")]
+        if text and mods[0] is not None and mods[1] is not None and mods[0] < mods[1]:
             # is_module_text_address(): module text lies in the module area VMCOREINFO names
-            text.append((int(mods[0], 0), int(mods[1], 0)))
+            text.append((mods[0], mods[1]))
         tramps = frozenset(a for a in (sym("arch_rethook_trampoline"), sym("__kretprobe_trampoline"))
                            if a is not None)
         exc = sym("handle_exception")
@@ -789,8 +790,8 @@ class RiscvUnwinder(Unwinder):
 
 def user_task_size(target: Target) -> int:
     """TASK_SIZE_64 = PGDIR_SIZE * PTRS_PER_PGD / 2 = 2^(VA_BITS - 1)."""
-    bits = target.vmcoreinfo.get("NUMBER(VA_BITS)")
-    return 1 << ((int(bits, 0) if bits else DEFAULT_VA_BITS) - 1)
+    bits = vmcoreinfo_number(target.vmcoreinfo, "NUMBER(VA_BITS)")  # bounded to [32, 64]
+    return 1 << ((bits if bits is not None else DEFAULT_VA_BITS) - 1)
 
 
 # arch/riscv/kernel/stacktrace.c:214-226 arch_stack_walk_user()
