@@ -23,7 +23,6 @@ from .image import CACHE_ENV, IMAGE_PATH_ENV, ImageError
 from .registry import ArchError
 from .replay import ReplayError, load_session
 from .target import Options
-from .walk import DEFAULT_MAX_FRAMES
 
 #: the distribution the ``unwind`` package ships in
 DISTRIBUTION = "kernel-unwind"
@@ -121,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--generation", metavar="VER", help="kernel unwinder generation to follow, e.g. 6.12 or 6.13")
     r.add_argument("--orc-version", metavar="N", help="force the ORC format generation (x86-64): 1..4; "
                    "refused where the image's .orc_header names another")
-    r.add_argument("--max-frames", type=max_frames_arg, default=DEFAULT_MAX_FRAMES, metavar="N",
-                   help=f"stop a walk after N frames with 'frame limit reached' (default {DEFAULT_MAX_FRAMES})")
+    r.add_argument("--max-frames", type=max_frames_arg, default=None, metavar="N",
+                   help="stop a walk after N frames with 'frame limit reached' "
+                   "(default: what the task's captured stack bytes allow, docs/dump-format.md)")
     r.set_defaults(func=cmd_replay)
 
     for name in _COMMAND_MODULES:

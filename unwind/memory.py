@@ -82,6 +82,18 @@ class Memory:
                 return seg
         raise MemoryFault(addr, size)
 
+    def captured(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The captured parts of ``[lo, hi)`` as ``(start, end)`` ranges in address order."""
+        out = []
+        i = max(bisect.bisect_right(self._starts, lo) - 1, 0)
+        for seg in self.segments[i:]:
+            if seg.start >= hi:
+                break
+            start, end = max(seg.start, lo), min(seg.end, hi)
+            if start < end:
+                out.append((start, end))
+        return out
+
     def contains(self, addr: int, size: int = 1) -> bool:
         """True when ``[addr, addr + size)`` is captured in one segment."""
         try:

@@ -59,6 +59,9 @@ class ArchBackend(ABC):
     #: the keys of a blocked task's saved ``context`` in the dump's note (``None``: any);
     #: the note's schema drops any other key with a warning (``unwind/note.py``)
     context_keys: ClassVar[frozenset[str] | None] = None
+    #: the fewest stack bytes one frame consumes (the default frame limit, ``unwind.walk.frame_limit``):
+    #: an arm64 or riscv frame record {fp, lr} is 16
+    min_frame_bytes: ClassVar[int] = 16
 
     @abstractmethod
     def unwinder(self, target: "Target") -> "Unwinder":

@@ -14,7 +14,7 @@ from .image import Image, ImageError, find_image
 from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from .target import Options, Target, Task, kernel_version
 from .vmcore import VmcoreError, detect_format, is_vmcore
-from .walk import DEFAULT_MAX_FRAMES, ReliableResult, Stop, collect, stack_walk_reliable
+from .walk import ReliableResult, Stop, collect, frame_limit, stack_walk_reliable
 
 
 class ReplayError(Exception):
@@ -176,11 +176,17 @@ class Session:
                       meta=self.dump.meta, options=options)
 
     def replay(self, task: Task, options: Options | None = None, *, reliable: bool = False,
-               max_frames: int = DEFAULT_MAX_FRAMES, symbolize: bool = True) -> Replay:
-        """Walk ``task``: all frames and the stop; with ``reliable``, the reliable verdict too."""
+               max_frames: int | None = None, symbolize: bool = True) -> Replay:
+        """Walk ``task``: all frames and the stop; with ``reliable``, the reliable verdict too.
+
+        ``max_frames`` defaults to :func:`unwind.walk.frame_limit`: what the task's captured
+        stack bytes allow (one frame per ``backend.min_frame_bytes``).
+        """
         options = options or Options()
         self.check_options(options)
         target = self.target(task, options)
+        if max_frames is None:
+            max_frames = frame_limit(task.stacks, target.mem, self.backend.min_frame_bytes)
         unwinder = self.backend.unwinder(target)
         frames, stop = collect(unwinder, max_frames)
         verdict = None

@@ -13,11 +13,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from .frame import Flag, Frame
+from .memory import Memory
+from .stackinfo import StackInfo
 
 DEFAULT_MAX_FRAMES = 4096
+#: frames a walk may report beyond one per min_frame_bytes of captured stack: those that consume no
+#: stack (the first frame from registers or a saved context, exception-register and live-LR frames)
+FRAME_LIMIT_SLACK = 4
 
 
 class StopReason(Enum):
@@ -103,6 +108,17 @@ class Unwinder(ABC):
 
 
 Consumer = Callable[[Frame], bool]
+
+
+def frame_limit(stacks: Iterable[StackInfo], mem: Memory, min_frame_bytes: int = 16) -> int:
+    """The default frame limit of a walk: one frame per ``min_frame_bytes`` captured bytes of its
+    stacks, plus :data:`FRAME_LIMIT_SLACK`. Each frame a walk reports from the stack consumes at
+    least ``min_frame_bytes`` of it (:attr:`unwind.registry.ArchBackend.min_frame_bytes`) and the
+    stacks are consumed one way, so no honest walk reports more."""
+    total = 0
+    for s in stacks:
+        total += sum(end - start for start, end in mem.captured(s.low, s.high))
+    return total // min_frame_bytes + FRAME_LIMIT_SLACK
 
 
 # do_kunwind()

@@ -189,9 +189,10 @@ class TracePrinter:
             if info.name:
                 self.out.append(TraceLine.marker(f" <{info.name}>", info.name, "begin"))
             self.show_regs_if_on_stack(info.begin, info.end)
-            while stack < info.end:
-                self.scan_word(stack, info.begin, info.end)
-                stack += 8
+            # the scan reads only what was captured: an uncaptured word is never kernel text
+            for start, end in self.target.mem.captured(stack, info.end):
+                for addr in range(start + (stack - start) % 8, end - 7, 8):
+                    self.scan_word(addr, info.begin, info.end)
             if info.name:
                 self.out.append(TraceLine.marker(f" </{info.name}>", info.name, "end"))
             stack = info.next_sp or 0
