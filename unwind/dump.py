@@ -9,6 +9,7 @@ Files ending ``.xz`` or ``.gz`` are (de)compressed transparently.
 
 from __future__ import annotations
 
+import copy
 import gzip
 import io
 import lzma
@@ -25,7 +26,6 @@ from . import elfcore, registry
 from .memory import Memory, Segment
 from .note import U64_MAX, Note, NoteError, TaskNote, note_bytes, parse_note, validate_note
 from .stackinfo import StackInfo
-from .vmcoreinfo import parse_vmcoreinfo, vmcoreinfo_text
 from .target import FgraphEntry, KretprobeInstance, Task
 
 FORMAT_VERSION = 1
@@ -60,6 +60,9 @@ class DumpWriter:
         self.cpus: list[tuple[int, dict[str, int], int | None]] = []
         self.vmcoreinfo: str = ""
         self.meta: dict[str, Any] = {"format": FORMAT_VERSION, "arch": self.backend.name}
+        #: the note's bytes as given instead of ``meta`` validated and serialised (tests and the
+        #: fuzzer write malformed notes with it)
+        self.note_json: bytes | None = None
 
     def add_memory(self, addr: int, data: bytes) -> None:
         """Capture ``data`` at ``addr``; overlapping ranges must agree and are merged."""
@@ -97,7 +100,8 @@ class DumpWriter:
         if self.vmcoreinfo:
             notes += elfcore.note(elfcore.VMCOREINFO_NOTE_NAME, elfcore.VMCOREINFO_NOTE_TYPE,
                                   self.vmcoreinfo.encode())
-        notes += elfcore.note(elfcore.UNWIND_NOTE_NAME, elfcore.NT_UNWIND_META, note_bytes(self.meta))
+        notes += elfcore.note(elfcore.UNWIND_NOTE_NAME, elfcore.NT_UNWIND_META,
+                              note_bytes(self.meta) if self.note_json is None else self.note_json)
 
         loads = sorted(self._ranges.items())
         phnum = 1 + len(loads)
@@ -155,7 +159,7 @@ class Dump:
         except NoteError as e:
             raise DumpError(f"{path}: malformed UNWIND note: {e}") from None
         except (ELFError, ConstructError, ElftoolsConstructError, UnicodeDecodeError) as e:
-            raise DumpError(f"{path}: malformed dump: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            raise DumpError(f"{path}: malformed ELF container: {_error_text(e)}") from None
 
     @classmethod
     def open(cls, path: str | Path) -> "Dump":
@@ -189,7 +193,7 @@ class Dump:
                     if note["n_type"] in ("NT_PRSTATUS", elfcore.NT_PRSTATUS) and name == "CORE":
                         prstatus.append(_desc_bytes(note))
                     elif name == elfcore.VMCOREINFO_NOTE_NAME:
-                        self.vmcoreinfo_text = vmcoreinfo_text(_desc_bytes(note), self._warn)
+                        self.vmcoreinfo_text = _desc_bytes(note).split(b"\0", 1)[0].decode("ascii", "replace")
                     elif name == elfcore.UNWIND_NOTE_NAME:
                         meta_raw = _desc_bytes(note)
         try:
@@ -202,8 +206,12 @@ class Dump:
         self.note: Note = validate_note(self.meta, self.backend.context_keys, self._warn)
         if self.note.arch != self.arch:
             raise DumpError(f"{self.path}: note says arch {self.note.arch} but the ELF machine is {self.arch}")
-        self.vmcoreinfo: dict[str, str] = parse_vmcoreinfo(self.vmcoreinfo_text, self._warn)
+        from .vmcore.vmcoreinfo import VmcoreInfo  # not at the top: unwind.vmcore imports DumpError from here
+
+        self.vmcoreinfo: dict[str, str] = dict(VmcoreInfo.parse(self.vmcoreinfo_text).checked(self._warn))
         self.cpus: list[CpuState] = self._cpus(prstatus)
+        self._tasks: list[Task] = [self._task(t) for t in self.note.tasks]
+        self._tasks.sort(key=lambda t: (t.cpu is None, t.cpu if t.cpu is not None else 0))
 
     def _elf_header(self, data: bytes) -> ELFFile:
         """The ELF header checks, before pyelftools reads any further."""
@@ -254,13 +262,11 @@ class Dump:
     @property
     def release(self) -> str | None:
         """The kernel release: the JSON note's, else VMCOREINFO ``OSRELEASE``."""
-        return self.note.kernel.release or self.vmcoreinfo.get("OSRELEASE")
+        return self.meta.get("kernel", {}).get("release") or self.vmcoreinfo.get("OSRELEASE")
 
     def tasks(self) -> list[Task]:
-        """Every task in the dump, running ones first in CPU order."""
-        out = [self._task(t) for t in self.note.tasks]
-        out.sort(key=lambda t: (t.cpu is None, t.cpu if t.cpu is not None else 0))
-        return out
+        """Every task in the dump, running ones first in CPU order (built once, at open)."""
+        return [copy.copy(t) for t in self._tasks]
 
     def _task(self, t: TaskNote) -> Task:
         pid, cpu = t.pid, t.cpu
@@ -285,7 +291,7 @@ class Dump:
             fgraph=[FgraphEntry(e.ret, e.retp, e.func, e.fp) for e in t.fgraph],
             kretprobes=[KretprobeInstance(e.ret, e.fp) for e in t.kretprobes],
             user_regs=dict(t.user_regs) if t.user_regs else None,
-            extra=dict(t.model_extra or {}),
+            extra={**(t.model_extra or {}), **({"task": f"{t.task:#x}"} if t.task is not None else {})},
         )
 
     def task_memory(self, task: Task) -> Memory:
@@ -295,6 +301,14 @@ class Dump:
     def oracles(self) -> list[dict[str, Any]]:
         """The oracle traces stored with the dump (each one validated at open)."""
         return list(self.meta.get("oracles", []))
+
+
+def _error_text(e: Exception) -> str:
+    """One line for a pyelftools or construct error (their texts may be tuples or span lines)."""
+    if isinstance(e, ElftoolsConstructError) and e.args and isinstance(e.args[0], str):
+        return f"{type(e).__name__}: {e.args[0]}"
+    text = str(e).splitlines()[0] if str(e) else ""
+    return text[:200] or type(e).__name__
 
 
 def _desc_bytes(note: Any) -> bytes:

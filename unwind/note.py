@@ -37,6 +37,8 @@ MAX_CPU = 8191
 MAX_PID = 4 * 1024 * 1024
 #: struct offsets and sizes from BTF (pt_regs is a few hundred bytes)
 MAX_STRUCT_BYTES = 1024 * 1024
+#: a module region (the largest modules' text is a few MiB)
+MAX_MODULE_BYTES = 1 << 30
 
 
 class NoteError(ValueError):
@@ -67,7 +69,8 @@ U64 = Annotated[int, BeforeValidator(_u64)]
 Int = Annotated[int, Field(strict=True)]
 Cpu = Annotated[int, Field(strict=True, ge=0, le=MAX_CPU)]
 Pid = Annotated[int, Field(strict=True, ge=0, le=MAX_PID)]
-Name = Annotated[str, Field(strict=True, max_length=256)]
+#: names and keys: at most KSYM_NAME_LEN (512) characters, as kallsyms names are
+Name = Annotated[str, Field(strict=True, max_length=512)]
 
 
 class _Model(BaseModel):
@@ -111,15 +114,16 @@ class StackNote(_Model):
     high: U64
     cpu: Cpu | None = None
     pid: Pid | None = None
+    #: the task_struct of the task whose stack this is (ties it to its task where pids collide)
+    task: U64 | None = None
 
     @model_validator(mode="after")
     def _range(self) -> "StackNote":
         if not self.low < self.high:
-            raise PydanticCustomError("range", "low {low:#x} is not below high {high:#x}",
-                                      {"low": self.low, "high": self.high})
+            raise PydanticCustomError("range", f"low {self.low:#x} is not below high {self.high:#x}")
         if self.high - self.low > MAX_STACK_BYTES:
-            raise PydanticCustomError("range", "{size:#x} bytes is larger than any kernel stack ({max:#x})",
-                                      {"size": self.high - self.low, "max": MAX_STACK_BYTES})
+            raise PydanticCustomError("range", f"{self.high - self.low:#x} bytes is larger than any kernel "
+                                      f"stack (at most {MAX_STACK_BYTES:#x})")
         return self
 
 
@@ -150,6 +154,8 @@ class TaskNote(_Model):
     fgraph: list[FgraphNote] = []
     kretprobes: list[KretprobeNote] = []
     user_regs: dict[Name, U64] | None = None
+    #: the task_struct address
+    task: U64 | None = None
 
     @field_validator("context")
     @classmethod
@@ -193,15 +199,47 @@ class Oracle(_Model):
     pt_regs: list[PtRegsCrossing] = []
 
 
-def _offsets(v: Any) -> Any:
-    """``offsets``: struct member offsets, flat or nested one level, ints or hex strings."""
-    if not isinstance(v, dict):
-        raise PydanticCustomError("offsets", "not an object")
-    for key, x in v.items():
-        items = x.items() if isinstance(x, dict) else [(key, x)]
-        for _, y in items:
-            _offset(y)
-    return v
+Offset = Annotated[int, BeforeValidator(_offset)]
+
+
+class StructOffsets(_Model):
+    """``offsets.<struct>``: a struct's size and member offsets from BTF (``unwind.layout.dump_layout``)."""
+
+    size: Offset | None = None
+    members: dict[Name, Offset] = {}
+
+
+class ModuleRegion(_Model):
+    """``modules[].regions[]``: one ``mod->mem[]`` (or ``core_layout``) region."""
+
+    kind: Name
+    base: U64
+    size: Annotated[int, Field(strict=True, ge=0, le=MAX_MODULE_BYTES)]
+
+
+class ModuleOrc(_Model):
+    """``modules[].orc``: x86-64 ``mod->arch.orc_unwind_ip/orc_unwind/num_orcs``."""
+
+    orc_unwind_ip: U64
+    orc_unwind: U64
+    num_orcs: Annotated[int, Field(strict=True, ge=0, le=MAX_MODULE_BYTES // 4)]
+    entry_size: Annotated[int, Field(strict=True, ge=1, le=64)]
+
+
+def _pair(v: Any) -> Any:
+    """A JSON ``[a, b]`` as the tuple a strict model wants."""
+    return tuple(v) if isinstance(v, list) else v
+
+
+class ModuleNote(_Model):
+    """``modules[]``: a loaded module's regions, kallsyms and ORC tables."""
+
+    name: Name
+    addr: U64 | None = None
+    state: Int | None = None
+    regions: list[ModuleRegion] = []
+    symbols: list[Annotated[tuple[U64, Name], BeforeValidator(_pair)]] = []
+    orc: ModuleOrc | None = None
 
 
 class Note(_Model):
@@ -219,7 +257,8 @@ class Note(_Model):
     oracles: list[Oracle] = []
     oracles_excluded: list[Oracle] = []
     ftrace_trampolines: list[Trampoline] = []
-    offsets: Annotated[Any, BeforeValidator(_offsets)] = None
+    offsets: dict[Name, StructOffsets] | None = None
+    modules: list[ModuleNote] = []
 
 
 # --- what may be dropped ------------------------------------------------------------------------
@@ -248,7 +287,12 @@ DROPPABLE: tuple[tuple[Any, ...], ...] = (
     ("oracles_excluded",),
     ("ftrace_trampolines", _ANY),            # the trampoline's ip then gets the FP guess
     ("ftrace_trampolines",),
-    ("offsets",),                            # backends use the generation's defaults
+    ("offsets", _ANY),                       # that struct: BTF, else the generation's defaults
+    ("offsets",),
+    ("modules", _ANY),                       # that module's pcs print raw; x86 walks stop in it
+    ("modules",),
+    ("stacks", _ANY, "task"),                # the stack is then tied to its task by pid
+    ("tasks", _ANY, "task"),
 )
 #: passes of drop-and-revalidate before giving up (each pass drops every reported key at once)
 _PASSES = 4

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from . import elfcore, registry
 from .dump import CpuState, DumpError
-from .vmcoreinfo import parse_vmcoreinfo
 from .kernel import MAX_CPUS, Kernel, KernelError, KernelModule, KernelTask, ftrace_trampolines
 from .btf import Btf, BtfError
 from .memory import MemoryFault
 from .stackinfo import StackInfo
 from .symbols import SymbolTable
 from .target import Task
+from .vmcore.vmcoreinfo import VmcoreInfo
 
 if TYPE_CHECKING:
     from .image import Image
@@ -52,11 +52,11 @@ class VmcoreDump:
         self.arch = backend.name
         self.memory = memory
         self.vmcoreinfo_text = vmcoreinfo_text
-        self.vmcoreinfo: dict[str, str] = parse_vmcoreinfo(vmcoreinfo_text)
+        self.warnings: list[str] = []
+        self.vmcoreinfo = VmcoreInfo.parse(vmcoreinfo_text).checked(lambda msg: self.warnings.append(f"{path}: {msg}"))
         self._prstatus = prstatus
         self.source = source
         self.kernel: Kernel | None = None
-        self.warnings: list[str] = []
         self.meta: dict[str, Any] = {"format": FORMAT_VERSION, "arch": self.arch,
                                      "kernel": {"release": self.release}, "build_id": self.build_id,
                                      "capture": {"tool": source}}
@@ -110,10 +110,8 @@ class VmcoreDump:
     def _virtual_memory(self, symbol: Callable[[str], int | None]) -> Any:
         """Kernel virtual memory over the vmcore's physical memory (the arch's page tables)."""
         from .vmcore.virtual import VirtualMemory
-        from .vmcore.vmcoreinfo import VmcoreInfo
 
-        return VirtualMemory(self.phys, self.backend.translator(VmcoreInfo.parse(self.vmcoreinfo_text), self.phys,
-                                                                symbol))
+        return VirtualMemory(self.phys, self.backend.translator(self.vmcoreinfo, self.phys, symbol))
 
     def task_memory(self, task: Task) -> Any:
         """The memory one walk of ``task`` reads, snapshotted as plain segments: its stacks, and the modules'

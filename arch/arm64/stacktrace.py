@@ -32,7 +32,7 @@ from unwind.frame import Flag, Frame, Provenance, Source
 from unwind.memory import Memory, MemoryFault
 from unwind.stackinfo import Refusal, StackInfo, StackSet
 from unwind.target import FgraphEntry, KretprobeInstance, Target, kernel_version
-from unwind.vmcoreinfo import vmcoreinfo_number
+from unwind.vmcore.vmcoreinfo import vmcoreinfo_number
 from unwind.walk import StopReason, Unwinder, UnwindStop
 
 from unwind.btf import BtfError

@@ -40,7 +40,7 @@ from unwind.frame import Flag, Frame, Provenance, Source
 from unwind.memory import Memory, MemoryFault
 from unwind.stackinfo import StackSet
 from unwind.target import FgraphEntry, KretprobeInstance, Target, kernel_version
-from unwind.vmcoreinfo import vmcoreinfo_number
+from unwind.vmcore.vmcoreinfo import vmcoreinfo_number
 from unwind.walk import StopReason, Unwinder, UnwindStop
 
 from .liveness import LiveRaProver, Proof

@@ -97,13 +97,3 @@ def vmcoreinfo_text(notes: list[Note]) -> str | None:
         if note.name == elfcore.VMCOREINFO_NOTE_NAME:
             return note.desc.split(b"\0", 1)[0].decode("ascii", "replace")
     return None
-
-
-def parse_vmcoreinfo(text: str | None) -> dict[str, str]:
-    """``KEY=VALUE`` lines as a dict (later lines win, as in the kernel's own parsers)."""
-    out: dict[str, str] = {}
-    for line in (text or "").splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            out[key.strip()] = value.strip()
-    return out

@@ -15,8 +15,9 @@ from typing import Hashable
 
 from ..memory import MemoryFault
 from .errors import VmcoreError
-from .notes import Note, PrStatus, parse_vmcoreinfo
+from .notes import Note, PrStatus
 from .source import Source, SourceTruncated
+from .vmcoreinfo import VmcoreInfo
 
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
@@ -78,7 +79,7 @@ class PhysicalMemory:
         self.notes = notes
         self.prstatus = prstatus
         self.vmcoreinfo = vmcoreinfo
-        self.vmcoreinfo_dict = parse_vmcoreinfo(vmcoreinfo)
+        self.vmcoreinfo_dict = VmcoreInfo.parse(vmcoreinfo or "")
         self._cache: OrderedDict[Hashable, Chunk] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
@@ -87,8 +88,7 @@ class PhysicalMemory:
     @property
     def page_size(self) -> int:
         """The dumped kernel's page size (VMCOREINFO ``PAGESIZE``), else the format's block size."""
-        v = self.vmcoreinfo_dict.get("PAGESIZE", "")
-        return int(v) if v.isdigit() and int(v) > 0 else self.block_size
+        return self.vmcoreinfo_dict.bounded("PAGESIZE") or self.block_size
 
     @property
     def ranges(self) -> list[PhysRange]:

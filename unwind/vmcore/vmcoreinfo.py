@@ -12,7 +12,7 @@ line, never a ``ValueError`` or an unbounded integer reaching a shift.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from unwind.dump import DumpError
 
@@ -23,6 +23,27 @@ _MAX_DIGITS = 24
 _HEX = re.compile(r"(?:0[xX])?[0-9a-fA-F]{1,16}")
 _DEC = re.compile(r"-?[0-9]{1,20}")
 _ELF_NOTE_NAME = b"VMCOREINFO\0"
+_U64_MAX = (1 << 64) - 1
+#: bounds of the numbers replay reads (:meth:`VmcoreInfo.bounded`); any other number is an i64 or u64
+BOUNDS: dict[str, tuple[int, int]] = {
+    "PAGESIZE": (4096, 65536),
+    "NUMBER(VA_BITS)": (32, 64),
+    "NUMBER(TCR_EL1_T1SZ)": (0, 64),
+    "NUMBER(KERNELPACMASK)": (0, _U64_MAX),
+    "NUMBER(MODULES_VADDR)": (0, _U64_MAX),
+    "NUMBER(MODULES_END)": (0, _U64_MAX),
+    "NUMBER(VMALLOC_START)": (0, _U64_MAX),
+    "NUMBER(VMALLOC_END)": (0, _U64_MAX),
+    "NUMBER(VMEMMAP_START)": (0, _U64_MAX),
+    "NUMBER(VMEMMAP_END)": (0, _U64_MAX),
+    "NUMBER(PAGE_OFFSET)": (0, _U64_MAX),
+    "NUMBER(phys_ram_base)": (0, _U64_MAX),
+}
+_DEFAULT_BOUND = (-(1 << 63), _U64_MAX)
+#: keys the kernel prints as bare hex (``SYMBOL(x)=%lx``, ``KERNELOFFSET=%lx``)
+_HEX_KEYS = ("SYMBOL(", "KERNELOFFSET")
+#: keys whose value is a number (the rest, ``OSRELEASE``, ``BUILD-ID``, ``CRASHTIME``..., are text)
+_NUMBER_KEYS = ("NUMBER(", "OFFSET(", "SIZE(", "LENGTH(", "PAGESIZE", *_HEX_KEYS)
 
 
 class VmcoreInfo(Mapping[str, str]):
@@ -44,6 +65,33 @@ class VmcoreInfo(Mapping[str, str]):
             if eq and key:
                 entries.setdefault(key.strip(), value.strip())
         return cls(entries)
+
+    def checked(self, warn: Callable[[str], None]) -> "VmcoreInfo":
+        """A copy without the numeric entries that do not parse within their bound, each one
+        reported through ``warn``: what is left never makes :meth:`bounded` fail."""
+        kept: dict[str, str] = {}
+        for key, value in self._entries.items():
+            if key.startswith(_NUMBER_KEYS):
+                try:
+                    self._bounded(key)
+                except DumpError as e:
+                    warn(f"{e}: dropped")
+                    continue
+            kept[key] = value
+        return VmcoreInfo(kept)
+
+    def _bounded(self, key: str) -> int | None:
+        if key.startswith(_HEX_KEYS):
+            return self.hex(key)
+        return self.number(key, *BOUNDS.get(key, _DEFAULT_BOUND))
+
+    def bounded(self, key: str) -> int | None:
+        """The number under ``key`` in its syntax and within its bound (:data:`BOUNDS`);
+        ``None`` when absent or malformed."""
+        try:
+            return self._bounded(key)
+        except DumpError:
+            return None
 
     def __getitem__(self, key: str) -> str:
         return self._entries[key]
@@ -89,6 +137,11 @@ class VmcoreInfo(Mapping[str, str]):
     def symbol(self, name: str) -> int | None:
         """``SYMBOL(name)``: the runtime address (KASLR applied), or ``None``."""
         return self.hex(f"SYMBOL({name})")
+
+
+def vmcoreinfo_number(info: Mapping[str, str], key: str) -> int | None:
+    """:meth:`VmcoreInfo.bounded` for any mapping of VMCOREINFO lines (a walk's ``Target.vmcoreinfo``)."""
+    return (info if isinstance(info, VmcoreInfo) else VmcoreInfo(dict(info))).bounded(key)
 
 
 def parse_vmcoreinfo_note(note: bytes) -> VmcoreInfo:
