@@ -507,6 +507,56 @@ class Session:
         w.write(path)
 
 
+#: ``--vmcore`` format -> (HMP ``dump-guest-memory`` flag, file suffix). QEMU 7.2 writes its kdump
+#: formats flattened (makedumpfile -F layout; ``makedumpfile -R`` reassembles them).
+VMCORE_FORMATS: dict[str, tuple[str, str]] = {
+    "elf": ("", ".elf"),
+    "paging": ("-p", ".paging.elf"),
+    "kdump-zlib": ("-z", ".kdump-zlib.flat"),
+    "kdump-lzo": ("-l", ".kdump-lzo.flat"),
+    "kdump-snappy": ("-s", ".kdump-snappy.flat"),
+}
+#: QEMU fills the ``-p`` PT_LOADs from guest page tables only on x86 (qapi/dump.json)
+PAGING_ARCHES = ("x86_64",)
+
+
+def parse_vmcore_formats(spec: str, arch: str) -> list[str]:
+    """The formats named in a ``--vmcore`` list (``elf,kdump-zlib``); CaptureError on unknown ones."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    bad = [n for n in names if n not in VMCORE_FORMATS]
+    if bad:
+        raise CaptureError(f"unknown vmcore format {bad[0]!r}; expected some of {', '.join(VMCORE_FORMATS)}")
+    if "paging" in names and arch not in PAGING_ARCHES:
+        raise CaptureError(f"QEMU writes paging (-p) vmcores only for {', '.join(PAGING_ARCHES)}, not {arch}")
+    return names
+
+
+def write_qemu_vmcores(monitor, dump_path: Path, formats: list[str],
+                       log: Callable[[str], None] | None = None) -> list[str]:
+    """Have QEMU write each of ``formats`` of the current stop beside ``dump_path``; returns file names.
+
+    The guest must still be halted at the stop that ``dump_path`` holds: HMP
+    ``dump-guest-memory`` (synchronous without ``-d``) copies guest RAM and the
+    vCPUs' registers as they are now. ``monitor`` is a :class:`~.monitor.Monitor`.
+    """
+    base = dump_path.resolve()
+    stem = base.name.split(".")[0]
+    names = []
+    for fmt in formats:
+        flag, suffix = VMCORE_FORMATS[fmt]
+        out = base.with_name(stem + suffix)
+        out.unlink(missing_ok=True)
+        t0 = time.monotonic()
+        reply = monitor.cmd(f"dump-guest-memory {flag} {out}".replace("  ", " "))
+        if not out.exists() or out.stat().st_size == 0:
+            raise CaptureError(f"QEMU wrote no {out.name}: {reply.splitlines()[0] if reply else 'no reply'}")
+        if log is not None:
+            log(f"[capture] {fmt}: {out.name} ({out.stat().st_size >> 20} MiB, {time.monotonic() - t0:.1f}s)"
+                + (f"; QEMU: {reply.splitlines()[0]}" if reply else ""))
+        names.append(out.name)
+    return names
+
+
 def _has(b: Btf, struct: str, member: str) -> bool:
     try:
         b.member(struct, member)
@@ -774,12 +824,15 @@ class FtraceStacktrace:
 def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
                 sysrq: SysrqOracle | None = None, sysrq_every: int = 1,
                 suffix: str = ".bin.xz", seed: int | None = None, monitor=None,
-                ftrace: FtraceStacktrace | None = None, first: int = 0) -> list[Path]:
+                ftrace: FtraceStacktrace | None = None, first: int = 0,
+                vmcore_monitor=None, vmcore_formats: list[str] | None = None) -> list[Path]:
     """Take ``plan.stops`` stops into ``out``; returns the dumps written.
 
     Each dump is written as soon as its stop is done, so a guest that dies
     mid-run loses only the stop in progress. Random stops are requested with
     the stub's ``^C``, or with HMP ``stop`` when a ``monitor`` is given.
+    With ``vmcore_formats``, QEMU writes those vmcores of each stop (through
+    the HMP ``vmcore_monitor``) beside the dump before the guest runs again.
     """
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -843,6 +896,9 @@ def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
             s.log(f"[capture] {label}: skipped ({res})")
             continue
         extra: dict[str, Any] = {"qemu": qemu, "stop_reply": reply.decode(errors="replace")}
+        path = out / f"stop-{first + written:03d}-{label.replace(':', '-')}{suffix}"
+        if vmcore_formats:
+            extra["vmcores"] = write_qemu_vmcores(vmcore_monitor, path, vmcore_formats, s.log)
         oracles: list[dict] = res.meta.pop("pending_oracles", [])
         notes = []
         if sysrq is not None and (written % max(1, sysrq_every) == 0):
@@ -855,7 +911,6 @@ def run_capture(s: Session, plan: Plan, out: Path, release: str, qemu: str = "",
         res.meta["oracles"] = [o for o in oracles if not o.get("stale")]
         res.meta["oracles_excluded"] = [o for o in oracles if o.get("stale")]
         extra["notes"] = "; ".join(notes) if notes else None
-        path = out / f"stop-{first + written:03d}-{label.replace(':', '-')}{suffix}"
         s.write_dump(res, path, release, extra)
         paths.append(path)
         written += 1

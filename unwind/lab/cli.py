@@ -13,7 +13,7 @@ from .boot import READY, BootOptions, LabError, boot, lab_state, parse_mem, stop
 from unwind.btf import BtfError
 from unwind.kernel import KernelError
 from .capture import (CaptureError, FtraceStacktrace, Image, Plan, Session, SysrqOracle, add_gdb_oracles,
-                      default_breaks, reparse_oracles, run_capture)
+                      default_breaks, parse_vmcore_formats, reparse_oracles, run_capture)
 from .fetch import HOST_CHANGES, FetchError, canonical_arch, fetch, find_kernel
 from .rsp import RspClient, RspError
 
@@ -80,7 +80,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from .monitor import Console, Monitor
     from .oracles import SystemMap
 
-    console = monitor = None
+    console = monitor = vmcore_monitor = None
     try:
         lab = lab_state(args.lab) if args.lab else None
         gdb = args.gdb or (lab["gdb"] if lab else None)
@@ -95,6 +95,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
         Path(args.output).mkdir(parents=True, exist_ok=True)
         print(f"[capture] loading {vmlinux}", file=sys.stderr)
         img = Image(vmlinux)
+        formats = parse_vmcore_formats(args.vmcore, img.arch) if args.vmcore else []
         rsp = RspClient(host or "127.0.0.1", int(port), timeout=args.timeout)
     except LAB_ERRORS as e:
         return _fail(str(e).splitlines()[0])
@@ -121,8 +122,14 @@ def cmd_capture(args: argparse.Namespace) -> int:
         qemu = shlex.join(lab["qemu"]) if lab else ""
         if args.monitor:
             monitor = Monitor(args.monitor)
+        if formats:
+            mon_path = args.monitor or (lab["monitor"] if lab else None)
+            if not mon_path:
+                raise CaptureError("--vmcore needs the QEMU monitor: --monitor SOCKET (or --lab ARCH)")
+            vmcore_monitor = Monitor(mon_path, timeout=900.0)
         written = run_capture(s, plan, Path(args.output), release, qemu, sysrq, args.sysrq_every,
-                              seed=args.seed, monitor=monitor, ftrace=ftrace, first=args.first)
+                              seed=args.seed, monitor=monitor, ftrace=ftrace, first=args.first,
+                              vmcore_monitor=vmcore_monitor, vmcore_formats=formats)
     except LAB_ERRORS as e:
         print(f"unwind: error: {str(e).splitlines()[0]} (dumps written so far are kept in {args.output})",
               file=sys.stderr)
@@ -131,8 +138,9 @@ def cmd_capture(args: argparse.Namespace) -> int:
         rsp.release()
         if console is not None:
             console.close()
-        if monitor is not None:
-            monitor.close()
+        for m in (monitor, vmcore_monitor):
+            if m is not None:
+                m.close()
     if written and args.gdb_oracle:
         try:
             add_gdb_oracles(written, vmlinux)
@@ -251,6 +259,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="the trace event that carries the trigger (default timer/hrtimer_expire_entry)")
     c.add_argument("--ftrace-never", default="now < 0", metavar="FILTER",
                    help="an event filter no record passes, so the buffer holds only the stack traces")
+    c.add_argument("--vmcore", metavar="FORMATS",
+                   help="also have QEMU write these vmcores of each stop beside its dump, e.g. elf,kdump-zlib "
+                        "(elf, paging [x86 only], kdump-zlib, kdump-lzo, kdump-snappy; needs the monitor)")
     c.add_argument("--first", type=int, default=0, metavar="N", help="number the dumps from N (stop-NNN-...)")
     c.add_argument("--sysrq-every", type=int, default=1, help="sysrq-t after every N-th stop")
     c.add_argument("--gdb-oracle", action="store_true", help="then store gdb-multiarch's bt in each dump")

@@ -1,0 +1,101 @@
+"""Host-side vmcore recipes: makedumpfile's filtered and flattened files from QEMU's ELF vmcore.
+
+``unwind capture --vmcore`` has QEMU write its vmcores of a stop; these
+functions derive the makedumpfile variants of the same stop on the host:
+
+* ``<stem>.mdf-c-d31.kdump``: ``makedumpfile -c -d 31 -x <vmlinux>`` (kdump-compressed, zlib, level 31);
+* ``<stem>.mdf-F-c-d31.flat``: the same with ``-F`` (flattened, what Debian's kdump-tools writes);
+* ``<stem>.kdump-zlib.kdump``: QEMU's flattened ``-z`` file reassembled by ``makedumpfile -R``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from elftools.construct.lib import Container
+from elftools.elf.elffile import ELFFile
+
+
+class VmcoreToolError(Exception):
+    """A host tool failed; the message is one line for the user."""
+
+
+def _stem(path: Path) -> str:
+    return path.name.split(".")[0]
+
+
+def phdrs_first_copy(src: Path, dst: Path) -> Path:
+    """Copy QEMU's ELF vmcore ``src`` to ``dst`` with the program headers right after the ELF header.
+
+    makedumpfile reads program header ``i`` at ``sizeof(Elf64_Ehdr) + i * sizeof(Elf64_Phdr)``
+    whatever ``e_phoff`` says (``elf_info.c`` get_elf64_phdr), while QEMU 7.2 puts its section
+    headers there and the program headers after them. Notes and memory keep their offsets; the
+    section headers (only there for ``PN_XNUM``) are dropped, so this refuses a file that needs them.
+    """
+    with open(src, "rb") as f:
+        elf = ELFFile(f)
+        h = elf.header
+        ehsize = elf.structs.Elf_Ehdr.sizeof()
+        phsize = h["e_phnum"] * h["e_phentsize"]
+        if h["e_phnum"] == 0xFFFF:
+            raise VmcoreToolError(f"{src.name}: PN_XNUM program headers cannot move before the section headers")
+        first = min(seg["p_offset"] for seg in elf.iter_segments() if seg["p_filesz"])
+        if ehsize + phsize > first:
+            raise VmcoreToolError(f"{src.name}: no room for the program headers after the ELF header")
+        f.seek(h["e_phoff"])
+        phdrs = f.read(phsize)
+        header = Container(**h)
+        header.update(e_phoff=ehsize, e_ehsize=ehsize, e_shoff=0, e_shnum=0, e_shstrndx=0)
+        raw_header = elf.structs.Elf_Ehdr.build(header)
+    shutil.copyfile(src, dst)
+    with open(dst, "r+b") as out:
+        out.write(raw_header)
+        out.write(phdrs)
+        out.write(b"\0" * (first - ehsize - phsize))
+    return dst
+
+
+def _makedumpfile(args: list[str], stdout=None) -> None:
+    cmd = ["makedumpfile", *args]
+    try:
+        r = subprocess.run(cmd, stdout=stdout if stdout is not None else subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=False, timeout=1800)
+    except FileNotFoundError:
+        raise VmcoreToolError("makedumpfile not found (apt-get install makedumpfile)") from None
+    if r.returncode != 0:
+        msg = [ln for ln in r.stderr.decode(errors="replace").splitlines() if ln.strip()]
+        raise VmcoreToolError(f"{' '.join(cmd)}: {msg[0] if msg else f'exit {r.returncode}'}")
+
+
+def makedumpfile_variants(elf: Path, vmlinux: Path, level: int = 31) -> list[Path]:
+    """Write the makedumpfile files of QEMU's ELF vmcore ``elf`` beside it; returns their paths."""
+    d, stem = elf.parent, _stem(elf)
+    fixed = d / f".{stem}.mdf-input.elf"
+    phdrs_first_copy(elf, fixed)
+    out = [d / f"{stem}.mdf-c-d{level}.kdump", d / f"{stem}.mdf-F-c-d{level}.flat"]
+    try:
+        for p in out:
+            p.unlink(missing_ok=True)
+        _makedumpfile(["-c", "-d", str(level), "-x", str(vmlinux), str(fixed), str(out[0])])
+        with open(out[1], "wb") as f:
+            _makedumpfile(["-F", "-c", "-d", str(level), "-x", str(vmlinux), str(fixed)], stdout=f)
+    finally:
+        fixed.unlink(missing_ok=True)
+    return out
+
+
+def reassemble(flat: Path) -> Path:
+    """``makedumpfile -R``: the kdump-compressed file of a flattened one, beside it (``.flat`` -> ``.kdump``)."""
+    out = flat.with_suffix(".kdump")
+    out.unlink(missing_ok=True)
+    with open(flat, "rb") as f:
+        try:
+            r = subprocess.run(["makedumpfile", "-R", str(out)], stdin=f, capture_output=True, timeout=600)
+        except FileNotFoundError:
+            raise VmcoreToolError("makedumpfile not found (apt-get install makedumpfile)") from None
+    if r.returncode != 0:
+        msg = [ln for ln in r.stderr.decode(errors="replace").splitlines() if ln.strip()]
+        raise VmcoreToolError(f"makedumpfile -R {out.name}: {msg[0] if msg else f'exit {r.returncode}'}")
+    return out
