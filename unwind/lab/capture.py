@@ -213,9 +213,26 @@ class Session:
         except RspMemoryError:
             return False
 
+    def halt_where_kernel_readable(self, tries: int = 20) -> None:
+        """Pick a memory thread whose MMU maps the kernel, resuming briefly until a vCPU does.
+
+        A vCPU halted in firmware (riscv M-mode in OpenSBI) reads kernel addresses as physical ones.
+        """
+        probe = self.img.addr("init_task")
+        for _ in range(tries):
+            for tid in self.threads:
+                self.mem_tid = tid
+                if self.readable(probe):
+                    return
+            self.rsp.cont()
+            time.sleep(0.2)
+            self.rsp.halt()
+        raise CaptureError(f"no vCPU reads kernel memory (init_task) in {tries} halts")
+
     # -- once per session ----------------------------------------------------
     def setup(self) -> None:
         """Per-CPU offsets, VMCOREINFO and the build-id check (needs a stopped guest)."""
+        self.halt_where_kernel_readable()
         nr = self.img.get("nr_cpu_ids")
         ncpu = min(self.ncpu, self.read_u32(nr)) if nr else self.ncpu
         base = self.img.addr("__per_cpu_offset")

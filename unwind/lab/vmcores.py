@@ -17,6 +17,8 @@ from pathlib import Path
 from elftools.construct.lib import Container
 from elftools.elf.elffile import ELFFile
 
+from .fetch import ARCHES, _download, cache_dir
+
 
 class VmcoreToolError(Exception):
     """A host tool failed; the message is one line for the user."""
@@ -57,8 +59,43 @@ def phdrs_first_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def _makedumpfile(args: list[str], stdout=None) -> None:
-    cmd = ["makedumpfile", *args]
+#: Debian packages of a foreign-arch makedumpfile and its libraries (``name/suite``): the host's
+#: makedumpfile is built for the host's arch only (one TARGET per build)
+FOREIGN_MAKEDUMPFILE = ("makedumpfile/sid", "libc6/trixie", "libdw1t64/trixie", "libelf1t64/trixie",
+                        "liblzo2-2/trixie", "libzstd1/trixie", "zlib1g/trixie", "libbz2-1.0/trixie",
+                        "liblzma5/trixie")
+#: our arch -> qemu-user binary name suffix
+QEMU_USER = {"x86_64": "x86_64", "arm64": "aarch64", "riscv": "riscv64"}
+
+
+def makedumpfile_command(arch: str) -> list[str]:
+    """The command that runs a makedumpfile built for ``arch`` on this host.
+
+    The host's own for its arch; otherwise Debian's package of that arch and its libraries,
+    unpacked into ``<cache>/tools/makedumpfile-<dpkg arch>/`` and run under ``qemu-<arch>-static``.
+    """
+    dpkg_arch = ARCHES[arch][0]
+    native = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True).stdout.strip()
+    if dpkg_arch == native:
+        return ["makedumpfile"]
+    root = cache_dir() / "tools" / f"makedumpfile-{dpkg_arch}"
+    binary = root / "usr" / "bin" / "makedumpfile"
+    qemu = f"qemu-{QEMU_USER[arch]}-static"
+    if shutil.which(qemu) is None:
+        subprocess.run(["apt-get", "install", "-y", "-q", "qemu-user-static"], check=True, capture_output=True)
+    if not binary.exists():
+        debs = root.parent / f"debs-{dpkg_arch}"
+        debs.mkdir(parents=True, exist_ok=True)
+        for pkg in FOREIGN_MAKEDUMPFILE:
+            name, _, suite = pkg.partition("/")
+            deb = _download(f"{name}:{dpkg_arch}/{suite}", debs)
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+        (root / "lib").unlink(missing_ok=True)
+        (root / "lib").symlink_to("usr/lib")  # merged /usr: the loader is looked up in /lib
+    return [qemu, "-L", str(root), str(binary)]
+
+
+def _makedumpfile(cmd: list[str], stdout=None) -> None:
     try:
         r = subprocess.run(cmd, stdout=stdout if stdout is not None else subprocess.PIPE,
                            stderr=subprocess.PIPE, text=False, timeout=1800)
@@ -69,20 +106,36 @@ def _makedumpfile(args: list[str], stdout=None) -> None:
         raise VmcoreToolError(f"{' '.join(cmd)}: {msg[0] if msg else f'exit {r.returncode}'}")
 
 
-def makedumpfile_variants(elf: Path, vmlinux: Path, level: int = 31) -> list[Path]:
-    """Write the makedumpfile files of QEMU's ELF vmcore ``elf`` beside it; returns their paths."""
+def makedumpfile_variants(elf: Path, arch: str, vmlinux: Path | None = None, vmcoreinfo: str | None = None,
+                          level: int = 31) -> list[Path]:
+    """Write the makedumpfile files of QEMU's ELF vmcore ``elf`` beside it; returns their paths.
+
+    The kernel's layout comes from ``-x vmlinux`` when given, else from a ``vmcoreinfo`` text
+    (``-i``; for a dump without the VMCOREINFO note), else from the dump's own VMCOREINFO note.
+    A foreign-arch makedumpfile runs under qemu-user, where parsing a vmlinux's DWARF takes
+    many minutes: give it the note or ``vmcoreinfo`` instead.
+    """
     d, stem = elf.parent, _stem(elf)
     fixed = d / f".{stem}.mdf-input.elf"
+    info = d / f".{stem}.vmcoreinfo"
     phdrs_first_copy(elf, fixed)
     out = [d / f"{stem}.mdf-c-d{level}.kdump", d / f"{stem}.mdf-F-c-d{level}.flat"]
+    layout: list[str] = []
+    if vmlinux is not None:
+        layout = ["-x", str(vmlinux)]
+    elif vmcoreinfo:
+        info.write_text(vmcoreinfo)
+        layout = ["-i", str(info)]
+    tool = makedumpfile_command(arch)
     try:
         for p in out:
             p.unlink(missing_ok=True)
-        _makedumpfile(["-c", "-d", str(level), "-x", str(vmlinux), str(fixed), str(out[0])])
+        _makedumpfile([*tool, "-c", "-d", str(level), *layout, str(fixed), str(out[0])])
         with open(out[1], "wb") as f:
-            _makedumpfile(["-F", "-c", "-d", str(level), "-x", str(vmlinux), str(fixed)], stdout=f)
+            _makedumpfile([*tool, "-F", "-c", "-d", str(level), *layout, str(fixed)], stdout=f)
     finally:
         fixed.unlink(missing_ok=True)
+        info.unlink(missing_ok=True)
     return out
 
 
