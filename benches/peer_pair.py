@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from unwind.lab.boot import lab_state
-from unwind.lab.capture import CaptureError, Image, Session, StopResult
+from unwind.lab.capture import CaptureError, Image, Session, StopResult, write_qemu_vmcores
 from unwind.lab.cli import LAB_ERRORS
 from unwind.lab.fetch import canonical_arch
 from unwind.lab.monitor import Monitor
@@ -53,13 +53,9 @@ def capture_pair(arch: str, prefix: Path, tries: int = 20) -> tuple[Path, Path]:
             raise CaptureError(f"no usable stop in {tries} tries: {res}")
         s.write_dump(res, dump, lab["release"], {"qemu": shlex.join(lab["qemu"]), "peer_vmcore": vmcore.name})
         s.log(f"[peer] wrote {dump}; dumping guest memory to {vmcore}")
-        vmcore.unlink(missing_ok=True)
         with Monitor(lab["monitor"], timeout=900.0) as mon:
-            reply = mon.cmd(f"dump-guest-memory {vmcore}")
-        if reply:
-            s.log(f"[peer] dump-guest-memory: {reply}")
-        if not vmcore.exists():
-            raise CaptureError(f"QEMU wrote no {vmcore}: {reply or 'no reply'}")
+            (elf,) = write_qemu_vmcores(mon, dump, ["elf"], s.log)
+        (dump.parent / elf).replace(vmcore)
     finally:
         rsp.release()
     return dump, vmcore

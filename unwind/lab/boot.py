@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .fetch import ARCHES, Kernel, cache_dir, canonical_arch, ensure_tools
+from .modules import LAB_MODULE_QEMU_ARGS, fetch_modules
 
 READY = "UNWIND-LAB-READY"
 
@@ -35,6 +36,8 @@ mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
 echo 1 > /proc/sys/kernel/sysrq
 echo 8 > /proc/sys/kernel/printk
 [ -f /qemu_fw_cfg.ko ] && insmod /qemu_fw_cfg.ko
+[ -f /modules/order ] && for m in $(cat /modules/order); do insmod /modules/$m.ko; done
+[ -c /dev/uhid ] && dd if=/dev/uhid of=/dev/null bs=64 count=1 2>/dev/null &
 T=/sys/kernel/tracing
 if [ -d $T/events ]; then
   echo 64 > $T/buffer_size_kb
@@ -82,6 +85,8 @@ class BootOptions:
     qemu_args: tuple[str, ...] = ()
     fgraph: bool = True
     kretprobe: bool = True
+    #: load the lab modules (unwind.lab.modules) and give QEMU the devices they drive
+    modules: bool = False
 
     def to_json(self) -> dict:
         """The options as stored in lab.json."""
@@ -116,6 +121,11 @@ def build_initramfs(k: Kernel, out: Path, opts: BootOptions = BootOptions()) -> 
         os.chmod(root / "bin" / "busybox", 0o755)
         if k.fw_cfg_module.exists():
             shutil.copy(k.fw_cfg_module, root / "qemu_fw_cfg.ko")
+        if opts.modules:
+            (root / "modules").mkdir()
+            for name in fetch_modules(k):
+                shutil.copy(k.root / "modules" / f"{name}.ko", root / "modules")
+            shutil.copy(k.root / "modules" / "order", root / "modules")
         if opts.init:
             try:
                 shutil.copy(opts.init, root / "init")
@@ -155,7 +165,7 @@ def qemu_command(k: Kernel, run: Path, initrd: Path, port: int, opts: BootOption
                "-append", f"console=ttyAMA0 {tail}"]
     else:
         cmd = [qemu, "-M", "virt", "-bios", "default", *common, "-append", f"console=ttyS0 {tail}"]
-    return cmd + list(opts.qemu_args)
+    return cmd + list(LAB_MODULE_QEMU_ARGS) * opts.modules + list(opts.qemu_args)
 
 
 def _alive(pid: int) -> bool:

@@ -55,7 +55,7 @@ def cmd_lab_boot(args: argparse.Namespace) -> int:
             return 0
         opts = BootOptions(mem=parse_mem(args.mem), smp=args.smp, init=args.init, append=args.append,
                            qemu_args=tuple(shlex.split(args.qemu_args)), fgraph=args.fgraph,
-                           kretprobe=args.kretprobe)
+                           kretprobe=args.kretprobe, modules=args.modules)
         st = boot(find_kernel(arch, args.release), opts, timeout=args.timeout, restart=args.restart)
     except ValueError as e:
         return _fail(f"bad --qemu-args: {e}")
@@ -218,6 +218,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="built-in /init: function_graph on vfs_read/vfs_write/do_sys_openat2 (default on)")
     b.add_argument("--kretprobe", action=argparse.BooleanOptionalAction, default=True,
                    help="built-in /init: a kretprobe on ksys_read (default on)")
+    b.add_argument("--modules", action="store_true",
+                   help="load uhid and virtio_scsi (with dependencies) from the image package; /init leaves "
+                        "a dd blocked reading /dev/uhid; QEMU gets -device virtio-scsi-pci")
     b.add_argument("--restart", action="store_true",
                    help="stop a running guest of another release or other options (else: refuse)")
     b.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for /init")

@@ -12,13 +12,19 @@ They land in ``<kernel>/modules/``: ``NAME.ko`` (decompressed) and ``order``, on
 
 from __future__ import annotations
 
+import lzma
 import re
+import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
 
-from .fetch import ARCHES, FetchError, Kernel, _download, _extract, _members, _say, cache_dir
+from .fetch import FetchError, Kernel, _say, cache_dir, extract_from_deb
+
+#: a kernel module file, compressed or not
+KO = re.compile(r"\.ko(\.xz|\.zst|\.gz)?$")
 
 #: the modules the lab guest loads (their dependencies are added)
 LAB_MODULES = ("uhid", "virtio_scsi")
@@ -28,7 +34,7 @@ LAB_MODULE_QEMU_ARGS = ("-device", "virtio-scsi-pci")
 
 def _modname(member: str) -> str:
     """``./usr/lib/modules/<rel>/kernel/drivers/hid/uhid.ko.xz`` -> ``uhid`` (``-`` as ``_``)."""
-    return re.sub(r"\.ko(\.xz|\.zst|\.gz)?$", "", member.rsplit("/", 1)[-1]).replace("-", "_")
+    return KO.sub("", member.rsplit("/", 1)[-1]).replace("-", "_")
 
 
 def modinfo_depends(ko: Path) -> list[str]:
@@ -42,48 +48,69 @@ def modinfo_depends(ko: Path) -> list[str]:
     return []
 
 
-def _decompress(src: Path, dst: Path) -> None:
-    tool = {".xz": ["xz", "-dc"], ".zst": ["zstd", "-dc"], ".gz": ["gzip", "-dc"]}.get(src.suffix)
-    if tool is None:
-        dst.write_bytes(src.read_bytes())
-        return
-    with open(dst, "wb") as out:
-        subprocess.run([*tool, str(src)], stdout=out, check=True)
+def _ko_bytes(path: Path) -> bytes:
+    """A module file's ELF bytes (Debian ships them xz-compressed)."""
+    data = path.read_bytes()
+    return lzma.decompress(data) if data[:6] == b"\xfd7zXZ\0" else data
+
+
+def _module_members(debs: list[Path]) -> dict[str, tuple[Path, str]]:
+    """Module name -> (package, member) over the kernel's packages (one listing pass each)."""
+    found: dict[str, tuple[Path, str]] = {}
+    for deb in debs:
+        p = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+        try:
+            with tarfile.open(fileobj=p.stdout, mode="r|") as tar:
+                for m in tar:
+                    if m.isfile() and KO.search(m.name):
+                        found.setdefault(_modname(m.name), (deb, m.name))
+        except tarfile.TarError as e:
+            raise FetchError(f"cannot read {deb.name}: {e}") from None
+        finally:
+            p.kill()
+            p.wait()
+    return found
 
 
 def fetch_modules(k: Kernel, names: tuple[str, ...] = LAB_MODULES) -> list[str]:
-    """Extract ``names`` and what they depend on from ``k``'s image package; returns the load order."""
+    """Extract ``names`` and what they depend on from ``k``'s packages; returns the load order."""
     dest = k.root / "modules"
     order_file = dest / "order"
     if order_file.exists() and set(names) <= set(order_file.read_text().split()):
         return order_file.read_text().split()
-    dpkg_arch = ARCHES[k.arch][0]
-    suite = k.manifest().get("suite", "")
-    img = _download(f"linux-image-{k.release}:{dpkg_arch}" + (f"/{suite}" if suite else ""),
-                    cache_dir() / "debs")
-    by_name = {_modname(m): m for m in _members(img) if re.search(r"\.ko(\.xz|\.zst|\.gz)?$", m)}
-    dest.mkdir(parents=True, exist_ok=True)
+    pkgs = k.manifest().get("packages", {})
+    debs = [cache_dir() / "debs" / n for n in pkgs.get("kernel") or [pkgs.get("image", "")] if n]
+    if not debs or not all(d.exists() for d in debs):
+        raise FetchError(f"the packages of {k.release} are not in the cache; run: unwind kernels fetch "
+                         f"--arch {k.arch} --release {k.release}")
+    members = _module_members(debs)
     tmp = dest / "x"
+    deps: dict[str, list[str]] = {}
+    todo = set(names)
+    while todo:
+        missing = sorted(n for n in todo if n not in members)
+        if missing:
+            raise FetchError(f"module {missing[0]} is not in {k.release}'s packages (built in?)")
+        for deb in {members[n][0] for n in todo}:
+            wanted = {n: [members[n][1]] for n in todo if members[n][0] == deb}
+            for n, path in extract_from_deb(deb, wanted, tmp).items():
+                (dest / f"{n}.ko").write_bytes(_ko_bytes(path))
+                deps[n] = modinfo_depends(dest / f"{n}.ko")
+        todo = {d for n in todo for d in deps[n] if d not in deps}
+    shutil.rmtree(tmp, ignore_errors=True)
     order: list[str] = []
 
     def add(name: str, chain: tuple[str, ...]) -> None:
-        if name in order:
-            return
         if name in chain:
             raise FetchError(f"module dependency loop: {' -> '.join((*chain, name))}")
-        if name not in by_name:
-            raise FetchError(f"module {name} is not in {img.name} (built in?)")
-        member = by_name[name]
-        _extract(img, [member], tmp)
-        ko = dest / f"{name}.ko"
-        _decompress(tmp / member, ko)
-        for dep in modinfo_depends(ko):
-            add(dep, (*chain, name))
-        order.append(name)
+        if name not in order:
+            for dep in deps[name]:
+                add(dep, (*chain, name))
+            order.append(name)
 
     for n in names:
         add(n, ())
-    subprocess.run(["rm", "-rf", str(tmp)], check=True)
     order_file.write_text("\n".join(order) + "\n")
     _say(f"modules for the lab guest: {' '.join(order)}")
     return order

@@ -17,7 +17,7 @@ from pathlib import Path
 from elftools.construct.lib import Container
 from elftools.elf.elffile import ELFFile
 
-from .fetch import ARCHES, _download, cache_dir
+from .fetch import ARCHES, _download, cache_dir, newest_version
 
 
 class VmcoreToolError(Exception):
@@ -88,7 +88,7 @@ def makedumpfile_command(arch: str) -> list[str]:
         debs.mkdir(parents=True, exist_ok=True)
         for pkg in FOREIGN_MAKEDUMPFILE:
             name, _, suite = pkg.partition("/")
-            deb = _download(f"{name}:{dpkg_arch}/{suite}", debs)
+            deb = _download(name, newest_version(f"{name}:{dpkg_arch}", suite), dpkg_arch, debs)
             subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
         (root / "lib").unlink(missing_ok=True)
         (root / "lib").symlink_to("usr/lib")  # merged /usr: the loader is looked up in /lib
