@@ -171,7 +171,7 @@ class Arm64Translator:
             raise NotMapped(vaddr, 1, f"below the {self.va_bits}-bit kernel address space (TTBR1)")
         for lm in self.linear:
             if lm.start <= vaddr < lm.end:
-                return (vaddr - lm.offset) & _U64
+                return lm.pa(vaddr)
         return self.walk(vaddr)
 
 

@@ -143,7 +143,7 @@ class RiscvTranslator:
             raise NotMapped(vaddr, 1, f"not a canonical {SATP_MODES[self.va_bits]} address")
         for lm in self.linear:
             if lm.start <= vaddr < lm.end:
-                return (vaddr - lm.offset) & _U64
+                return lm.pa(vaddr)
         return self.walk(vaddr)
 
 

@@ -179,7 +179,7 @@ class X86_64Translator:
             raise NotMapped(vaddr, 1, "not a canonical address")
         for lm in self.linear:
             if lm.start <= vaddr < lm.end:
-                return vaddr - lm.offset
+                return lm.pa(vaddr)
         return self.slow_virt_to_phys(vaddr)
 
 

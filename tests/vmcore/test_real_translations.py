@@ -3,7 +3,12 @@
 The committed files (``data/*-translations.json.xz``) were written by
 ``python -m unwind.lab.translations VMCORE VMLINUX ARCH -o OUT`` on labvmcore's
 QEMU ``dump-guest-memory`` vmcores of Debian 6.12.117 guests (x86-64 4-level;
-arm64 4K pages, 52-bit VA with LPA2): drgn 0.3.0 sampled the addresses itself
+arm64 4K pages, 52-bit VA with LPA2; riscv Sv57 without VMCOREINFO) and on one
+x86-64 guest booted by hand with KASLR and ``-cpu max`` (LA57: 5-level paging,
+KERNELOFFSET 0x25600000, a negative phys_base): ``qemu-system-x86_64 -accel tcg
+-m 256M -smp 1 -cpu max -device vmcoreinfo -kernel <boot-image> -initrd <the
+lab's initrd> -append "console=ttyS0 panic=-1 rdinit=/init"``, then HMP ``stop``
+and ``dump-guest-memory``. drgn 0.3.0 sampled the addresses itself
 (image variables, every task_struct and stack, per-CPU runqueues) and gave
 ``follow_phys(init_mm, va)`` for each; the file keeps those answers, the
 VMCOREINFO and the physical pages our walk read (page tables, the variables
@@ -73,6 +78,8 @@ def test_captured_stacks_read_through_real_page_tables(path):
     symbols = {k: int(v, 16) for k, v in doc["symbols"].items()}
     vm = VirtualMemory(phys, registry.get(doc["arch"]).translator(VmcoreInfo.parse(doc["vmcoreinfo"]), phys,
                                                                    symbols.get))
+    if not doc["capture"]:
+        pytest.skip("recorded without a capture of the same stop")
     assert len(doc["capture"]) > 50
     for seg in doc["capture"]:
         assert hashlib.sha256(vm.read(int(seg["va"], 16), seg["size"])).hexdigest() == seg["sha256"], seg

@@ -24,6 +24,7 @@ from unwind.memory import ExcludedPage, Memory, MemoryFault, NotMapped, Segment
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 _ADDR_LIMIT = 1 << 64
+_U64_MASK = _ADDR_LIMIT - 1
 #: the largest single read: bigger ones are a corrupt length, not a stack
 MAX_READ = 1 << 26
 #: translated pages remembered before the cache starts over
@@ -59,6 +60,10 @@ class LinearMap:
 
     def __contains__(self, vaddr: int) -> bool:
         return self.start <= vaddr < self.end
+
+    def pa(self, vaddr: int) -> int:
+        """``vaddr - offset`` in 64-bit arithmetic, as the kernel computes it (offsets may wrap)."""
+        return (vaddr - self.offset) & _U64_MASK
 
 
 def read_entry(phys: PhysReader, paddr: int, vaddr: int, what: str) -> int:

@@ -78,10 +78,10 @@ def info(**numbers: str) -> VmcoreInfo:
     return VmcoreInfo.parse("".join(f"{k}={v}\n" for k, v in numbers.items()))
 
 
-def test_translator_from_vmcoreinfo_and_symbols():
-    # the kernel's layout: image at 16 MiB physical with phys_base 0x2000000 and KASLR slide 0x1e000000
+@pytest.mark.parametrize("phys_base", [0x2000000, -0x1000000])  # a KASLR kernel may load below 16 MiB
+def test_translator_from_vmcoreinfo_and_symbols(phys_base):
+    # the kernel's layout: image near 16 MiB physical and a KASLR slide of 0x1f000000
     t = tables(False)
-    phys_base = 0x2000000
     text, end = 0xFFFFFFFF9F000000, 0xFFFFFFFF9F400000
     for off in range(0, end - text, 1 << 21):
         t.map(text + off, text + off - KTEXT + phys_base, 2)
