@@ -12,7 +12,7 @@ from typing import Any
 from .frame import Frame
 from .replay import Replay, Session
 from .trace import TraceLine
-from .walk import Stop
+from .walk import Stop, StopReason
 
 
 def _hex(v: int | None) -> str | None:
@@ -80,6 +80,8 @@ def replay_json(session: Session, r: Replay, explain: bool = False,
 
 def trace_lines(session: Session, r: Replay) -> list[TraceLine]:
     """The lines the kernel prints for this replay (the backend's ``format_trace``)."""
+    if r.stop.reason is StopReason.TASK_EXITED:  # `if (!try_get_task_stack(p)) return;`: nothing at all
+        return []
     return session.backend.format_trace(r.frames, r.stop, r.target)
 
 

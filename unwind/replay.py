@@ -14,7 +14,7 @@ from .image import Image, ImageError, find_image
 from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from .target import Options, Target, Task, kernel_version
 from .vmcore import VmcoreError, detect_format, is_vmcore
-from .walk import ReliableResult, Stop, collect, frame_limit, stack_walk_reliable
+from .walk import ReliableResult, Stop, StopReason, collect, frame_limit, stack_walk_reliable
 
 
 class ReplayError(Exception):
@@ -185,6 +185,11 @@ class Session:
         options = options or Options()
         self.check_options(options)
         target = self.target(task, options)
+        if task_stack_freed(task):
+            stop = Stop(StopReason.TASK_EXITED, f"task->stack is NULL (state {task.state or '?'}): "
+                                                "try_get_task_stack() fails and the kernel prints nothing")
+            verdict = ReliableResult(False, stop, "try_get_task_stack() fails (-EINVAL)") if reliable else None
+            return Replay(target, [], stop, verdict)
         if max_frames is None:
             max_frames = frame_limit(task.stacks, target.mem, self.backend.min_frame_bytes)
         unwinder = self.backend.unwinder(target)
@@ -222,6 +227,12 @@ def runtime_symbols(symbols: SymbolTable, slide: int) -> Callable[[str], int | N
         return addr + slide
 
     return symbol
+
+
+# try_get_task_stack() (sched_show_task(), stack_trace_save_tsk()): an exited task's stack is freed
+def task_stack_freed(task: Task) -> bool:
+    """A blocked task whose task stack the dump records as NULL: it has exited (its stack went at the last switch)."""
+    return not task.running and any(s.kind == "task" and not s.low for s in task.stacks)
 
 
 def load_session(dump_path: str | Path, **kw: object) -> Session:

@@ -178,4 +178,4 @@ class RiscvBackend(ArchBackend):
             return "fgraph return recovered"
         if f.flags & Flag.KRETPROBE:
             return "kretprobe return recovered"
-        return _COMPLETE_WHY.get(f.source, "beyond call_on_irq_stack")
+        return _COMPLETE_WHY.get(f.source, "beyond where the kernel stops")

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 from unwind.frame import Flag, Frame, Provenance, Source
 from unwind.memory import Memory, MemoryFault
-from unwind.stackinfo import StackSet
+from unwind.stackinfo import StackInfo, StackSet
 from unwind.target import FgraphEntry, KretprobeInstance, Target, kernel_version
 from unwind.vmcore.vmcoreinfo import vmcoreinfo_number
 from unwind.walk import StopReason, Unwinder, UnwindStop
@@ -308,6 +308,8 @@ class RiscvUnwinder(Unwinder):
         self.trap_entry: tuple[int, int] | None = None
         #: complete mode: flags every frame beyond what the kernel prints carries
         self.beyond = _NONE
+        #: complete mode, a CPU in firmware: the ra the walk started from (its record may repeat it)
+        self.firmware_ra: int | None = None
         # the kernel passes current: a blocked task's ret_stack is never consulted
         # 6.12 passes current: a blocked task's ret_stack is never consulted; 7.x passes the task
         self.fgraph_kernel = target.task.fgraph if target.task.running or gen.fgraph_of_task else []
@@ -355,6 +357,8 @@ class RiscvUnwinder(Unwinder):
         self.pc, self.fp, self.sp = regs["pc"], regs["s0"], regs["sp"]
         self.regs_epc, self.regs_ra = self.pc, regs["ra"]
         if not kernel_text_address(self.pc, self.k.text):
+            if self._cpu_mode() == "firmware":
+                return self._firmware_start(regs)
             if self.pc < UPPER_HALF:
                 raise UnwindStop(StopReason.USER_MODE, f"cpu{self.t.task.cpu} was in user mode "
                                                        f"(pc {self.pc:#x}): nothing for the kernel walk")
@@ -369,6 +373,37 @@ class RiscvUnwinder(Unwinder):
             if self.exc_lo <= self.pc < self.exc_hi:
                 self.trap_entry = self._trap_entry_sepc()
         return Frame(self.pc, self.sp, self.fp, Source.REGS_PC, self._kind(self.sp), _BOUNDARY, prov)
+
+    def _cpu_mode(self) -> str | None:
+        """The privilege mode the dump records for the task's CPU (``kernel``, ``user``, ``firmware``)."""
+        for c in self.t.meta.get("cpus", []):
+            if c.get("cpu") == self.t.task.cpu:
+                return c.get("mode")
+        return None
+
+    # a CPU in M-mode (SBI firmware): the kernel prints nothing; ra/sp may still be the kernel's
+    def _firmware_start(self, regs: dict[str, int]) -> Frame:
+        """Stop for a CPU in firmware; complete mode starts from ``ra`` when ra and sp are still the kernel's."""
+        cpu, pc, ra, sp = self.t.task.cpu, regs["pc"], regs["ra"], regs["sp"]
+        from_kernel = kernel_text_address(ra, self.k.text) and self.stacks.kind_of(sp) is not None
+        if not from_kernel:
+            raise UnwindStop(StopReason.FIRMWARE, f"cpu{cpu} at M-mode pc {pc:#x}; ra {ra:#x} and sp {sp:#x} are the "
+                                                  "firmware's own: no kernel caller in the registers")
+        why = (f"cpu{cpu} at M-mode pc {pc:#x}, entered from the kernel (an SBI call or a trap the firmware "
+               f"handles): ra {ra:#x} and sp {sp:#x} are still the kernel's")
+        if not self.complete:
+            raise UnwindStop(StopReason.FIRMWARE, f"{why}; the kernel prints no trace for it (--complete walks from ra)")
+        prov = None
+        if self.record:
+            prov = Provenance("complete: firmware entered from the kernel: the walk starts from ra, fp = s0, sp = sp")
+            prov.note(why)
+            prov.note("the interrupted kernel pc (mepc) is not in the dump: ra is the caller of the function that "
+                      "trapped, or that function itself if it had returned from a call")
+        self.pc, self.regs_epc, self.regs_ra = ra, None, 0
+        self.beyond = _COMPLETE
+        self.firmware_ra = ra
+        return Frame(ra, sp, self.fp, Source.LIVE_LR, self._kind(sp), _BOUNDARY | _COMPLETE, prov,
+                     extra={"complete": "firmware entered from the kernel: ra holds the kernel caller"})
 
     def _trap_entry_sepc(self) -> tuple[int, int] | None:
         """Complete mode: ``(sepc, sstatus)`` when the CPU stopped in handle_exception before it wrote s0."""
@@ -437,6 +472,11 @@ class RiscvUnwinder(Unwinder):
             live = self._next_live_ra()
             if live is not None:
                 return live
+        if self.firmware_ra is not None:
+            ra, self.firmware_ra = self.firmware_ra, None
+            frame = self._next_frame_record()
+            # the trapped function's own record holds the same ra: that caller is already printed
+            return self._next_frame_record() if frame.pc == ra else frame
         return self._next_frame_record()
 
     # stacktrace.c:74-92 walk_stackframe(): the loop body from fp_is_valid() to the next pc
@@ -727,6 +767,18 @@ class RiscvUnwinder(Unwinder):
     # complete mode: the record call_on_irq_stack leaves at the top of the IRQ stack
     def _cross_irq_stack(self) -> str | None:
         """Accept the task-stack fp the kernel refuses at ``call_on_irq_stack``; a note, or None."""
+        here = self._irq_switch_record()
+        if here is None:
+            return None
+        fp, sp = self.fp, self.sp
+        self.sp = fp - STACKFRAME_SIZE
+        self.beyond = _COMPLETE
+        return (f"complete: crossed from the {here.label()} stack (top {sp:#x}) to the task stack through the "
+                f"record call_on_irq_stack keeps at {fp - STACKFRAME_SIZE:#x}; 6.12 stops here")
+
+    # entry.S call_on_irq_stack: the {fp, ra} record it pushes at the top of the IRQ stack
+    def _irq_switch_record(self) -> StackInfo | None:
+        """The per-CPU stack ``sp`` is at the top of, when fp is ``call_on_irq_stack``'s record on the task stack."""
         fp, sp = self.fp, self.sp
         lo, hi = self.k.call_on_irq_stack
         if not lo <= self.pc < hi or fp & 7:
@@ -735,10 +787,7 @@ class RiscvUnwinder(Unwinder):
         there = self.stacks.kind_of(fp - STACKFRAME_SIZE)
         if here is None or here.kind == "task" or sp != here.high or there is None or there.kind != "task":
             return None
-        self.sp = fp - STACKFRAME_SIZE
-        self.beyond = _COMPLETE
-        return (f"complete: crossed from the {here.label()} stack (top {sp:#x}) to the task stack through the "
-                f"record call_on_irq_stack keeps at {fp - STACKFRAME_SIZE:#x}; 6.12 stops here")
+        return here
 
     # --- stops ------------------------------------------------------------------------------
 
@@ -748,6 +797,8 @@ class RiscvUnwinder(Unwinder):
         fp, sp, pc = self.fp, self.sp, self.pc
         low, high = fp_bounds(sp, self.ts)
         window = f"[sp+16, ALIGN(sp, THREAD_SIZE)] = [{low:#x}, {high:#x}]"
+        if low > high:
+            window = f"[sp+16, ALIGN(sp, THREAD_SIZE)], an empty window (sp {sp:#x} is on a THREAD_SIZE boundary)"
         if fp == 0:
             return UnwindStop(StopReason.END_OF_STACK, "fp is 0")
         if sp == self.task_pt_regs and (self.sp_from_record or not self.t.task.running):
@@ -755,6 +806,10 @@ class RiscvUnwinder(Unwinder):
         if fp & 7:
             return UnwindStop(StopReason.MISALIGNED_FP, f"fp {fp:#x} (sp {sp:#x})")
         here, there = self.stacks.kind_of(sp), self.stacks.kind_of(fp - STACKFRAME_SIZE)
+        if self._irq_switch_record() is not None:
+            return UnwindStop(StopReason.KERNEL_LIMIT,
+                              f"6.12 walk_stackframe does not leave the {here.kind} stack at call_on_irq_stack: "
+                              f"fp {fp:#x} on the task stack is outside {window} (--complete crosses)")
         if there is not None and here is not None and here.kind != there.kind:
             return UnwindStop(StopReason.TRANSITION_REFUSED,
                               f"6.12 walk_stackframe does not leave the {here.kind} stack: fp {fp:#x} on the "

@@ -312,7 +312,7 @@ def irq_on_irq_stack() -> Scenario:
                 s.at("__riscv_sys_read", 0x1C), s.at("do_trap_ecall_u", 0x6E), exc_ra]
     flags = {a: Flag.COMPLETE for a in complete[len(faithful):]}
     flags[epc] |= Flag.BOUNDARY
-    return Scenario(s, pid, faithful, StopReason.TRANSITION_REFUSED, complete, StopReason.USER_MODE,
+    return Scenario(s, pid, faithful, StopReason.KERNEL_LIMIT, complete, StopReason.USER_MODE,
                     complete_flags=flags)
 
 

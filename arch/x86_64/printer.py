@@ -271,6 +271,23 @@ class TracePrinter:
         self.out.extend(regs_lines(regs, st.partial, self.target, st.frame))
 
 
+def captured_sysregs(target: Target) -> dict[str, int]:
+    """The system registers the capture recorded for the task's CPU (MSRs, control registers)."""
+    cpu = next((c for c in target.meta.get("cpus", []) if c.get("cpu") == target.task.cpu), {})
+    return {k: int(v, 0) if isinstance(v, str) else int(v) for k, v in (cpu.get("sysregs") or {}).items()}
+
+
+# __show_regs(SHOW_REGS_USER) (process_64.c): the line after the general registers
+def user_system_regs_lines(target: Target) -> Lines:
+    """``FS:`` / ``GS:`` of a CPU in user mode: MSR_FS_BASE and, read after the kernel's swapgs,
+    MSR_KERNEL_GS_BASE, which then holds the user GS base (the captured GS_BASE while still in user mode)."""
+    sysregs = captured_sysregs(target)
+    if "fs_base" not in sysregs or "gs_base" not in sysregs:
+        return []
+    fs, gs = sysregs["fs_base"], sysregs["gs_base"]
+    return [TraceLine.regs(f"FS:  {fs:016x} GS:  {gs:016x}", {"fs_base": fs, "gs_base": gs})]
+
+
 # __show_regs(SHOW_REGS_ALL) (process_64.c): the lines after the general registers
 def system_regs_lines(target: Target) -> Lines:
     """``FS:``/``CS:``/``CR2:`` lines from the CPU's captured system registers (none when not captured).
@@ -278,8 +295,7 @@ def system_regs_lines(target: Target) -> Lines:
     The debug registers are left out: they print only in a non-default state, which a capture
     does not record.
     """
-    cpu = next((c for c in target.meta.get("cpus", []) if c.get("cpu") == target.task.cpu), {})
-    sysregs = {k: int(v, 0) if isinstance(v, str) else int(v) for k, v in (cpu.get("sysregs") or {}).items()}
+    sysregs = captured_sysregs(target)
     need = ("fs_base", "gs_base", "k_gs_base", "cr0", "cr2", "cr3", "cr4")
     if not all(k in sysregs for k in need):
         return []
@@ -296,7 +312,14 @@ def system_regs_lines(target: Target) -> Lines:
 
 
 def show_trace(frames: list[Frame], target: Target) -> Lines:
-    """``show_regs()`` for a running task's CPU registers, then ``show_trace_log_lvl()``."""
+    """``show_regs()`` for a running task's CPU registers, then ``show_trace_log_lvl()``.
+
+    A CPU in user mode prints its registers only (``SHOW_REGS_USER``, no ``Code:`` since the
+    dump holds no user text) and no ``Call Trace:``, as ``show_regs()`` does.
+    """
+    regs = cpu_regs(target) if target.task.running else None
+    if regs is not None and regs["cs"] & 3:
+        return regs_lines(regs, False, target) + user_system_regs_lines(target)
     out: Lines = []
     if frames and frames[0].source is Source.REGS_PC:
         out += regs_lines(cpu_regs(target), False, target, frames[0]) + system_regs_lines(target)
