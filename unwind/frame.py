@@ -59,6 +59,10 @@ _FLAG_TEXT = {
 }
 
 
+def _hex(v: int | None) -> str | None:
+    return None if v is None else hex(v)
+
+
 @dataclass(slots=True)
 class Read:
     """One memory read the unwinder made, and what it stood for."""
@@ -116,6 +120,35 @@ class Frame:
     def reliable(self) -> bool:
         """False for guessed frames and frames the kernel would not have printed."""
         return not (self.flags & (Flag.UNRELIABLE | Flag.COMPLETE))
+
+    @property
+    def name(self) -> str | None:
+        """The function's name (drgn ``StackFrame.name``): the symbol without its offset, ``None`` if unknown."""
+        if not self.symbol or self.symbol.startswith("0x"):
+            return None
+        return self.symbol.split("+", 1)[0]
+
+    @property
+    def interrupted(self) -> bool:
+        """The pc came from exception registers (drgn ``StackFrame.interrupted``): not a return address."""
+        return bool(self.flags & Flag.BOUNDARY)
+
+    def to_json(self, explain: bool = False) -> dict[str, Any]:
+        """The frame as ``docs/json.md`` describes ``frames[]`` (without the printed-line fields)."""
+        out: dict[str, Any] = {
+            "pc": hex(self.pc), "sp": _hex(self.sp), "fp": _hex(self.fp), "symbol": self.symbol,
+            "source": self.source.value, "stack": self.stack, "flags": self.flags.names(),
+            "reliable": self.reliable,
+        }
+        if explain and self.provenance is not None:
+            out["provenance"] = self.provenance.to_json()
+        return out
+
+    def __str__(self) -> str:
+        """drgn's ``StackFrame`` style without the index: ``0xffff... (sym+0x1c/0x80) [source] flags``."""
+        sym = f" ({self.symbol})" if self.symbol and self.symbol != hex(self.pc) else ""
+        flags = f" {','.join(self.flags.names())}" if self.flags else ""
+        return f"{self.pc:#x}{sym} [{self.source.value}]{flags}"
 
     def __repr__(self) -> str:
         sym = f" {self.symbol}" if self.symbol else ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import lzma
 import os
 import re
@@ -65,6 +66,9 @@ class Image:
             raise ImageError(f"cannot open image {path}: {e.strerror}") from None
         except ELFError as e:
             raise ImageError(f"{path} is not an ELF image: {e}") from None
+        if self.elf["e_type"] == "ET_CORE":
+            raise ImageError(f"{path} is a core file (a dump), not a kernel image: give it as the DUMP "
+                             "argument and the vmlinux (or slim image) to --vmlinux")
         self.machine: str = self.elf["e_machine"]
         self._text: list[TextRange] | None = None
         #: why :attr:`btf` is ``None``, once asked
@@ -253,19 +257,74 @@ def image_build_id(path: str | Path) -> str | None:
         return None
 
 
-def _candidates(dump_path: Path) -> Iterator[Path]:
-    """Files beside the dump and in its parent folders, then on ``$UNWIND_IMAGE_PATH``."""
-    folder = dump_path.resolve().parent
-    for d in [folder, *folder.parents][:4]:
-        yield from sorted(p for p in d.iterdir() if p.is_file() and _looks_like_image(p))
+#: the debuginfo root packages install into (``/usr/lib/debug/.build-id/``, ``/usr/lib/debug/boot/``)
+DEBUG_ROOT = Path("/usr/lib/debug")
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "unwind")
+
+
+def _image_files(folder: Path) -> list[Path]:
+    """Image-like files in ``folder`` (not below it)."""
+    try:
+        return sorted(p for p in folder.iterdir() if p.is_file() and _looks_like_image(p))
+    except OSError:
+        return []
+
+
+def _image_files_below(folder: Path) -> list[Path]:
+    """Image-like files in ``folder`` and every subfolder (symlinked folders are not followed)."""
+    out: list[Path] = []
+    for root, dirs, files in os.walk(folder, onerror=lambda e: None):
+        dirs.sort()
+        out.extend(Path(root) / f for f in sorted(files) if _looks_like_image(Path(root) / f))
+    return out
+
+
+def _fetched_kernels(build_id: str) -> list[Path]:
+    """``vmlinux`` of the kernels ``unwind kernels fetch`` put in the cache whose ``kernel.json`` names ``build_id``."""
+    out = []
+    for meta in sorted((_cache_root() / "kernels").glob("*/kernel.json")):
+        try:
+            if json.loads(meta.read_text()).get("build_id") == build_id:
+                out.append(meta.parent / "vmlinux")
+        except (OSError, ValueError, AttributeError):
+            continue
+    return out
+
+
+def image_search_places(dump_path: str | Path | None, release: str | None) -> list[str]:
+    """Where :func:`find_image` looks after ``--vmlinux``, in order, as a user would write them."""
+    places = [f"${IMAGE_PATH_ENV} (and subfolders)" if os.environ.get(IMAGE_PATH_ENV) else f"${IMAGE_PATH_ENV} (unset)"]
+    if dump_path is not None:
+        places.append(f"{Path(dump_path).resolve().parent} and 3 parents")
+    places.append(f"{DEBUG_ROOT}/.build-id/")
+    if release:
+        places.append(f"{DEBUG_ROOT}/boot/vmlinux-{release}")
+    places.append(f"{_cache_root()}/kernels/")
+    return places
+
+
+def _candidates(build_id: str, dump_path: Path | None, release: str | None) -> Iterator[Path]:
+    """Candidate files in the documented order (README "Finding the kernel image")."""
     for d in os.environ.get(IMAGE_PATH_ENV, "").split(os.pathsep):
         if d and Path(d).is_dir():
-            yield from sorted(p for p in Path(d).iterdir() if p.is_file() and _looks_like_image(p))
+            yield from _image_files_below(Path(d))
+    if dump_path is not None:
+        folder = dump_path.resolve().parent
+        for d in [folder, *folder.parents][:4]:
+            yield from _image_files(d)
+    yield DEBUG_ROOT / ".build-id" / build_id[:2] / f"{build_id[2:]}.debug"
+    if release:
+        yield DEBUG_ROOT / "boot" / f"vmlinux-{release}"
+        yield DEBUG_ROOT / "lib" / "modules" / release / "vmlinux"
+    yield from _fetched_kernels(build_id)
 
 
 def _looks_like_image(p: Path) -> bool:
     name = p.name.removesuffix(".xz")
-    return name.startswith("vmlinux") or name.endswith((".elf", ".slim"))
+    return name.startswith("vmlinux") or name.endswith((".elf", ".slim", ".debug"))
 
 
 @lru_cache(maxsize=8)
@@ -274,10 +333,13 @@ def open_image(path: Path) -> Image:
     return Image(path)
 
 
-def find_image(build_id: str | None, dump_path: str | Path, explicit: str | Path | None) -> Image | None:
-    """Find the image for a dump by build-id: ``explicit``, beside the dump, then the search path.
-
-    An explicit image whose build-id differs from the dump's is refused.
+def find_image(build_id: str | None, dump_path: str | Path | None = None, explicit: str | Path | None = None,
+               release: str | None = None) -> Image | None:
+    """Find the kernel image of ``build_id``: ``explicit`` (``--vmlinux``), then ``$UNWIND_IMAGE_PATH``
+    with its subfolders, the dump's folder and three parents, the debuginfo store
+    (``/usr/lib/debug/.build-id/xx/yyyy.debug``, ``/usr/lib/debug/boot/vmlinux-<release>``) and the
+    kernels ``unwind kernels fetch`` put in the cache. Candidates are checked by build-id; an explicit
+    image whose build-id differs is refused. ``None`` when nothing matches (or no build-id is known).
     """
     if explicit is not None:
         img = open_image(Path(explicit).resolve())
@@ -286,12 +348,19 @@ def find_image(build_id: str | None, dump_path: str | Path, explicit: str | Path
         return img
     if not build_id:
         return None
-    for cand in _candidates(Path(dump_path)):
+    seen: set[Path] = set()
+    for cand in _candidates(build_id, Path(dump_path) if dump_path is not None else None, release):
+        if cand in seen or not cand.is_file():
+            continue
+        seen.add(cand)
         named = _BUILD_ID_IN_NAME.findall(cand.name)
         if named and build_id not in named:
             continue  # named after another build: skip without unpacking it
         if named:
-            img = open_image(cand.resolve())
+            try:
+                img = open_image(cand.resolve())
+            except ImageError:
+                continue
             if img.build_id == build_id:
                 return img
         elif image_build_id(cand) == build_id:

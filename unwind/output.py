@@ -26,15 +26,9 @@ def _regs_json(regs: dict[str, int] | None) -> dict[str, str] | None:
 def frame_json(frame: Frame, explain: bool, line: TraceLine | None = None, index: int | None = None) -> dict[str, Any]:
     """One frame as JSON; ``line`` is the trace line that prints it (at ``index`` in ``trace``)."""
     printed = line.data if line is not None else {}
-    out: dict[str, Any] = {
-        "pc": hex(frame.pc), "sp": _hex(frame.sp), "fp": _hex(frame.fp),
-        "symbol": printed.get("symbol", frame.symbol), "printed_pc": _hex(printed.get("pc")),
-        "recovered_symbol": frame.symbol,
-        "source": frame.source.value, "stack": frame.stack,
-        "flags": frame.flags.names(), "reliable": frame.reliable, "line": index,
-    }
-    if explain and frame.provenance is not None:
-        out["provenance"] = frame.provenance.to_json()
+    out = frame.to_json(explain)
+    out.update(symbol=printed.get("symbol", frame.symbol), printed_pc=_hex(printed.get("pc")),
+               recovered_symbol=frame.symbol, line=index)
     return out
 
 

@@ -32,6 +32,9 @@ class ArchBackend(ABC):
 
     #: registry name: "arm64", "x86_64", "riscv"
     name: ClassVar[str]
+    #: why a walk cannot go without the kernel image (then a dump without one is refused up front),
+    #: or ``None`` when raw addresses will do
+    image_required: ClassVar[str | None] = None
     #: other spellings users type for it (``--arch amd64``)
     aliases: ClassVar[tuple[str, ...]] = ()
     #: :class:`~unwind.target.Options` fields this backend acts on beyond ``complete``, ``record`` and

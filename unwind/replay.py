@@ -10,11 +10,11 @@ from . import registry
 from .callsite import CallSiteChecker
 from .dump import Dump, DumpError
 from .frame import Frame
-from .image import Image, ImageError, find_image
+from .image import IMAGE_PATH_ENV, Image, ImageError, find_image, image_search_places
 from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from .target import Options, Target, Task, kernel_version
 from .vmcore import VmcoreError, detect_format, is_vmcore
-from .walk import ReliableResult, Stop, StopReason, collect, frame_limit, stack_walk_reliable
+from .walk import ReliableResult, Stop, StopReason, Unwinder, collect, frame_limit, stack_walk_reliable
 
 
 class ReplayError(Exception):
@@ -76,9 +76,13 @@ class Session:
             if wanted.name != dump.arch:
                 raise ReplayError(f"--arch {arch} disagrees with the dump, which is {dump.arch}")
         try:
-            image = find_image(dump.build_id, dump_path, vmlinux)
+            image = find_image(dump.build_id, dump_path, vmlinux, dump.release)
         except ImageError as e:
             raise ReplayError(str(e)) from None
+        if image is None and dump.backend.image_required:
+            raise ReplayError(f"no image with build-id {dump.build_id} found (looked in "
+                              f"{', '.join(image_search_places(dump_path, dump.release))}): "
+                              f"{dump.backend.image_required}; give --vmlinux")
         if image is not None and image.machine != dump.backend.elf_machine:
             raise ReplayError(f"{image.path} is {image.machine}, the dump is {dump.backend.elf_machine}")
         symbols = None
@@ -92,8 +96,10 @@ class Session:
         session = cls(dump, image, symbols)
         session.warnings.extend(dump.warnings)
         if symbols is None:
-            session.warnings.append(f"no image with build-id {dump.build_id} found "
-                                    "(use --vmlinux or $UNWIND_IMAGE_PATH): printing raw addresses")
+            session.warnings.append(f"no image with build-id {dump.build_id} found (looked in "
+                                    f"{', '.join(image_search_places(dump_path, dump.release))}; use --vmlinux "
+                                    f"or ${IMAGE_PATH_ENV}): printing raw addresses, without call-site checks "
+                                    "or complete-mode proofs")
         return session
 
     @classmethod
@@ -175,6 +181,14 @@ class Session:
                       vmcoreinfo=self.dump.vmcoreinfo, symbols=self.symbols, image=self.image,
                       meta=self.dump.meta, options=options)
 
+    def unwinder(self, task: Task, options: Options | None = None) -> Unwinder:
+        """An unwinder for ``task``, to drive with :func:`~unwind.walk.kunwind_stack_walk` and the kernel's
+        adapters; its frames carry the symbol the kernel prints."""
+        options = options or Options()
+        self.check_options(options)
+        target = self.target(task, options)
+        return SymbolizingUnwinder(self.backend.unwinder(target), self.backend, target)
+
     def replay(self, task: Task, options: Options | None = None, *, reliable: bool = False,
                max_frames: int | None = None, symbolize: bool = True) -> Replay:
         """Walk ``task``: all frames and the stop; with ``reliable``, the reliable verdict too.
@@ -227,6 +241,36 @@ def runtime_symbols(symbols: SymbolTable, slide: int) -> Callable[[str], int | N
         return addr + slide
 
     return symbol
+
+
+class SymbolizingUnwinder(Unwinder):
+    """An arch unwinder whose frames come with ``symbol`` set, as :meth:`Session.replay` sets it."""
+
+    def __init__(self, inner: Unwinder, backend: registry.ArchBackend, target: Target) -> None:
+        self.inner = inner
+        self.backend = backend
+        self.target = target
+        self.reliable_refuses_boundary = inner.reliable_refuses_boundary
+
+    def _named(self, frame: Frame) -> Frame:
+        frame.symbol = self.backend.symbolize(frame, self.target)
+        return frame
+
+    def start(self) -> Frame:
+        """The arch unwinder's first frame, symbolised."""
+        return self._named(self.inner.start())
+
+    def next(self) -> Frame:
+        """The arch unwinder's next frame, symbolised."""
+        return self._named(self.inner.next())
+
+    def bpf_args(self, frame: Frame) -> tuple[int, int, int]:
+        """The arch unwinder's ``(ip, sp, fp)``."""
+        return self.inner.bpf_args(frame)
+
+    def basis(self) -> dict[str, str]:
+        """The arch unwinder's basis."""
+        return self.inner.basis()
 
 
 # try_get_task_stack() (sched_show_task(), stack_trace_save_tsk()): an exited task's stack is freed

@@ -74,6 +74,7 @@ class X86_64Backend(ArchBackend):
     name = "x86_64"
     aliases = ("x86", "x86-64", "amd64")
     options = frozenset({"orc_version"})
+    image_required = "x86-64 walks read the image's ORC tables (.orc_unwind_ip/.orc_unwind)"
     elf_machine = "EM_X86_64"
     e_machine = 62
     # struct user_regs_struct
