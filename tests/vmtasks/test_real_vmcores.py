@@ -1,0 +1,149 @@
+"""Real vmcores of labvmcore's 6.12 guests against the project's capture of the same stop, and drgn.
+
+Slow: the vmcores (256 MB guests) and debug vmlinuxes are not committed. ``$UNWIND_VMCORES`` names the
+folder (default ``/work/lab-out/vmcores``: ``<arch>/stop-NNN-random.{elf,kdump-zlib.kdump,...}`` beside
+``stop-NNN-random.bin.xz``, the capture of that stop); ``$UNWIND_KERNELS`` the kernels cache
+(``~/.cache/unwind/kernels/<release>/vmlinux``, from ``unwind kernels fetch``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from unwind.replay import Session
+from unwind.target import Options
+
+VMCORES = Path(os.environ.get("UNWIND_VMCORES", "/work/lab-out/vmcores"))
+KERNELS = Path(os.environ.get("UNWIND_KERNELS", Path.home() / ".cache/unwind/kernels"))
+RELEASE = {"x86_64": "6.12.117+deb13-amd64", "arm64": "6.12.117+deb13-arm64", "riscv": "6.12.117+deb13-riscv64"}
+DATA = Path(__file__).parent / "data"
+#: formats whose every page of the guest is in the file (makedumpfile -d 31 drops pages by design)
+FULL = ("elf", "paging.elf", "kdump-zlib.kdump", "kdump-zlib.flat")
+
+pytestmark = pytest.mark.slow
+
+
+def _cases() -> list[tuple[str, Path]]:
+    out = []
+    for arch in RELEASE:
+        for capture in sorted((VMCORES / arch).glob("stop-*.bin.xz")):
+            stem = capture.name.removesuffix(".bin.xz")
+            out += [(arch, p) for fmt in FULL if (p := capture.with_name(f"{stem}.{fmt}")).exists()]
+    return out
+
+
+def _vmlinux(arch: str) -> Path:
+    p = KERNELS / RELEASE[arch] / "vmlinux"
+    if not p.exists():
+        pytest.skip(f"no debug vmlinux at {p}")
+    return p
+
+
+def _normalised(capture: Session, cpu: int | None) -> bool:
+    """The capture rewrote this CPU's pc from a trap entry to the interrupted one (ELR_EL1/sepc), which
+    QEMU's NT_PRSTATUS does not carry: only the first pc may differ."""
+    return cpu is not None and any(c.get("cpu") == cpu and c.get("normalised")
+                                   for c in capture.dump.meta.get("cpus", []))
+
+
+@pytest.mark.parametrize("arch,vmcore", _cases(), ids=lambda v: getattr(v, "name", v))
+def test_every_task_replays_as_from_the_capture(arch: str, vmcore: Path) -> None:
+    img = _vmlinux(arch)
+    vm = Session.load(vmcore, vmlinux=img)
+    cap = Session.load(vmcore.with_name(vmcore.name.split(".")[0] + ".bin.xz"), vmlinux=img)
+    by_task = {t.extra["task"]: t for t in vm.dump.tasks()}
+    checked = 0
+    for t in cap.dump.tasks():
+        key = t.extra.get("task") or next(c["current"] for c in cap.dump.meta["cpus"] if c["cpu"] == t.cpu)
+        u = by_task[key]
+        assert (u.pid, u.comm, u.cpu) == (t.pid, t.comm, t.cpu)
+        r1, r2 = cap.replay(t, Options(), symbolize=False), vm.replay(u, Options(), symbolize=False)
+        p1, p2 = [f.pc for f in r1.frames], [f.pc for f in r2.frames]
+        if _normalised(cap, t.cpu):
+            p1, p2 = p1[1:], p2[1:]
+        if p1 != p2 and p1 and _in_module(vm, p1[-1]) and not r1.stop.clean:
+            # the capture holds no module ORC tables: it stops at the module pc the vmcore walks through
+            assert p2[:len(p1)] == p1 and r2.stop.clean, (t.pid, t.comm)
+        else:
+            assert p1 == p2 and r1.stop.reason == r2.stop.reason, (t.pid, t.comm)
+        checked += 1
+    assert checked == len(cap.dump.tasks()) > 10
+
+
+def _in_module(s: Session, pc: int) -> bool:
+    return any(m.region(pc) is not None for m in getattr(s.symbols, "modules", []))
+
+
+@pytest.mark.parametrize("arch,vmcore", [c for c in _cases() if c[1].name.endswith(".elf")],
+                         ids=lambda v: getattr(v, "name", v))
+def test_module_frames_print_as_the_kernel_printed_them(arch: str, vmcore: Path) -> None:
+    """The sysrq-t blocks the capture could not resolve (module frames, no System.map names) are the
+    kernel's own text: the vmcore's trace, printed, equals them line for line."""
+    from unwind.dump import Dump
+    from unwind.output import replay_text
+
+    vm = Session.load(vmcore, vmlinux=_vmlinux(arch))
+    capture = Dump.open(vmcore.with_name(vmcore.name.split(".")[0] + ".bin.xz"))
+    blocks = [o for o in capture.meta.get("oracles_excluded", []) if "unresolved" in o.get("why", "")]
+    if not blocks:
+        pytest.skip("no module frames in this stop's sysrq-t")
+    for o in blocks:
+        t = next(t for t in vm.dump.tasks() if t.pid == o["pid"] and not t.running)
+        kernel = o["text"].splitlines()
+        kernel = kernel[next(i for i, ln in enumerate(kernel) if ln.lower() == "call trace:"):]
+        ours = replay_text(vm, vm.replay(t), False)
+        ours = ours[next(i for i, ln in enumerate(ours) if ln.lower() == "call trace:"):]
+        assert ours[:len(kernel)] == kernel, (o["pid"], o["comm"])
+
+
+@pytest.mark.parametrize("oracle", sorted(DATA.glob("*-drgn-ps.json")), ids=lambda p: p.name)
+def test_ps_lists_what_drgn_for_each_task_lists(oracle: Path) -> None:
+    rec = json.loads(oracle.read_text())
+    arch = oracle.name.split("-")[0]
+    vmcore = VMCORES / arch / rec["vmcore"]
+    if not vmcore.exists():
+        pytest.skip(f"no {vmcore}")
+    s = Session.load(vmcore, vmlinux=_vmlinux(arch))
+    ours = {(t.pid, t.comm, t.extra["task"]) for t in s.dump.tasks()}
+    theirs = {(t["pid"], t["comm"], t["task"]) for t in rec["tasks"]}
+    # drgn's for_each_task() walks init_task.tasks without init_task; crash's ps (and ours) also lists
+    # each CPU's idle task (pid 0)
+    assert {x for x in ours if x[0] != 0} == theirs
+
+
+@pytest.mark.parametrize("arch,vmcore", [c for c in _cases() if c[1].name.endswith(".elf")][:3],
+                         ids=lambda v: getattr(v, "name", v))
+def test_convert_replays_identically(arch: str, vmcore: Path, tmp_path: Path) -> None:
+    from unwind.dump import Dump
+    from unwind.vmtools import convert
+
+    img = _vmlinux(arch)
+    vm = Session.load(vmcore, vmlinux=img)
+    tasks = vm.select(every=True)
+    out = tmp_path / "small.bin.xz"
+    convert(vm, tasks).write(out)
+    small = Session(Dump.open(out), vm.image, vm.image.symbols)
+    back = {t.extra["task"]: t for t in small.dump.tasks()}
+    for t in tasks:
+        a, b = vm.replay(t), small.replay(back[t.extra["task"]])
+        assert [(f.pc, f.symbol) for f in a.frames] == [(f.pc, f.symbol) for f in b.frames]
+        assert a.stop.reason == b.stop.reason and a.stop.detail == b.stop.detail
+    assert out.stat().st_size < vmcore.stat().st_size // 100
+
+
+@pytest.mark.parametrize("arch,vmcore", [c for c in _cases() if c[1].name.endswith(".elf")],
+                         ids=lambda v: getattr(v, "name", v))
+def test_the_kernels_own_traces_from_the_vmcore(arch: str, vmcore: Path) -> None:
+    """The sysrq-t (and other kernel-printed) oracles the capture holds, compared with the vmcore's replay."""
+    from unwind.tools import KERNEL_SOURCES, compare_oracle
+
+    vm = Session.load(vmcore, vmlinux=_vmlinux(arch))
+    capture = Session.load(vmcore.with_name(vmcore.name.split(".")[0] + ".bin.xz"), vmlinux=_vmlinux(arch))
+    results = [compare_oracle(vm, o) for o in capture.dump.oracles() if o.get("source") in KERNEL_SOURCES]
+    results = [r for r in results if r is not None]
+    assert results and all(r.explained for r in results), [(r.who, r.category) for r in results if not r.explained]
+    assert sum(r.category == "exact" for r in results) >= len(results) * 3 // 4
