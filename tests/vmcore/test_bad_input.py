@@ -129,3 +129,10 @@ def test_mutated_files_never_raise_anything_else(tmp_path, kind):
         path.write_bytes(raw)
         outcomes.add(_open_and_read_all(str(path)))
     assert "opened" in outcomes
+
+
+def test_an_oversized_vmcoreinfo_names_the_file(tmp_path):
+    p = tmp_path / "big-info.elf"
+    p.write_bytes(elf_vmcore([Load(0, page_bytes(0))], notes_blob([(1, 0)], 27, "PAGESIZE=4096\n" * 10000)))
+    msg = _one_line_error(str(p))
+    assert msg.startswith(str(p)) and "VMCOREINFO" in msg

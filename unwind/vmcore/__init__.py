@@ -22,6 +22,7 @@ from pathlib import Path
 from construct import ConstructError
 from elftools.common.exceptions import ELFError
 
+from ..dump import DumpError
 from .diskdump import DISKDUMP_SIGNATURE, KDUMP_SIGNATURE, DiskDump
 from .elf import ElfVmcore
 from .errors import CorruptPageFault, ExcludedPageFault, VmcoreError
@@ -121,6 +122,8 @@ def _guarded(path: str, fn):  # type: ignore[no-untyped-def]
         return fn(path)
     except VmcoreError:
         raise
+    except DumpError as e:  # VMCOREINFO's own checks name no file
+        raise VmcoreError(f"{path}: {e}") from None
     except SourceTruncated as e:
         raise VmcoreError(f"{path}: truncated: {e}") from None
     except (FlatError, NoteError) as e:
