@@ -102,7 +102,8 @@ class VmcoreDump:
             raise DumpError(f"{self.path}: the kernel's VMCOREINFO names build-id {build_id}, "
                             f"{image.path} is {image.build_id}")
         self.vmcoreinfo_text = "".join(f"{k}={v}\n" for k, v in info.items())
-        self.vmcoreinfo = _parse_vmcoreinfo(self.vmcoreinfo_text)
+        self.vmcoreinfo = VmcoreInfo.parse(self.vmcoreinfo_text).checked(
+            lambda msg: self.warnings.append(f"{self.path}: {msg}"))
         self.meta["kernel"]["release"] = self.release
         self.meta["build_id"] = self.build_id
         return how
