@@ -7,6 +7,7 @@ median over rounds of ``time.process_time``. Prints a Markdown table::
 
     python benches/vmcore_read.py /work/lab-out/vmcores/x86_64/stop-000-random.* --pages 2000 --rounds 5
     python benches/vmcore_read.py --synthetic 64 --pages 2000    # files built here, 64 MiB of RAM each
+    python benches/vmcore_read.py --open-scaling 4 64 1024         # kdump files of 4, 64, 1024 GiB of RAM
 
 ``cold`` opens the file and reads the pages through an empty cache; ``warm``
 reads them again from the decoded-page cache. Pages a file does not hold
@@ -51,6 +52,29 @@ def synthetic_files(mib: int, out: Path) -> list[Path]:
     return paths
 
 
+def open_scaling(gibs: list[int], rounds: int) -> None:
+    """Open kdump files describing ``gibs`` GiB of RAM (one dumped page per 256 MiB): bitmaps dominate."""
+    from tests.vmcore.synth import KdumpSpec, kdump_file, page_bytes
+
+    print("| RAM | file | open ms (median CPU) | ranges ms |")
+    print("|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="vmcore-bench-") as tmp:
+        for gib in gibs:
+            n = gib << 18
+            pfns = range(0, n, 1 << 16)
+            path = Path(tmp) / f"{gib}g.kdump"
+            path.write_bytes(kdump_file(KdumpSpec(max_mapnr=n, ram=set(pfns), dumped={p: page_bytes(p) for p in pfns})))
+            t_open, t_ranges = [], []
+            for _ in range(rounds):
+                t, vm = cpu(lambda: open_vmcore(path))
+                t_open.append(t)
+                t_ranges.append(cpu(lambda: vm.ranges)[0])
+                vm.close()
+            print(f"| {gib} GiB | {path.stat().st_size / 2**20:.1f} MiB | {statistics.median(t_open) * 1e3:.1f} | "
+                  f"{statistics.median(t_ranges) * 1e3:.1f} |")
+            path.unlink()
+
+
 def cpu(fn) -> tuple[float, object]:  # type: ignore[no-untyped-def]
     t = time.process_time()
     r = fn()
@@ -72,10 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*", type=Path, help="vmcores of one stop; the first .elf is the baseline")
     ap.add_argument("--synthetic", type=int, metavar="MIB", help="build the files here instead, MIB MiB each")
+    ap.add_argument("--open-scaling", type=int, nargs="+", metavar="GIB", help="time opening kdump files this big")
     ap.add_argument("--pages", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
+    if args.open_scaling:
+        open_scaling(args.open_scaling, args.rounds)
+        return 0
     tmp = None
     files = [f for f in args.files if f.suffix in (".elf", ".kdump", ".flat")]
     if args.synthetic:
