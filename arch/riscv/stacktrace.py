@@ -600,7 +600,7 @@ class RiscvUnwinder(Unwinder):
             prov = Provenance("exception frame: pc = pt_regs->epc, fp = pt_regs->s0 (pt_regs at the old fp)")
             prov.read(regs + pt["epc"], 8, epc, "pt_regs->epc")
             prov.read(regs + pt["s0"], 8, s0, "pt_regs->s0")
-            prov.note("6.12 uses only epc and s0 here: pt_regs->ra is never printed")
+            prov.note("the kernel uses only epc and s0 here: pt_regs->ra is never printed")
         if self.complete:
             try:
                 self.live = (epc, self.mem.read_u64(regs + pt["ra"]), f"pt_regs->ra at {regs + pt['ra']:#x}")
@@ -745,8 +745,8 @@ class RiscvUnwinder(Unwinder):
         self.fg_cursor = k - 1
         if prov is not None:
             prov.note(f"complete: return_to_handler -> {entry.ret:#x} from ret_stack entry {k}, the next in order "
-                      f"({why}); 6.12 riscv records &fregs->ra as retp, and the kernel searches only current's "
-                      "ret_stack")
+                      f"({why}); riscv records &fregs->ra as retp"
+                      + ("" if self.generation.fgraph_of_task else ", and the kernel searches only current's ret_stack"))
         return entry.ret, Flag.FGRAPH | _COMPLETE
 
     # complete mode: kernel/trace/rethook.c:229 rethook_find_ret_addr(task, frame, &cur)
@@ -758,7 +758,7 @@ class RiscvUnwinder(Unwinder):
                 self.kr_cursor = j + 1
                 if prov is not None:
                     prov.note(f"complete: rethook trampoline -> {insts[j].ret:#x} from the instance with "
-                              f"frame {frame_fp:#x} (the riscv 6.12 walk prints the trampoline)")
+                              f"frame {frame_fp:#x} (the riscv walk prints the trampoline)")
                 return insts[j].ret, Flag.KRETPROBE | _COMPLETE
         if prov is not None:
             prov.note(f"rethook trampoline: no instance with frame {frame_fp:#x}")
@@ -774,7 +774,7 @@ class RiscvUnwinder(Unwinder):
         self.sp = fp - STACKFRAME_SIZE
         self.beyond = _COMPLETE
         return (f"complete: crossed from the {here.label()} stack (top {sp:#x}) to the task stack through the "
-                f"record call_on_irq_stack keeps at {fp - STACKFRAME_SIZE:#x}; 6.12 stops here")
+                f"record call_on_irq_stack keeps at {fp - STACKFRAME_SIZE:#x}; the kernel stops here")
 
     # entry.S call_on_irq_stack: the {fp, ra} record it pushes at the top of the IRQ stack
     def _irq_switch_record(self) -> StackInfo | None:
@@ -808,11 +808,11 @@ class RiscvUnwinder(Unwinder):
         here, there = self.stacks.kind_of(sp), self.stacks.kind_of(fp - STACKFRAME_SIZE)
         if self._irq_switch_record() is not None:
             return UnwindStop(StopReason.KERNEL_LIMIT,
-                              f"6.12 walk_stackframe does not leave the {here.kind} stack at call_on_irq_stack: "
+                              f"{self.generation.name} walk_stackframe does not leave the {here.kind} stack at call_on_irq_stack: "
                               f"fp {fp:#x} on the task stack is outside {window} (--complete crosses)")
         if there is not None and here is not None and here.kind != there.kind:
             return UnwindStop(StopReason.TRANSITION_REFUSED,
-                              f"6.12 walk_stackframe does not leave the {here.kind} stack: fp {fp:#x} on the "
+                              f"{self.generation.name} walk_stackframe does not leave the {here.kind} stack: fp {fp:#x} on the "
                               f"{there.kind} stack is outside {window} (--complete crosses at call_on_irq_stack)")
         if fp < low and there is not None:
             return UnwindStop(StopReason.TRANSITION_REFUSED, f"fp {fp:#x} is below sp+16 = {low:#x}: "
