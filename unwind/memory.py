@@ -60,7 +60,12 @@ class Segment:
 class Memory:
     """Little-endian reads from a set of non-overlapping captured segments."""
 
-    def __init__(self, segments: Iterable[Segment]) -> None:
+    def __init__(self, segments: Iterable[Segment],
+                 holes: Iterable[tuple[int, int, type[MemoryFault]]] = ()) -> None:
+        """``holes`` are ranges known to be missing, each with the fault a read there raises
+        (``ExcludedPage``, ``NotMapped``), so a walk's stop says why; elsewhere a miss is a plain
+        :class:`MemoryFault`."""
+        self.holes = sorted(holes, key=lambda h: h[0])
         segs = sorted((s for s in segments if s.data), key=lambda s: s.start)
         for a, b in zip(segs, segs[1:]):
             if b.start < a.end:
@@ -80,6 +85,9 @@ class Memory:
             if addr + size <= seg.start + len(seg.data) and size >= 0:
                 self._hit = seg
                 return seg
+        for lo, hi, fault in self.holes:
+            if addr < hi and addr + max(size, 1) > lo:
+                raise fault(addr, size)
         raise MemoryFault(addr, size)
 
     def captured(self, lo: int, hi: int) -> list[tuple[int, int]]:

@@ -17,7 +17,7 @@ from . import elfcore, registry
 from .dump import CpuState, DumpError
 from .kernel import MAX_CPUS, Kernel, KernelError, KernelModule, KernelTask, ftrace_trampolines
 from .btf import Btf, BtfError
-from .memory import MemoryFault
+from .memory import Memory, MemoryFault
 from .stackinfo import StackInfo
 from .symbols import SymbolTable
 from .target import Task
@@ -121,7 +121,26 @@ class VmcoreDump:
         if snapshot is None:
             return self.memory
         tables = [r for m in self.modules for r in m.orc_ranges()]
-        return snapshot([(s.low, s.high) for s in task.stacks if s.low] + tables)
+        ranges = [(s.low, s.high) for s in task.stacks if s.low] + tables
+        snap = snapshot(ranges)
+        return Memory(snap.segments, self._holes(snap, ranges))
+
+    def _holes(self, snap: Memory, ranges: list[tuple[int, int]]) -> list[tuple[int, int, type[MemoryFault]]]:
+        """The parts of ``ranges`` the snapshot lacks, each with the fault the vmcore gives there
+        (a page makedumpfile excluded, a page the page tables do not map)."""
+        out: list[tuple[int, int, type[MemoryFault]]] = []
+        for lo, hi in ranges:
+            pos = lo
+            for start, end in snap.captured(lo, hi) + [(hi, hi)]:
+                if pos < start:
+                    try:
+                        self.memory.read(pos, 1)
+                        fault: type[MemoryFault] = MemoryFault
+                    except MemoryFault as e:
+                        fault = type(e)
+                    out.append((pos, start, fault))
+                pos = max(pos, end)
+        return out
 
     # -- what Session reads before the image is known ------------------------
     @property

@@ -6,9 +6,11 @@ import pytest
 
 from unwind import registry
 from unwind.dump import Dump
+from unwind.memory import ExcludedPage, Memory, MemoryFault, Segment
 from unwind.replay import Session
 from unwind.symbols import KernelSymbols, ModuleSymbols, SymbolTable
 from unwind.vmtools import convert, ps_lines
+from unwind.walk import StopReason
 from unwind.elfcore import prstatus_bytes
 from unwind.kernel import Kernel, task_state_char
 from unwind.vmdump import VmcoreDump
@@ -184,3 +186,43 @@ def test_bpf_programs_print_without_a_module() -> None:
     assert table.format(0xFFFF800078100010) == "bpf_prog_6deef7357e7b4530+0x10/0x80"
     assert table.format(0xFFFF8000781011FF) == "bpf_trampoline_12+0x1ff/0x200"
     assert table.format(0xFFFF800078100080) == hex(0xFFFF800078100080)
+
+
+class _Filtered:
+    """A vmcore's memory with one page makedumpfile excluded: reads there raise ExcludedPage."""
+
+    def __init__(self, mem, page: int) -> None:
+        self.mem, self.page = mem, page
+
+    def read(self, addr: int, size: int) -> bytes:
+        if addr < self.page + 4096 and addr + size > self.page:
+            raise ExcludedPage(addr, size)
+        return self.mem.read(addr, size)
+
+    def read_u64(self, addr: int) -> int:
+        return int.from_bytes(self.read(addr, 8), "little")
+
+    def snapshot(self, ranges):
+        segs = []
+        for lo, hi in ranges:
+            for a in range(lo & ~0xFFF, hi, 4096):
+                s, e = max(a, lo), min(a + 4096, hi)
+                try:
+                    segs.append(Segment(s, self.read(s, e - s)))
+                except MemoryFault:
+                    pass
+        return Memory(segs)
+
+
+def test_a_page_excluded_from_the_dump_is_a_clean_memory_fault_stop() -> None:
+    k = SynthKernel()
+    procs = _procs()
+    k.build(procs, [None, None])
+    t = procs[1].threads[0]
+    fp = t.stack + 0x3F00
+    k.u64(t.addr + k.off("task_struct", "thread.cpu_context.fp"), fp)  # its first frame record: an excluded page
+    d = VmcoreDump("synthetic", registry.get("arm64"), _Filtered(k.memory(), fp & ~0xFFF), [], "OSRELEASE=6.12.0\n")
+    d.attach(k.symbol, k.btf)
+    s = Session(d, None, None)  # type: ignore[arg-type]
+    r = s.replay(s.select(pid=201)[0], symbolize=False)
+    assert r.stop.reason is StopReason.MEMORY_FAULT and "excluded from the dump" in r.stop.detail
