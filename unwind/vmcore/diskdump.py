@@ -18,7 +18,7 @@ A pfn in bitmap 1 but not in bitmap 2 is RAM that was filtered out
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Hashable
+from typing import Hashable, NoReturn
 
 import numpy as np
 from construct import Bytes, ConstructError, Int32sl, Int32ul, Int64sl, Int64ul, Padding, Struct
@@ -99,9 +99,8 @@ UTS_MACHINES = {"x86_64": "EM_X86_64", "aarch64": "EM_AARCH64", "arm64": "EM_AAR
 #: sanity bounds on the block size: a power of two in this range
 MIN_BLOCK, MAX_BLOCK = 1 << 10, 1 << 20
 
+#: set bits of each byte value
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
-
-
 #: bits of a bitmap unpacked at a time
 RUN_CHUNK_BITS = 1 << 23
 #: RAM ranges a machine may have: more in bitmap 1 is a corrupt file
@@ -165,7 +164,7 @@ class DiskDump(PhysicalMemory):
         sub = Kdump_sub_header.parse(source.pread(bs, Kdump_sub_header.sizeof()))
         self.sub_header = sub
         self.phys_base = sub.phys_base
-        self.dump_level = sub.dump_level if hdr.header_version >= 1 else None
+        self.dump_level = sub.dump_level
         self.max_mapnr = sub.max_mapnr_64 if hdr.header_version >= 6 else hdr.max_mapnr
         self._pfn_lo, self._pfn_hi = 0, self.max_mapnr
         if hdr.header_version >= 2 and sub.split:
@@ -279,7 +278,7 @@ class DiskDump(PhysicalMemory):
         at = self._desc_start + self._desc_index(pfn) * _PAGE_DESC.size
         src = self._src
         if at + _PAGE_DESC.size > src.size:
-            return self._missing(addr, size, start, "its descriptor is past the end of the file")
+            self._missing(addr, size, start, "its descriptor is past the end of the file")
         offset, stored, flags, _page_flags = _PAGE_DESC.unpack(src.pread(at, _PAGE_DESC.size))
         codec = flags & codecs.CODEC_MASK
         if codec == 0 and stored not in (0, bs):
@@ -287,7 +286,7 @@ class DiskDump(PhysicalMemory):
         if stored > bs:
             raise CorruptPageFault(addr, size, start, f"compressed page of {stored} bytes")
         if stored == 0 or offset <= 0 or offset + stored > src.size:
-            return self._missing(addr, size, start, f"descriptor says {stored} bytes at {offset:#x}")
+            self._missing(addr, size, start, f"descriptor says {stored} bytes at {offset:#x}")
         if codec == 0:
             return src.pread(offset, bs)
         try:
@@ -295,7 +294,7 @@ class DiskDump(PhysicalMemory):
         except codecs.CodecError as e:
             raise CorruptPageFault(addr, size, start, str(e)) from None
 
-    def _missing(self, addr: int, size: int, start: int, why: str) -> bytes:
+    def _missing(self, addr: int, size: int, start: int, why: str) -> NoReturn:
         if self.incomplete:
             raise CorruptPageFault(addr, size, start, f"not written (the dump is incomplete): {why}")
         raise CorruptPageFault(addr, size, start, why)
