@@ -165,7 +165,7 @@ class DiskDump(PhysicalMemory):
         self.sub_header = sub
         self.phys_base = sub.phys_base
         self.dump_level = sub.dump_level
-        self.max_mapnr = sub.max_mapnr_64 if hdr.header_version >= 6 else hdr.max_mapnr
+        self.max_mapnr = (sub.max_mapnr_64 or hdr.max_mapnr) if hdr.header_version >= 6 else hdr.max_mapnr
         self._pfn_lo, self._pfn_hi = 0, self.max_mapnr
         if hdr.header_version >= 2 and sub.split:
             self._pfn_lo, self._pfn_hi = ((sub.start_pfn_64, sub.end_pfn_64) if hdr.header_version >= 6
