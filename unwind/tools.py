@@ -26,6 +26,19 @@ class OracleResult:
     got: list[int]
     #: replay frames above the oracle's first pc left out of the comparison (ftrace-stacktrace only)
     cut: int = 0
+    #: ``%pS`` of ``expected`` and ``got`` (hex without an image)
+    expected_names: list[str] = field(default_factory=list)
+    got_names: list[str] = field(default_factory=list)
+
+    @property
+    def mode(self) -> str:
+        """The replay mode the oracle is compared with."""
+        return "faithful replay" if self.source in KERNEL_SOURCES else "complete replay"
+
+    @property
+    def oracle_label(self) -> str:
+        """Who produced the oracle: the kernel's printout, gdb or drgn."""
+        return f"kernel ({self.source})" if self.source in KERNEL_SOURCES else self.source
 
     @property
     def explained(self) -> bool:
@@ -38,6 +51,8 @@ class DiffReport:
     """All comparisons over a set of dumps."""
 
     results: list[OracleResult] = field(default_factory=list)
+    #: ``(path, why)`` of each dump that could not be read: reported, and the run goes on
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
 
     def counts(self) -> dict[str, Counter[str]]:
         """Per oracle source, how many comparisons fell in each category."""
@@ -90,40 +105,80 @@ def compare_oracle(session: Session, oracle: dict[str, Any]) -> OracleResult | N
     else:
         category = session.backend.categorize(oracle, expected, r) or "unexplained"
     who = f"cpu{task.cpu}" if oracle.get("cpu") is not None else f"pid {task.pid}"
-    return OracleResult(session.dump.path, source, f"{who} ({task.comm})", category, expected, got, cut)
+
+    def names(pcs: list[int]) -> list[str]:
+        """``%pS`` of each pc: ``name+off/size``, the bare address outside every symbol."""
+        out = []
+        for pc in pcs:
+            sym = session.symbols.lookup(pc) if session.symbols is not None else None
+            out.append(str(sym) if sym is not None and sym.offset < sym.size else hex(pc))
+        return out
+
+    return OracleResult(session.dump.path, source, f"{who} ({task.comm})", category, expected, got, cut,
+                        names(expected), names(got))
+
+
+def dump_paths(args: list[str]) -> list[str]:
+    """The dumps named on the command line, a folder standing for every dump below it."""
+    out: list[str] = []
+    for a in args:
+        out.extend(paths_under(a) if Path(a).is_dir() else [a])
+    return out
 
 
 def diff_dumps(paths: list[str], vmlinux: str | None = None) -> DiffReport:
-    """Compare every oracle in every dump."""
+    """Compare every oracle in every dump; a dump that cannot be read is recorded and skipped."""
+    from .cli import INPUT_ERRORS
+
     report = DiffReport()
-    for p in paths:
-        session = load_session(p, vmlinux=vmlinux)
-        for oracle in session.dump.oracles():
-            res = compare_oracle(session, oracle)
-            if res is not None:
-                report.results.append(res)
+    for p in dump_paths(paths):
+        try:
+            session = load_session(p, vmlinux=vmlinux)
+            results = [compare_oracle(session, oracle) for oracle in session.dump.oracles()]
+        except INPUT_ERRORS as e:
+            report.unreadable.append((p, str(e).splitlines()[0] if str(e) else type(e).__name__))
+            continue
+        report.results.extend(r for r in results if r is not None)
     return report
 
 
+def _side_by_side(r: OracleResult) -> list[str]:
+    """The two traces in columns, one frame per row, labelled by who produced each."""
+    left, right = r.oracle_label, r.mode + (f" (from frame {r.cut})" if r.cut else "")
+    width = max([len(left), *(len(n) for n in r.expected_names)]) + 2
+    rows = [f"  {'#':>3}  {left:<{width}}{right}"]
+    for i in range(max(len(r.expected_names), len(r.got_names))):
+        a = r.expected_names[i] if i < len(r.expected_names) else ""
+        b = r.got_names[i] if i < len(r.got_names) else ""
+        mark = " " if a == b else "|"
+        rows.append(f"  {i:>3}{mark} {a:<{width}}{b}")
+    return rows
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
-    """``unwind diff``: exit 1 on any unexplained difference."""
+    """``unwind diff``: exit 1 on any unexplained difference, 2 when a dump could not be read."""
     report = diff_dumps(args.dumps, args.vmlinux)
+    for path, why in report.unreadable:
+        print(f"unwind: error: {path}: {why} (skipped)", file=sys.stderr)
     if args.json:
         print(json.dumps({"counts": {k: dict(v) for k, v in report.counts().items()},
-                          "differences": [{"dump": r.dump, "source": r.source, "who": r.who,
+                          "differences": [{"dump": r.dump, "source": r.source, "who": r.who, "mode": r.mode,
                                            "category": r.category, "expected": [hex(x) for x in r.expected],
-                                           "got": [hex(x) for x in r.got]}
-                                          for r in report.results if r.category != "exact"]}))
+                                           "got": [hex(x) for x in r.got], "expected_symbols": r.expected_names,
+                                           "got_symbols": r.got_names}
+                                          for r in report.results if r.category != "exact"],
+                          "unreadable": [{"dump": p, "error": why} for p, why in report.unreadable]}))
     else:
         for r in report.results:
             if r.category != "exact" and (args.verbose or not r.explained):
                 print(f"{r.dump}: {r.source} {r.who}: {r.category}")
-                print(f"  expected {' '.join(hex(x) for x in r.expected)}")
-                print(f"  replayed {' '.join(hex(x) for x in r.got)}")
+                print("\n".join(_side_by_side(r)))
         for source, c in sorted(report.counts().items()):
             total = sum(c.values())
             parts = ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
             print(f"{source}: {total} traces: {parts}")
+    if report.unreadable:
+        return 2
     return 0 if report.ok else 1
 
 
@@ -139,7 +194,7 @@ def cmd_slim(args: argparse.Namespace) -> int:
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``slim`` and ``diff`` to the top-level parser."""
     d = sub.add_parser("diff", help="replay every task with an oracle and compare frame by frame")
-    d.add_argument("dumps", nargs="+", help="dump files")
+    d.add_argument("dumps", nargs="+", help="dump files, or folders (every dump below them)")
     d.add_argument("--vmlinux", metavar="IMAGE", help="kernel image (default: found by build-id)")
     d.add_argument("--json", action="store_true", help="counts and differences as JSON")
     d.add_argument("-v", "--verbose", action="store_true", help="also list explained differences")
