@@ -581,7 +581,7 @@ def report_lines(r: Results, plots: dict[str, str] | None, source: str) -> list[
                  f"{_num(r.load.get('end', 0), 2)} at the end"
                  + (f": other processes were competing for the {cores} cores, so the times are inflated "
                     "and noisy (`--cpu-time` and `--stat min` are less disturbed)" if busy else ""))
-    L += ["", "## Targets (issue 7)", ""]
+    L += ["", "## Targets", ""]
     L += _table(("target", "goal", "measured", "ratio", "verdict"),
                 ((t.name, t.goal, t.measured, t.ratio, t.verdict) for t in targets(r)))
 
@@ -659,7 +659,8 @@ def report_lines(r: Results, plots: dict[str, str] | None, source: str) -> list[
             pts = depth[arch]
             fit = fit_line([d for d, _ in pts], [t for _, t in pts])
             rows.append([arch, ", ".join(f"{d}: {_num(t / d * 1e6)}" for d, t in pts),
-                         f"{_num(fit.slope * 1e6)} µs/frame + {_num(fit.intercept * 1e6)} µs" if fit else "–",
+                         f"{_num(fit.slope * 1e6)} µs/frame {'−' if fit.intercept < 0 else '+'} "
+                         f"{_num(abs(fit.intercept) * 1e6)} µs" if fit else "–",
                          depth_growth(pts)])
         L += _table(("arch", "µs per frame at depth", "least squares: time on depth", "growth"), rows)
     else:

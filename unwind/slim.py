@@ -69,11 +69,20 @@ def _section_type(name: str | int) -> int:
     return ENUM_SH_TYPE_BASE[name] if isinstance(name, str) else int(name)
 
 
+def is_slim(image: Image) -> bool:
+    """Is ``image`` already a slim image? Its ``.data`` has no contents (a vmlinux's always has)."""
+    data = image.elf.get_section_by_name(".data")
+    return data is not None and data["sh_type"] == "SHT_NOBITS"
+
+
 def write_slim(vmlinux: str | Path, out: str | Path, with_text: bool = False) -> int:
-    """Write the slim image of ``vmlinux`` to ``out`` (xz-compressed when it ends in ``.xz``)."""
+    """Write the slim image of ``vmlinux`` to ``out`` (xz-compressed when it ends in ``.xz``).
+
+    Slimming a slim image keeps the text it has: text dropped here could not be had back.
+    """
     image = Image(vmlinux)
     try:
-        data = slim_bytes(image, with_text)
+        data = slim_bytes(image, with_text or (is_slim(image) and image.has_text))
     finally:
         image.close()
     if str(out).endswith(".xz"):

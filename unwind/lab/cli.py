@@ -40,7 +40,10 @@ def cmd_kernels_list(args: argparse.Namespace) -> int:
     """List fetched kernels."""
     from .fetch import cache_dir
 
-    for p in sorted((cache_dir() / "kernels").glob("*/kernel.json")):
+    found = sorted((cache_dir() / "kernels").glob("*/kernel.json"))
+    if not found:
+        print(f"none fetched in {cache_dir() / 'kernels'} (unwind kernels fetch --arch ARCH)")
+    for p in found:
         m = json.loads(p.read_text())
         print(f"{m['arch']:7} {m['release']:28} {m['build_id']}  {p.parent}")
     return 0
