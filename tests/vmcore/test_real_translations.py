@@ -8,7 +8,10 @@ x86-64 guest booted by hand with KASLR and ``-cpu max`` (LA57: 5-level paging,
 KERNELOFFSET 0x25600000, a negative phys_base): ``qemu-system-x86_64 -accel tcg
 -m 256M -smp 1 -cpu max -device vmcoreinfo -kernel <boot-image> -initrd <the
 lab's initrd> -append "console=ttyS0 panic=-1 rdinit=/init"``, then HMP ``stop``
-and ``dump-guest-memory``. drgn 0.3.0 sampled the addresses itself
+and ``dump-guest-memory``; likewise one arm64 guest with KASLR on 48-bit
+hardware (``qemu-system-aarch64 -M virt -cpu max,lpa2=off,pauth-impdef=on``:
+the 52-bit kernel folds a level, TCR_EL1_T1SZ=16, PHYS_OFFSET wraps to
+0xfff1000040000000). drgn 0.3.0 sampled the addresses itself
 (image variables, every task_struct and stack, per-CPU runqueues) and gave
 ``follow_phys(init_mm, va)`` for each; the file keeps those answers, the
 VMCOREINFO and the physical pages our walk read (page tables, the variables
