@@ -87,3 +87,21 @@ def test_truncated_vmcore(tmp_path, capsys) -> None:
     p.write_bytes(_elf_vmcore("EM_X86_64", "OSRELEASE=6.12.0\n", truncate=100))
     rc, err = _run(capsys, "replay", str(p))
     assert rc == 2 and "truncated" in err and len(err.splitlines()) == 1
+
+
+def test_riscv_vmcoreinfo_found_in_memory_is_taken(tmp_path, monkeypatch) -> None:
+    """What the backend finds in memory becomes the dump's VMCOREINFO (release, build-id, numbers)."""
+    from unwind.image import open_image
+    from unwind.vmcore.vmcoreinfo import VmcoreInfo
+    from unwind.vmdump import VmcoreDump
+
+    p = tmp_path / "vmcore"
+    p.write_bytes(_elf_vmcore("EM_RISCV", None))
+    dump = VmcoreDump.open(str(p))
+    image = open_image(_slim("riscv"))
+    found = VmcoreInfo.parse(f"OSRELEASE=6.12.0\nBUILD-ID={image.build_id}\nNUMBER(VA_BITS)=57\n")
+    monkeypatch.setattr(type(dump.backend), "vmcoreinfo_from_memory",
+                        lambda self, phys, ranges, symbol, btf=None: (found, "found it"))
+    assert dump.find_vmcoreinfo(image) == "found it"
+    assert dump.release == "6.12.0" and dump.build_id == image.build_id
+    assert dump.vmcoreinfo.get("NUMBER(VA_BITS)") == "57"
