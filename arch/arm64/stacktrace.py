@@ -64,8 +64,9 @@ KUNWIND_SINCE = (6, 8)
 #: the first kernel whose ftrace_graph_ret_addr() searches down from ``*idx`` and skips tail-call
 #: entries ("function_graph: Convert ret_stack to a series of longs", v6.11); 6.1 scans up from the bottom
 FGRAPH_IDX_SINCE = (6, 11)
-#: how far below the top of a task stack the FINAL record is looked for (a pt_regs is smaller)
-_FINAL_SEARCH = 0x200
+#: how far below the top of a task stack the FINAL record is looked for: 24 (v6.18+) and 40 (v6.13)
+#: bytes in the trees read; members added after ``stackframe`` would have to grow it by 0x50 to escape
+_FINAL_SEARCH = 0x80
 
 
 
@@ -120,7 +121,7 @@ def find_final_record(target: Target) -> int | None:
     top = task_stack(target.task.stacks)
     if top is None:
         return None
-    for dist in range(FRAME_RECORD_META_SIZE, _FINAL_SEARCH + 8, 8):
+    for dist in range(FRAME_RECORD_META_SIZE, _FINAL_SEARCH + 1, 8):
         try:
             words = [target.mem.read_u64(top.high - dist + 8 * i) for i in range(3)]
         except MemoryFault:
