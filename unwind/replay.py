@@ -11,6 +11,7 @@ from .callsite import CallSiteChecker
 from .dump import Dump, DumpError
 from .frame import Frame
 from .image import IMAGE_PATH_ENV, Image, ImageError, find_image, image_search_places
+from .kaslr import RelocatedImage, relocate_symbols
 from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from .target import Options, Target, Task, kernel_version
 from .vmcore import VmcoreError, detect_format, is_vmcore
@@ -132,12 +133,11 @@ class Session:
         symbol = runtime_symbols(symbols, slide)
         btf = image.btf if image.btf is not None else dump.btf_from_memory(symbol)
         dump.attach(symbol, btf)
+        if slide:  # the walk and the printers see the image where the kernel ran it
+            image, symbols = RelocatedImage(image, slide), relocate_symbols(symbols, slide)  # type: ignore[assignment]
         session = cls(dump, image, symbols)  # type: ignore[arg-type]
         if found:
             session.warnings.append(found)
-        if slide:
-            session.warnings.append(f"KASLR offset {slide:#x}: the image's addresses are not relocated yet, "
-                                    "symbols and unwind tables will not match")
         session.warnings.extend(dump.warnings)
         return session
 
