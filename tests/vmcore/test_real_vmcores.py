@@ -26,10 +26,10 @@ SAMPLE_PAGES = 3000
 
 
 def _stops() -> list[tuple[Path, list[Path]]]:
-    """(the stop's QEMU ELF, the other vmcores of the same stop) for every stop found."""
+    """(the stop's ELF, the other vmcores of the same stop) for every stop found."""
     groups: dict[tuple[str, str], list[Path]] = {}
     for d in os.environ.get("UNWIND_VMCORES", DEFAULT_DIRS).split(":"):
-        for p in sorted(Path(d).glob("*/stop-*.*")) if Path(d).is_dir() else []:
+        for p in sorted(Path(d).glob("*/*.*")) if Path(d).is_dir() else []:
             stop, _, kind = p.name.partition(".")
             if kind.endswith((".elf", ".kdump", ".flat")) or kind in ("elf",):
                 groups.setdefault((p.parent.name, stop), []).append(p)
@@ -94,6 +94,41 @@ def test_flattened_reads_as_makedumpfile_reassembles(flat: Path, reassembled: Pa
             for off in range(0, src.size, 1 << 22):
                 chunk = f.read(1 << 22)
                 assert src.pread(off, len(chunk)) == chunk, f"offset {off:#x}"
+
+
+KDUMPS = [pytest.param(base, id=f"{base.parent.name}/{base.name}") for base, _ in STOPS
+          if base.name.startswith("kdump-") and base.with_name(base.name[:-4] + ".console.txt").exists()]
+
+
+@pytest.mark.skipif(not KDUMPS, reason="no true kdump /proc/vmcore here ($UNWIND_VMCORES)")
+@pytest.mark.parametrize("path", KDUMPS)
+def test_true_kdump_vmcore(path: Path) -> None:
+    """A /proc/vmcore the capture kernel served (x86-64 guest, 512 MiB, crashkernel=160M, sysrq c).
+
+    Expected, from the kernel and the capture kernel's console: the first MiB and the crash kernel's own
+    memory (its e820 "usable" range) are left out (arch/x86/kernel/crash.c elf_header_exclude_ranges), the
+    rest of QEMU's RAM below 0x1ffdd000 is there; crash_save_vmcoreinfo added CRASHTIME; one note per CPU.
+    """
+    import re
+
+    console = path.with_name(path.name[:-4] + ".console.txt").read_text(errors="replace")
+    usable = [(int(a, 16), int(b, 16) + 1) for a, b in
+              re.findall(r"BIOS-e820: \[mem 0x([0-9a-f]+)-0x([0-9a-f]+)\] usable", console)]
+    crash_lo, crash_hi = max(usable, key=lambda r: r[1] - r[0])
+    with open_vmcore(path) as vm:
+        assert vm.format == "elf" and vm.machine == "EM_X86_64"
+        assert "CRASHTIME" in vm.vmcoreinfo_dict and vm.vmcoreinfo_dict["PAGESIZE"] == "4096"
+        assert len(vm.prstatus) == 2
+        ranges = [(r.start, r.end) for r in vm.ranges]
+        assert ranges[0][0] == 1 << 20 and ranges[-1][1] == 0x1ffdd000
+        assert len(ranges) == 2 and ranges[0][1] <= crash_lo and crash_hi <= ranges[1][0]
+        with pytest.raises(MemoryFault):
+            vm.read_phys(crash_lo + 0x1000, 8)
+        # the kernel image PT_LOAD (p_vaddr _text) holds linux_banner, as the console printed it
+        banner = re.search(r"Linux version [^\n]*", console).group(0).split(" (")[0].encode()
+        image = [v for v in vm.virtual_loads if v.vaddr >> 63 and v.vaddr >= 0xffffffff80000000]
+        assert len(image) == 1
+        assert banner in vm.read_phys(image[0].paddr, image[0].size)
 
 
 FUZZ_FILES = [pytest.param(f, id=f"{f.parent.name}/{f.name}") for base, others in STOPS for f in [base, *others]
