@@ -147,3 +147,23 @@ def test_the_kernels_own_traces_from_the_vmcore(arch: str, vmcore: Path) -> None
     results = [r for r in results if r is not None]
     assert results and all(r.explained for r in results), [(r.who, r.category) for r in results if not r.explained]
     assert sum(r.category == "exact" for r in results) >= len(results) * 3 // 4
+
+
+KASLR = sorted(Path(os.environ.get("UNWIND_KASLR_VMCORES", "/work/lab-out/vmmm")).glob("*kaslr*.elf"))
+
+
+@pytest.mark.parametrize("vmcore", KASLR, ids=lambda p: p.name)
+def test_kaslr_vmcores_walk_every_task_to_a_clean_end(vmcore: Path) -> None:
+    """vmmm's KASLR guests (no capture of the same stop): with the image relocated every blocked task
+    walks to its natural end through symbolised frames; unrelocated, none would find its unwind data."""
+    arch = "x86_64" if vmcore.name.startswith("x86") else vmcore.name.split("-")[0]
+    s = Session.load(vmcore, vmlinux=_vmlinux(arch))
+    from unwind.kaslr import RelocatedImage
+
+    assert isinstance(s.image, RelocatedImage) and s.image.slide
+    blocked = [t for t in s.dump.tasks() if not t.running]
+    assert len(blocked) > 20
+    for t in blocked:
+        r = s.replay(t)
+        assert r.stop.clean, (t.pid, t.comm, r.stop)
+        assert all(not f.symbol.startswith("0x") for f in r.frames if f.reliable), (t.pid, t.comm)
