@@ -11,7 +11,9 @@ address and the same bytes.
 tables, the variables the shortcuts need) with drgn's answers, so a test can
 replay the translation of a real kernel's page tables without the vmcore:
 ``python -m unwind.lab.translations VMCORE VMLINUX ARCH -o OUT.json.xz [--capture DUMP]``.
-drgn translates no riscv addresses; there the capture of the same stop is the oracle.
+drgn translates no riscv addresses; there the capture of the same stop is the
+oracle, or QEMU's own MMU: ``--take-from-qemu MONITOR`` stops a running guest,
+dumps it to VMCORE and asks HMP ``gva2gpa`` for each sampled address.
 """
 
 from __future__ import annotations
@@ -190,6 +192,8 @@ def compare(vm: VirtualMemory, answers: list[dict[str, Any]]) -> list[str]:
         if a["pa"] is not None and pa != a["pa"]:
             bad.append(f"{va:#x} ({what}): drgn {a['pa']:#x}, ours {pa:#x}")
             continue
+        if "bytes" not in a:  # an oracle of addresses only (QEMU's gva2gpa)
+            continue
         try:
             ours = vm.read(va, SAMPLE_BYTES).hex()
         except MemoryFault as e:
@@ -225,12 +229,15 @@ def compare_capture(vm: VirtualMemory, capture: str | Path) -> tuple[int, list[s
 
 
 def record(vmcore_path: str | Path, vmlinux: str | Path, arch: str, out: str | Path,
-           sample_from: str | Path | None = None, capture: str | Path | None = None) -> dict[str, Any]:
+           sample_from: str | Path | None = None, capture: str | Path | None = None,
+           qemu_gva2gpa: str | Path | None = None) -> dict[str, Any]:
     """Check our translation against drgn's (not on riscv) and the capture's bytes; write what a test replays.
 
     ``sample_from`` is another vmcore of the same stop where drgn can list
     the tasks (a filtered dump may lack pages ``for_each_task`` walks);
-    ``capture`` the project's dump of the same stop. The xz JSON written keeps
+    ``capture`` the project's dump of the same stop; ``qemu_gva2gpa`` a JSON
+    list of ``{"va", "qemu"}`` that QEMU's HMP ``gva2gpa`` answered for the
+    stopped guest, taken instead of drgn (riscv). The xz JSON written keeps
     drgn's answers, a SHA-256 of each captured segment, and the physical pages
     our translator read, plus those the captured bytes came from.
     """
@@ -239,7 +246,12 @@ def record(vmcore_path: str | Path, vmlinux: str | Path, arch: str, out: str | P
     image = Image(vmlinux)
     answers: list[dict[str, Any]] = []
     how = []
-    if arch != "riscv":  # drgn translates no riscv addresses
+    if qemu_gva2gpa is not None:
+        with open(qemu_gva2gpa) as f:
+            answers = [{"va": int(r["va"], 16), "what": r.get("what", "sampled"), "pa": int(r["qemu"], 16)}
+                       for r in json.load(f) if r["qemu"] is not None]
+        how.append(f"QEMU's own MMU: HMP gva2gpa of each address, with the guest stopped ({Path(qemu_gva2gpa).name})")
+    elif arch != "riscv":  # drgn translates no riscv addresses
         import drgn
 
         prog = drgn_program(vmcore_path, vmlinux, arch)
@@ -287,6 +299,58 @@ def record(vmcore_path: str | Path, vmlinux: str | Path, arch: str, out: str | P
     return doc
 
 
+def _hmp(sock: Any, command: str, wait: float) -> str:
+    """One HMP command on a monitor socket; its output without the terminal escapes."""
+    import re
+    import socket
+    import time
+
+    sock.sendall((command + "\n").encode())
+    time.sleep(wait)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except socket.timeout:
+        pass
+    return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", data.decode(errors="replace"))
+
+
+def take_from_qemu(monitor: str | Path, vmcore: str | Path, vmlinux: str | Path) -> Path:
+    """Stop a lab guest, dump it to ``vmcore`` and ask QEMU's MMU (HMP ``gva2gpa``) where our sampled addresses are.
+
+    The addresses are every task's ``task_struct``, stack bottom and top word
+    (as our Session lists them) and a few image variables; QEMU answers with
+    the stopped vCPU's own translation. Writes and returns ``VMCORE.gva2gpa.json``
+    (``[{"va", "what", "qemu"}]``), the input of ``record(..., qemu_gva2gpa=)``.
+    """
+    import re
+    import socket
+
+    from unwind.replay import Session
+
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(str(monitor))
+    sock.settimeout(0.5)
+    _hmp(sock, "", 0.5)
+    _hmp(sock, "stop", 0.5)
+    if not Path(vmcore).exists():
+        _hmp(sock, f"dump-guest-memory {vmcore}", 30)
+    session = Session.load(vmcore, vmlinux=vmlinux)
+    addrs = [(a, f"&{n}") for n in IMAGE_SYMBOLS[:3] if (a := session.symbols.address(n)) is not None]
+    for t in session.dump.kernel_tasks():
+        addrs += [(t.addr, f"task {t.pid}"), (t.stack, f"stack of {t.pid}"),
+                  (t.stack + 0x3FF8, f"stack top of {t.pid}")]
+    rows = []
+    for va, what in addrs:
+        m = re.search(r"gpa: (0x[0-9a-f]+)", _hmp(sock, f"gva2gpa {va:#x}", 0.15))
+        rows.append({"va": hex(va), "what": what, "qemu": m.group(1) if m else None})
+    sock.close()
+    out = Path(f"{vmcore}.gva2gpa.json")
+    out.write_text(json.dumps(rows))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m unwind.lab.translations VMCORE VMLINUX ARCH -o OUT``."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -296,9 +360,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--out", required=True)
     p.add_argument("--sample-from", help="another vmcore of the same stop to list the tasks in")
     p.add_argument("--capture", help="the project's dump of the same stop, to compare bytes with")
+    p.add_argument("--qemu-gva2gpa", help="JSON [{va, qemu}] of QEMU's gva2gpa answers, instead of drgn")
+    p.add_argument("--take-from-qemu", metavar="MONITOR", help="first stop the guest on this HMP socket, dump it to "
+                   "VMCORE and write VMCORE.gva2gpa.json from QEMU's MMU (then used as --qemu-gva2gpa)")
     a = p.parse_args(argv)
-    doc = record(a.vmcore, a.vmlinux, a.arch, a.out, a.sample_from, a.capture)
-    print(f"{len(doc['translations'])} translations agree with drgn, {len(doc['capture'])} captured segments "
+    if a.take_from_qemu:
+        a.qemu_gva2gpa = take_from_qemu(a.take_from_qemu, a.vmcore, a.vmlinux)
+    doc = record(a.vmcore, a.vmlinux, a.arch, a.out, a.sample_from, a.capture, a.qemu_gva2gpa)
+    print(f"{len(doc['translations'])} translations agree, {len(doc['capture'])} captured segments "
           f"with the capture; {len(doc['pages'])} pages kept in {a.out}")
     return 0
 
