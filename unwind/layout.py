@@ -64,10 +64,6 @@ class StructLayout:
         """``struct pt_regs: 320 bytes, from BTF (the image's .BTF)``."""
         return f"struct {self.name}: {self.size} bytes, from {self.source} ({self.detail})"
 
-    def to_json(self) -> dict[str, Any]:
-        """The layout as plain data (the dump's ``offsets`` shape, plus its source)."""
-        return {"size": self.size, "members": dict(self.offsets), "source": self.source, "detail": self.detail}
-
 
 def table_layout(name: str, struct: Struct, members: Sequence[str], detail: str) -> StructLayout:
     """The layout a construct declaration gives."""
