@@ -28,7 +28,8 @@ from .target import Options
 DISTRIBUTION = "kernel-unwind"
 
 #: modules that add subcommands: each has ``add_commands(subparsers)``
-_COMMAND_MODULES = ("unwind.lab.cli", "unwind.tools", "unwind.bench", "unwind.triage", "unwind.vmtools")
+_COMMAND_MODULES = ("unwind.lab.cli", "unwind.tools", "unwind.bench", "unwind.triage", "unwind.vmtools",
+                    "unwind.fuzz")
 
 #: the input errors every subcommand turns into exit status 2
 INPUT_ERRORS: tuple[type[Exception], ...] = (DumpError, ImageError, ArchError, ReplayError, OSError)

@@ -13,7 +13,11 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
 
 if TYPE_CHECKING:
+    import random
+    from collections.abc import Sequence
+
     from .btf import Btf
+    from .image import Image
     from .vmcore.virtual import PhysReader, Translator
     from .vmcore.vmcoreinfo import VmcoreInfo
     from .frame import Frame
@@ -112,6 +116,12 @@ class ArchBackend(ABC):
         """The arch's hooks for reading a stopped kernel (``arch/<arch>/kernel.py``): saved contexts,
         per-CPU stacks, CPU modes (see :mod:`unwind.kernel`)."""
         return importlib.import_module(f"{type(self).__module__.rpartition('.')[0]}.kernel")
+
+    def fuzz_image(self, rng: "random.Random", image: "Image", release: str | None,
+                   words: "Sequence[int]") -> "Callable[[], None] | None":
+        """``unwind fuzz``'s arch family: corrupt what this arch reads from the image (x86-64: ORC)
+        for the next walks; returns what puts it back, or ``None`` when nothing was changed."""
+        return None
 
     def symbolize(self, frame: "Frame", target: "Target") -> str:
         """The symbol text the kernel would print for this frame (``%pS`` by default)."""

@@ -22,6 +22,10 @@ from .structs import INACTIVE_TASK_FRAME_MEMBERS, PT_REGS_MEMBERS
 from .unwind_orc import MODULES_RANGE, OrcUnwinder
 
 if TYPE_CHECKING:
+    import random
+    from collections.abc import Sequence
+
+    from unwind.image import Image
     from unwind.replay import Replay
     from unwind.vmcore.virtual import PhysReader
     from unwind.vmcore.vmcoreinfo import VmcoreInfo
@@ -152,6 +156,13 @@ class X86_64Backend(ArchBackend):
         if len(got) < len(want) and want[:len(got)] == got and replay.stop.clean:
             return category or "oracle-continues"
         return None
+
+    def fuzz_image(self, rng: "random.Random", image: "Image", release: str | None,
+                   words: "Sequence[int]") -> Callable[[], None] | None:
+        """Corrupt ORC entries the next walks look up, or parse a mutated window (:mod:`.fuzz`)."""
+        from .fuzz import mutate_orc
+
+        return mutate_orc(rng, image, release, words)
 
     def symbolize(self, frame: Frame, target: Target) -> str:
         """``%pS`` for a pc from pt_regs (the ``RIP:`` line), ``%pB`` for return addresses."""

@@ -1,0 +1,941 @@
+"""``unwind fuzz``: mutate real dumps and check that replay stays within its promises.
+
+Seeds are small dumps cut from the corpus (a few tasks each, with their stacks, the CPUs,
+VMCOREINFO and the oracles of those tasks); the slim image of each build is opened once.
+Each case applies one mutation family to one seed, in memory:
+
+``stack``  words of a captured stack (self-loops, pointers into and out of the stacks, text
+           addresses, PAC-like high bits, zero records)
+``regs``   one CPU's ``NT_PRSTATUS`` registers
+``json``   the ``UNWIND`` note's values and types (deleted keys, wrong types, out-of-range
+           numbers, swapped ranges, deep nesting, huge text)
+``vmcoreinfo`` the VMCOREINFO text (bad, huge and negative numbers, junk lines)
+``elf``    the ELF header, program headers and note headers of the container
+``orc``    what the arch reads from the image (``ArchBackend.fuzz_image``; x86-64: ORC entries
+           the walk looks up, and the section parser on a window of the tables)
+``btf``    the image's ``.BTF`` (a real blob cut to a small prefix of its types and strings):
+           header fields, type records, strings; then the queries the kernel reader makes
+``vmcore`` small vmcore files (``--vmcore-seeds``: ELF, kdump-compressed, flattened): headers,
+           bitmaps, page descriptors, notes; then every page and note is read
+
+and checks, for every task, in faithful, complete, explain (provenance) and reliable mode,
+with the trace printed and the oracles compared: no exception but a one-line input error at
+open; no case over the CPU bound; no read outside a captured segment (every segment's bytes are
+instrumented); at most :func:`unwind.walk.frame_limit` frames; every frame value and provenance
+read a u64. ``btf`` and ``vmcore`` cases may raise only ``BtfError``/``VmcoreError`` (one line)
+or a ``MemoryFault`` for a page.
+Cases are numbered and reproducible: case ``i`` of seed ``S`` is the same everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import lzma
+import multiprocessing
+import random
+import resource
+import signal
+import struct
+import sys
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from . import elfcore, registry
+from .btf import Btf, BtfError, Header as BtfHeader
+from .dump import Dump, DumpError, DumpWriter
+from .frame import Frame
+from .image import Image, ImageError, find_image
+from .memory import Memory, MemoryFault, Segment
+from .replay import ReplayError, Session
+from .target import Options
+from .walk import frame_limit
+
+U64 = 2**64
+FAMILIES = ("stack", "regs", "json", "vmcoreinfo", "elf", "orc", "btf", "vmcore")
+#: CPU seconds one case may take (every task, every mode); over it the case is a hang
+CASE_CPU_LIMIT = 5.0
+MODES: dict[str, tuple[Options, bool]] = {
+    "faithful": (Options(), False),
+    "complete": (Options(complete=True), False),
+    "explain": (Options(record=True), False),
+    "reliable": (Options(), True),
+}
+
+
+class CaseTimeout(Exception):
+    """The case used more than its CPU bound."""
+
+
+class OutOfDump(Exception):
+    """A read past a captured segment's bytes."""
+
+
+# --- instrumented memory ------------------------------------------------------------------------
+
+class CheckedBytes(bytes):
+    """A segment's bytes that refuse (and report) any slice or index past their end."""
+
+    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+        n = len(self)
+        if isinstance(key, slice):
+            start, stop, _ = key.start, key.stop, key.step
+            if (start is not None and not 0 <= start <= n) or (stop is not None and not 0 <= stop <= n) \
+                    or (start is not None and stop is not None and stop < start):
+                raise OutOfDump(f"slice [{start}:{stop}] of a {n}-byte segment")
+        elif not 0 <= key < n:
+            raise OutOfDump(f"index {key} of a {n}-byte segment")
+        return super().__getitem__(key)
+
+
+def instrument(mem: Memory) -> Memory:
+    """The same memory with every segment's bytes :class:`CheckedBytes`."""
+    return Memory([Segment(s.start, CheckedBytes(s.data)) for s in mem.segments])
+
+
+# --- seeds --------------------------------------------------------------------------------------
+
+@dataclass
+class Seed:
+    """A small dump cut from a corpus dump, kept as parts the families mutate."""
+
+    name: str
+    arch: str
+    segments: list[tuple[int, bytes]]
+    cpus: list[tuple[int, dict[str, int]]]
+    vmcoreinfo: str
+    meta: dict[str, Any]
+    image_path: Path | None
+    #: captured stack words: (segment index, offset) of every 8-byte word inside a stack range
+    stack_words: list[tuple[int, int]] = field(default_factory=list)
+
+    def writer(self, meta: dict[str, Any] | None = None, note_json: bytes | None = None) -> DumpWriter:
+        """A writer holding the seed (``meta`` or raw ``note_json`` in place of its note)."""
+        w = DumpWriter(self.arch)
+        w._ranges = {a: bytearray(d) for a, d in self.segments}
+        w.cpus = [(c, dict(r), None) for c, r in self.cpus]
+        w.vmcoreinfo = self.vmcoreinfo
+        w.note_json = note_json if note_json is not None else \
+            json.dumps(meta if meta is not None else self.meta, sort_keys=True, separators=(",", ":")).encode()
+        return w
+
+
+def cut_seed(dump: Dump, name: str, pids: list[int | None], image_path: Path | None) -> Seed:
+    """The part of ``dump`` that the tasks ``pids`` use: their stacks, all CPUs, their oracles."""
+    meta = copy.deepcopy(dump.meta)
+    keep = set(pids)
+    meta["tasks"] = [t for t in meta.get("tasks", []) if t.get("pid") in keep]
+    cpus = {t.get("cpu") for t in meta["tasks"] if t.get("cpu") is not None}
+    meta["stacks"] = [s for s in meta.get("stacks", []) if s.get("pid") in keep
+                      or (s.get("pid") is None and s.get("cpu") in cpus)]
+    meta["oracles"] = [o for o in meta.get("oracles", []) if o.get("pid") in keep
+                       or (o.get("cpu") is not None and o.get("cpu") in cpus)]
+    meta.pop("oracles_excluded", None)
+    ranges = [(int(s["low"], 16), int(s["high"], 16)) for s in dump.meta.get("stacks", [])]
+    kept = [(int(s["low"], 16), int(s["high"], 16)) for s in meta["stacks"]]
+
+    def wanted(seg: Segment) -> bool:
+        on = [r for r in ranges if r[0] < seg.end and seg.start < r[1]]
+        return not on or any(r[0] < seg.end and seg.start < r[1] for r in kept)
+
+    segments = [(s.start, s.data) for s in dump.memory.segments if wanted(s)]
+    seed = Seed(name, dump.arch, segments, [(c.cpu, c.regs) for c in dump.cpus], dump.vmcoreinfo_text,
+                meta, image_path)
+    for i, (start, data) in enumerate(segments):
+        for lo, hi in kept:
+            a, b = max(lo, start), min(hi, start + len(data))
+            seed.stack_words.extend((i, off) for off in range(a - start + (-(a - start)) % 8, b - start - 7, 8))
+    return seed
+
+
+def load_seeds(corpus: Path, tasks_per_seed: int = 2, dumps_per_build: int = 4) -> list[Seed]:
+    """Seeds from the corpus: per build, a few dumps; per dump, its running tasks and a blocked one."""
+    seeds: list[Seed] = []
+    for build in sorted(p for p in corpus.glob("*/*") if p.is_dir()):
+        dumps = sorted(build.glob("stop-*.bin*"))
+        step = max(1, len(dumps) // dumps_per_build)
+        for path in dumps[::step][:dumps_per_build]:
+            dump = Dump.open(path)
+            image = find_image(dump.build_id, path, None)
+            tasks = dump.meta.get("tasks", [])
+            running = [t.get("pid") for t in tasks if t.get("cpu") is not None]
+            blocked = [t.get("pid") for t in tasks if t.get("cpu") is None and t.get("fgraph")] + \
+                      [t.get("pid") for t in tasks if t.get("cpu") is None]
+            for k in range(0, max(len(running), 1), tasks_per_seed):
+                pids = running[k:k + tasks_per_seed] + blocked[k // tasks_per_seed:k // tasks_per_seed + 1]
+                seeds.append(cut_seed(dump, f"{build.name}/{path.name.split('.')[0]}#{k}", pids,
+                                      image.path if image is not None else None))
+    return seeds
+
+
+# --- mutations ----------------------------------------------------------------------------------
+
+def _interesting_u64(rng: random.Random, seed: Seed) -> int:
+    """A value a broken dump plausibly holds: near a stack, a text address, a PAC'd pointer, edges."""
+    kind = rng.randrange(9)
+    if kind == 0 and seed.stack_words:
+        i, off = rng.choice(seed.stack_words)
+        return (seed.segments[i][0] + off + rng.randrange(-64, 64)) % U64
+    if kind == 1:
+        return rng.choice((0, 1, 8, 16, U64 - 1, U64 - 8, U64 - 16, 2**63, 2**63 - 1, 2**48, 2**56))
+    if kind == 2 and seed.stack_words:  # a pointer to another captured word
+        i, off = rng.choice(seed.stack_words)
+        return seed.segments[i][0] + off
+    if kind == 3 and seed.segments:  # the end of a segment (reads run off it)
+        start, data = rng.choice(seed.segments)
+        return (start + len(data) - rng.choice((0, 8, 16, 24))) % U64
+    if kind == 4 and seed.stack_words:  # the same word with high (PAC-like) bits changed
+        i, off = rng.choice(seed.stack_words)
+        word = struct.unpack_from("<Q", seed.segments[i][1], off)[0]
+        return word ^ (rng.getrandbits(16) << 48)
+    if kind == 5 and seed.stack_words:  # a word read elsewhere from the stacks (likely a text address)
+        i, off = rng.choice(seed.stack_words)
+        return struct.unpack_from("<Q", seed.segments[i][1], off)[0]
+    return rng.getrandbits(64)
+
+
+def mutate_stack(rng: random.Random, seed: Seed) -> DumpWriter:
+    """Overwrite 1..8 captured stack words."""
+    w = seed.writer()
+    for _ in range(rng.randint(1, 8)):
+        if not seed.stack_words:
+            break
+        i, off = rng.choice(seed.stack_words)
+        start = seed.segments[i][0]
+        value = start + off if rng.random() < 0.1 else _interesting_u64(rng, seed)  # a self-loop
+        w._ranges[start][off:off + 8] = struct.pack("<Q", value)
+    return w
+
+
+def mutate_regs(rng: random.Random, seed: Seed) -> DumpWriter:
+    """Change 1..3 registers of one CPU."""
+    w = seed.writer()
+    if w.cpus:
+        k = rng.randrange(len(w.cpus))
+        regs = w.cpus[k][1]
+        for _ in range(rng.randint(1, 3)):
+            regs[rng.choice(list(regs))] = _interesting_u64(rng, seed)
+    return w
+
+
+def _random_json(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.randrange(14)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.choice((True, False))
+    if kind == 2:
+        return rng.choice((-1, 0, 1, 2**63, 2**64, 2**64 + 1, 10**20, -(2**63) - 1, 7))
+    if kind == 3:
+        return rng.choice((0.5, -1.0, 1e300, 3.0))
+    if kind == 4:
+        return rng.choice(("zz", "", "0x", "0x" + "f" * 17, "0x-1", "-0x10", "0x1_0", " 0x10", "0xffff0000",
+                           "0" * 30, "\u00e9", "0xFFFFFFFFFFFFFFFF", "1e5"))
+    if kind == 5:
+        return hex(rng.getrandbits(64))
+    if kind == 6 and depth < 3:
+        return [_random_json(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if kind == 7 and depth < 3:
+        return {rng.choice(("ret", "retp", "low", "high", "kind", "addr", "size", "fp", "pc", "sp", "x")):
+                _random_json(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+    if kind == 8:
+        return "x" * rng.choice((100, 5000))
+    if kind == 9:
+        return rng.randrange(-5, 70)
+    return hex(rng.choice((0, 8, 0xFFFF800080000000, 0xFFFFFFFF81000000, U64 - 1)) + rng.randrange(0, 4096))
+
+
+def _nodes(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    yield path, value
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k not in ("text",):
+                yield from _nodes(v, path + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value[:64]):
+            yield from _nodes(v, path + (i,))
+
+
+def mutate_json(rng: random.Random, seed: Seed) -> DumpWriter:
+    """Change, delete or retype 1..3 values of the note; sometimes break the JSON text itself."""
+    roll = rng.random()
+    if roll < 0.03:
+        return seed.writer(note_json=b"[" * rng.choice((1000, 100000)) + b"]" * rng.choice((0, 1000)))
+    if roll < 0.06:
+        raw = bytearray(seed.writer().note_json or b"")
+        for _ in range(rng.randint(1, 4)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        return seed.writer(note_json=bytes(raw))
+    meta = copy.deepcopy(seed.meta)
+    for _ in range(rng.randint(1, 3)):
+        nodes = [n for n in _nodes(meta) if n[0]]
+        hot = [n for n in nodes if n[0][0] in ("tasks", "stacks", "cpus", "symbols", "kernel",
+                                                "ftrace_trampolines", "offsets", "build_id", "arch", "format")]
+        path, value = rng.choice(hot if hot and rng.random() < 0.8 else nodes)
+        parent: Any = meta
+        for p in path[:-1]:
+            parent = parent[p]
+        key = path[-1]
+        op = rng.randrange(6)
+        if op == 0:
+            del parent[key]
+        elif op == 1 and isinstance(value, str) and value.startswith("0x"):  # a near-miss hex value
+            parent[key] = rng.choice((value + "0", value[2:], value.upper(), value.replace("0x", "0X"),
+                                      int(value, 16), "0x1" + value[2:].rjust(16, "0")))
+        elif op == 2 and isinstance(parent, dict) and {"low", "high"} <= parent.keys():
+            parent["low"], parent["high"] = parent["high"], parent["low"]
+            if rng.random() < 0.5:
+                parent["low"], parent["high"] = hex(rng.getrandbits(64)), "0xffffffffffffffff"
+        elif op == 3 and isinstance(parent, list):
+            parent.append(copy.deepcopy(value))
+        else:
+            parent[key] = _random_json(rng)
+    return seed.writer(meta=meta)
+
+
+_VMCOREINFO_KEYS = ("NUMBER(VA_BITS)", "NUMBER(MODULES_VADDR)", "NUMBER(MODULES_END)", "NUMBER(KERNELPACMASK)",
+                    "NUMBER(TCR_EL1_T1SZ)", "PAGESIZE", "OSRELEASE", "KERNELOFFSET", "SYMBOL(init_uts_ns)",
+                    "NUMBER(phys_ram_base)")
+
+
+def mutate_vmcoreinfo(rng: random.Random, seed: Seed) -> DumpWriter:
+    """Set known keys to bad values, drop lines, add junk."""
+    lines = seed.vmcoreinfo.splitlines()
+    for _ in range(rng.randint(1, 3)):
+        op = rng.randrange(4)
+        if op == 0 or not lines:
+            value = rng.choice(("zz", "-1", "0", "64", "65", "100000", str(2**64), "-" + str(2**63 + 1),
+                                "9" * 5000, "0x", "0xffffffffffffffffff", "", "39", "48", "57", "0x10000"))
+            lines.append(f"{rng.choice(_VMCOREINFO_KEYS)}={value}")
+            if rng.random() < 0.5:  # the first of two lines wins: put it first
+                lines.insert(0, lines.pop())
+        elif op == 1:
+            del lines[rng.randrange(len(lines))]
+        elif op == 2:
+            lines.insert(rng.randrange(len(lines) + 1), rng.choice(("=", "==x", "NUMBER(=1", "\0\0", "x" * 70000)))
+        else:
+            i = rng.randrange(len(lines))
+            lines[i] = lines[i].replace("=", rng.choice(("", "==", "= ")), 1)
+    w = seed.writer()
+    w.vmcoreinfo = "\n".join(lines) + "\n"
+    return w
+
+
+def mutate_elf(rng: random.Random, seed: Seed) -> bytes:
+    """Bytes of the ELF header, program headers or note headers set to edge or random values."""
+    raw = bytearray(seed.writer().to_bytes())
+    phnum = struct.unpack_from("<H", raw, 56)[0]
+    note_off = struct.unpack_from("<Q", raw, 64 + 8)[0]
+    note_size = struct.unpack_from("<Q", raw, 64 + 32)[0]
+    heads = []
+    pos = note_off
+    while pos + 12 <= note_off + note_size:  # the note headers as written
+        namesz, descsz = struct.unpack_from("<II", raw, pos)
+        heads.append(pos)
+        pos += 12 + (namesz + 3) // 4 * 4 + (descsz + 3) // 4 * 4
+    for _ in range(rng.randint(1, 3)):
+        where = rng.randrange(4)
+        if where == 0:
+            off, width = rng.choice(((16, 2), (18, 2), (32, 8), (48, 4), (52, 2), (54, 2), (56, 2), (58, 2),
+                                     (4, 1), (5, 1), (6, 1)))
+        elif where == 1:
+            off, width = 64 + 56 * rng.randrange(phnum) + rng.choice((0, 8, 16, 32, 40)), rng.choice((4, 8))
+        elif where == 2 and heads:
+            off, width = rng.choice(heads) + rng.choice((0, 4, 8)), 4
+        else:
+            off, width = rng.randrange(len(raw)), 1
+        value = rng.choice((0, 1, 2**(8 * width) - 1, 2**(8 * width - 1), rng.getrandbits(8 * width),
+                            int.from_bytes(raw[off:off + width], "little") + rng.choice((-8, -1, 1, 4, 8))))
+        raw[off:off + width] = (value % 2**(8 * width)).to_bytes(width, "little")
+    if rng.random() < 0.1:
+        raw = raw[:rng.randrange(len(raw))]
+    return bytes(raw)
+
+
+# BTF: a real blob cut small ------------------------------------------------------------------
+
+#: types and string bytes a BTF seed keeps of the image's blob (the cut references past them:
+#: exactly what a hostile blob holds)
+BTF_SEED_TYPES = 3000
+BTF_SEED_STRINGS = 128 * 1024
+
+
+@dataclass
+class BtfSeed:
+    """A prefix of an image's ``.BTF`` and the struct and enum names it holds."""
+
+    blob: bytes
+    structs: list[str]
+    enums: list[str]
+
+
+def btf_seed(blob: bytes) -> BtfSeed | None:
+    """The first :data:`BTF_SEED_TYPES` types and :data:`BTF_SEED_STRINGS` string bytes of ``blob``."""
+    try:
+        full = Btf(blob)
+        hdr = BtfHeader.parse(blob)
+    except BtfError:
+        return None
+    base = hdr.hdr_len
+    ntypes = min(BTF_SEED_TYPES, len(full._offsets) - 1)
+    type_len = full._offsets[ntypes + 1] if ntypes + 1 < len(full._offsets) else hdr.type_len
+    str_len = min(hdr.str_len, BTF_SEED_STRINGS)
+    types = blob[base + hdr.type_off:base + hdr.type_off + type_len]
+    strs = blob[base + hdr.str_off:base + hdr.str_off + str_len]
+    out = BtfHeader.build(dict(magic=0xEB9F, version=hdr.version, flags=hdr.flags, hdr_len=BtfHeader.sizeof(),
+                               type_off=0, type_len=len(types), str_off=len(types), str_len=len(strs)))
+    cut = Btf(out + types + strs)
+    names: dict[str, list[str]] = {"struct": [], "enum": []}
+    for tid in range(1, ntypes + 1):
+        try:
+            t = cut.type(tid)
+        except BtfError:
+            continue
+        if t.kind in names and t.name:
+            names[t.kind].append(t.name)
+    return BtfSeed(out + types + strs, names["struct"][:200], names["enum"][:50])
+
+
+def mutate_btf(rng: random.Random, seed: BtfSeed) -> bytes:
+    """Header fields, type-record words or string bytes of the blob set to edge or random values."""
+    raw = bytearray(seed.blob)
+    hdr = BtfHeader.sizeof()
+    for _ in range(rng.randint(1, 4)):
+        where = rng.randrange(4)
+        if where == 0:
+            off, width = rng.choice(((0, 2), (2, 1), (3, 1), (4, 4), (8, 4), (12, 4), (16, 4), (20, 4)))
+        elif where in (1, 2):  # a word of a type record: name_off, info (kind, vlen), size/type, members
+            off, width = hdr + 4 * rng.randrange(max(1, (len(raw) - hdr) // 4 // 8)), 4
+        else:
+            off, width = rng.randrange(len(raw)), 1
+        old = int.from_bytes(raw[off:off + width], "little")
+        value = rng.choice((0, 1, 2**(8 * width) - 1, 2**(8 * width - 1), rng.getrandbits(8 * width),
+                            old + rng.choice((-1, 1, 12, 1 << 16, 1 << 24)), old ^ (1 << rng.randrange(8 * width))))
+        raw[off:off + width] = (value % 2**(8 * width)).to_bytes(width, "little")
+    if rng.random() < 0.05:
+        raw = raw[:rng.randrange(len(raw))]
+    return bytes(raw)
+
+
+def query_btf(rng: random.Random, btf: Btf, seed: BtfSeed) -> None:
+    """The queries the kernel reader and the layouts make, on names the blob held before mutation."""
+    for name in rng.sample(seed.structs, min(4, len(seed.structs))):
+        try:
+            btf.sizeof(name)
+            members = btf.members(name)
+            for mname, m in members[:6]:
+                if mname:
+                    btf.offsetof(name, mname)
+                    btf.has_member(name, f"{mname}.x[1]")
+                kind = btf.kind(m.type_id)
+                if kind == "ptr":
+                    btf.type_name(btf.pointee(m.type_id))
+                elif kind == "array":
+                    btf.array(m.type_id)
+                btf.type_name(m.type_id)
+        except BtfError:
+            pass
+    for name in rng.sample(seed.enums, min(2, len(seed.enums))):
+        try:
+            for k in list(btf.enumerators(name))[:3]:
+                btf.enum_value(k)
+        except BtfError:
+            pass
+
+
+# vmcores: small files of every format ---------------------------------------------------------
+
+def load_vmcore_seeds(folder: Path) -> list[tuple[str, bytes]]:
+    """The small vmcore files in ``folder`` (``tests/fuzz/vmcore_seeds.py`` writes them)."""
+    return [(p.name, p.read_bytes()) for p in sorted(folder.iterdir()) if p.is_file()]
+
+
+def mutate_vmcore(rng: random.Random, data: bytes) -> bytes:
+    """Words of the headers, bitmaps, page descriptors and notes (mostly in the first pages of
+    the file), or any byte, set to edge or random values; sometimes the file is cut short."""
+    raw = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        width = rng.choice((1, 4, 8))
+        span = min(len(raw), rng.choice((512, 4096, 16384, len(raw))))
+        off = rng.randrange(max(1, span - width))
+        off -= off % width if rng.random() < 0.7 else 0
+        old = int.from_bytes(raw[off:off + width], "little")
+        value = rng.choice((0, 1, 2**(8 * width) - 1, 2**(8 * width - 1), rng.getrandbits(8 * width),
+                            old + rng.choice((-4096, -8, -1, 1, 8, 4096)), old ^ (1 << rng.randrange(8 * width))))
+        raw[off:off + width] = (value % 2**(8 * width)).to_bytes(width, "little")
+    if rng.random() < 0.05:
+        raw = raw[:rng.randrange(len(raw))]
+    return bytes(raw)
+
+
+#: pages one vmcore case reads at most
+VMCORE_PAGES = 64
+
+
+def read_vmcore(path: Path) -> Exception | None:
+    """Open ``path`` and read its notes and up to :data:`VMCORE_PAGES` pages of its ranges;
+    the ``VmcoreError`` that refused the file, if one did."""
+    from .vmcore import VmcoreError, open_vmcore
+
+    try:
+        vm = open_vmcore(path)
+    except VmcoreError as e:
+        return e
+    with vm:
+        vm.prstatus, vm.vmcoreinfo_dict, vm.page_size, vm.notes  # noqa: B018 -- read, not kept
+        page = vm.page_size
+        pages = 0
+        for r in vm.ranges[:16]:
+            for addr in range(r.start, min(r.end, r.start + VMCORE_PAGES * page), page):
+                try:
+                    vm.read_phys(addr, min(page, r.end - addr))
+                except MemoryFault as e:
+                    if "\n" in str(e):
+                        raise AssertionError(f"fault is not one line: {str(e)[:200]!r}") from None
+                pages += 1
+                if pages >= VMCORE_PAGES:
+                    return None
+    return None
+
+
+# --- running a case -----------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    """What one case did: ``kind`` is ok, rejected (clean input error), traceback, hang, runaway,
+    out-of-dump or bad-value; ``detail`` says where."""
+
+    family: str
+    kind: str
+    detail: str = ""
+    tasks: int = 0
+
+
+class Fuzzer:
+    """Seeds, their images opened once, and the checks of one case."""
+
+    def __init__(self, seeds: list[Seed], cpu_limit: float = CASE_CPU_LIMIT,
+                 vmcore_seeds: list[tuple[str, bytes]] | None = None, scratch: Path | None = None,
+                 btf_blobs: list[bytes] | None = None) -> None:
+        self.seeds = seeds
+        self.cpu_limit = cpu_limit
+        self.images: dict[Path, Image] = {}
+        blobs = list(btf_blobs or [])
+        for s in seeds:
+            if s.image_path is not None and s.image_path not in self.images:
+                sec = self.image(s.image_path).section(".BTF")  # type: ignore[union-attr]
+                if sec is not None:
+                    blobs.append(sec[1])
+        #: BTF seeds: cut from the images' and the given blobs
+        self.btf_seeds = [b for b in map(btf_seed, blobs) if b is not None]
+        self.vmcore_seeds = vmcore_seeds or []
+        #: where a vmcore case's file is written (a tmpfs is best)
+        self.scratch = scratch or Path("/dev/shm" if Path("/dev/shm").is_dir() else "/tmp")
+        #: the bytes of the last case (to keep a failing case as a regression)
+        self.last = b""
+        #: where failing cases are written (:meth:`keep_case`), if anywhere
+        self.keep: Path | None = None
+
+    def families(self, seed: Seed) -> tuple[str, ...]:
+        """The families that apply to ``seed``: ``orc`` where its arch mutates its image, ``btf``
+        and ``vmcore`` when there are such seeds."""
+        backend = registry.get(seed.arch)
+        out = list(FAMILIES[:5])
+        if seed.image_path is not None and type(backend).fuzz_image is not registry.ArchBackend.fuzz_image:
+            out.append("orc")
+        if self.btf_seeds:
+            out.append("btf")
+        if self.vmcore_seeds:
+            out.append("vmcore")
+        return tuple(out)
+
+    def case(self, index: int, seed_value: int, family: str | None = None) -> Outcome:
+        """Run case ``index`` of the campaign seeded ``seed_value``."""
+        rng = random.Random(f"{seed_value}:{index}")
+        seed = self.seeds[rng.randrange(len(self.seeds))]
+        fam = family or rng.choice(self.families(seed))
+        out = self.guarded(fam, f"{seed.name} case {seed_value}:{index}", lambda: self._run(rng, seed, fam))
+        if self.keep is not None and out.kind not in ("ok", "rejected"):
+            self.keep_case(out, seed, f"{fam}-{seed_value}-{index}")
+        return out
+
+    def keep_case(self, out: Outcome, seed: Seed, name: str) -> Path:
+        """Write the case's input (``.bin.xz``) and what went wrong (``.txt``) into :attr:`keep`."""
+        assert self.keep is not None
+        self.keep.mkdir(parents=True, exist_ok=True)
+        path = self.keep / f"{name}.bin.xz"
+        path.write_bytes(lzma.compress(self.last))
+        path.with_suffix("").with_suffix(".txt").write_text(
+            f"family: {out.family}\nseed: {seed.name}\nimage: {seed.image_path.name if seed.image_path else ''}\n"
+            f"outcome: {out.kind}\n{out.detail}\n")
+        return path
+
+    def guarded(self, fam: str, label: str, run: Callable[[], Outcome]) -> Outcome:
+        """``run()`` under the CPU bound, any exception turned into the outcome that names it."""
+        signal.signal(signal.SIGVTALRM, _on_timer)
+        signal.setitimer(signal.ITIMER_VIRTUAL, self.cpu_limit)
+        try:
+            return run()
+        except CaseTimeout:
+            return Outcome(fam, "hang", f"{label}: over {self.cpu_limit} s CPU")
+        except OutOfDump as e:
+            return Outcome(fam, "out-of-dump", f"{label}: {e}\n{_where()}")
+        except Exception as e:  # noqa: BLE001 -- the fuzzer's job is to catch exactly these
+            return Outcome(fam, "traceback", f"{label}: {type(e).__name__}: {e}\n{_where()}")
+        finally:
+            signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+
+    def _run(self, rng: random.Random, seed: Seed, fam: str) -> Outcome:
+        restore: Callable[[], None] | None = None
+        self.last = b""
+        if fam == "btf":
+            return self._btf_case(rng)
+        if fam == "vmcore":
+            return self._vmcore_case(rng)
+        if fam == "elf":
+            data = mutate_elf(rng, seed)
+        elif fam == "orc":
+            restore = self._mutate_image(rng, seed)
+            data = seed.writer().to_bytes()
+        else:
+            data = {"stack": mutate_stack, "regs": mutate_regs, "json": mutate_json,
+                    "vmcoreinfo": mutate_vmcoreinfo}[fam](rng, seed).to_bytes()
+        self.last = data
+        try:
+            return self.check(data, seed.name, seed.image_path, fam)
+        finally:
+            if restore is not None:
+                restore()
+
+    def check(self, data: bytes, name: str, image_path: Path | None, fam: str = "") -> Outcome:
+        """Open ``data`` as a dump and replay every task in every mode, with every check.
+
+        Exceptions other than a one-line input error propagate (:meth:`case` counts them).
+        """
+        try:
+            dump = Dump(data, name)
+        except DumpError as e:
+            return _one_line(fam, e)
+        dump.memory = instrument(dump.memory)
+        image = self.image(image_path)
+        if image is not None and dump.build_id != image.build_id:
+            image = None
+        session = Session(dump, image, image.symbols if image is not None else None)
+        try:
+            tasks = session.select(every=True)
+        except (DumpError, ReplayError) as e:
+            return _one_line(fam, e)
+        bad = self._replay_all(session, tasks)
+        if bad is not None:
+            return Outcome(fam, bad[0], f"{name}: {bad[1]}", len(tasks))
+        return Outcome(fam, "ok", "", len(tasks))
+
+    def _btf_case(self, rng: random.Random) -> Outcome:
+        bseed = rng.choice(self.btf_seeds)
+        self.last = mutate_btf(rng, bseed)
+        try:
+            btf = Btf(self.last)
+        except BtfError as e:
+            return _one_line("btf", e)
+        query_btf(rng, btf, bseed)
+        return Outcome("btf", "ok")
+
+    def _vmcore_case(self, rng: random.Random) -> Outcome:
+        name, data = rng.choice(self.vmcore_seeds)
+        self.last = mutate_vmcore(rng, data)
+        path = self.scratch / f"unwind-fuzz-{id(self)}-{name}"
+        path.write_bytes(self.last)
+        try:
+            error = read_vmcore(path)
+        finally:
+            path.unlink(missing_ok=True)
+        return Outcome("vmcore", "ok") if error is None else _one_line("vmcore", error)
+
+    def _mutate_image(self, rng: random.Random, seed: Seed) -> Callable[[], None] | None:
+        """The arch's image family (``ArchBackend.fuzz_image``) on the seed's image."""
+        image = self.image(seed.image_path)
+        if image is None:
+            return None
+        words = [struct.unpack_from("<Q", seed.segments[i][1], off)[0] for i, off in seed.stack_words[:4096]]
+        return registry.get(seed.arch).fuzz_image(rng, image, seed.meta.get("kernel", {}).get("release"), words)
+
+    def image(self, path: Path | None) -> Image | None:
+        """The image at ``path``, opened (and its symbols decoded) once."""
+        if path is None:
+            return None
+        if path not in self.images:
+            self.images[path] = Image(path)
+            self.images[path].symbols  # noqa: B018 -- decoded once, before any case
+        return self.images[path]
+
+    def _replay_all(self, session: Session, tasks: list[Any]) -> tuple[str, str] | None:
+        from .output import replay_json, replay_text
+        from .tools import compare_oracle
+
+        for task in tasks:
+            limit = frame_limit(task.stacks, session.dump.task_memory(task), session.backend.min_frame_bytes)
+            for mode, (options, reliable) in MODES.items():
+                try:
+                    r = session.replay(task, options, reliable=reliable)
+                except ImageError as e:  # x86 without its image: one line, as the CLI prints it
+                    _one_line("", e)
+                    return None
+                if len(r.frames) > limit:
+                    return "runaway", f"{task.describe()} {mode}: {len(r.frames)} frames > limit {limit}"
+                bad = _bad_value(r.frames)
+                if bad:
+                    return "bad-value", f"{task.describe()} {mode}: {bad}"
+                if reliable:
+                    continue  # the same frames as faithful: only the verdict is new
+                replay_text(session, r, explain=options.record)
+                if mode == "explain":
+                    json.dumps(replay_json(session, r, True))
+        for oracle in session.dump.oracles():
+            compare_oracle(session, oracle)
+        return None
+
+
+def _on_timer(signum: int, frame: Any) -> None:
+    raise CaseTimeout()
+
+
+def _where() -> str:
+    tb = traceback.extract_tb(sys.exc_info()[2])
+    return " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(tb[-4:]))
+
+
+def _one_line(fam: str, e: Exception) -> Outcome:
+    text = str(e)
+    if not text or "\n" in text:
+        return Outcome(fam, "traceback", f"input error is not one line: {type(e).__name__}: {text[:200]!r}")
+    return Outcome(fam, "rejected", text[:200])
+
+
+def _bad_value(frames: list[Frame]) -> str | None:
+    for f in frames:
+        for name in ("pc", "sp", "fp"):
+            v = getattr(f, name)
+            if v is not None and not (isinstance(v, int) and 0 <= v < U64):
+                return f"frame {name} {v!r} is not a u64"
+        if f.provenance is not None:
+            for rd in f.provenance.reads:
+                if not (0 <= rd.addr < U64 and 0 <= rd.value < U64):
+                    return f"provenance read {rd.addr!r}={rd.value!r} is not a u64"
+    return None
+
+
+# --- campaigns ----------------------------------------------------------------------------------
+
+@dataclass
+class Summary:
+    """Counts per family and outcome, with one example of each non-ok outcome signature."""
+
+    counts: dict[str, Counter[str]] = field(default_factory=dict)
+    examples: dict[str, str] = field(default_factory=dict)
+    cpu_seconds: float = 0.0
+
+    def add(self, o: Outcome) -> None:
+        """Count one outcome."""
+        self.counts.setdefault(o.family, Counter())[o.kind] += 1
+        if o.kind not in ("ok", "rejected"):
+            sig = f"{o.family} {o.kind}: {o.detail.splitlines()[-1] if o.detail else ''}"
+            self.examples.setdefault(sig[:300], o.detail)
+
+    def merge(self, other: "Summary") -> None:
+        """Add another worker's counts."""
+        for fam, c in other.counts.items():
+            self.counts.setdefault(fam, Counter()).update(c)
+        for k, v in other.examples.items():
+            self.examples.setdefault(k, v)
+        self.cpu_seconds += other.cpu_seconds
+
+    @property
+    def failures(self) -> int:
+        """Cases that broke a promise."""
+        return sum(n for c in self.counts.values() for k, n in c.items() if k not in ("ok", "rejected"))
+
+    def table(self) -> str:
+        """The summary table (markdown)."""
+        kinds = ("traceback", "hang", "runaway", "out-of-dump", "bad-value")
+        rows = ["| family | cases | rejected (one line) | " + " | ".join(kinds) + " |",
+                "|---|---|---|" + "---|" * len(kinds)]
+        total: Counter[str] = Counter()
+        for fam in FAMILIES:
+            c = self.counts.get(fam, Counter())
+            total.update(c)
+            rows.append(f"| {fam} | {sum(c.values())} | {c['rejected']} | "
+                        + " | ".join(str(c[k]) for k in kinds) + " |")
+        rows.append(f"| **all** | {sum(total.values())} | {total['rejected']} | "
+                    + " | ".join(str(total[k]) for k in kinds) + " |")
+        return "\n".join(rows)
+
+
+def run_cases(fuzzer: Fuzzer, seed_value: int, indices: range,
+              progress: Callable[[int, Summary], None] | None = None) -> Summary:
+    """Run cases ``indices`` of campaign ``seed_value`` in this process."""
+    summary = Summary()
+    t0 = time.process_time()
+    for n, i in enumerate(indices):
+        summary.add(fuzzer.case(i, seed_value))
+        if progress is not None and n % 1000 == 999:
+            summary.cpu_seconds = time.process_time() - t0
+            progress(n + 1, summary)
+    summary.cpu_seconds = time.process_time() - t0
+    return summary
+
+
+_WORKER: Fuzzer | None = None
+
+
+def _fuzzer(args: argparse.Namespace) -> Fuzzer:
+    """The fuzzer ``args`` describe: corpus seeds, vmcore seeds, BTF of the given ELF files."""
+    blobs = []
+    for path in args.btf or []:
+        sec = Image(path).section(".BTF")
+        if sec is None:
+            raise OSError(f"{path} has no .BTF section")
+        blobs.append(sec[1])
+    vmcores = load_vmcore_seeds(Path(args.vmcore_seeds)) if args.vmcore_seeds else None
+    fuzzer = Fuzzer(load_seeds(Path(args.corpus)), args.cpu_limit, vmcores, btf_blobs=blobs)
+    fuzzer.keep = Path(args.keep) if args.keep else None
+    return fuzzer
+
+
+def _worker_init(args: argparse.Namespace) -> None:
+    global _WORKER
+    _WORKER = _fuzzer(args)
+
+
+def _worker_run(args: tuple[int, int, int]) -> Summary:
+    seed_value, start, stop = args
+    assert _WORKER is not None
+    return run_cases(_WORKER, seed_value, range(start, stop))
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    """``unwind fuzz``: run a campaign, print (and write) the summary table; exit 1 on any failure."""
+    corpus = Path(args.corpus)
+    if not corpus.is_dir():
+        raise OSError(f"no corpus folder {corpus}")
+    resource.setrlimit(resource.RLIMIT_AS, (8 << 30, resource.RLIM_INFINITY))
+    start_wall = time.time()
+    summary = Summary()
+    out = Path(args.report) if args.report else None
+    chunk = args.chunk
+    jobs = [(args.seed, a, min(a + chunk, args.cases)) for a in range(0, args.cases, chunk)]
+
+    def report(done: int) -> None:
+        wall = time.time() - start_wall
+        text = (f"# unwind fuzz\n\ncommand: `{' '.join(sys.argv)}`\n\ncases: {done} of {args.cases}, "
+                f"wall {wall:.0f} s, CPU {summary.cpu_seconds:.0f} s, "
+                f"{done / max(summary.cpu_seconds, 1e-9):.0f} cases per CPU second\n\n{summary.table()}\n")
+        if summary.examples:
+            text += "\n## failures (one example per signature)\n\n" + "\n".join(
+                f"- {k}\n\n```\n{v}\n```" for k, v in sorted(summary.examples.items()))
+        if out is not None:
+            out.write_text(text)
+        print(text if done == args.cases else f"{done} cases, {summary.failures} failures, {wall:.0f} s",
+              file=sys.stderr if done != args.cases else sys.stdout, flush=True)
+
+    done = 0
+    if args.jobs <= 1:
+        fuzzer = _fuzzer(args)
+        for job in jobs:
+            summary.merge(run_cases(fuzzer, *job[:1], range(job[1], job[2])))
+            done = job[2]
+            report(done)
+    else:
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(args.jobs, _worker_init, (args,)) as pool:
+            for part in pool.imap(_worker_run, jobs):
+                summary.merge(part)
+                done += sum(part.counts[f].total() for f in part.counts)
+                report(done)
+    return 1 if summary.failures else 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``fuzz`` to the top-level parser."""
+    f = sub.add_parser("fuzz", help="mutate the corpus dumps and check replay never breaks its promises")
+    f.add_argument("--corpus", default="corpora", help="corpus folder (default: corpora)")
+    f.add_argument("--cases", type=int, default=2000, help="number of cases (default 2000)")
+    f.add_argument("--seed", type=int, default=0, help="campaign seed: the same seed runs the same cases")
+    f.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    f.add_argument("--chunk", type=int, default=5000, help="cases per progress report (default 5000)")
+    f.add_argument("--cpu-limit", type=float, default=CASE_CPU_LIMIT,
+                   help=f"CPU seconds a case may take before it counts as a hang (default {CASE_CPU_LIMIT})")
+    f.add_argument("--vmcore-seeds", metavar="DIR",
+                   help="small vmcore files for the vmcore family (python -m tests.fuzz.vmcore_seeds DIR writes some)")
+    f.add_argument("--btf", metavar="ELF", action="append",
+                   help="a vmlinux (or any ELF with .BTF) whose BTF seeds the btf family (repeatable)")
+    f.add_argument("--keep", metavar="DIR", help="write each failing case's input and outcome into DIR "
+                   "(copy them to tests/fuzz/regressions/ to keep them as regression cases)")
+    f.add_argument("--report", metavar="OUT", help="write the summary table (markdown) to OUT as it goes")
+    f.set_defaults(func=cmd_fuzz)
+
+
+# --- regression cases ---------------------------------------------------------------------------
+
+def _set_path(meta: Any, path: list[Any], value: Any, delete: bool = False) -> None:
+    parent = meta
+    for p in path[:-1]:
+        parent = parent[p]
+    if delete:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+
+
+def edited_dump(seed: Seed, spec: dict[str, Any]) -> bytes:
+    """The seed with a regression case's edits applied (``tests/fuzz/regressions/edits.json``).
+
+    ``note``: ``[path, value]`` pairs set in the note (``value`` ``{"$delete": true}`` deletes);
+    ``note_json``: the note's text instead; ``vmcoreinfo``: lines put first (the first line of a
+    key wins); ``elf``: ``[where, field, value]`` with ``where`` ``ehdr``, a program header index,
+    or a note name, patched into the container's bytes.
+    """
+    meta = copy.deepcopy(seed.meta)
+    for path, value in spec.get("note", []):
+        _set_path(meta, path, value, delete=isinstance(value, dict) and value.get("$delete") is True)
+    raw_note = spec["note_json"].encode() if "note_json" in spec else None
+    w = seed.writer(meta=meta, note_json=raw_note)
+    if "vmcoreinfo" in spec:
+        w.vmcoreinfo = "".join(f"{line}\n" for line in spec["vmcoreinfo"]) + w.vmcoreinfo
+    data = bytearray(w.to_bytes())
+    for where, name, value in spec.get("elf", []):
+        value = int(value, 0) if isinstance(value, str) else value
+        if where == "ehdr":
+            st, base = elfcore.Elf64_Ehdr, 0
+        elif isinstance(where, int):
+            st, base = elfcore.Elf64_Phdr, 64 + 56 * where
+        else:
+            st, base = elfcore.Elf64_Nhdr, _note_header(data, where)
+        off = base + _field_offset(st, name)
+        width = next(sc.sizeof() for sc in st.subcons if sc.name == name)
+        data[off:off + width] = (value % 2**(8 * width)).to_bytes(width, "little")
+    return bytes(data)
+
+
+def _field_offset(st: Any, name: str) -> int:
+    off = 0
+    for sc in st.subcons:
+        if sc.name == name:
+            return off
+        off += sc.sizeof()
+    raise KeyError(name)
+
+
+def _note_header(data: bytes | bytearray, name: str) -> int:
+    note_off, note_size = struct.unpack_from("<Q", data, 64 + 8)[0], struct.unpack_from("<Q", data, 64 + 32)[0]
+    pos = note_off
+    while pos + 12 <= note_off + note_size:
+        namesz, descsz = struct.unpack_from("<II", data, pos)
+        if bytes(data[pos + 12:pos + 12 + namesz]).rstrip(b"\0").decode() == name:
+            return pos
+        pos += 12 + (namesz + 3) // 4 * 4 + (descsz + 3) // 4 * 4
+    raise KeyError(name)
