@@ -122,7 +122,7 @@ class X86_64Backend(ArchBackend):
             if expected in (printed, named):
                 return "printed"
             printed = named if expected[:len(named)] == named else printed
-            if (got and len(expected) > len(printed) and expected[:len(printed)] == printed
+            if (got and printed and len(expected) > len(printed) and expected[:len(printed)] == printed
                     and expected[len(printed)] == printed[0] and replay.stop.clean):
                 return "oracle-merged"
             last = replay.frames[-1] if replay.frames else None
