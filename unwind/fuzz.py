@@ -895,7 +895,8 @@ def edited_dump(seed: Seed, spec: dict[str, Any]) -> bytes:
     """The seed with a regression case's edits applied (``tests/fuzz/regressions/edits.json``).
 
     ``note``: ``[path, value]`` pairs set in the note (``value`` ``{"$delete": true}`` deletes);
-    ``note_json``: the note's text instead; ``vmcoreinfo``: lines put first (the first line of a
+    ``note_json``: the note's text instead (``note_json_repeat``: ``[text, n]``, the text n times);
+    ``vmcoreinfo``: lines put first (the first line of a
     key wins); ``elf``: ``[where, field, value]`` with ``where`` ``ehdr``, a program header index,
     or a note name, patched into the container's bytes.
     """
@@ -903,6 +904,8 @@ def edited_dump(seed: Seed, spec: dict[str, Any]) -> bytes:
     for path, value in spec.get("note", []):
         _set_path(meta, path, value, delete=isinstance(value, dict) and value.get("$delete") is True)
     raw_note = spec["note_json"].encode() if "note_json" in spec else None
+    if "note_json_repeat" in spec:  # [text, n]: text n times (a deeply nested note)
+        raw_note = (spec["note_json_repeat"][0] * spec["note_json_repeat"][1]).encode()
     w = seed.writer(meta=meta, note_json=raw_note)
     if "vmcoreinfo" in spec:
         w.vmcoreinfo = "".join(f"{line}\n" for line in spec["vmcoreinfo"]) + w.vmcoreinfo

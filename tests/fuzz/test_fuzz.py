@@ -1,0 +1,150 @@
+"""The fuzzer (unwind fuzz): a seeded campaign over every family, its checks, and the kept
+regression cases (issue 13's crash groups and any case a campaign ever failed)."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import random
+from pathlib import Path
+
+import pytest
+
+from unwind import fuzz as F
+from unwind.memory import Memory, Segment
+
+from ..btfbuild import BtfBuilder
+from .vmcore_seeds import write as write_vmcore_seeds
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "corpora"
+REGRESSIONS = Path(__file__).with_name("regressions")
+#: the default suite's campaign: every family, a few thousand cases in well under a minute
+CASES = 2000
+
+
+def _btf_blob() -> bytes:
+    b = BtfBuilder()
+    u64 = b.int("unsigned long", 8)
+    regs = b.struct("pt_regs", 24, [("sp", u64, 0), ("pc", u64, 8), ("pstate", u64, 16)])
+    thread = b.struct("thread_struct", 32, [("s", b.array(u64, 4), 0)])
+    b.struct("task_struct", 64, [("stack", b.ptr(regs), 0), ("pid", b.int("int", 4), 8), ("thread", thread, 16)])
+    return b.blob()
+
+
+@pytest.fixture(scope="module")
+def fuzzer(tmp_path_factory) -> F.Fuzzer:
+    vm = write_vmcore_seeds(tmp_path_factory.mktemp("vmcores"))
+    f = F.Fuzzer(F.load_seeds(CORPUS), vmcore_seeds=[(p.name, p.read_bytes()) for p in vm],
+                 scratch=tmp_path_factory.mktemp("scratch"), btf_blobs=[_btf_blob()])
+    f.keep = tmp_path_factory.mktemp("kept")
+    return f
+
+
+def test_a_seeded_campaign_breaks_no_promise(fuzzer):
+    summary = F.run_cases(fuzzer, 0, range(CASES))
+    assert summary.failures == 0, "\n".join(f"{k}\n{v}" for k, v in summary.examples.items())
+    for fam in F.FAMILIES:  # every family ran, and the mutations reached the input checks
+        assert sum(summary.counts[fam].values()) >= CASES // len(F.FAMILIES) // 3, fam
+    for fam in ("json", "elf", "btf", "vmcore"):
+        assert summary.counts[fam]["rejected"] > 0, fam
+    assert summary.counts["stack"]["ok"] > 0 and summary.counts["regs"]["ok"] > 0
+
+
+def test_a_case_is_reproducible(fuzzer):
+    first = [(fuzzer.case(i, 7), fuzzer.last) for i in range(20)]
+    again = [(fuzzer.case(i, 7), fuzzer.last) for i in range(20)]
+    assert first == again
+
+
+# --- the checks themselves fire -------------------------------------------------------------------
+
+def test_a_read_past_a_segment_is_caught():
+    mem = F.instrument(Memory([Segment(0x1000, bytes(16))]))
+    data = mem.segments[0].data
+    assert data[8:16] == bytes(8)
+    for bad in (lambda: data[8:24], lambda: data[16], lambda: data[-1:]):
+        with pytest.raises(F.OutOfDump):
+            bad()
+
+
+def test_exceptions_hangs_and_bad_values_are_outcomes(fuzzer):
+    assert fuzzer.guarded("x", "t", lambda: {}["k"]).kind == "traceback"
+    slow = F.Fuzzer([], cpu_limit=0.2)
+
+    def spin() -> F.Outcome:
+        while True:
+            pass
+    assert slow.guarded("x", "t", spin).kind == "hang"
+    from unwind.frame import Frame, Source
+    assert F._bad_value([Frame(-1, None, None, Source.REGS_PC, None)]) is not None
+    assert F._bad_value([Frame(2**64, 0, 0, Source.REGS_PC, None)]) is not None
+    assert F._bad_value([Frame(2**64 - 1, 0, 0, Source.REGS_PC, None)]) is None
+
+
+def test_a_walk_over_its_frame_limit_is_a_runaway(fuzzer, monkeypatch):
+    seed = next(s for s in fuzzer.seeds if s.arch == "arm64")
+    monkeypatch.setattr(F, "frame_limit", lambda *a: 0)
+    out = fuzzer.check(seed.writer().to_bytes(), seed.name, seed.image_path, "stack")
+    assert out.kind == "runaway"
+
+
+def test_a_failing_case_is_kept(fuzzer, tmp_path):
+    fuzzer.keep, kept = tmp_path, fuzzer.keep
+    try:
+        fuzzer.last = b"bytes of the case"
+        path = fuzzer.keep_case(F.Outcome("json", "traceback", "KeyError: 'ret'"), fuzzer.seeds[0], "json-1-2")
+    finally:
+        fuzzer.keep = kept
+    assert lzma.decompress(path.read_bytes()) == b"bytes of the case"
+    assert "KeyError" in path.with_suffix("").with_suffix(".txt").read_text()
+
+
+# --- regression cases -----------------------------------------------------------------------------
+
+EDITS = json.loads((REGRESSIONS / "edits.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", EDITS, ids=[c["group"] for c in EDITS])
+def test_issue_13_groups_on_real_seeds(fuzzer, case):
+    seed = next(s for s in fuzzer.seeds if s.name.endswith(case["seed"]))
+    out = fuzzer.check(F.edited_dump(seed, case), seed.name, seed.image_path, "regression")
+    if case["expect"] == "ok":
+        assert out.kind == "ok", out
+    else:
+        assert out.kind == "rejected" and case["expect"].removeprefix("rejected:").strip() in out.detail, out
+
+
+KEPT = sorted(REGRESSIONS.glob("*.bin.xz"))
+
+
+@pytest.mark.parametrize("path", KEPT, ids=[p.name for p in KEPT])
+def test_kept_cases_stay_fixed(fuzzer, path):
+    """Every case a campaign failed (``unwind fuzz --keep``), replayed as it was written."""
+    info = dict(line.split(": ", 1) for line in path.with_suffix("").with_suffix(".txt").read_text().splitlines()
+                if ": " in line and line.split(": ", 1)[0] in ("family", "seed"))
+    data = lzma.decompress(path.read_bytes())
+    seed = next(s for s in fuzzer.seeds if s.name == info["seed"])
+    if info["family"] == "btf":
+        out = fuzzer.guarded("btf", path.name, lambda: _btf(data))
+    elif info["family"] == "vmcore":
+        out = fuzzer.guarded("vmcore", path.name, lambda: _vmcore(fuzzer, data))
+    else:
+        out = fuzzer.guarded(info["family"], path.name, lambda: fuzzer.check(data, seed.name, seed.image_path))
+    assert out.kind in ("ok", "rejected"), out
+
+
+def _btf(data: bytes) -> F.Outcome:
+    try:
+        btf = F.Btf(data)
+    except F.BtfError as e:
+        return F._one_line("btf", e)
+    F.query_btf(random.Random(0), btf, F.BtfSeed(data, ["task_struct", "pt_regs"], ["frame_type"]))
+    return F.Outcome("btf", "ok")
+
+
+def _vmcore(fuzzer: F.Fuzzer, data: bytes) -> F.Outcome:
+    path = fuzzer.scratch / "kept-vmcore"
+    path.write_bytes(data)
+    error = F.read_vmcore(path)
+    return F.Outcome("vmcore", "ok") if error is None else F._one_line("vmcore", error)
