@@ -16,12 +16,15 @@ import lzma
 import os
 import re
 from dataclasses import dataclass
+from contextlib import contextmanager
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
+from construct import ConstructError
 from elftools.common.exceptions import ELFError
+from elftools.construct import ConstructError as ElftoolsConstructError
 from elftools.elf.constants import SH_FLAGS
 from elftools.elf.elffile import ELFFile
 
@@ -33,6 +36,9 @@ IMAGE_PATH_ENV = "UNWIND_IMAGE_PATH"
 CACHE_ENV = "UNWIND_CACHE"
 _SYMBOL_CACHE_VERSION = 1
 _BUILD_ID_IN_NAME = re.compile(r"[0-9a-f]{40}")
+#: what pyelftools, construct and numpy raise on a malformed image (a symbol table of a size that
+#: is no multiple of its entries is numpy's ValueError)
+_ELF_ERRORS = (ELFError, ConstructError, ElftoolsConstructError, ValueError, UnicodeDecodeError)
 
 # Elf64_Sym as numpy sees it, to decode .symtab in one pass.
 _ELF64_SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"),
@@ -69,6 +75,13 @@ class Image:
         if self.elf["e_type"] == "ET_CORE":
             raise ImageError(f"{path} is a core file (a dump), not a kernel image: give it as the DUMP "
                              "argument and the vmlinux (or slim image) to --vmlinux")
+        with self._malformed():
+            # every section header, name and note read once: a malformed one is an ImageError here,
+            # and the later reads of the same headers cannot fail
+            for sec in self.elf.iter_sections():
+                sec.name  # noqa: B018
+                if sec["sh_type"] == "SHT_NOTE":
+                    list(sec.iter_notes())
         self.machine: str = self.elf["e_machine"]
         self._text: list[TextRange] | None = None
         #: why :attr:`btf` is ``None``, once asked
@@ -77,6 +90,15 @@ class Image:
     def close(self) -> None:
         """Close the underlying file."""
         self._file.close()
+
+    @contextmanager
+    def _malformed(self) -> Iterator[None]:
+        """pyelftools and construct errors of a malformed image as one :class:`ImageError` line."""
+        try:
+            yield
+        except _ELF_ERRORS as e:
+            text = str(e.args[0]) if e.args else type(e).__name__
+            raise ImageError(f"{self.path}: malformed ELF image: {text.splitlines()[0][:200] if text else type(e).__name__}") from None
 
     @cached_property
     def build_id(self) -> str | None:
@@ -101,6 +123,10 @@ class Image:
 
     def _read_symbols(self) -> SymbolTable:
         """Decode ``.symtab`` into a kallsyms-like table."""
+        with self._malformed():
+            return self._decode_symbols()
+
+    def _decode_symbols(self) -> SymbolTable:
         symtab = self.elf.get_section_by_name(".symtab")
         if symtab is None or symtab["sh_type"] == "SHT_NOBITS":
             raise ImageError(f"{self.path}: no .symtab (use a System.map)")
@@ -150,18 +176,20 @@ class Image:
 
     def section(self, name: str) -> tuple[int, bytes] | None:
         """``(sh_addr, data)`` of a section with file contents, or ``None``."""
-        sec = self.elf.get_section_by_name(name)
-        if sec is None or sec["sh_type"] == "SHT_NOBITS":
-            return None
-        return sec["sh_addr"], sec.data()
+        with self._malformed():
+            sec = self.elf.get_section_by_name(name)
+            if sec is None or sec["sh_type"] == "SHT_NOBITS":
+                return None
+            return sec["sh_addr"], sec.data()
 
     def _text_ranges(self) -> list[TextRange]:
         if self._text is None:
             ranges = []
-            for sec in self.elf.iter_sections():
-                if (sec["sh_flags"] & SH_FLAGS.SHF_EXECINSTR and sec["sh_flags"] & SH_FLAGS.SHF_ALLOC
-                        and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_size"]):
-                    ranges.append(TextRange(sec["sh_addr"], sec.data()))
+            with self._malformed():
+                for sec in self.elf.iter_sections():
+                    if (sec["sh_flags"] & SH_FLAGS.SHF_EXECINSTR and sec["sh_flags"] & SH_FLAGS.SHF_ALLOC
+                            and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_size"]):
+                        ranges.append(TextRange(sec["sh_addr"], sec.data()))
             self._text = ranges
         return self._text
 
@@ -185,7 +213,8 @@ class Image:
             return None
         for sec in self.elf.iter_sections():
             if sec["sh_type"] == "SHT_PROGBITS" and sec["sh_addr"] <= sym < sec["sh_addr"] + sec["sh_size"]:
-                data = sec.data()[sym - sec["sh_addr"]:sym - sec["sh_addr"] + 256]
+                with self._malformed():
+                    data = sec.data()[sym - sec["sh_addr"]:sym - sec["sh_addr"] + 256]
                 parts = data.split(b"\0", 1)[0].split()
                 if len(parts) >= 3 and parts[0] == b"Linux" and parts[1] == b"version":
                     return parts[2].decode("ascii", "replace")
