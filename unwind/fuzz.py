@@ -17,6 +17,10 @@ Each case applies one mutation family to one seed, in memory:
            header fields, type records, strings; then the queries the kernel reader makes
 ``vmcore`` small vmcore files (``--vmcore-seeds``: ELF, kdump-compressed, flattened): headers,
            bitmaps, page descriptors, notes; then every page and note is read
+``image``  the seed's image as ``--vmlinux`` gets it (the unpacked slim image): ELF and section
+           headers, and bytes of .symtab, .strtab, .notes, .BTF and the ORC sections; then it
+           is opened, its symbols, BTF and text read, and every task replayed with it
+           (:data:`IMAGE_SHARE` of the cases)
 
 and checks, for every task, in faithful, complete, explain (provenance) and reliable mode,
 with the trace printed and the oracles compared: no exception but a one-line input error at
@@ -34,6 +38,7 @@ import copy
 import json
 import lzma
 import multiprocessing
+import os
 import random
 import resource
 import signal
@@ -57,7 +62,9 @@ from .target import Options
 from .walk import frame_limit
 
 U64 = 2**64
-FAMILIES = ("stack", "regs", "json", "vmcoreinfo", "elf", "orc", "btf", "vmcore")
+FAMILIES = ("stack", "regs", "json", "vmcoreinfo", "elf", "orc", "btf", "vmcore", "image")
+#: the share of cases in the ``image`` family (a case parses a whole image: ~100x a dump case)
+IMAGE_SHARE = 0.003
 #: CPU seconds one case may take (every task, every mode); over it the case is a hang
 CASE_CPU_LIMIT = 5.0
 MODES: dict[str, tuple[Options, bool]] = {
@@ -503,6 +510,59 @@ def read_vmcore(path: Path) -> Exception | None:
     return None
 
 
+# images: the unpacked slim image ---------------------------------------------------------------
+
+#: sections whose bytes the image family mutates
+_IMAGE_SECTIONS = (".symtab", ".strtab", ".notes", ".BTF", ".orc_unwind", ".orc_unwind_ip", ".orc_header",
+                   ".shstrtab", ".text")
+
+
+def _unpacked(path: Path) -> bytes:
+    raw = path.read_bytes()
+    return lzma.decompress(raw) if raw[:6] == b"\xfd7zXZ\x00" else raw
+
+
+def _sections(raw: bytes) -> list[tuple[str, int, int, int]]:
+    """(name, header offset, file offset, size) of each section, read with the ELF64 layout."""
+    shoff, = struct.unpack_from("<Q", raw, 40)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", raw, 58)
+    heads = [shoff + i * shentsize for i in range(shnum)]
+    strs = struct.unpack_from("<QQ", raw, heads[shstrndx] + 24)
+    out = []
+    for h in heads:
+        name_off, = struct.unpack_from("<I", raw, h)
+        off, size = struct.unpack_from("<QQ", raw, h + 24)
+        end = raw.find(b"\0", strs[0] + name_off)
+        out.append((raw[strs[0] + name_off:end].decode("ascii", "replace"), h, off, size))
+    return out
+
+
+def mutate_image(rng: random.Random, raw: bytes) -> bytes:
+    """ELF header fields, section header fields, or bytes of the sections replay reads."""
+    data = bytearray(raw)
+    secs = _sections(raw)
+    for _ in range(rng.randint(1, 3)):
+        where = rng.randrange(3)
+        if where == 0:
+            off, width = rng.choice(((16, 2), (18, 2), (24, 8), (32, 8), (40, 8), (54, 2), (56, 2), (58, 2),
+                                     (60, 2), (62, 2), (4, 1), (5, 1)))
+        elif where == 1:
+            _, head, _, _ = rng.choice(secs)
+            off, width = head + rng.choice(((0, 4), (4, 4), (8, 8), (16, 8), (24, 8), (32, 8), (40, 4),
+                                            (44, 4), (56, 8)))[0], 8
+            width = 4 if (off - head) in (0, 4, 40, 44) else 8
+        else:
+            wanted = [x for x in secs if x[0] in _IMAGE_SECTIONS and x[3] > 0 and x[2] + x[3] <= len(raw)]
+            _, _, start, size = rng.choice(wanted or secs)
+            width = rng.choice((1, 2, 4, 8))
+            off = start + rng.randrange(max(1, size - width))
+        old = int.from_bytes(data[off:off + width], "little")
+        value = rng.choice((0, 1, 2**(8 * width) - 1, 2**(8 * width - 1), rng.getrandbits(8 * width),
+                            old + rng.choice((-8, -1, 1, 8, 4096)), old ^ (1 << rng.randrange(8 * width))))
+        data[off:off + width] = (value % 2**(8 * width)).to_bytes(width, "little")
+    return bytes(data)
+
+
 # --- running a case -----------------------------------------------------------------------------
 
 @dataclass
@@ -540,12 +600,13 @@ class Fuzzer:
         self.last = b""
         #: where failing cases are written (:meth:`keep_case`), if anywhere
         self.keep: Path | None = None
+        self._image_bytes: dict[Path, bytes] = {}
 
     def families(self, seed: Seed) -> tuple[str, ...]:
         """The families that apply to ``seed``: ``orc`` where its arch mutates its image, ``btf``
         and ``vmcore`` when there are such seeds."""
         backend = registry.get(seed.arch)
-        out = list(FAMILIES[:5])
+        out = list(FAMILIES[:5])  # "image" is chosen apart (IMAGE_SHARE)
         if seed.image_path is not None and type(backend).fuzz_image is not registry.ArchBackend.fuzz_image:
             out.append("orc")
         if self.btf_seeds:
@@ -558,6 +619,8 @@ class Fuzzer:
         """Run case ``index`` of the campaign seeded ``seed_value``."""
         rng = random.Random(f"{seed_value}:{index}")
         seed = self.seeds[rng.randrange(len(self.seeds))]
+        if family is None and seed.image_path is not None and rng.random() < IMAGE_SHARE:
+            family = "image"
         fam = family or rng.choice(self.families(seed))
         out = self.guarded(fam, f"{seed.name} case {seed_value}:{index}", lambda: self._run(rng, seed, fam))
         if self.keep is not None and out.kind not in ("ok", "rejected"):
@@ -597,6 +660,8 @@ class Fuzzer:
             return self._btf_case(rng)
         if fam == "vmcore":
             return self._vmcore_case(rng)
+        if fam == "image":
+            return self._image_case(rng, seed)
         if fam == "elf":
             data = mutate_elf(rng, seed)
         elif fam == "orc":
@@ -655,6 +720,49 @@ class Fuzzer:
         finally:
             path.unlink(missing_ok=True)
         return Outcome("vmcore", "ok") if error is None else _one_line("vmcore", error)
+
+    def _image_case(self, rng: random.Random, seed: Seed) -> Outcome:
+        assert seed.image_path is not None
+        raw = self._image_bytes.get(seed.image_path)
+        if raw is None:
+            raw = self._image_bytes[seed.image_path] = _unpacked(seed.image_path)
+        mutated = mutate_image(rng, raw)
+        self.last = b""  # the image is too big to keep: the case is reproduced by its seed and index
+        path = self.scratch / f"unwind-fuzz-{id(self)}-vmlinux"
+        path.write_bytes(mutated)
+        try:
+            return self._check_image(path, seed)
+        finally:
+            path.unlink(missing_ok=True)
+
+    def _check_image(self, path: Path, seed: Seed) -> Outcome:
+        """Open the image as ``--vmlinux`` does (no symbol cache) and replay the seed with it."""
+        from .image import CACHE_ENV
+        from .symbols import SymbolError
+
+        saved = os.environ.get(CACHE_ENV)
+        os.environ[CACHE_ENV] = "/dev/null/no-cache"  # no cache entry is read or written
+        try:
+            try:
+                image = Image(path)
+                symbols = image.symbols
+                image.build_id, image.btf, image.release  # noqa: B018 -- read, not kept
+                image.text(symbols.address("_stext") or 0, 64) if symbols.address("_stext") else None
+            except (ImageError, SymbolError) as e:
+                return _one_line("image", e)
+            dump = Dump(seed.writer().to_bytes(), seed.name)
+            dump.memory = instrument(dump.memory)
+            session = Session(dump, image, symbols)
+            bad = self._replay_all(session, session.select(every=True))
+            image.close()
+        finally:
+            if saved is None:
+                os.environ.pop(CACHE_ENV, None)
+            else:
+                os.environ[CACHE_ENV] = saved
+        if bad is not None:
+            return Outcome("image", bad[0], f"{seed.name}: {bad[1]}")
+        return Outcome("image", "ok")
 
     def _mutate_image(self, rng: random.Random, seed: Seed) -> Callable[[], None] | None:
         """The arch's image family (``ArchBackend.fuzz_image``) on the seed's image."""
