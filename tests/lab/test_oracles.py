@@ -85,3 +85,19 @@ def test_ftrace_stack_trace_block() -> None:
     bad = text.replace("hrtimer_interrupt+0xde/0x1fa", "hrtimer_interrupt+0xdf/0x1fa")
     (b,) = parse_ftrace_stack(bad, smap)
     assert b["stale"] and "disagrees with System.map" in b["why"]
+
+
+def test_arm64_7x_source_and_flag_markers() -> None:
+    # sid 7.2.13 arm64 sysrq-t: dump_backtrace_entry() appends " (T)", " (F)", " (K)", " (P)"
+    smap = SystemMap(DATA / "System.map-arm64-7.2-excerpt")
+    text = (DATA / "sysrq-t-arm64-7.2.txt").read_text()
+    by_pid = {t.pid: t for t in parse_task_traces(text, smap)}
+    md5 = by_pid[152]
+    assert md5.corrupt is None and len(md5.frames) == 13
+    assert md5.frames[0] == _addr(smap, "__switch_to", 0x180)          # (T)
+    assert md5.frames[3] == _addr(smap, "anon_pipe_read", 0x300)      # (F)
+    assert md5.frames[6] == _addr(smap, "__arm64_sys_read", 0x20)     # (K)
+    exe = by_pid[153]
+    assert exe.corrupt is None
+    assert hex(smap.resolve("tlb_flush", 0x258, 0x5f8)) in exe.frames  # (P): the interrupted pc (5 static tlb_flush)
+    assert not any(e.get("stale") for e in sysrq_oracles(text, smap))

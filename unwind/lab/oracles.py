@@ -21,8 +21,11 @@ from .fetch import cache_dir
 
 _TS = re.compile(r"^\[\s*\d+\.\d+\]\s?")
 _TASK = re.compile(r"task:(?P<comm>.*?)\s+state:(?P<state>\S).*?\bpid:\s*(?P<pid>\d+)")
+#: a frame line; arm64 since v6.14 appends dump_backtrace_entry()'s source and flags, e.g. " (T)",
+#: " (P)", " (CF)": C caller, T task, P regs pc, U unknown; F fgraph and K kretprobe recovered
 _FRAME = re.compile(r"^\s*(?P<q>\? )?(?:\[<(?P<addr>[0-9a-f]+)>\]\s+)?(?P<sym>[A-Za-z_.$][\w.$]*)"
-                    r"\+0x(?P<off>[0-9a-f]+)/0x(?P<size>[0-9a-f]+)(?:\s+\[(?P<mod>[\w-]+)\])?\s*$")
+                    r"\+0x(?P<off>[0-9a-f]+)/0x(?P<size>[0-9a-f]+)(?:\s+\[(?P<mod>[\w-]+)(?: [0-9a-f]+)?\])?"
+                    r"(?:\s+\((?P<info>[CTPU]?F?K?)\))?\s*$")
 _BARE = re.compile(r"^\s*(?P<q>\? )?0x(?P<addr>[0-9a-f]+)\s*$")
 _RIP = re.compile(r"^RIP: [0-9a-f]{4}:(?P<sym>[A-Za-z_.$][\w.$]*)\+0x(?P<off>[0-9a-f]+)/0x(?P<size>[0-9a-f]+)")
 _MARKER = re.compile(r"^\s*</?(TASK|IRQ|NMI|SOFTIRQ|#\w+)>\s*$")
