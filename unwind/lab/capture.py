@@ -658,9 +658,10 @@ class SysrqOracle:
         stale = 0
         for e in ents:
             t = by_pid.get(e["pid"])
-            if e.get("stale"):
+            if e.get("stale"):  # the parser already knows (e.g. the task that wrote the sysrq)
                 stale += 1
-            elif t is None or t["cpu"] is not None:
+                continue
+            if t is None or t["cpu"] is not None:
                 e["stale"] = True
                 e["why"] = "not a blocked task of the dump"
                 stale += 1
