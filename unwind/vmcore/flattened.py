@@ -21,7 +21,7 @@ import numpy as np
 from construct import Bytes, Int64sb, Padding, Struct
 
 from .packed import packed
-from .source import FileSource, Source, SourceTruncated
+from .source import FileSource, Source
 
 MDF_SIGNATURE = b"makedumpfile"
 MDF_TYPE_FLAT_HEADER = 1
