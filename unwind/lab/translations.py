@@ -178,19 +178,19 @@ def info_text(info: VmcoreInfo) -> str:
 
 
 def compare(vm: VirtualMemory, answers: list[dict[str, Any]]) -> list[str]:
-    """Every disagreement between our translation and drgn's, as lines; empty when they agree."""
+    """Every disagreement between our translation and the oracle's (drgn, QEMU), as lines; empty when they agree."""
     bad = []
     for a in answers:
-        va, what = a["va"], a["what"]
+        va, what, want = a["va"], a["what"], a["pa"]
         try:
-            pa = vm.page_phys(va)
+            pa: int | None = vm.page_phys(va)
         except MemoryFault as e:
             pa = None
-            if a["pa"] is not None:
-                bad.append(f"{va:#x} ({what}): drgn {a['pa']:#x}, ours faults: {e}")
+            if want is not None:
+                bad.append(f"{va:#x} ({what}): the oracle says {want:#x}, ours faults: {e}")
                 continue
-        if a["pa"] is not None and pa != a["pa"]:
-            bad.append(f"{va:#x} ({what}): drgn {a['pa']:#x}, ours {pa:#x}")
+        if pa != want:
+            bad.append(f"{va:#x} ({what}): the oracle says {want and hex(want)}, ours {pa and hex(pa)}")
             continue
         if "bytes" not in a:  # an oracle of addresses only (QEMU's gva2gpa)
             continue
@@ -198,12 +198,12 @@ def compare(vm: VirtualMemory, answers: list[dict[str, Any]]) -> list[str]:
             ours = vm.read(va, SAMPLE_BYTES).hex()
         except MemoryFault as e:
             if a["bytes"] is not None:
-                bad.append(f"{va:#x} ({what}): drgn reads it, ours faults: {e}")
+                bad.append(f"{va:#x} ({what}): the oracle reads it, ours faults: {e}")
             continue
         if a["bytes"] is None:
-            bad.append(f"{va:#x} ({what}): drgn faults (excluded or absent), ours reads it")
+            bad.append(f"{va:#x} ({what}): the oracle faults (excluded or absent), ours reads it")
         elif ours != a["bytes"]:
-            bad.append(f"{va:#x} ({what}): bytes differ from drgn's")
+            bad.append(f"{va:#x} ({what}): bytes differ from the oracle's")
     return bad
 
 
