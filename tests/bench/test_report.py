@@ -111,6 +111,7 @@ def test_report_without_matplotlib_says_so(results: bench.Results, tmp_path: Pat
     text = bench.write_report(results, tmp_path, "the fixture").read_text()
     assert "_(depth.png: matplotlib is not installed; `pip install '.[report]'` draws it)_" in text
     assert not list(tmp_path.glob("*.png"))
+    assert "\n## Targets\n" in text and "issue 7" not in text and "+ -" not in text
 
 
 def test_cli_from_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

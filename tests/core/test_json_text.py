@@ -102,6 +102,7 @@ def test_json_carries_the_text(dump, capsys):
             printed = {e["frame"] for e in doc["trace"] if e["frame"] is not None}
             for i, f in enumerate(doc["frames"]):
                 assert (f["line"] is not None) == (i in printed)
+                assert f["stack"] is None or "@" not in f["stack"]   # the stack's kind, as documented
             assert doc["dump"]["build_id"] == session.dump.build_id
             assert t["task_struct"] is None or int(t["task_struct"], 16) >> 47
             assert (t["regs"] is not None) == t["running"]
