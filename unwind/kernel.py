@@ -216,6 +216,8 @@ class Kernel:
     # per_cpu_ptr() (include/linux/percpu-defs.h): &var + __per_cpu_offset[cpu]
     def percpu_addr(self, name: str, cpu: int) -> int:
         """The address of per-CPU variable ``name`` on ``cpu``."""
+        if not 0 <= cpu < len(self.per_cpu_offset):
+            raise KernelError(f"cpu{cpu} is not below nr_cpu_ids ({len(self.per_cpu_offset)})")
         return (self.require(name) + self.per_cpu_offset[cpu]) & (2**64 - 1)
 
     # -- layouts -------------------------------------------------------------
@@ -404,7 +406,7 @@ class Kernel:
             seen.add(addr)
             try:
                 t = self.task(addr)
-            except (MemoryFault, KernelError) as e:
+            except (MemoryFault, KernelError, BtfError) as e:
                 self.warnings.append(f"task_struct at {addr:#x} unreadable: {e}")
                 return
             t.running_on = running.get(addr)
@@ -443,7 +445,7 @@ class Kernel:
             if self._ret_stack_is_words():
                 return self._fgraph_words(ptr, curr, size, fields)
             return self._fgraph_array(ptr, curr, size, fields)
-        except MemoryFault as e:
+        except (MemoryFault, KernelError, BtfError) as e:
             self.warnings.append(f"pid {task.pid}: fgraph ret_stack unreadable: {e}")
             return []
 
@@ -500,7 +502,7 @@ class Kernel:
                     base = node - llist
                     out.append(KretprobeInstance(self.read_u64(base + ro), self.read_u64(base + fo)))
                     node = self.read_u64(node)
-            except MemoryFault as e:
+            except (MemoryFault, KernelError) as e:
                 self.warnings.append(f"pid {task.pid}: {head} list unreadable: {e}")
             return out
         return []
@@ -538,7 +540,7 @@ class Kernel:
             for node in self.list_for_each(head, "modules", MAX_MODULES):
                 try:
                     out.append(self.module(node - off))
-                except (MemoryFault, KernelError) as e:
+                except (MemoryFault, KernelError, BtfError) as e:
                     self.warnings.append(f"module at {node - off:#x} unreadable: {e}")
         except MemoryFault as e:
             self.warnings.append(f"the module list is cut short: {e}")

@@ -196,7 +196,7 @@ class VmcoreDump:
                 self.meta["ftrace_trampolines"] = ftrace_trampolines(self.kernel)
             except (MemoryFault, BtfError) as e:
                 self.kernel.warnings.append(f"ftrace_ops_list unreadable: {e}")
-        except KernelError as e:
+        except (KernelError, BtfError) as e:
             raise DumpError(f"{self.path}: {e}") from None
         except MemoryFault as e:
             raise DumpError(f"{self.path}: kernel structures unreadable: {e}") from None

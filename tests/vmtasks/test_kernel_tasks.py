@@ -226,3 +226,33 @@ def test_a_page_excluded_from_the_dump_is_a_clean_memory_fault_stop() -> None:
     s = Session(d, None, None)  # type: ignore[arg-type]
     r = s.replay(s.select(pid=201)[0], symbolize=False)
     assert r.stop.reason is StopReason.MEMORY_FAULT and "excluded from the dump" in r.stop.detail
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_mutated_kernel_never_raises_anything_but_a_dump_error(seed: int) -> None:
+    """Random words of the synthetic kernel overwritten: the task list, contexts, stacks and walks end with
+    warnings, a DumpError or a stop; never another exception, never a hang."""
+    import random
+
+    from unwind.dump import DumpError
+
+    rng = random.Random(seed)
+    for _ in range(25):
+        k = SynthKernel(rng.choice(["new", "old"]))
+        procs = _procs()
+        k.build(procs, [None, procs[1].threads[1]])
+        objs = [a for a, d in k.segs.items() if 16 <= len(d) <= 0x2000]
+        for _ in range(rng.randint(1, 12)):
+            base = rng.choice(objs)
+            off = rng.randrange(0, len(k.segs[base]) - 8) & ~7
+            k.u64(base + off, rng.choice([0, 2**64 - 1, rng.getrandbits(64), base, base + off, objs[0]]))
+        d = VmcoreDump("fuzz", registry.get("arm64"), k.memory(), [_prstatus(1, {"pc": 1, "sp": 2, "pstate": 5})],
+                       "OSRELEASE=6.12.0\n")
+        try:
+            d.attach(k.symbol, k.btf)
+            s = Session(d, None, None)  # type: ignore[arg-type]
+            for t in s.select(every=True):
+                s.replay(t, symbolize=False)
+            ps_lines(s)
+        except DumpError:
+            pass
