@@ -256,3 +256,25 @@ def test_a_mutated_kernel_never_raises_anything_but_a_dump_error(seed: int) -> N
             ps_lines(s)
         except DumpError:
             pass
+
+
+def test_a_real_crash_takes_each_cpus_registers_from_its_crash_notes() -> None:
+    """kdump (VMCOREINFO CRASHTIME): crash_save_cpu() wrote one note per CPU into per_cpu_ptr(crash_notes, cpu);
+    a CPU that saved nothing has an empty buffer. The file's notes (here: misleading ones) are not used."""
+    from unwind.elfcore import NT_PRSTATUS, note
+
+    k = SynthKernel()
+    procs = _procs()
+    running = procs[1].threads[1]
+    k.build(procs, [None, running])
+    ptr = k.define("crash_notes", 8)
+    area = 0xFFFF800081000400  # the per-CPU buffer's address before __per_cpu_offset
+    k.u64(ptr, area)
+    regs1 = {"pc": 0xFFFF800080009999, "sp": running.stack + 0x3000, "pstate": 5}
+    buf = note("CORE", NT_PRSTATUS, _prstatus(1, regs1)[:])
+    k.write(area + k.percpu_offset[1], buf)  # cpu0's buffer stays zero: it saved nothing
+    bogus = _prstatus(0, {"pc": 0x1234})
+    d = VmcoreDump("kdump", registry.get("arm64"), k.memory(), [bogus], "OSRELEASE=6.12.0\nCRASHTIME=1700000000\n")
+    d.attach(k.symbol, k.btf)
+    assert [(c.cpu, c.regs["pc"]) for c in d.cpus] == [(1, regs1["pc"])]
+    assert [t.pid for t in d.tasks() if t.running] == [running.pid]
