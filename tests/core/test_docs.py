@@ -48,3 +48,13 @@ def test_corpora_readme_counts_match_the_dumps():
 def test_recorded_report_has_no_internal_wording_or_signed_plus():
     report = (ROOT / "docs" / "benchmark-report" / "report.md").read_text()
     assert "issue 7" not in report and "+ -" not in report
+
+
+def test_readme_library_examples_run(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) >= 2
+    exec(compile("\n".join(blocks), "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "lapic_next_event+" in out and "[orc call]" in out
