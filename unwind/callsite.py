@@ -3,26 +3,77 @@
 Evidence for the reader and for complete modes only: the kernel does not
 check it, so a failed check never changes what faithful replay prints.
 Text bytes come from the image; without them the answer is "unknown".
+
+Verdicts are cached per image (an image opened by :func:`unwind.image.open_image`
+lives for the process, so every session of a corpus shares them). Each arch's
+backend may recognise its common call encodings from the bytes
+(:meth:`~unwind.registry.ArchBackend.call_site_length`) before capstone is asked;
+the instruction text is decoded by capstone only when it is read.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import capstone
+from typing import Any
+from weakref import WeakKeyDictionary
 
 from .frame import Flag, Frame
 from .image import Image
 from .registry import ArchBackend
 
+_BOUNDARY = int(Flag.BOUNDARY)
+_CALLSITE_OK = int(Flag.CALLSITE_OK)
+_CALLSITE_BAD = int(Flag.CALLSITE_BAD)
 
-@dataclass(frozen=True, slots=True)
+#: per image, per arch: return address -> verdict
+_VERDICTS: WeakKeyDictionary[Any, dict[str, dict[int, "CallSite"]]] = WeakKeyDictionary()
+#: one capstone decoder per arch, made on first use
+_DECODERS: dict[str, Any] = {}
+
+
+def _decoder(backend: ArchBackend) -> Any:
+    """A capstone decoder for ``backend``'s instruction set."""
+    md = _DECODERS.get(backend.name)
+    if md is None:
+        import capstone
+        md = _DECODERS[backend.name] = capstone.Cs(*backend.capstone)
+    return md
+
+
 class CallSite:
-    """``status`` is "ok", "bad" or "unknown"; ``insn`` the call found (or what ends there)."""
+    """``status`` is "ok", "bad" or "unknown"; ``insn`` the call found (or what ends there).
 
-    status: str
-    insn: str | None = None
-    addr: int | None = None
+    ``insn`` is decoded from the stored bytes the first time it is read.
+    """
+
+    __slots__ = ("status", "addr", "_code", "_backend", "_insn")
+
+    def __init__(self, status: str, insn: str | None = None, addr: int | None = None, *,
+                 code: bytes | None = None, backend: ArchBackend | None = None) -> None:
+        self.status = status
+        self.addr = addr
+        self._insn = insn
+        self._code = code
+        self._backend = backend
+
+    @property
+    def insn(self) -> str | None:
+        """``mnemonic operands`` of the instruction that ends at the return address, if one does."""
+        if self._insn is None and self._code is not None and self._backend is not None:
+            insn = next(_decoder(self._backend).disasm(self._code, self.addr))
+            self._insn = f"{insn.mnemonic} {insn.op_str}".strip()
+            self._code = None
+        return self._insn
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CallSite):
+            return NotImplemented
+        return (self.status, self.insn, self.addr) == (other.status, other.insn, other.addr)
+
+    def __hash__(self) -> int:
+        return hash((self.status, self.insn, self.addr))
+
+    def __repr__(self) -> str:
+        return f"CallSite({self.status!r}, {self.insn!r}, {self.addr!r})"
 
     def describe(self) -> str:
         """One line for ``--explain``."""
@@ -34,13 +85,15 @@ class CallSite:
 
 
 class CallSiteChecker:
-    """Decodes the bytes before return addresses with capstone, caching each answer."""
+    """Decides the call site of return addresses, caching each answer with the image."""
 
     def __init__(self, backend: ArchBackend, image: Image | None) -> None:
         self.backend = backend
         self.image = image if image is not None and image.has_text else None
-        self._md = capstone.Cs(*backend.capstone)
-        self._cache: dict[int, CallSite] = {}
+        if self.image is None:
+            self._cache: dict[int, CallSite] = {}
+        else:
+            self._cache = _VERDICTS.setdefault(self.image, {}).setdefault(backend.name, {})
 
     def check(self, ret: int) -> CallSite:
         """The call site of return address ``ret``."""
@@ -52,12 +105,22 @@ class CallSiteChecker:
     def _check(self, ret: int) -> CallSite:
         if self.image is None:
             return CallSite("unknown")
+        length = self.backend.call_site_length(self.image.text, ret)
+        if length is not None:
+            return CallSite("ok", addr=ret - length, code=self.image.text(ret - length, length),
+                            backend=self.backend)
+        return self.decode(ret)
+
+    def decode(self, ret: int) -> CallSite:
+        """The call site of ``ret`` as capstone reads it: each call length, shortest first."""
+        assert self.image is not None
+        md = _decoder(self.backend)
         seen = None
         for length in self.backend.call_lengths:
             code = self.image.text(ret - length, length)
             if code is None:
                 continue
-            insns = list(self._md.disasm(code, ret - length))
+            insns = list(md.disasm(code, ret - length))
             if len(insns) != 1 or insns[0].size != length:
                 continue
             insn = insns[0]
@@ -71,14 +134,14 @@ class CallSiteChecker:
 
     def annotate(self, frame: Frame) -> CallSite | None:
         """Flag ``frame`` with its call-site result; a pc from exception registers is not checked."""
-        if frame.flags & Flag.BOUNDARY:
+        flags = frame.flags
+        if flags & _BOUNDARY:
             return None
         site = self.check(frame.pc)
         if site.status == "ok":
-            frame.flags |= Flag.CALLSITE_OK
+            frame.flags = Flag(flags | _CALLSITE_OK)
         elif site.status == "bad":
-            frame.flags |= Flag.CALLSITE_BAD
+            frame.flags = Flag(flags | _CALLSITE_BAD)
         if frame.provenance is not None:
             frame.provenance.note(site.describe())
         return site
-

@@ -78,6 +78,12 @@ class ArchBackend(ABC):
     def is_call(self, mnemonic: str, op_str: str) -> bool:
         """Is this decoded instruction a call that leaves a return address?"""
 
+    def call_site_length(self, text: Callable[[int, int], bytes | None], ret: int) -> int | None:
+        """The length of the call that ends at ``ret`` when its bytes alone settle that capstone's
+        reading (each of :attr:`call_lengths`, shortest first, judged by :meth:`is_call`) would
+        find a call of that length; ``None`` to ask capstone. ``text(addr, size)`` reads the image."""
+        return None
+
     @abstractmethod
     def format_trace(self, frames: "list[Frame]", stop: "Stop", target: "Target") -> "list[TraceLine]":
         """The trace as the kernel of ``target.release`` prints it.

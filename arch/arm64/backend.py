@@ -67,6 +67,19 @@ class Arm64Backend(ArchBackend):
         """BL and every BLR form (BLRAA, BLRAAZ, ...)."""
         return mnemonic == "bl" or mnemonic.startswith("blr")
 
+    def call_site_length(self, text: Callable[[int, int], bytes | None], ret: int) -> int | None:
+        """BL, BLR and the pointer-authenticating BLRAA/BLRAB/BLRAAZ/BLRABZ, from their encodings."""
+        code = text(ret - 4, 4)
+        if code is None:
+            return None
+        word = int.from_bytes(code, "little")
+        if (word & 0xFC000000 == 0x94000000                                   # BL imm26
+                or word & 0xFFFFFC1F == 0xD63F0000                            # BLR Xn
+                or word & 0xFFFFF800 == 0xD73F0800                            # BLRAA/BLRAB Xn, Xm
+                or word & 0xFFFFF81F == 0xD63F081F):                          # BLRAAZ/BLRABZ Xn
+            return 4
+        return None
+
     def unwinder(self, target: Target) -> Unwinder:
         """``kunwind_stack_walk()`` of the dumped kernel's generation (v6.12 or v6.13+)."""
         return Arm64Unwinder(target)

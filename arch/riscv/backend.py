@@ -79,6 +79,24 @@ class RiscvBackend(ArchBackend):
             return not op_str.startswith("zero")
         return False
 
+    def call_site_length(self, text: Callable[[int, int], bytes | None], ret: int) -> int | None:
+        """C.JALR (2 bytes), else JAL or JALR with a link register (4 bytes), from their encodings."""
+        half = text(ret - 2, 2)
+        if half is None:
+            return None
+        h = int.from_bytes(half, "little")
+        if h & 0xF07F == 0x9002 and h & 0x0F80:                  # c.jalr rs1 (rs1 != 0, rs2 == 0)
+            return 2
+        code = text(ret - 4, 4)
+        if code is None:
+            return None
+        word = int.from_bytes(code, "little")
+        if word & 0xF80 == 0:                                    # rd == zero: a jump, not a call
+            return None
+        if word & 0x7F == 0x6F or word & 0x707F == 0x67:         # jal rd / jalr rd, imm(rs1)
+            return 4
+        return None
+
     def unwinder(self, target: Target) -> Unwinder:
         """``walk_stackframe()`` of the task, or ``arch_stack_walk_user()`` with ``options.user``."""
         if target.options.user:

@@ -99,6 +99,18 @@ class X86_64Backend(ArchBackend):
         """CALL in any form."""
         return mnemonic.startswith("call")
 
+    def call_site_length(self, text: Callable[[int, int], bytes | None], ret: int) -> int | None:
+        """``call rel32`` (``E8``) when no shorter call can end at ``ret``: a near or far indirect
+        call is ``FF /2`` or ``FF /3`` and a direct one ``E8``, so the four offset bytes must hold
+        no ``E8`` and no ``FF`` whose next byte's reg field is 2 or 3."""
+        code = text(ret - 5, 5)
+        if code is None or code[0] != 0xE8 or 0xE8 in code[1:]:
+            return None
+        for i in range(1, 4):
+            if code[i] == 0xFF and (code[i + 1] >> 3) & 7 in (2, 3):
+                return None
+        return 5
+
     def unwinder(self, target: Target) -> Unwinder:
         """An ORC walk over the tables of ``target.image`` (full, stripped or slim)."""
         return OrcUnwinder(target, orc_table(target))

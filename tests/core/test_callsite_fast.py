@@ -1,0 +1,89 @@
+"""The byte-level call-site pre-check gives capstone's verdict, address and text, exactly.
+
+The expected answer is capstone's own reading (``CallSiteChecker.decode``), on
+random bytes shaped like each arch's call encodings and on every return address
+of every committed corpus dump.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from unwind import registry
+from unwind.callsite import CallSiteChecker
+from unwind.replay import load_session
+from unwind.tools import paths_under
+
+CORPORA = Path(__file__).resolve().parents[2] / "corpora"
+BASE = 0xFFFFFFFF81000000
+
+
+class BytesImage:
+    """An image whose only text is ``code`` at ``BASE``."""
+
+    has_text = True
+
+    def __init__(self, code: bytes) -> None:
+        self.code = code
+
+    def text(self, addr: int, size: int) -> bytes | None:
+        off = addr - BASE
+        return self.code[off:off + size] if 0 <= off and off + size <= len(self.code) else None
+
+
+def _same(checker: CallSiteChecker, ret: int) -> None:
+    fast, slow = checker.check(ret), checker.decode(ret)
+    assert (fast.status, fast.addr, fast.insn) == (slow.status, slow.addr, slow.insn), hex(ret)
+    assert fast.describe() == slow.describe()
+
+
+def _windows(arch: str, rng: random.Random) -> bytes:
+    """Eight random bytes whose end often looks like one of ``arch``'s calls."""
+    code = bytearray(rng.randbytes(8))
+    if arch == "x86_64":
+        code[3] = 0xE8 if rng.random() < 0.8 else rng.choice((0xFF, 0x41))
+        for i in range(4, 8):  # offsets full of the bytes that could hide a shorter call
+            if rng.random() < 0.3:
+                code[i] = rng.choice((0xFF, 0xE8, 0xD0, 0x14, 0x15, 0x00))
+    elif arch == "arm64":
+        word = rng.choice((0x94000000 | rng.getrandbits(26), 0xD63F0000 | rng.getrandbits(5) << 5,
+                           0xD73F0800 | rng.getrandbits(11), 0xD63F081F | rng.getrandbits(11),
+                           rng.getrandbits(32)))
+        code[4:8] = word.to_bytes(4, "little")
+    else:
+        word = rng.choice((0x6F | rng.getrandbits(25) << 7, 0x67 | rng.getrandbits(5) << 7 | rng.getrandbits(17) << 15,
+                           rng.getrandbits(32)))
+        code[4:8] = word.to_bytes(4, "little")
+        if rng.random() < 0.3:
+            code[6:8] = (0x9002 | rng.getrandbits(5) << 7).to_bytes(2, "little")
+    return bytes(code)
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "arm64", "riscv"])
+def test_fast_check_matches_capstone_on_random_calls(arch: str) -> None:
+    rng = random.Random(14)
+    backend = registry.get(arch)
+    fast = 0
+    for _ in range(4000):
+        checker = CallSiteChecker(backend, BytesImage(_windows(arch, rng)))
+        fast += backend.call_site_length(checker.image.text, BASE + 8) is not None
+        _same(checker, BASE + 8)
+    assert fast > 1000  # the pre-check does take the common encodings
+
+
+@pytest.mark.parametrize("folder", sorted(p for p in CORPORA.glob("*/*") if p.is_dir()),
+                         ids=lambda p: p.parent.name)
+def test_fast_check_matches_capstone_on_every_corpus_return_address(folder: Path) -> None:
+    addresses: set[int] = set()
+    checker = None
+    for path in paths_under(folder):
+        session = load_session(path)
+        checker = CallSiteChecker(session.backend, session.image)
+        for task in session.dump.tasks():
+            addresses.update(f.pc for f in session.replay(task, symbolize=False).frames)
+    assert checker is not None and checker.image is not None and addresses
+    for ret in sorted(addresses):
+        _same(checker, ret)
