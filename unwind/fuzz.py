@@ -279,9 +279,11 @@ def mutate_json(rng: random.Random, seed: Seed) -> DumpWriter:
             raw[rng.randrange(len(raw))] = rng.randrange(256)
         return seed.writer(note_json=bytes(raw))
     meta = copy.deepcopy(seed.meta)
+    if rng.random() < 0.3:
+        _add_optional_keys(rng, seed, meta)
     for _ in range(rng.randint(1, 3)):
         nodes = [n for n in _nodes(meta) if n[0]]
-        hot = [n for n in nodes if n[0][0] in ("tasks", "stacks", "cpus", "symbols", "kernel",
+        hot = [n for n in nodes if n[0][0] in ("tasks", "stacks", "cpus", "symbols", "kernel", "modules",
                                                 "ftrace_trampolines", "offsets", "build_id", "arch", "format")]
         path, value = rng.choice(hot if hot and rng.random() < 0.8 else nodes)
         parent: Any = meta
@@ -303,6 +305,30 @@ def mutate_json(rng: random.Random, seed: Seed) -> DumpWriter:
         else:
             parent[key] = _random_json(rng)
     return seed.writer(meta=meta)
+
+
+def _add_optional_keys(rng: random.Random, seed: Seed, meta: dict[str, Any]) -> None:
+    """Give the note the optional keys newer captures and conversions write, so their readers are
+    mutated too: ``offsets`` for the structs the arch's walk reads, a ``modules[]`` entry whose
+    region holds a pc of the stacks and whose ORC table points into them, ``task`` on tasks and stacks."""
+    layouts = registry.get(seed.arch).layouts
+    meta["offsets"] = {name: {"size": rng.choice((0, 8, 168, 288, 320, 336, 2**20)),
+                              "members": {m: 8 * rng.randrange(48) for m in members}}
+                       for name, members in layouts.items()}
+    pc = _interesting_u64(rng, seed)
+    base = pc & ~0xFFF
+    words = [seed.segments[i][0] + off for i, off in seed.stack_words[:64]] or [base]
+    meta["modules"] = [{"name": "fuzz", "addr": hex(base), "state": 0,
+                        "regions": [{"kind": "text", "base": hex(base), "size": rng.choice((0x1000, 0x100000))}],
+                        "symbols": [[hex(base + 16 * k), f"fuzz_fn{k}"] for k in range(rng.randint(0, 4))],
+                        "orc": {"orc_unwind_ip": hex(rng.choice(words)), "orc_unwind": hex(rng.choice(words)),
+                                "num_orcs": rng.choice((0, 1, 16, 4096)), "entry_size": 6}}]
+    for i, t in enumerate(meta.get("tasks", [])):
+        if rng.random() < 0.5:
+            t["task"] = hex(0xFFFF888000000000 + 0x1000 * i)
+    for s in meta.get("stacks", []):
+        if rng.random() < 0.3:
+            s["task"] = hex(0xFFFF888000000000 + 0x1000 * rng.randrange(4))
 
 
 _VMCOREINFO_KEYS = ("NUMBER(VA_BITS)", "NUMBER(MODULES_VADDR)", "NUMBER(MODULES_END)", "NUMBER(KERNELPACMASK)",
