@@ -87,3 +87,16 @@ def test_fast_check_matches_capstone_on_every_corpus_return_address(folder: Path
     assert checker is not None and checker.image is not None and addresses
     for ret in sorted(addresses):
         _same(checker, ret)
+
+
+def test_annotate_keeps_every_other_flag_and_a_flag_type() -> None:
+    from unwind.callsite import CallSite
+    from unwind.frame import Flag, Frame, Source
+    checker = CallSiteChecker(registry.get("arm64"), None)
+    checker._cache.update({0x1000: CallSite("ok", "bl #0xffc", 0xffc), 0x2000: CallSite("bad", "nop", 0x1ffc)})
+    for value in range(1 << 8):
+        for pc, bit in ((0x1000, Flag.CALLSITE_OK), (0x2000, Flag.CALLSITE_BAD)):
+            frame = Frame(pc, source=Source.FRAME, flags=Flag(value))
+            checker.annotate(frame)
+            want = Flag(value) if value & Flag.BOUNDARY else Flag(value) | bit
+            assert type(frame.flags) is Flag and frame.flags == want and frame.flags.names() == want.names()
