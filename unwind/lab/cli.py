@@ -185,6 +185,25 @@ def cmd_drgn_oracle(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_drgn_tasks(args: argparse.Namespace) -> int:
+    """Write drgn's task list and stack traces of a vmcore as JSON."""
+    from .drgn_oracle import vmcore_tasks
+
+    try:
+        data = vmcore_tasks(args.vmcore, args.vmlinux, [Path(m) for m in args.module_debug],
+                            canonical_arch(args.arch) if args.arch else None)
+        Path(args.output).write_text(json.dumps(data, indent=1) + "\n")
+    except ImportError:
+        return _fail("drgn is not installed (pip install drgn)")
+    except LAB_ERRORS as e:
+        return _fail(str(e).splitlines()[0])
+    n = len(data["tasks"])
+    bad = sum(1 for t in data["tasks"] if "error" in t)
+    print(f"{n} tasks ({bad} not unwound) -> {args.output}" + (f"; {data['error']}" if "error" in data else ""),
+          file=sys.stderr)
+    return 0
+
+
 def _osrelease(vmcoreinfo: str) -> str:
     for line in vmcoreinfo.splitlines():
         if line.startswith("OSRELEASE="):
@@ -238,6 +257,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     dg.add_argument("--vmlinux", required=True, help="the debug vmlinux")
     dg.add_argument("dump")
     dg.set_defaults(func=cmd_drgn_oracle)
+    dt = lsub.add_parser("drgn-tasks", help="drgn's for_each_task and stack_trace of every task of a vmcore, as JSON")
+    dt.add_argument("--vmlinux", required=True, help="the debug vmlinux")
+    dt.add_argument("--module-debug", action="append", default=[], metavar="KO",
+                    help="a module's debug file (repeat), so drgn has its symbols and unwind tables")
+    dt.add_argument("--arch", help="platform to retry with when drgn cannot tell (QEMU kdump files)")
+    dt.add_argument("-o", "--output", required=True, help="JSON file to write")
+    dt.add_argument("vmcore")
+    dt.set_defaults(func=cmd_drgn_tasks)
     rp = lsub.add_parser("reparse-oracles", help="re-derive stored sysrq-t/sysrq-l frames from their text")
     rp.add_argument("--system-map", required=True)
     rp.add_argument("dumps", nargs="+")

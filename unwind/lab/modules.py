@@ -114,3 +114,32 @@ def fetch_modules(k: Kernel, names: tuple[str, ...] = LAB_MODULES) -> list[str]:
     order_file.write_text("\n".join(order) + "\n")
     _say(f"modules for the lab guest: {' '.join(order)}")
     return order
+
+
+def fetch_module_debug(k: Kernel) -> list[Path]:
+    """The debug files of the lab modules (``<kernel>/modules/debug/NAME.ko``) from the ``-dbg`` package.
+
+    drgn needs them to unwind through module code (it reads ORC and CFI from files, not memory).
+    """
+    order = fetch_modules(k)
+    dest = k.root / "modules" / "debug"
+    have = [dest / f"{n}.ko" for n in order]
+    if all(p.exists() for p in have):
+        return have
+    pkgs = k.manifest().get("packages", {})
+    dbg = cache_dir() / "debs" / pkgs.get("dbg", "")
+    images = [cache_dir() / "debs" / n for n in pkgs.get("kernel") or [pkgs.get("image", "")] if n]
+    if not dbg.is_file():
+        raise FetchError(f"the -dbg package of {k.release} is not in the cache")
+    members = _module_members(images)
+    wanted = {}
+    for n in order:
+        rel = KO.sub(".ko", members[n][1].split(f"/modules/{k.release}/", 1)[1])
+        wanted[n] = [f"./usr/lib/debug/{d}/modules/{k.release}/{rel}" for d in ("lib", "usr/lib")]
+    found = extract_from_deb(dbg, wanted, dest)
+    missing = [n for n in order if n not in found]
+    if missing:
+        raise FetchError(f"no debug file for module {missing[0]} in {dbg.name}")
+    for n, path in found.items():
+        path.replace(dest / f"{n}.ko")
+    return have

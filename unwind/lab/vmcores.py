@@ -10,8 +10,10 @@ functions derive the makedumpfile variants of the same stop on the host:
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from elftools.construct.lib import Container
@@ -59,40 +61,49 @@ def phdrs_first_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-#: Debian packages of a foreign-arch makedumpfile and its libraries (``name/suite``): the host's
-#: makedumpfile is built for the host's arch only (one TARGET per build)
-FOREIGN_MAKEDUMPFILE = ("makedumpfile/sid", "libc6/trixie", "libdw1t64/trixie", "libelf1t64/trixie",
-                        "liblzo2-2/trixie", "libzstd1/trixie", "zlib1g/trixie", "libbz2-1.0/trixie",
-                        "liblzma5/trixie")
-#: our arch -> qemu-user binary name suffix
-QEMU_USER = {"x86_64": "x86_64", "arm64": "aarch64", "riscv": "riscv64"}
+#: Debian packages of makedumpfile and its libraries (``name/suite``). Not the host's own: bookworm's
+#: 1.7.2 takes 6.10+ slab pages (page_type) for free ones and excludes them at -d 16, and one build of
+#: makedumpfile reads the dumps of one arch only
+MAKEDUMPFILE_PACKAGES = ("makedumpfile/sid", "libc6/trixie", "libdw1t64/trixie", "libelf1t64/trixie",
+                         "liblzo2-2/trixie", "libzstd1/trixie", "zlib1g/trixie", "libbz2-1.0/trixie",
+                         "liblzma5/trixie")
+#: our arch -> (qemu-user binary suffix, Debian multiarch triplet, dynamic loader)
+QEMU_USER = {"x86_64": ("x86_64", "x86_64-linux-gnu", "ld-linux-x86-64.so.2"),
+             "arm64": ("aarch64", "aarch64-linux-gnu", "ld-linux-aarch64.so.1"),
+             "riscv": ("riscv64", "riscv64-linux-gnu", "ld-linux-riscv64-lp64d.so.1")}
 
 
 def makedumpfile_command(arch: str) -> list[str]:
-    """The command that runs a makedumpfile built for ``arch`` on this host.
+    """The command that runs sid's makedumpfile built for ``arch`` on this host.
 
-    The host's own for its arch; otherwise Debian's package of that arch and its libraries,
-    unpacked into ``<cache>/tools/makedumpfile-<dpkg arch>/`` and run under ``qemu-<arch>-static``.
+    The package and its libraries are unpacked into ``<cache>/tools/makedumpfile-<dpkg arch>/``;
+    the host's arch runs it through the unpacked loader, other arches under ``qemu-<arch>-static``.
     """
     dpkg_arch = ARCHES[arch][0]
-    native = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True).stdout.strip()
-    if dpkg_arch == native:
-        return ["makedumpfile"]
+    qarch, triplet, loader = QEMU_USER[arch]
     root = cache_dir() / "tools" / f"makedumpfile-{dpkg_arch}"
     binary = root / "usr" / "bin" / "makedumpfile"
-    qemu = f"qemu-{QEMU_USER[arch]}-static"
-    if shutil.which(qemu) is None:
-        subprocess.run(["apt-get", "install", "-y", "-q", "qemu-user-static"], check=True, capture_output=True)
     if not binary.exists():
         debs = root.parent / f"debs-{dpkg_arch}"
         debs.mkdir(parents=True, exist_ok=True)
-        for pkg in FOREIGN_MAKEDUMPFILE:
+        for pkg in MAKEDUMPFILE_PACKAGES:
             name, _, suite = pkg.partition("/")
             deb = _download(name, newest_version(f"{name}:{dpkg_arch}", suite), dpkg_arch, debs)
             subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
         (root / "lib").unlink(missing_ok=True)
         (root / "lib").symlink_to("usr/lib")  # merged /usr: the loader is looked up in /lib
+    native = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True).stdout.strip()
+    if dpkg_arch == native:
+        libs = root / "usr" / "lib" / triplet
+        return [str(libs / loader), "--library-path", str(libs), str(binary)]
+    qemu = f"qemu-{qarch}-static"
+    if shutil.which(qemu) is None:
+        subprocess.run(["apt-get", "install", "-y", "-q", "qemu-user-static"], check=True, capture_output=True)
     return [qemu, "-L", str(root), str(binary)]
+
+
+#: makedumpfile's progress lines on stderr
+_PROGRESS = re.compile(r"(Checking|Excluding|Copying|Calculating|Saving)\b")
 
 
 def _makedumpfile(cmd: list[str], stdout=None) -> None:
@@ -102,8 +113,9 @@ def _makedumpfile(cmd: list[str], stdout=None) -> None:
     except FileNotFoundError:
         raise VmcoreToolError("makedumpfile not found (apt-get install makedumpfile)") from None
     if r.returncode != 0:
-        msg = [ln for ln in r.stderr.decode(errors="replace").splitlines() if ln.strip()]
-        raise VmcoreToolError(f"{' '.join(cmd)}: {msg[0] if msg else f'exit {r.returncode}'}")
+        text = r.stderr.decode(errors="replace").replace("\r", "\n")
+        msg = [ln for ln in text.splitlines() if ln.strip() and not _PROGRESS.match(ln)]
+        raise VmcoreToolError(f"makedumpfile {' '.join(cmd[-2:])}: {msg[0] if msg else f'exit {r.returncode}'}")
 
 
 def makedumpfile_variants(elf: Path, arch: str, vmlinux: Path | None = None, vmcoreinfo: str | None = None,
@@ -151,4 +163,161 @@ def reassemble(flat: Path) -> Path:
     if r.returncode != 0:
         msg = [ln for ln in r.stderr.decode(errors="replace").splitlines() if ln.strip()]
         raise VmcoreToolError(f"makedumpfile -R {out.name}: {msg[0] if msg else f'exit {r.returncode}'}")
+    return out
+
+
+def slice_elf(src: Path, dst: Path, pages: set[int], page_size: int = 4096) -> Path:
+    """Write an ELF vmcore holding ``src``'s notes and only its physical ``pages`` (page frame numbers).
+
+    The ELF header and the notes are ``src``'s; each run of consecutive pages becomes one PT_LOAD
+    (``p_vaddr = p_paddr``, as QEMU writes them without paging). Reads of any other page fault, so a
+    reader that works on the slice needs nothing else of the dump.
+    """
+    with open(src, "rb") as f:
+        elf = ELFFile(f)
+        structs = elf.structs
+        loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD" and s["p_filesz"]]
+        note = next(s for s in elf.iter_segments() if s["p_type"] == "PT_NOTE")
+        notes = note.data()
+        runs: list[tuple[int, int]] = []
+        for pfn in sorted(pages):
+            if runs and runs[-1][1] == pfn:
+                runs[-1] = (runs[-1][0], pfn + 1)
+            else:
+                runs.append((pfn, pfn + 1))
+        chunks: list[tuple[int, bytes]] = []
+        for lo, hi in runs:
+            start, end = lo * page_size, hi * page_size
+            for seg in loads:
+                a, b = max(start, seg["p_paddr"]), min(end, seg["p_paddr"] + seg["p_filesz"])
+                if a < b:
+                    f.seek(seg["p_offset"] + a - seg["p_paddr"])
+                    chunks.append((a, f.read(b - a)))
+        header = Container(**elf.header)
+    ehsize, phsize = structs.Elf_Ehdr.sizeof(), structs.Elf_Phdr.sizeof()
+    phnum = 1 + len(chunks)
+    if phnum >= 0xFFFF:
+        raise VmcoreToolError(f"{len(chunks)} page runs need PN_XNUM program headers")
+    header.update(e_phoff=ehsize, e_ehsize=ehsize, e_phnum=phnum, e_phentsize=phsize,
+                  e_shoff=0, e_shnum=0, e_shstrndx=0, e_shentsize=0)
+    offset = ehsize + phnum * phsize
+    phdrs = [structs.Elf_Phdr.build(Container(p_type="PT_NOTE", p_flags=0, p_offset=offset, p_vaddr=0,
+                                              p_paddr=0, p_filesz=len(notes), p_memsz=len(notes), p_align=0))]
+    offset += len(notes)
+    for paddr, data in chunks:
+        phdrs.append(structs.Elf_Phdr.build(Container(p_type="PT_LOAD", p_flags=7, p_offset=offset,
+                                                      p_vaddr=paddr, p_paddr=paddr, p_filesz=len(data),
+                                                      p_memsz=len(data), p_align=0)))
+        offset += len(data)
+    with open(dst, "wb") as out:
+        out.write(structs.Elf_Ehdr.build(header))
+        out.write(b"".join(phdrs))
+        out.write(notes)
+        for _, data in chunks:
+            out.write(data)
+    return dst
+
+
+def pages_read_by_unwind(vmcore: Path, vmlinux: Path) -> set[int]:
+    """Page frame numbers the project reads from ``vmcore`` to list its tasks and replay them all.
+
+    Runs ``unwind ps`` and ``unwind replay --all`` (plain, and ``--reliable --complete --json``)
+    in this process with :meth:`PhysicalMemory.read_phys` wrapped to record each page it reads.
+    """
+    import contextlib
+    import io
+
+    from unwind.cli import main
+    from unwind.vmcore.physmem import PhysicalMemory
+
+    pages: set[int] = set()
+    orig = PhysicalMemory.read_phys
+
+    def recording(self, paddr: int, size: int) -> bytes:
+        if size > 0:
+            pages.update(range(paddr >> 12, ((paddr + size - 1) >> 12) + 1))
+        return orig(self, paddr, size)
+
+    common = [str(vmcore), "--vmlinux", str(vmlinux)]
+    PhysicalMemory.read_phys = recording
+    try:
+        for args in (["ps", *common], ["replay", *common, "--all"],
+                     ["replay", *common, "--all", "--reliable", "--complete", "--json"]):
+            with contextlib.redirect_stdout(io.StringIO()):
+                main(args)
+    finally:
+        PhysicalMemory.read_phys = orig
+    return pages
+
+
+_PREAD = re.compile(r"pread64\((\d+), .*, (\d+), (\d+)\)\s+=\s+(\d+)$")
+
+
+def pages_read_by_drgn(vmcore: Path, vmlinux: Path, modules: list[Path] = (), arch: str | None = None,
+                       json_out: Path | None = None) -> set[int]:
+    """Page frame numbers drgn reads from the ELF ``vmcore`` for ``unwind lab drgn-tasks``.
+
+    drgn reads an ELF core with ``pread``; ``strace`` records the file offsets, which the
+    PT_LOADs map to physical pages. ``json_out`` keeps the drgn-tasks JSON of that run.
+    """
+    out = json_out or vmcore.with_name(f".{_stem(vmcore)}.drgn.json")
+    cmd = [sys.executable, "-m", "unwind", "lab", "drgn-tasks", "--vmlinux", str(vmlinux), "-o", str(out)]
+    cmd += [a for m in modules for a in ("--module-debug", str(m))] + (["--arch", arch] if arch else [])
+    log = vmcore.with_name(f".{_stem(vmcore)}.strace")
+    try:
+        subprocess.run(["strace", "-f", "-qq", "-e", "trace=openat,pread64", "-s", "0", "-o", str(log),
+                        *cmd, str(vmcore)], check=True, capture_output=True, timeout=1800)
+        fds = {m.group(1) for m in re.finditer(rf'openat\(AT_FDCWD, "{re.escape(str(vmcore))}", [^)]*\) = (\d+)',
+                                               log.read_text())}
+        reads = [(int(m.group(3)), int(m.group(4))) for line in log.read_text().splitlines()
+                 if (m := _PREAD.search(line)) and m.group(1) in fds]
+    except FileNotFoundError:
+        raise VmcoreToolError("strace not found (apt-get install strace)") from None
+    except subprocess.CalledProcessError as e:
+        raise VmcoreToolError(f"drgn-tasks under strace failed: {e.stderr.decode(errors='replace')[-200:]}") from None
+    finally:
+        log.unlink(missing_ok=True)
+        if json_out is None:
+            out.unlink(missing_ok=True)
+    with open(vmcore, "rb") as f:
+        loads = [(s["p_offset"], s["p_filesz"], s["p_paddr"]) for s in ELFFile(f).iter_segments()
+                 if s["p_type"] == "PT_LOAD" and s["p_filesz"]]
+    pages: set[int] = set()
+    for off, size in reads:
+        for foff, fsz, paddr in loads:
+            a, b = max(off, foff), min(off + size, foff + fsz)
+            if a < b:
+                pages.update(range((paddr + a - foff) >> 12, ((paddr + b - 1 - foff) >> 12) + 1))
+    return pages
+
+
+
+#: arches whose vmcores drgn 0.3.0 unwinds (it has no riscv stack unwinder)
+DRGN_ARCHES = ("x86_64", "arm64")
+
+
+def corpus_slice(elf: Path, capture: Path, vmlinux: Path, arch: str, dest: Path,
+                 modules: list[Path] = ()) -> list[Path]:
+    """Commit-sized files of one stop in ``dest``: the slice of QEMU's ELF that the project and drgn
+    read (xz), the capture of the same stop, and drgn's task oracle of the full ELF (xz JSON)."""
+    import lzma
+
+    dest.mkdir(parents=True, exist_ok=True)
+    stem = _stem(elf)
+    pages = pages_read_by_unwind(elf, vmlinux)
+    drgn_json = dest / f".{stem}.drgn-tasks.json"
+    if arch in DRGN_ARCHES:
+        pages |= pages_read_by_drgn(elf.resolve(), vmlinux, modules, arch, json_out=drgn_json)
+    sliced = dest / f"{stem}.elf"
+    slice_elf(elf, sliced, pages)
+    out = [dest / f"{stem}.elf.xz", dest / capture.name]
+    with open(sliced, "rb") as f, lzma.open(out[0], "wb", preset=9) as xz:
+        shutil.copyfileobj(f, xz)
+    sliced.unlink()
+    shutil.copyfile(capture, out[1])
+    if drgn_json.exists():
+        out.append(dest / f"{stem}.drgn-tasks.json.xz")
+        with lzma.open(out[-1], "wt", preset=9) as xz:
+            xz.write(drgn_json.read_text())
+        drgn_json.unlink()
     return out
