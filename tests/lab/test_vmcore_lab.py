@@ -126,3 +126,47 @@ def test_module_guest_gets_the_modules_and_the_scsi_host(tmp_path) -> None:
     cmd = qemu_command(k, tmp_path, tmp_path / "initrd.gz", 1234, opts)
     assert " ".join(LAB_MODULE_QEMU_ARGS) in " ".join(cmd)
     assert " ".join(LAB_MODULE_QEMU_ARGS) not in " ".join(qemu_command(k, tmp_path, tmp_path / "i", 1, BootOptions()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["x86_64", "arm64", "riscv"])
+def test_rebuild_the_committed_vmcore_slices(tmp_path, arch) -> None:
+    """The recipe of ``corpora/<arch>/<release>/vmcore/``: a 256 MB module guest, one stop, its slice.
+
+    Needs network, QEMU, drgn (x86_64, arm64), strace and ~10 min per arch; the new slice must
+    list the same tasks as drgn's ``for_each_task`` of the full vmcore it came from.
+    """
+    import lzma
+    import sys
+
+    from unwind.lab.fetch import find_kernel
+    from unwind.lab.modules import fetch_module_debug
+    from unwind.lab.vmcores import corpus_slice
+
+    def unwind(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "unwind", *args], capture_output=True, text=True, timeout=3600)
+
+    r = unwind("kernels", "fetch", "--arch", arch, "--suite", "trixie")
+    assert r.returncode == 0, r.stderr
+    k = find_kernel(arch, Path(r.stdout.strip()).name)
+    boot = ["lab", "boot", "--arch", arch, "--release", k.release, "--mem", "256M", "--modules", "--restart"]
+    if arch == "arm64":  # 48-bit VA at run time: makedumpfile <= 1.7.9 refuses 4K pages with 52-bit VA
+        boot += ["--qemu-args", "-cpu max,lpa2=off,pauth-impdef=on"]
+    assert (r := unwind(*boot)).returncode == 0, r.stderr
+    try:
+        r = unwind("capture", "--lab", arch, "--stops", "1", "--vmcore", "elf", "-o", str(tmp_path))
+        assert r.returncode == 0, r.stderr
+    finally:
+        unwind("lab", "stop", "--arch", arch)
+    elf = next(tmp_path.glob("stop-*.elf"))
+    slim = next((Path(__file__).resolve().parents[2] / "corpora" / arch).glob("*/vmlinux-*.slim.xz"))
+    files = corpus_slice(elf, next(tmp_path.glob("stop-*.bin.xz")), k.vmlinux, arch, tmp_path / "corpus",
+                         fetch_module_debug(k) if arch != "riscv" else [], slim)
+    sliced = tmp_path / "slice.elf"
+    sliced.write_bytes(lzma.decompress(files[0].read_bytes()))
+    r = unwind("ps", str(sliced), "--vmlinux", str(slim))
+    assert r.returncode == 0, r.stderr
+    if len(files) == 3:
+        drgn = json.loads(lzma.decompress(files[2].read_bytes()))
+        listed = {int(line.lstrip("> ").split()[0]) for line in r.stdout.splitlines()[1:]}
+        assert {t["pid"] for t in drgn["tasks"]} <= listed

@@ -169,7 +169,8 @@ def reassemble(flat: Path) -> Path:
 def slice_elf(src: Path, dst: Path, pages: set[int], page_size: int = 4096) -> Path:
     """Write an ELF vmcore holding ``src``'s notes and only its physical ``pages`` (page frame numbers).
 
-    The ELF header and the notes are ``src``'s; each run of consecutive pages becomes one PT_LOAD
+    The ELF header and the notes are ``src``'s, as is the first page of each of its PT_LOADs; each
+    run of consecutive pages becomes one PT_LOAD
     (``p_vaddr = p_paddr``, as QEMU writes them without paging). Reads of any other page fault, so a
     reader that works on the slice needs nothing else of the dump.
     """
@@ -179,6 +180,9 @@ def slice_elf(src: Path, dst: Path, pages: set[int], page_size: int = 4096) -> P
         loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD" and s["p_filesz"]]
         note = next(s for s in elf.iter_segments() if s["p_type"] == "PT_NOTE")
         notes = note.data()
+        # each RAM block keeps its first page, so the slice's RAM starts where the guest's did
+        # (readers place the riscv image from the start of RAM)
+        pages = set(pages) | {seg["p_paddr"] // page_size for seg in loads}
         runs: list[tuple[int, int]] = []
         for pfn in sorted(pages):
             if runs and runs[-1][1] == pfn:
@@ -297,14 +301,20 @@ DRGN_ARCHES = ("x86_64", "arm64")
 
 
 def corpus_slice(elf: Path, capture: Path, vmlinux: Path, arch: str, dest: Path,
-                 modules: list[Path] = ()) -> list[Path]:
+                 modules: list[Path] = (), slim: Path | None = None) -> list[Path]:
     """Commit-sized files of one stop in ``dest``: the slice of QEMU's ELF that the project and drgn
-    read (xz), the capture of the same stop, and drgn's task oracle of the full ELF (xz JSON)."""
+    read (xz), the capture of the same stop, and drgn's task oracle of the full ELF (xz JSON).
+
+    With the committed ``slim`` image (which has no BTF) the project reads the kernel's BTF from
+    memory, so those pages are kept too.
+    """
     import lzma
 
     dest.mkdir(parents=True, exist_ok=True)
     stem = _stem(elf)
     pages = pages_read_by_unwind(elf, vmlinux)
+    if slim is not None:
+        pages |= pages_read_by_unwind(elf, slim)
     drgn_json = dest / f".{stem}.drgn-tasks.json"
     if arch in DRGN_ARCHES:
         pages |= pages_read_by_drgn(elf.resolve(), vmlinux, modules, arch, json_out=drgn_json)
