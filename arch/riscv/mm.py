@@ -217,25 +217,27 @@ def find_vmcoreinfo(phys: PhysReader, ranges: Iterable[tuple[int, int]], symbol:
     if not (start <= note_sym and start <= swapper):
         raise DumpError("riscv: vmcoreinfo_note and swapper_pg_dir lie below _start in the image")
     va_pa_offset_at = _va_pa_offset_location(symbol, btf)
-    for lo, hi in sorted(ranges):
-        base = -(-lo // PMD_SIZE) * PMD_SIZE
-        while base + (note_sym - start) + 8 <= hi:
-            ptr = _read_u64(phys, base + (note_sym - start))
-            found = None
-            if ptr is not None and ptr >> 63 and not ptr & ((1 << PAGE_SHIFT) - 1):  # alloc_pages_exact()
-                if va_pa_offset_at is not None:
-                    found = _linear_note(phys, ptr, _read_u64(phys, base + va_pa_offset_at - start))
-                if found is None:
-                    found = _walked_note(phys, ptr, base + (swapper - start))
-            if found is not None:
-                return found, (f"VMCOREINFO read from the kernel's vmcoreinfo_note (image loaded at "
-                               f"physical {base:#x}): the dump has no VMCOREINFO note")
-            rebuilt = arch_crash_save_vmcoreinfo(phys, base, symbol, btf) if btf is not None else None
-            if rebuilt is not None:
-                return rebuilt, (f"VMCOREINFO rebuilt from kernel_map, phys_ram_base and satp_mode in the image "
-                                 f"(loaded at physical {base:#x}): the dump has no VMCOREINFO note, and the "
-                                 "kernel's own vmcoreinfo_note is not in it")
-            base += PMD_SIZE
+    # one span over all ranges: a filtered or sliced dump splits RAM into many small PT_LOADs
+    spans = sorted(ranges)
+    lo, hi = (spans[0][0], max(h for _, h in spans)) if spans else (0, 0)
+    base = -(-lo // PMD_SIZE) * PMD_SIZE
+    while base + (note_sym - start) + 8 <= hi:
+        ptr = _read_u64(phys, base + (note_sym - start))
+        found = None
+        if ptr is not None and ptr >> 63 and not ptr & ((1 << PAGE_SHIFT) - 1):  # alloc_pages_exact()
+            if va_pa_offset_at is not None:
+                found = _linear_note(phys, ptr, _read_u64(phys, base + va_pa_offset_at - start))
+            if found is None:
+                found = _walked_note(phys, ptr, base + (swapper - start))
+        if found is not None:
+            return found, (f"VMCOREINFO read from the kernel's vmcoreinfo_note (image loaded at "
+                           f"physical {base:#x}): the dump has no VMCOREINFO note")
+        rebuilt = arch_crash_save_vmcoreinfo(phys, base, symbol, btf) if btf is not None else None
+        if rebuilt is not None:
+            return rebuilt, (f"VMCOREINFO rebuilt from kernel_map, phys_ram_base and satp_mode in the image "
+                             f"(loaded at physical {base:#x}): the dump has no VMCOREINFO note, and the "
+                             "kernel's own vmcoreinfo_note is not in it")
+        base += PMD_SIZE
     raise DumpError("riscv: the dump has no VMCOREINFO, and the kernel's vmcoreinfo_note was not found "
                     "in its memory (wrong vmlinux?)")
 
