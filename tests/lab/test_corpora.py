@@ -8,33 +8,61 @@ from unwind.dump import Dump
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 FOLDERS = sorted(p for p in CORPORA.glob("*/*") if p.is_dir() and any(p.glob("stop-*.bin.xz")))
+#: the full trixie 6.12 corpora (every stop kind, gdb oracles); the other folders are small samples of
+#: other generations (bookworm 6.1, sid 7.2): a few stops with sysrq-t only (corpora/README.md)
+FULL = {"x86_64/6.12.117+deb13-amd64", "arm64/6.12.117+deb13-arm64", "riscv/6.12.117+deb13-riscv64"}
+#: (arch, kernel major.minor) samples that must exist: Debian has no riscv64 6.1 (bookworm has no port)
+GENERATIONS = {("x86_64", "6.1"), ("arm64", "6.1"), ("x86_64", "7.2"), ("arm64", "7.2"), ("riscv", "7.2")}
 
 
-def test_every_arch_has_a_corpus() -> None:
-    assert {p.parent.name for p in FOLDERS} >= {"x86_64", "arm64", "riscv"}
+def _name(folder: Path) -> str:
+    return f"{folder.parent.name}/{folder.name}"
 
 
-@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_arch_and_generation_has_a_corpus() -> None:
+    assert {_name(p) for p in FOLDERS} >= FULL
+    have = {(p.parent.name, ".".join(p.name.split(".")[:2])) for p in FOLDERS}
+    assert have >= GENERATIONS
+
+
+def _check_dump(folder: Path, path: Path) -> tuple[str, set[str]]:
+    """The invariants of every committed stop; returns its kind and oracle sources."""
+    d = Dump.open(path)
+    assert d.release == folder.name
+    assert (folder / f"vmlinux-{d.build_id}.slim.xz").exists()
+    assert d.vmcoreinfo.get("OSRELEASE") == folder.name
+    blocked = [t for t in d.tasks() if t.cpu is None and t.context]
+    assert len(blocked) >= 40
+    for t in blocked:
+        sp = t.context["sp"]
+        top = max(s.high for s in t.stacks if s.kind == "task")
+        d.memory.read(sp, top - sp)  # the whole [sp, top) was captured
+    return d.meta["capture"]["kind"].split(":")[0], {o["source"] for o in d.oracles()}
+
+
+@pytest.mark.parametrize("folder", [f for f in FOLDERS if _name(f) in FULL], ids=_name)
 def test_corpus_folder(folder: Path) -> None:
     dumps = sorted(folder.glob("stop-*.bin.xz"))
     assert len(dumps) >= 20
     kinds = set()
     for path in dumps:
-        d = Dump.open(path)
-        assert d.release == folder.name
-        assert (folder / f"vmlinux-{d.build_id}.slim.xz").exists()
-        assert d.vmcoreinfo.get("OSRELEASE") == folder.name
-        kinds.add(d.meta["capture"]["kind"].split(":")[0])
-        blocked = [t for t in d.tasks() if t.cpu is None and t.context]
-        assert len(blocked) >= 40
-        for t in blocked:
-            sp = t.context["sp"]
-            top = max(s.high for s in t.stacks if s.kind == "task")
-            d.memory.read(sp, top - sp)  # the whole [sp, top) was captured
-        srcs = {o["source"] for o in d.oracles()}
+        kind, srcs = _check_dump(folder, path)
+        kinds.add(kind)
         # every stop has the kernel's own sysrq-t, except the peer stops, which carry drgn's traces
         assert ("sysrq-t" in srcs or "drgn" in srcs) and "gdb" in srcs
     assert kinds >= {"random", "irq", "syscall-entry", "hijack", "sysrq-l"}
+
+
+@pytest.mark.parametrize("folder", [f for f in FOLDERS if _name(f) not in FULL], ids=_name)
+def test_generation_sample_folder(folder: Path) -> None:
+    dumps = sorted(folder.glob("stop-*.bin.xz"))
+    assert len(dumps) >= 3
+    kinds = set()
+    for path in dumps:
+        kind, srcs = _check_dump(folder, path)
+        kinds.add(kind)
+        assert "sysrq-t" in srcs
+    assert "random" in kinds
 
 
 #: replay frames above the first pc of an ftrace stacktrace trigger's trace, per arch, with the dump taken
