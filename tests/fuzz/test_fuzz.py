@@ -114,7 +114,8 @@ EDITS = json.loads((REGRESSIONS / "edits.json").read_text())["cases"]
 
 @pytest.mark.parametrize("case", EDITS, ids=[c["group"] for c in EDITS])
 def test_issue_13_groups_on_real_seeds(fuzzer, case):
-    seed = next(s for s in fuzzer.seeds if s.name.endswith(case["seed"]))
+    # the cases were recorded on the trixie 6.12 seeds; the 6.1/7.2 samples have stops of the same names
+    seed = next(s for s in fuzzer.seeds if s.name.endswith(case["seed"]) and s.name.startswith("6.12."))
     out = fuzzer.check(F.edited_dump(seed, case), seed.name, seed.image_path, "regression")
     if case["expect"] == "ok":
         assert out.kind == "ok", out
