@@ -84,7 +84,10 @@ def test_fast_check_matches_capstone_on_every_corpus_return_address(folder: Path
         checker = CallSiteChecker(session.backend, session.image)
         for task in session.dump.tasks():
             addresses.update(f.pc for f in session.replay(task, symbolize=False).frames)
-    assert checker is not None and checker.image is not None and addresses
+    assert checker is not None and addresses
+    if checker.image is None and "6.12." not in folder.name:
+        pytest.skip(f"{folder.name}: its slim image carries no text (corpora/README.md)")
+    assert checker.image is not None
     for ret in sorted(addresses):
         _same(checker, ret)
 
