@@ -265,7 +265,7 @@ class Completer:
             return None
         found = [vbar + int(off, 16) for off in _VECTOR_OFFSET.findall(text)]
         found += [int(h, 16) for h in _HEX.findall(text)]
-        pc = next((a for a in found if vbar <= a < vbar + VECTOR_TABLE_BYTES), None)
+        pc = next((a for a in found if vbar <= a < vbar + VECTOR_TABLE_BYTES and a <= _U64), None)
         if pc is None:
             return None
         prov = None
