@@ -201,6 +201,9 @@ class Dump:
         except ValueError as e:
             raise DumpError(f"{self.path}: {e}") from None
         if meta_raw is None:
+            if self.vmcoreinfo_text or prstatus:
+                raise DumpError(f"{self.path}: a vmcore without the UNWIND note: vmcores are read in place, "
+                                "uncompressed (decompress a .xz/.gz one first: xz -dk FILE)")
             raise DumpError(f"{self.path}: missing the UNWIND note (not a dump written by unwind)")
         self.meta: dict[str, Any] = parse_note(meta_raw.rstrip(b"\0"))
         self.note: Note = validate_note(self.meta, self.backend.context_keys, self._warn)

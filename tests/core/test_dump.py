@@ -139,3 +139,12 @@ def test_missing_file_and_wrong_arch(tmp_path, capsys):
 def test_python_dash_m_runs_the_cli():
     r = subprocess.run([sys.executable, "-m", "unwind", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "replay" in r.stdout
+
+
+def test_a_compressed_vmcore_is_told_to_be_decompressed() -> None:
+    """A QEMU vmcore (committed slice, xz) is an ELF core without our note: the message says what to do."""
+    from pathlib import Path
+
+    vmcore = next((Path(__file__).resolve().parents[2] / "corpora").glob("x86_64/*/vmcore/stop-*.elf.xz"))
+    with pytest.raises(DumpError, match=r"a vmcore without the UNWIND note: .*xz -dk"):
+        Dump.open(vmcore)
