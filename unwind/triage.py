@@ -548,6 +548,11 @@ def write_report(t: Triage, out: str | Path, top: int = 15) -> Path:
     return path
 
 
+def _label(row: dict[str, Any]) -> str:
+    """A bucket's (or baseline row's) short label on a plot axis."""
+    return f"{row['kind'][0]}/{row['state']} {' < '.join(row['signature'][:3])}"[:70]
+
+
 def _plots(doc: dict[str, Any], out: Path, top: int) -> set[str]:
     try:
         import matplotlib
@@ -556,46 +561,40 @@ def _plots(doc: dict[str, Any], out: Path, top: int) -> set[str]:
     except ImportError:
         return set()
     made: set[str] = set()
+
+    def barh(name: str, rows: int, xlabel: str, draw: Callable[[Any], None]) -> None:
+        fig, ax = plt.subplots(figsize=(10, 0.35 * rows + 1.2))
+        draw(ax)
+        ax.set_xlabel(xlabel)
+        ax.tick_params(axis="y", labelsize=7)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        made.add(name)
+
     buckets = doc["buckets"][:top][::-1]
     if buckets:
-        labels = [f"{b['kind'][0]}/{b['state']} {' < '.join(b['signature'][:3])}"[:70] for b in buckets]
-        fig, ax = plt.subplots(figsize=(10, 0.35 * len(buckets) + 1.2))
-        ax.barh(labels, [b["tasks"] for b in buckets], color="tab:blue")
-        ax.set_xlabel("tasks")
-        ax.tick_params(axis="y", labelsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "top.png", dpi=110)
-        plt.close(fig)
-        made.add("top.png")
-        releases = sorted(doc["releases"])
-        fig, ax = plt.subplots(figsize=(10, 0.35 * len(buckets) + 1.2))
-        left = [0] * len(buckets)
-        for rel in releases:
-            vals = [b["releases"].get(rel, 0) for b in buckets]
-            ax.barh(labels, vals, left=left, label=rel)
-            left = [a + v for a, v in zip(left, vals)]
-        ax.set_xlabel("tasks")
-        ax.tick_params(axis="y", labelsize=7)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "releases.png", dpi=110)
-        plt.close(fig)
-        made.add("releases.png")
+        labels = [_label(b) for b in buckets]
+        barh("top.png", len(buckets), "tasks",
+             lambda ax: ax.barh(labels, [b["tasks"] for b in buckets], color="tab:blue"))
+
+        def by_release(ax: Any) -> None:
+            left = [0] * len(buckets)
+            for rel in sorted(doc["releases"]):
+                vals = [b["releases"].get(rel, 0) for b in buckets]
+                ax.barh(labels, vals, left=left, label=rel)
+                left = [a + v for a, v in zip(left, vals)]
+            ax.legend(fontsize=7)
+        barh("releases.png", len(buckets), "tasks", by_release)
     cmp = doc.get("baseline")
     if cmp:
         rows = (cmp["new"] + cmp["grew"] + cmp["shrank"] + cmp["vanished"])
         rows = sorted(rows, key=lambda r: -abs(r["share"] - r["baseline_share"]))[:top][::-1]
         if rows:
-            fig, ax = plt.subplots(figsize=(10, 0.35 * len(rows) + 1.2))
             delta = [100 * (r["share"] - r["baseline_share"]) for r in rows]
-            ax.barh([f"{r['kind'][0]}/{r['state']} {' < '.join(r['signature'][:3])}"[:70] for r in rows], delta,
-                    color=["tab:red" if d > 0 else "tab:green" for d in delta])
-            ax.set_xlabel("change in share of tasks (percentage points)")
-            ax.tick_params(axis="y", labelsize=7)
-            fig.tight_layout()
-            fig.savefig(out / "baseline.png", dpi=110)
-            plt.close(fig)
-            made.add("baseline.png")
+            barh("baseline.png", len(rows), "change in share of tasks (percentage points)",
+                 lambda ax: ax.barh([_label(r) for r in rows], delta,
+                                    color=["tab:red" if d > 0 else "tab:green" for d in delta]))
     return made
 
 
@@ -611,8 +610,7 @@ def cmd_triage(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(t.to_json(), indent=1) + "\n")
     if args.report:
         print(f"report: {write_report(t, args.report, args.top)}")
-    doc_dumps = t.to_json()["dumps"]
-    return 2 if doc_dumps["ok"] == 0 else 0
+    return 0 if any(d.ok for d in t.tally.dumps) else 2
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
