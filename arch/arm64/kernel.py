@@ -30,11 +30,6 @@ def blocked_context(k: "KernelReader", task: int, tbytes: bytes) -> dict[str, in
     return out
 
 
-def context_sp(ctx: dict[str, int]) -> int:
-    """Lowest stack address a walk from ``ctx`` reads."""
-    return ctx["sp"]
-
-
 # on_irq_stack(), on_overflow_stack(), on_sdei_*_stack() (arch/arm64/include/asm/stacktrace.h, kernel/sdei.c)
 def percpu_stacks(k: "KernelReader", cpu: int) -> list[tuple[str, int, int]]:
     """(kind, low, high) of the IRQ, overflow and SDEI stacks of ``cpu``."""

@@ -28,11 +28,6 @@ def blocked_context(k: "KernelReader", task: int, tbytes: bytes) -> dict[str, in
     return out
 
 
-def context_sp(ctx: dict[str, int]) -> int:
-    """Lowest stack address a walk from ``ctx`` reads."""
-    return ctx["sp"]
-
-
 # irq_stack_ptr (CONFIG_IRQ_STACKS, arch/riscv/kernel/irq.c) and overflow_stack (kernel/traps.c)
 def percpu_stacks(k: "KernelReader", cpu: int) -> list[tuple[str, int, int]]:
     """(kind, low, high) of the IRQ and overflow stacks of ``cpu``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .kernel import blocked_context, context_sp, percpu_stacks  # noqa: F401  (the capture's hooks)
+from .kernel import blocked_context, percpu_stacks  # noqa: F401  (the capture's hooks)
 
 if TYPE_CHECKING:
     from unwind.lab.capture import Session

@@ -33,11 +33,6 @@ def blocked_context(k: "KernelReader", task: int, tbytes: bytes) -> dict[str, in
     return {"sp": int.from_bytes(tbytes[off:off + 8], "little")}
 
 
-def context_sp(ctx: dict[str, int]) -> int:
-    """Lowest stack address a walk from ``ctx`` reads."""
-    return ctx["sp"]
-
-
 def percpu_member(k: "KernelReader", name: str, cpu: int) -> int:
     """The address of per-CPU ``name``: its own variable, else ``pcpu_hot.name`` (6.2-6.14)."""
     if k.symbol(name) is not None:

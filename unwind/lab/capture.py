@@ -453,7 +453,7 @@ class Session:
                 entry["note"] = "on_cpu but no stopped vCPU runs it (switching)"
             ctx = self.lab.blocked_context(self, task, tb)
             entry["context"] = {k: _hex(v) for k, v in ctx.items()}
-            sp = self.lab.context_sp(ctx)
+            sp = ctx["sp"]  # every arch's saved context names its stack pointer "sp"
             if lo <= sp <= hi:
                 add_mem(sp, hi)
             else:
