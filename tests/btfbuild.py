@@ -6,7 +6,7 @@ from construct import Array
 
 from unwind.btf import BTF_MAGIC, EXTRA_EACH, EXTRA_ONCE, Header, TypeHeader
 
-_KIND = {"int": 1, "ptr": 2, "array": 3, "struct": 4, "union": 5, "enum": 6, "typedef": 8}
+_KIND = {"int": 1, "ptr": 2, "array": 3, "struct": 4, "union": 5, "enum": 6, "typedef": 8, "var": 14}
 
 
 class BtfBuilder:
@@ -15,13 +15,13 @@ class BtfBuilder:
     def __init__(self) -> None:
         self.strings = bytearray(b"\0")
         self.types: list[bytes] = []
+        self._offsets: dict[str, int] = {"": 0}
 
     def _str(self, name: str) -> int:
-        if not name:
-            return 0
-        off = len(self.strings)
-        self.strings += name.encode() + b"\0"
-        return off
+        if name not in self._offsets:
+            self._offsets[name] = len(self.strings)
+            self.strings += name.encode() + b"\0"
+        return self._offsets[name]
 
     def _add(self, name: str, kind: str, vlen: int, size_or_type: int, extra=None, kflag: int = 0) -> int:
         k = _KIND[kind]
@@ -50,6 +50,14 @@ class BtfBuilder:
         """A struct (or union) of ``(member, type id, byte offset)``."""
         return self._add(name, kind, len(members), size,
                          [dict(name_off=self._str(m), type=t, offset=off * 8) for m, t, off in members])
+
+    def enum(self, name: str, values: dict[str, int]) -> int:
+        """A 4-byte enum of ``values``."""
+        return self._add(name, "enum", len(values), 4, [dict(name_off=self._str(n), val=v) for n, v in values.items()])
+
+    def var(self, name: str, tid: int) -> int:
+        """A global variable of type ``tid``."""
+        return self._add(name, "var", 0, tid, 1)
 
     def blob(self) -> bytes:
         """The BTF section: header, types, strings."""
