@@ -42,6 +42,7 @@ import os
 import random
 import resource
 import signal
+import string
 import struct
 import sys
 import time
@@ -268,6 +269,15 @@ def _nodes(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, 
             yield from _nodes(v, path + (i,))
 
 
+def near_miss_hex(rng: random.Random, value: str) -> Any:
+    """A value close to the hex string ``value`` (which an earlier mutation may have left as ``"0x"``
+    or with non-hex digits): one digit more, no prefix, upper case, an int, or a 65-bit number."""
+    digits = value[2:]
+    as_int = int(digits, 16) if digits and all(c in string.hexdigits for c in digits) else -1
+    return rng.choice((value + "0", digits, value.upper(), value.replace("0x", "0X"), as_int,
+                       "0x1" + digits.rjust(16, "0")))
+
+
 def mutate_json(rng: random.Random, seed: Seed) -> DumpWriter:
     """Change, delete or retype 1..3 values of the note; sometimes break the JSON text itself."""
     roll = rng.random()
@@ -293,9 +303,8 @@ def mutate_json(rng: random.Random, seed: Seed) -> DumpWriter:
         op = rng.randrange(6)
         if op == 0:
             del parent[key]
-        elif op == 1 and isinstance(value, str) and value.startswith("0x"):  # a near-miss hex value
-            parent[key] = rng.choice((value + "0", value[2:], value.upper(), value.replace("0x", "0X"),
-                                      int(value, 16), "0x1" + value[2:].rjust(16, "0")))
+        elif op == 1 and isinstance(value, str) and value.startswith("0x"):
+            parent[key] = near_miss_hex(rng, value)
         elif op == 2 and isinstance(parent, dict) and {"low", "high"} <= parent.keys():
             parent["low"], parent["high"] = parent["high"], parent["low"]
             if rng.random() < 0.5:

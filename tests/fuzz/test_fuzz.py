@@ -156,3 +156,14 @@ def _vmcore(fuzzer: F.Fuzzer, data: bytes) -> F.Outcome:
     path.write_bytes(data)
     error = F.read_vmcore(path)
     return F.Outcome("vmcore", "ok") if error is None else F._one_line("vmcore", error)
+
+
+@pytest.mark.parametrize("value", ["0x", "0xzz", "0x1f"])
+def test_a_near_miss_of_a_broken_hex_string_is_made(value):
+    # found by the long campaign (seed 2026, case 22724): an earlier mutation had left "0x" and the
+    # mutator itself raised int("0x", 16)
+    for n in range(64):
+        got = F.near_miss_hex(random.Random(n), value)
+        assert got != value or value.upper() == value
+        if isinstance(got, int):
+            assert got == (int(value[2:], 16) if value == "0x1f" else -1)
