@@ -200,6 +200,12 @@ class Btf:
         """The number of type ids, void included."""
         return len(self._offsets)
 
+    def types_end(self, count: int) -> int:
+        """Bytes of the type section that hold types 1..``count`` (all of it past the last type)."""
+        if count < 0:
+            raise BtfError(f"BTF type count {count} is negative")
+        return self._offsets[count + 1] if count + 1 < len(self._offsets) else len(self._types)
+
     # -- types by id ---------------------------------------------------------------------------
 
     def type(self, tid: int) -> Type:

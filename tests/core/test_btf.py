@@ -167,3 +167,14 @@ def test_elf_without_btf() -> None:
 def test_pointer_cycle_names_without_recursing() -> None:
     b = Btf(blob_of(t(0, 2, 0, 2) + t(0, 2, 0, 1)))
     assert b.type_name(1).startswith("?") and b.type_name(1).endswith("* *")
+
+
+def test_types_end_is_where_each_prefix_of_the_records_ends() -> None:
+    records = [t(s("int"), 1, 0, 4, 0x01000020),                                 # 16 bytes
+               t(s("inner"), 4, 2, 8, [dict(name_off=s("a"), type=1, offset=0),  # 12 + 2 * 12
+                                       dict(name_off=s("b"), type=1, offset=32)]),
+               t(0, 2, 0, 1)]                                                    # 12
+    b = Btf(blob_of(b"".join(records)))
+    assert [b.types_end(n) for n in range(5)] == [0, 16, 52, 64, 64]
+    with pytest.raises(BtfError, match="negative"):
+        b.types_end(-1)
