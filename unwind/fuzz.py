@@ -650,10 +650,13 @@ class Fuzzer:
             out.append("vmcore")
         return tuple(out)
 
-    def case(self, index: int, seed_value: int, family: str | None = None) -> Outcome:
-        """Run case ``index`` of the campaign seeded ``seed_value``."""
+    def case(self, index: int, seed_value: int, family: str | None = None, seed_name: str | None = None) -> Outcome:
+        """Run case ``index`` of the campaign seeded ``seed_value`` (on the seed named ``seed_name``
+        if given: the case as it ran on a corpus whose seeds were numbered otherwise)."""
         rng = random.Random(f"{seed_value}:{index}")
         seed = self.seeds[rng.randrange(len(self.seeds))]
+        if seed_name is not None:
+            seed = next(s for s in self.seeds if s.name == seed_name)
         if family is None and seed.image_path is not None and rng.random() < IMAGE_SHARE:
             family = "image"
         fam = family or rng.choice(self.families(seed))

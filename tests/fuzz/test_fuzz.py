@@ -123,6 +123,17 @@ def test_issue_13_groups_on_real_seeds(fuzzer, case):
         assert out.kind == "rejected" and case["expect"].removeprefix("rejected:").strip() in out.detail, out
 
 
+CAMPAIGN = json.loads((REGRESSIONS / "campaign.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", CAMPAIGN, ids=[c["case"] for c in CAMPAIGN])
+def test_campaign_cases_stay_fixed(fuzzer, case):
+    """A failed case whose input is not kept as a file, replayed by its number on its seed."""
+    campaign, index = map(int, case["case"].split(":"))
+    out = fuzzer.case(index, campaign, seed_name=case["seed"])
+    assert out.family == case["family"] and out.kind in ("ok", "rejected"), out
+
+
 KEPT = sorted(REGRESSIONS.glob("*.bin.xz"))
 
 
