@@ -98,6 +98,11 @@ class CallSiteChecker:
         else:
             self._cache = _VERDICTS.setdefault(self.image, {}).setdefault(backend.name, {})
 
+    @property
+    def cache_key(self) -> int:
+        """Checkers with the same key share their verdicts (one image, one arch)."""
+        return id(self._cache)
+
     def check(self, ret: int) -> CallSite:
         """The call site of return address ``ret``."""
         hit = self._cache.get(ret)

@@ -69,8 +69,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for w in session.warnings:
         print(f"unwind: warning: {w}", file=sys.stderr)
     status = 0
-    for task in tasks:
-        r = session.replay(task, options, reliable=args.reliable, max_frames=args.max_frames)
+    for r in session.replay_all(options, tasks, reliable=args.reliable, max_frames=args.max_frames):
         if args.json:
             print(json.dumps(replay_json(session, r, args.explain)))
         else:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import random
     from collections.abc import Sequence
 
+    from .batch import Job, Walked
     from .btf import Btf
     from .image import Image
     from .vmcore.virtual import PhysReader, Translator
@@ -112,6 +113,16 @@ class ArchBackend(ABC):
         :class:`~unwind.dump.DumpError`) when it cannot be.
         """
         raise ArchError(f"{self.name}: the dump has no VMCOREINFO note")
+
+    def batch_walk(self, jobs: "list[Job]") -> "Walked | None":
+        """Walk the tasks of ``jobs`` in lockstep (:mod:`unwind.batch`), or ``None`` when this arch has no
+        batch walk (every task then goes to :meth:`~unwind.replay.Session.replay`).
+
+        The walk takes only the unwinder's plain step and leaves a lane to the scalar path whenever
+        anything else applies. Each frame it reports consumes at least :attr:`min_frame_bytes` of the
+        task's captured stack, so it never reaches the default frame limit.
+        """
+        return None
 
     def categorize(self, oracle: dict, expected: list[int], replay: "Replay") -> str | None:
         """Name the documented category of a difference from an oracle, or ``None`` if unexplained."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from . import registry
 from .callsite import CallSiteChecker
@@ -16,6 +16,9 @@ from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from .target import Options, Target, Task, kernel_version
 from .vmcore import VmcoreError, detect_format, is_vmcore
 from .walk import ReliableResult, Stop, StopReason, Unwinder, collect, frame_limit, stack_walk_reliable
+
+if TYPE_CHECKING:
+    from .batch import BatchReplay
 
 
 class ReplayError(Exception):
@@ -60,6 +63,11 @@ class Session:
                 raise ReplayError(f"{dump.path}: malformed modules or bpf_symbols list: {e}") from None
         self.warnings: list[str] = []
         self._callsites = CallSiteChecker(self.backend, image)
+
+    @property
+    def callsites(self) -> CallSiteChecker:
+        """The call-site check of this session's image (its verdicts cached with the image)."""
+        return self._callsites
 
     @classmethod
     def load(cls, dump_path: str | Path, *, arch: str | None = None, vmlinux: str | Path | None = None,
@@ -216,6 +224,22 @@ class Session:
                 f.symbol = self.backend.symbolize(f, target)
             self._callsites.annotate(f)
         return Replay(target, frames, stop, verdict, unwinder.basis())
+
+
+    def replay_all(self, options: Options | None = None, tasks: Sequence[Task] | None = None, *,
+                   reliable: bool = False, max_frames: int | None = None, symbolize: bool = True) -> "BatchReplay":
+        """Replay ``tasks`` (default: every task of the dump) in one batch (:mod:`unwind.batch`).
+
+        Returns a sequence of :class:`Replay`, one per task in order, each equal to
+        ``self.replay(task, options, reliable=..., max_frames=..., symbolize=...)``: the arch's
+        batch walk takes the plain steps of all tasks in numpy lockstep and leaves every other
+        task, and every mode it does not take, to :meth:`replay`. Each replay is built when read.
+        :func:`unwind.batch.replay_all` walks the tasks of several sessions together.
+        """
+        from .batch import replay_all
+
+        return replay_all([self], options, tasks=None if tasks is None else [tasks], reliable=reliable,
+                          max_frames=max_frames, symbolize=symbolize)[0]
 
 
 def _vmcore_format(path: str | Path) -> bool:

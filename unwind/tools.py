@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .replay import Session, load_session
+from .replay import Replay, Session, load_session
 from .target import Options, Task
 
 
@@ -81,14 +81,20 @@ def _find_task(session: Session, oracle: dict[str, Any]) -> Task | None:
     return hit[0] if hit else None
 
 
-def compare_oracle(session: Session, oracle: dict[str, Any]) -> OracleResult | None:
-    """Replay the oracle's task in the mode the oracle stands for and categorise any difference."""
+def oracle_options(oracle: dict[str, Any]) -> Options:
+    """The replay mode an oracle stands for: faithful for the kernel's own traces, else complete."""
+    return Options(complete=oracle.get("source", "?") not in KERNEL_SOURCES)
+
+
+def compare_oracle(session: Session, oracle: dict[str, Any], replay: Replay | None = None) -> OracleResult | None:
+    """Replay the oracle's task in the mode the oracle stands for and categorise any difference
+    (``replay``: that replay, already made)."""
     task = _find_task(session, oracle)
     if task is None:
         return None
     source = oracle.get("source", "?")
-    options = Options(complete=source not in KERNEL_SOURCES)
-    r = session.replay(task, options, symbolize=False)
+    options = oracle_options(oracle)
+    r = replay if replay is not None else session.replay(task, options, symbolize=False)
     got = [f.pc for f in r.frames if f.reliable or options.complete]
     expected = [int(x, 0) if isinstance(x, str) else int(x) for x in oracle.get("frames", [])]
     cut = 0
@@ -118,6 +124,20 @@ def compare_oracle(session: Session, oracle: dict[str, Any]) -> OracleResult | N
                         names(expected), names(got))
 
 
+def compare_oracles(session: Session, oracles: list[dict[str, Any]]) -> list[OracleResult | None]:
+    """:func:`compare_oracle` of each oracle, the tasks of each mode replayed in one batch."""
+    found = [_find_task(session, oracle) for oracle in oracles]
+    replays: dict[int, Replay] = {}
+    for complete in (False, True):
+        which = [i for i, (o, t) in enumerate(zip(oracles, found))
+                 if t is not None and oracle_options(o).complete == complete]
+        if not which:
+            continue
+        batch = session.replay_all(Options(complete=complete), [found[i] for i in which], symbolize=False)
+        replays.update(zip(which, batch))
+    return [compare_oracle(session, o, replays.get(i)) for i, o in enumerate(oracles)]
+
+
 def dump_paths(args: list[str]) -> list[str]:
     """The dumps named on the command line, a folder standing for every dump below it."""
     out: list[str] = []
@@ -134,7 +154,7 @@ def diff_dumps(paths: list[str], vmlinux: str | None = None) -> DiffReport:
     for p in dump_paths(paths):
         try:
             session = load_session(p, vmlinux=vmlinux)
-            results = [compare_oracle(session, oracle) for oracle in session.dump.oracles()]
+            results = compare_oracles(session, session.dump.oracles())
         except INPUT_ERRORS as e:
             report.unreadable.append((p, str(e).splitlines()[0] if str(e) else type(e).__name__))
             continue

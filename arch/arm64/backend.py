@@ -17,6 +17,7 @@ from .structs import PT_REGS_MEMBERS
 from .stacktrace import Arm64Unwinder, kernel_pac_mask, ptrauth_strip_kernel_insn_pac, user_mode, walk_generation
 
 if TYPE_CHECKING:
+    from unwind.batch import Job, Walked
     from unwind.replay import Replay
     from unwind.vmcore.virtual import PhysReader
     from unwind.vmcore.vmcoreinfo import VmcoreInfo
@@ -83,6 +84,12 @@ class Arm64Backend(ArchBackend):
     def unwinder(self, target: Target) -> Unwinder:
         """``kunwind_stack_walk()`` of the dumped kernel's generation (v6.12 or v6.13+)."""
         return Arm64Unwinder(target)
+
+    def batch_walk(self, jobs: "list[Job]") -> "Walked":
+        """The plain frame-record step of every blocked task in lockstep (:mod:`.batch`)."""
+        from . import batch
+
+        return batch.batch_walk(jobs)
 
     def format_trace(self, frames: list[Frame], stop: Stop, target: Target) -> list[TraceLine]:
         """``dump_backtrace()``: ``Call trace:`` then `` %pSb`` per frame; nothing for EL0 registers.

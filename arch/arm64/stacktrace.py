@@ -531,6 +531,16 @@ def unwind_next_frame_record(state: KunwindState) -> None:
     state.source = _SRC_FRAME
 
 
+def final_frame_detail(fp: int) -> str:
+    """The stop at the final frame record, up to v6.12 (``fp`` is ``task_pt_regs(tsk)->stackframe``)."""
+    return f"fp {fp:#x} is task_pt_regs(tsk)->stackframe (final frame)"
+
+
+def final_record_detail(fp: int) -> str:
+    """The stop at the ``FRAME_META_TYPE_FINAL`` record, v6.13+."""
+    return f"FRAME_META_TYPE_FINAL at task_pt_regs(tsk)->stackframe {fp:#x}"
+
+
 # kunwind_next_regs_pc() (v6.13+)
 def kunwind_next_regs_pc(state: KunwindState) -> None:
     """Continue from the ``pt_regs`` holding the meta record: its pc and x29 (never its LR)."""
@@ -552,8 +562,7 @@ def kunwind_next_frame_record_meta(state: KunwindState) -> None:
     kind = state.read_u64(fp + 16, "frame_record_meta.type")
     if kind == FRAME_META_TYPE_FINAL:
         if fp == state.final_fp:
-            raise UnwindStop(StopReason.END_OF_STACK,
-                             f"FRAME_META_TYPE_FINAL at task_pt_regs(tsk)->stackframe {fp:#x}")
+            raise UnwindStop(StopReason.END_OF_STACK, final_record_detail(fp))
         raise UnwindStop(StopReason.UNKNOWN_METADATA,
                          f"FRAME_META_TYPE_FINAL at {fp:#x}, not at task_pt_regs(tsk)->stackframe "
                          f"{state.final_fp:#x}" if state.final_fp is not None else
@@ -600,8 +609,7 @@ def kunwind_next(state: KunwindState) -> None:
         kunwind_next_frame_record(state)
     else:
         if state.fp == state.final_fp:
-            raise UnwindStop(StopReason.END_OF_STACK,
-                             f"fp {state.fp:#x} is task_pt_regs(tsk)->stackframe (final frame)")
+            raise UnwindStop(StopReason.END_OF_STACK, final_frame_detail(state.fp))
         unwind_next_frame_record(state)
     raw = state.pc
     pc = state.pc = (ptrauth_strip_kernel_insn_pac(raw, state.pac_mask) if state.kunwind

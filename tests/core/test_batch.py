@@ -1,0 +1,148 @@
+"""The batch replay (``Session.replay_all``, :mod:`unwind.batch`) is the scalar replay, task for task.
+
+The expected answer of every comparison is ``Session.replay`` of the same task on the same
+session: the batch may only be faster. Every committed corpus dump and vmcore slice is walked,
+in the default mode and the modes the batch takes (``--generation``), and with mutated stacks
+so that lanes meet the unusual steps they must hand back.
+"""
+
+from __future__ import annotations
+
+import lzma
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from unwind.batch import replay_all
+from unwind.memory import Memory, Segment
+from unwind.replay import Replay, Session, load_session
+from unwind.target import Options
+
+CORPORA = Path(__file__).resolve().parents[2] / "corpora"
+ARCHES = ("arm64", "riscv", "x86_64")
+#: the arches whose backend has a batch walk, and the share of corpus tasks it must take itself
+BATCHED = {"arm64": 0.9}
+
+
+def _dumps(arch: str) -> list[Path]:
+    return sorted(CORPORA.glob(f"{arch}/*/stop-*.bin.xz"))
+
+
+def _key(r: Replay) -> tuple:
+    """Everything a replay carries that ``unwind replay`` prints (text, --explain, --json)."""
+    frames = [(f.pc, f.sp, f.fp, f.source, f.stack, f.flags, f.symbol, f.provenance, f.extra) for f in r.frames]
+    reliable = None if r.reliable is None else (r.reliable.ok, r.reliable.reason, r.reliable.stop)
+    task = r.task
+    return (frames, (r.stop.reason, r.stop.detail, r.stop.frames), reliable, r.basis,
+            (task.pid, task.comm, task.cpu, task.regs, task.context), r.target.options)
+
+
+def _assert_same(sessions: list[Session], options: Options, **kw) -> tuple[int, int]:
+    """Each batch replay equals ``Session.replay``; returns (tasks, tasks the batch walked itself)."""
+    tasks = walked = 0
+    for session, batch in zip(sessions, replay_all(sessions, options, **kw)):
+        for i, task in enumerate(batch.tasks):
+            want = session.replay(task, options, **kw)
+            assert _key(batch[i]) == _key(want), f"{session.dump.path}: {task.describe()}"
+            tasks += 1
+            walked += batch.batched(i)
+    return tasks, walked
+
+
+@pytest.fixture(scope="module", params=ARCHES)
+def corpus(request) -> tuple[str, list[Session]]:
+    """Every committed dump of one arch, opened once."""
+    return request.param, [load_session(p) for p in _dumps(request.param)]
+
+
+def test_every_corpus_dump_replays_the_same_in_one_batch(corpus) -> None:
+    arch, sessions = corpus
+    tasks, walked = _assert_same(sessions, Options())
+    assert tasks > 1000
+    assert walked >= BATCHED.get(arch, 0) * tasks, f"the batch walked only {walked} of {tasks} {arch} tasks"
+
+
+def test_each_dump_alone_replays_the_same(corpus) -> None:
+    """``Session.replay_all`` of one dump (its own batch), symbols off as ``unwind diff`` asks."""
+    arch, sessions = corpus
+    for session in sessions[::4]:
+        want = [session.replay(t, Options(), symbolize=False) for t in session.dump.tasks()]
+        assert [_key(r) for r in session.replay_all(symbolize=False)] == [_key(r) for r in want]
+
+
+@pytest.mark.parametrize("generation", ["6.1", "6.12", "6.13", "7.2"])
+def test_a_forced_generation_replays_the_same(corpus, generation) -> None:
+    arch, sessions = corpus
+    if arch == "x86_64" and generation == "6.13":
+        pytest.skip("x86 ORC has no 6.13 boundary")
+    _assert_same(sessions[::3], Options(generation=generation), symbolize=False)
+
+
+@pytest.mark.parametrize("kw", [{"options": Options(complete=True)}, {"options": Options(record=True)},
+                                {"reliable": True}, {"max_frames": 3}], ids=["complete", "record", "reliable",
+                                                                             "max-frames"])
+def test_modes_the_batch_does_not_take_are_the_scalar_walk(corpus, kw) -> None:
+    arch, sessions = corpus
+    options = kw.pop("options", Options())
+    tasks, walked = _assert_same(sessions[::6], options, **kw)
+    if "max_frames" not in kw:
+        assert walked == 0
+
+
+def _mutated(session: Session, rng: random.Random) -> None:
+    """Overwrite a few words of the dump's stacks with values a walk meets at its edges."""
+    mem = session.dump.memory
+    segs = [Segment(s.start, bytearray(s.data)) for s in mem.segments]  # type: ignore[arg-type]
+    stacks = [s for s in segs if len(s.data) >= 64]
+    for _ in range(rng.randrange(1, 12)):
+        seg = rng.choice(stacks)
+        off = rng.randrange(0, len(seg.data) - 8) & ~7
+        other = rng.choice(stacks)
+        value = rng.choice([0, 1, rng.getrandbits(64), other.start + rng.randrange(len(other.data)),
+                            seg.start + off + rng.choice([-16, -8, 4, 8, 16, 24]), seg.start + len(seg.data) - 8,
+                            seg.start + len(seg.data) - 16, seg.start + len(seg.data), int.from_bytes(
+                                seg.data[rng.randrange(0, len(seg.data) - 8):][:8], "little")])
+        seg.data[off:off + 8] = (value % (1 << 64)).to_bytes(8, "little")
+    session.dump.memory = Memory([Segment(s.start, bytes(s.data)) for s in segs])
+
+
+def test_mutated_stacks_replay_the_same(corpus) -> None:
+    """Records off the stack, misaligned, at segment ends, pointing back, at the final record...: every
+    lane either takes the plain step or hands the task to the scalar walk, which then says the same."""
+    arch, _ = corpus
+    rng = random.Random(14)
+    paths = _dumps(arch)
+    for path in rng.sample(paths, min(6, len(paths))):
+        session = load_session(path)
+        _mutated(session, rng)
+        _assert_same([session], Options(), symbolize=False)
+
+
+VMCORES = sorted(CORPORA.glob("*/*/vmcore/stop-*.elf.xz"))
+
+
+@pytest.mark.parametrize("xz", VMCORES, ids=lambda p: f"{p.parts[-4]}-{p.name.split('.')[0]}")
+def test_vmcore_slices_replay_the_same(xz: Path, tmp_path) -> None:
+    """A vmcore's tasks read their own memory snapshots: the batch walks each in its own."""
+    elf = tmp_path / xz.name[:-3]
+    elf.write_bytes(lzma.decompress(xz.read_bytes()))
+    session = load_session(elf, vmlinux=next(xz.parents[1].glob("vmlinux-*.slim.xz")))
+    tasks, walked = _assert_same([session], Options())
+    assert tasks
+
+
+def test_lane_pac_strip_is_the_scalar_helpers() -> None:
+    from unwind.arch.arm64.batch import ptrauth_strip_lanes
+    from unwind.arch.arm64.stacktrace import genmask_ull, ptrauth_clear_pac, ptrauth_strip_kernel_insn_pac
+
+    rng = random.Random(1)
+    ptrs = [rng.getrandbits(64) for _ in range(500)] + [0xffff800080010a80, 0x5fe6800008ce03b0, 0, (1 << 64) - 1]
+    for mask in (0, genmask_ull(63, 48), genmask_ull(63, 52), genmask_ull(63, 39)):
+        arr = np.array(ptrs, np.uint64)
+        m = np.full(len(ptrs), mask, np.uint64)
+        kunwind = ptrauth_strip_lanes(arr, m, ~m).tolist()
+        v6_1 = ptrauth_strip_lanes(arr, m, ~np.full(len(ptrs), mask & genmask_ull(54, 0), np.uint64)).tolist()
+        assert kunwind == [ptrauth_strip_kernel_insn_pac(p, mask) for p in ptrs]
+        assert v6_1 == [ptrauth_clear_pac(p, mask) for p in ptrs]

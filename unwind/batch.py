@@ -1,0 +1,467 @@
+"""Batch replay: every task of one or many dumps walked at once, in numpy lockstep.
+
+The scalar walk (:meth:`unwind.replay.Session.replay`) is the rule. A backend's
+batch walk (``arch/<arch>/batch.py``, reached through
+:meth:`unwind.registry.ArchBackend.batch_walk`) takes only its unwinder's one
+plain step (arm64: ``unwind_next_frame_record()``), over all lanes at once, with
+the same helpers and constants the scalar step uses. The moment anything else
+applies to a lane (an exception boundary, a return-address recovery, a stack
+transition, a read outside the lane's captured segment, an end it does not
+recognise) it hands the lane back, and that task is walked by
+``Session.replay``: a batch replay is the scalar replay, task for task.
+
+Tasks that need a mode the batch does not take (``complete``, ``record``,
+``user``, the reliable walk) are walked by the scalar path from the start.
+
+A batch walk reports frames and stops as arrays; :class:`BatchReplay` builds
+each task's :class:`~unwind.replay.Replay` (frames, stop, basis, call-site flags)
+when it is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator, overload
+from weakref import WeakKeyDictionary
+
+import numpy as np
+
+from .frame import Flag, Frame, Source
+from .memory import Memory
+from .target import Options, Task
+from .walk import Stop, StopReason
+
+if TYPE_CHECKING:
+    from .callsite import CallSiteChecker
+    from .replay import Replay, Session
+
+#: the options a batch walk takes; any other one set sends every task to the scalar path
+BATCH_OPTIONS = frozenset({"generation", "orc_version"})
+
+_U64 = np.uint64
+_BOUNDARY = Flag.BOUNDARY.value
+_CALLSITE_BITS = {"ok": Flag.CALLSITE_OK.value, "bad": Flag.CALLSITE_BAD.value, "unknown": 0}
+_FLAGS = tuple(Flag(value) for value in range(max(f.value for f in Flag) << 1))
+
+
+def batch_options(options: Options) -> bool:
+    """Does a batch walk take ``options``? Only the defaults and the generation overrides."""
+    return not (options.complete or options.record or options.user)
+
+
+@dataclass(slots=True)
+class Job:
+    """One dump's share of a batch: its session, the tasks to walk, the options."""
+
+    session: "Session"
+    tasks: list[Task]
+    options: Options
+
+
+class MemoryWords:
+    """One dump's captured segments as little-endian words, built once per :class:`~unwind.memory.Memory`.
+
+    Each segment is placed so that an 8-aligned address is a whole word: the word of address
+    ``a`` in segment ``s`` is ``bases[s] + (a - origins[s]) // 8``.
+    """
+
+    __slots__ = ("words", "starts", "ends", "origins", "bases", "__weakref__")
+
+    def __init__(self, mem: Memory) -> None:
+        segs = mem.segments
+        self.starts = np.array([seg.start for seg in segs], _U64)
+        self.ends = np.array([seg.end for seg in segs], _U64)
+        sizes = self.ends - self.starts
+        if not ((self.starts | sizes) & _U64(7)).any():  # the usual case: stacks are captured in whole words
+            self.origins = self.starts
+            words = (sizes >> _U64(3)).astype(np.int64)
+            self.bases = np.cumsum(words) - words
+            data = b"".join(seg.data for seg in segs)
+        else:
+            pieces, bases, words = [], [], 0
+            for seg in segs:
+                pad = seg.start & 7
+                tail = -(pad + len(seg.data)) & 7
+                pieces.append(bytes(pad) + seg.data + bytes(tail))
+                bases.append(words)
+                words += (pad + len(seg.data) + tail) >> 3
+            self.origins = self.starts & ~_U64(7)
+            self.bases = np.array(bases, np.int64)
+            data = b"".join(pieces)
+        self.words = np.frombuffer(data, "<u8")
+
+
+_WORDS: "WeakKeyDictionary[Memory, MemoryWords]" = WeakKeyDictionary()
+
+
+def memory_words(mem: Memory) -> MemoryWords:
+    """``mem`` as words (cached with it: a dump's memory does not change)."""
+    got = _WORDS.get(mem)
+    if got is None:
+        got = _WORDS[mem] = MemoryWords(mem)
+    return got
+
+
+class FlatMemory:
+    """The memories of a batch in one word array (:class:`MemoryWords` end to end), and all their
+    segments in one table.
+
+    A lane reads only from the one segment it was given (:meth:`locate`), and
+    checks ``[start, end)`` before every read: nothing is read outside a segment.
+    """
+
+    def __init__(self, memories: Sequence[Memory]) -> None:
+        words, tables = [], []
+        offset = 0
+        for m, mem in enumerate(memories):
+            mw = memory_words(mem)
+            words.append(mw.words)
+            tables.append((np.full(len(mw.starts), m, np.int64), mw.starts, mw.ends, mw.origins, mw.bases + offset))
+            offset += len(mw.words)
+        words.append(np.zeros(1, _U64))  # never empty: a refused lane reads (and drops) word 0
+        self.words = np.concatenate(words)
+        self.seg_mem, self.starts, self.ends, self.origins, self.bases = (
+            np.concatenate([t[i] for t in tables]) if tables else np.zeros(0, np.int64 if i in (0, 4) else _U64)
+            for i in range(5))
+
+    def locate(self, mem: np.ndarray, addr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The segment of memory ``mem[k]`` (an index into the memories given) holding ``addr[k]``, for each
+        lane ``k``: ``(start, end, origin, base)``; an address in no segment gets the empty segment
+        ``[0, 0)``, so every read there is refused."""
+        n, nseg = len(addr), len(self.starts)
+        # each address after the segments of its memory that start at or below it: the last of them holds it
+        order = np.lexsort((np.concatenate([np.zeros(nseg, np.int64), np.ones(n, np.int64)]),
+                            np.concatenate([self.starts, addr]), np.concatenate([self.seg_mem, mem])))
+        is_seg = order < nseg
+        last = np.maximum.accumulate(np.where(is_seg, order, -1))
+        cand = np.empty(n, np.int64)
+        cand[order[~is_seg] - nseg] = last[~is_seg]
+        found = cand >= 0
+        cand = np.where(found, cand, 0)
+        if nseg:
+            found &= (self.seg_mem[cand] == mem) & (addr < self.ends[cand])
+        else:
+            found[:] = False
+        zero = _U64(0)
+        if not nseg:
+            return np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, np.int64)
+        return (np.where(found, self.starts[cand], zero), np.where(found, self.ends[cand], zero),
+                np.where(found, self.origins[cand], zero), np.where(found, self.bases[cand], 0))
+
+    def read(self, valid: np.ndarray, addr: np.ndarray, origin: np.ndarray, base: np.ndarray) -> np.ndarray:
+        """The word at each 8-aligned ``addr`` where ``valid`` (checked to lie in its lane's segment), else 0."""
+        index = np.where(valid, base + ((addr - origin) >> _U64(3)).astype(np.int64), 0)
+        return np.where(valid, self.words[index], _U64(0))
+
+
+def locate_lanes(jobs: Sequence[Job], lane_job: np.ndarray, lane_tasks: Sequence[Task], addr: np.ndarray
+                 ) -> tuple[FlatMemory, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The memory each lane's walk reads (``dump.task_memory(task)``) as one :class:`FlatMemory`, and per
+    lane the segment holding ``addr``: ``(flat, start, end, origin, base)``.
+
+    ``lane_job`` and ``lane_tasks`` are each lane's job index and task, grouped by job.
+    """
+    memories: list[Memory] = []
+    index: dict[int, int] = {}
+    mem_of: list[int] = []
+    lo = 0
+    for job, count in zip(jobs, np.bincount(lane_job, minlength=len(jobs)).tolist()):
+        if not count:
+            continue
+        mems = list(map(job.session.dump.task_memory, lane_tasks[lo:lo + count]))
+        ids = list(map(id, mems))
+        if ids.count(ids[0]) != count:  # a vmcore's task snapshots
+            for key, mem in zip(ids, mems):
+                if key not in index:
+                    index[key] = len(memories)
+                    memories.append(mem)
+                mem_of.append(index[key])
+        else:  # a dump's memory serves all its tasks
+            if ids[0] not in index:
+                index[ids[0]] = len(memories)
+                memories.append(mems[0])
+            mem_of.extend([index[ids[0]]] * count)
+        lo += count
+    flat = FlatMemory(memories)
+    return (flat, *flat.locate(np.array(mem_of, np.int64), addr))
+
+
+#: what a stop code stands for: the reason and the detail made from the lane's stop argument
+StopKind = tuple[StopReason, Callable[[int], str]]
+
+
+class Recorder:
+    """What an arch's batch walk reports: frames step by step, then each lane's stop or hand-back.
+
+    ``sources`` and ``stops`` are the arch's tables; frames and stops refer to them by index.
+    Stack labels are interned here (:meth:`label`).
+    """
+
+    def __init__(self, lanes: int, sources: Sequence[Source], stops: Sequence[StopKind]) -> None:
+        self.lanes = lanes
+        self.sources = tuple(sources)
+        self.stop_kinds = tuple(stops)
+        self.labels: list[str | None] = []
+        self._label_index: dict[str | None, int] = {}
+        self._parts: list[tuple] = []
+        self._next = np.zeros(lanes, np.int64)  # each lane's frames reported so far
+        self.stop_code = np.full(lanes, -1, np.int64)  # -1: walked by the scalar path
+        self.stop_arg = np.zeros(lanes, _U64)
+        self.bases: dict[int, dict[str, str]] = {}
+
+    def label(self, text: str | None) -> int:
+        """The index of stack label ``text`` (``None``: no stack known)."""
+        i = self._label_index.get(text)
+        if i is None:
+            i = self._label_index[text] = len(self.labels)
+            self.labels.append(text)
+        return i
+
+    def frames(self, lanes: np.ndarray, pc: np.ndarray, *, sp: np.ndarray | None = None,
+               fp: np.ndarray | None = None, flags: np.ndarray | int = 0, source: np.ndarray | int = 0,
+               stack: np.ndarray | int = 0, sp_known: np.ndarray | None = None,
+               fp_known: np.ndarray | None = None) -> None:
+        """The next frame of each of ``lanes`` (each lane at most once per call).
+
+        ``sp``/``fp`` are ``None`` where the unwinder does not know them; ``*_known`` says so per lane.
+        """
+        index = self._next[lanes]
+        self._next[lanes] = index + 1
+        self._parts.append((lanes, index, pc, sp, sp_known, fp, fp_known, flags, source, stack))
+
+    def stop(self, lanes: np.ndarray, code: int, arg: np.ndarray | int = 0) -> None:
+        """The walk of ``lanes`` ended: stop kind ``code`` (an index into ``stops``) with its argument."""
+        self.stop_code[lanes] = code
+        self.stop_arg[lanes] = arg
+
+    def basis(self, job: int, basis: dict[str, str]) -> None:
+        """What the walks of ``job``'s tasks followed (:meth:`~unwind.walk.Unwinder.basis`)."""
+        self.bases[job] = basis
+
+    def finish(self) -> "Walked":
+        """The frames ordered by lane, each lane's in walk order."""
+        counts = self._next
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        total = int(offsets[-1])
+        cols = [np.zeros(total, t) for t in (np.int64, _U64, _U64, bool, _U64, bool, np.int64, np.int64, np.int64)]
+        for lanes, index, pc, sp, sp_known, fp, fp_known, flags, source, stack in self._parts:
+            at = offsets[lanes] + index
+            cols[0][at] = lanes
+            cols[1][at] = pc
+            if sp is not None:
+                cols[2][at] = sp
+                cols[3][at] = True if sp_known is None else sp_known
+            if fp is not None:
+                cols[4][at] = fp
+                cols[5][at] = True if fp_known is None else fp_known
+            cols[6][at] = flags
+            cols[7][at] = source
+            cols[8][at] = stack
+        return Walked(self, cols, counts, offsets)
+
+
+@dataclass(slots=True)
+class Walked:
+    """A finished batch walk: frame columns ordered by lane, and per lane its frame count."""
+
+    recorder: Recorder
+    #: per frame: lane, pc, sp, sp known, fp, fp known, flags, source, stack label
+    cols: list[np.ndarray]
+    #: per lane: frames reported, and where they start in ``cols``
+    counts: np.ndarray
+    offsets: np.ndarray
+
+
+class VerdictTable:
+    """An image's call-site verdicts as flag bits, sorted by return address, for lookups over many frames
+    at once; filled from :meth:`~unwind.callsite.CallSiteChecker.check` (and its cache) on a miss."""
+
+    __slots__ = ("pcs", "bits")
+
+    def __init__(self) -> None:
+        self.pcs = np.zeros(0, _U64)
+        self.bits = np.zeros(0, np.int64)
+
+    def lookup(self, checker: "CallSiteChecker", pcs: np.ndarray) -> np.ndarray:
+        """The call-site flag bits of each return address in ``pcs``."""
+        i = np.searchsorted(self.pcs, pcs)
+        hit = self.pcs[np.minimum(i, len(self.pcs) - 1)] == pcs if len(self.pcs) else np.zeros(len(pcs), bool)
+        if not hit.all():
+            new = np.unique(pcs[~hit])
+            bits = np.array([_CALLSITE_BITS[checker.check(pc).status] for pc in new.tolist()], np.int64)
+            self.pcs = np.concatenate([self.pcs, new])
+            self.bits = np.concatenate([self.bits, bits])
+            order = np.argsort(self.pcs)
+            self.pcs, self.bits = self.pcs[order], self.bits[order]
+            i = np.searchsorted(self.pcs, pcs)
+        return self.bits[i]
+
+
+#: per image (or per checker, without one), per arch: its verdicts as a table
+_TABLES: "WeakKeyDictionary[object, dict[str, VerdictTable]]" = WeakKeyDictionary()
+
+
+def apply_call_sites(checker: "CallSiteChecker", pcs: np.ndarray, flags: np.ndarray) -> np.ndarray:
+    """Each frame's call-site flag (:meth:`unwind.callsite.CallSiteChecker.annotate`) from ``checker``'s
+    cached verdicts; a pc from exception registers is not checked."""
+    tables = _TABLES.setdefault(checker.image if checker.image is not None else checker, {})
+    table = tables.get(checker.backend.name)
+    if table is None:
+        table = tables[checker.backend.name] = VerdictTable()
+    checked = (flags & _BOUNDARY) == 0
+    if checked.all():
+        return flags | table.lookup(checker, pcs)
+    out = flags.copy()
+    out[checked] |= table.lookup(checker, pcs[checked])
+    return out
+
+
+class BatchReplay(Sequence["Replay"]):
+    """The replays of one job's tasks, in task order; each :class:`~unwind.replay.Replay` is built
+    when read (a task the batch handed back is walked by ``Session.replay`` then)."""
+
+    def __init__(self, job: Job, walked: Walked | None, first_lane: int, job_index: int, symbolize: bool,
+                 reliable: bool, max_frames: int | None) -> None:
+        self.job = job
+        self._walked = walked
+        self._first = first_lane
+        self._job_index = job_index
+        self._symbolize = symbolize
+        self._reliable = reliable
+        self._max_frames = max_frames
+        self._built: dict[int, "Replay"] = {}
+        self._lists: list[list] | None = None
+
+    @property
+    def session(self) -> "Session":
+        """The session the tasks belong to."""
+        return self.job.session
+
+    @property
+    def tasks(self) -> list[Task]:
+        """The tasks walked, in order."""
+        return self.job.tasks
+
+    def batched(self, i: int) -> bool:
+        """Was task ``i`` walked by the batch (``False``: by the scalar path)?"""
+        return self._walked is not None and bool(self._walked.recorder.stop_code[self._first + i] >= 0)
+
+    def __len__(self) -> int:
+        return len(self.job.tasks)
+
+    @overload
+    def __getitem__(self, i: int) -> "Replay": ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list["Replay"]: ...
+
+    def __getitem__(self, i: int | slice) -> "Replay | list[Replay]":
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        r = self._built.get(i)
+        if r is None:
+            r = self._built[i] = self._build(i)
+        return r
+
+    def __iter__(self) -> Iterator["Replay"]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def _build(self, i: int) -> "Replay":
+        from .replay import Replay
+
+        job, task = self.job, self.job.tasks[i]
+        session = job.session
+        if not self.batched(i):
+            return session.replay(task, job.options, reliable=self._reliable, max_frames=self._max_frames,
+                                  symbolize=self._symbolize)
+        walked = self._walked
+        assert walked is not None
+        rec = walked.recorder
+        lane = self._first + i
+        if self._lists is None:
+            self._lists = [c.tolist() for c in walked.cols]
+        lanes, pc, sp, sp_k, fp, fp_k, flags, source, stack = self._lists
+        target = session.target(task, job.options)
+        frames = []
+        sources, labels = rec.sources, rec.labels
+        for k in range(int(walked.offsets[lane]), int(walked.offsets[lane + 1])):
+            frame = Frame(pc[k], sp[k] if sp_k[k] else None, fp[k] if fp_k[k] else None, sources[source[k]],
+                          labels[stack[k]], _FLAGS[flags[k]])
+            if self._symbolize:
+                frame.symbol = session.backend.symbolize(frame, target)
+            frames.append(frame)
+        reason, detail = rec.stop_kinds[int(rec.stop_code[lane])]
+        stop = Stop(reason, detail(int(rec.stop_arg[lane])), len(frames))
+        return Replay(target, frames, stop, None, dict(rec.bases.get(self._job_index, {})))
+
+
+def replay_all(sessions: "Sequence[Session]", options: Options | None = None, *,
+               tasks: Sequence[Sequence[Task]] | None = None, symbolize: bool = True,
+               reliable: bool = False, max_frames: int | None = None) -> list[BatchReplay]:
+    """Replay every task of each session (or ``tasks[i]`` of ``sessions[i]``) in lockstep batches.
+
+    Sessions of one arch are walked together, so many small dumps make long batches. The result is one
+    :class:`BatchReplay` per session; each of its replays equals ``Session.replay(task, options,
+    reliable=reliable, max_frames=max_frames, symbolize=symbolize)``. ``reliable``, or an option
+    the batch does not take (:func:`batch_options`), sends every task to that scalar path.
+    """
+    options = options or Options()
+    jobs = [Job(s, list(tasks[i]) if tasks is not None else s.dump.tasks(), options)
+            for i, s in enumerate(sessions)]
+    for s in sessions:
+        s.check_options(options)
+    results: list[BatchReplay | None] = [None] * len(jobs)
+    by_arch: dict[str, list[int]] = {}
+    for i, job in enumerate(jobs):
+        by_arch.setdefault(job.session.backend.name, []).append(i)
+    for indices in by_arch.values():
+        backend = jobs[indices[0]].session.backend
+        group = [jobs[i] for i in indices]
+        walked = None
+        if not reliable and batch_options(options):
+            walked = backend.batch_walk(group)
+        first = 0
+        for n, i in enumerate(indices):
+            results[i] = BatchReplay(jobs[i], walked, first, n, symbolize, reliable, max_frames)
+            first += len(jobs[i].tasks)
+        if walked is not None:
+            _finish_flags(group, walked)
+            if max_frames is not None:  # the scalar walk stops at max_frames with 'frame limit reached'
+                rec = walked.recorder
+                rec.stop_code[walked.counts >= max_frames] = -1
+    return results  # type: ignore[return-value]
+
+
+def lane_jobs(group: Sequence[Job]) -> np.ndarray:
+    """The job of each lane: a group's lanes are its jobs' tasks, job after job, in task order."""
+    return np.repeat(np.arange(len(group), dtype=np.int64), [len(job.tasks) for job in group])
+
+
+def _finish_flags(group: list[Job], walked: Walked) -> None:
+    """The call-site flags of every batched frame, once per image (sessions of one image share its verdicts)."""
+    flags = walked.cols[6].astype(np.int64)
+    lanes, pcs = walked.cols[0], walked.cols[1]
+    groups: dict[int, int] = {}
+    checkers: list["CallSiteChecker"] = []
+    image_of_job = []
+    for job in group:
+        checker = job.session.callsites
+        g = groups.get(checker.cache_key)
+        if g is None:
+            g = groups[checker.cache_key] = len(checkers)
+            checkers.append(checker)
+        image_of_job.append(g)
+    if len(checkers) == 1:
+        flags = apply_call_sites(checkers[0], pcs, flags)
+    else:
+        image_of_frame = np.array(image_of_job, np.int64)[lane_jobs(group)[lanes]]
+        for g, checker in enumerate(checkers):
+            sel = image_of_frame == g
+            flags[sel] = apply_call_sites(checker, pcs[sel], flags[sel])
+    walked.cols[6] = flags
