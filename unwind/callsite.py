@@ -38,7 +38,7 @@ def _decoder(backend: ArchBackend) -> Any:
     md = _DECODERS.get(backend.name)
     if md is None:
         import capstone
-        md = _DECODERS[backend.name] = capstone.Cs(*backend.capstone)
+        md = _DECODERS[backend.name] = capstone.Cs(*backend.capstone_mode())
     return md
 
 
@@ -122,13 +122,12 @@ class CallSiteChecker:
     def decode(self, ret: int) -> CallSite:
         """The call site of ``ret`` as capstone reads it: each call length, shortest first."""
         assert self.image is not None
-        md = _decoder(self.backend)
         seen = None
         for length in self.backend.call_lengths:
             code = self.image.text(ret - length, length)
             if code is None:
-                continue
-            insns = list(md.disasm(code, ret - length))
+                continue  # outside the image's text (a module, a trampoline): capstone is not needed
+            insns = list(_decoder(self.backend).disasm(code, ret - length))
             if len(insns) != 1 or insns[0].size != length:
                 continue
             insn = insns[0]

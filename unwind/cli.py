@@ -88,12 +88,30 @@ def version() -> str:
         return __version__
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every subcommand."""
+class _VersionAction(argparse.Action):
+    """``--version``: the distribution's version, read only when asked (``importlib.metadata`` is slow)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        parser.exit(message=f"unwind ({DISTRIBUTION}) {version()}\n")
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names: its first argument that is not an option."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand; for ``argv`` naming a command of this module
+    (``replay``), without the other modules' commands, which are then not imported."""
     p = argparse.ArgumentParser(prog="unwind", description="Replay captured Linux kernel stacks "
                                 "with the kernel's own unwinders (arm64, x86-64 ORC, RISC-V).",
                                 epilog=ENVIRONMENT, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"unwind ({DISTRIBUTION}) {version()}")
+    p.add_argument("--version", action=_VersionAction)
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -125,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: what the task's captured stack bytes allow, docs/dump-format.md)")
     r.set_defaults(func=cmd_replay)
 
-    for name in _COMMAND_MODULES:
+    own = argv is not None and _command(argv) in sub.choices
+    for name in () if own else _COMMAND_MODULES:
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -161,7 +180,8 @@ def _quiet_stdout() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``unwind`` console script and ``python -m unwind``."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:

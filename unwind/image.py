@@ -21,7 +21,6 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-import numpy as np
 from construct import ConstructError
 from elftools.common.exceptions import ELFError
 from elftools.construct import ConstructError as ElftoolsConstructError
@@ -29,20 +28,21 @@ from elftools.elf.constants import SH_FLAGS
 from elftools.elf.elffile import ELFFile
 
 from .btf import Btf, BtfError
+from .cachefile import CACHE_ENV, CacheFileError, cache_dir, cache_root, read_arrays, write_arrays, write_atomically
 from .symbols import SymbolError, SymbolTable
 
 NT_GNU_BUILD_ID = "NT_GNU_BUILD_ID"
 IMAGE_PATH_ENV = "UNWIND_IMAGE_PATH"
-CACHE_ENV = "UNWIND_CACHE"
-_SYMBOL_CACHE_VERSION = 1
+_SYMBOL_CACHE_VERSION = 2
 _BUILD_ID_IN_NAME = re.compile(r"[0-9a-f]{40}")
 #: what pyelftools, construct and numpy raise on a malformed image (a symbol table of a size that
 #: is no multiple of its entries is numpy's ValueError)
 _ELF_ERRORS = (ELFError, ConstructError, ElftoolsConstructError, ValueError, UnicodeDecodeError)
 
-# Elf64_Sym as numpy sees it, to decode .symtab in one pass.
-_ELF64_SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"),
-                       ("shndx", "<u2"), ("value", "<u8"), ("size", "<u8")])
+# Elf64_Sym as numpy sees it, to decode .symtab in one pass (numpy is imported there: a cached
+# table needs none).
+_ELF64_SYM = [("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"), ("value", "<u8"),
+              ("size", "<u8")]
 _SHN_UNDEF, _SHN_ABS = 0, 0xFFF1
 _STB_LOCAL, _STB_WEAK = 0, 2
 _STT_SECTION, _STT_FILE = 3, 4
@@ -108,17 +108,16 @@ class Image:
     @cached_property
     def symbols(self) -> SymbolTable:
         """The kallsyms-like symbol table, from the cache when this build was seen before."""
-        cache = _cache_dir("symbols")
-        path = cache / f"{self.build_id}-v{_SYMBOL_CACHE_VERSION}.npz" if cache and self.build_id else None
+        cache = cache_dir("symbols")
+        path = cache / f"{self.build_id}-v{_SYMBOL_CACHE_VERSION}.arrays" if cache and self.build_id else None
         if path is not None and path.exists():
             try:
-                with np.load(path) as arrays:
-                    return SymbolTable.from_arrays(dict(arrays))
-            except (OSError, ValueError, KeyError, SymbolError):
+                return SymbolTable.from_arrays(read_arrays(path)[1])
+            except (OSError, CacheFileError, SymbolError):
                 pass  # a damaged cache entry is rebuilt below
         table = self._read_symbols()
         if path is not None:
-            _write_atomically(path, lambda f: np.savez(f, **table.to_arrays()))
+            write_atomically(path, lambda f: write_arrays(f, {"build_id": self.build_id}, table.to_arrays()))
         return table
 
     def _read_symbols(self) -> SymbolTable:
@@ -127,11 +126,13 @@ class Image:
             return self._decode_symbols()
 
     def _decode_symbols(self) -> SymbolTable:
+        import numpy as np
+
         symtab = self.elf.get_section_by_name(".symtab")
         if symtab is None or symtab["sh_type"] == "SHT_NOBITS":
             raise ImageError(f"{self.path}: no .symtab (use a System.map)")
         strtab = self.elf.get_section(symtab["sh_link"]).data()
-        raw = np.frombuffer(symtab.data(), dtype=_ELF64_SYM)
+        raw = np.frombuffer(symtab.data(), dtype=np.dtype(_ELF64_SYM))
         exec_sections = np.array([bool(sec["sh_flags"] & SH_FLAGS.SHF_EXECINSTR)
                                   for sec in self.elf.iter_sections()] + [False])
         stt, stb, shndx = raw["info"] & 0xF, raw["info"] >> 4, raw["shndx"]
@@ -182,21 +183,22 @@ class Image:
                 return None
             return sec["sh_addr"], sec.data()
 
+    def _text_sections(self) -> list:
+        """The executable sections with file contents (headers only; no bytes read)."""
+        return [sec for sec in self.elf.iter_sections()
+                if sec["sh_flags"] & SH_FLAGS.SHF_EXECINSTR and sec["sh_flags"] & SH_FLAGS.SHF_ALLOC
+                and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_size"]]
+
     def _text_ranges(self) -> list[TextRange]:
         if self._text is None:
-            ranges = []
             with self._malformed():
-                for sec in self.elf.iter_sections():
-                    if (sec["sh_flags"] & SH_FLAGS.SHF_EXECINSTR and sec["sh_flags"] & SH_FLAGS.SHF_ALLOC
-                            and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_size"]):
-                        ranges.append(TextRange(sec["sh_addr"], sec.data()))
-            self._text = ranges
+                self._text = [TextRange(sec["sh_addr"], sec.data()) for sec in self._text_sections()]
         return self._text
 
-    @property
+    @cached_property
     def has_text(self) -> bool:
-        """True when the image carries the kernel's instructions."""
-        return bool(self._text_ranges())
+        """True when the image carries the kernel's instructions (from the section headers)."""
+        return bool(self._text_sections())
 
     def text(self, addr: int, size: int) -> bytes | None:
         """Instruction bytes at ``[addr, addr + size)``, or ``None`` when not in the image."""
@@ -221,27 +223,6 @@ class Image:
         return None
 
 
-def _cache_dir(kind: str) -> Path | None:
-    """``$UNWIND_CACHE/<kind>`` (default ``~/.cache/unwind``), or ``None`` when it cannot be made."""
-    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "unwind")
-    try:
-        (root / kind).mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return root / kind
-
-
-def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Write a cache file via a temporary name; a cache that cannot be written is skipped."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-
-
 def _open_maybe_compressed(path: Path) -> BinaryIO:
     """Open an image; an xz-compressed one (a committed slim image) is unpacked once into the cache."""
     f = open(path, "rb")
@@ -251,7 +232,7 @@ def _open_maybe_compressed(path: Path) -> BinaryIO:
     f.seek(0)
     st = path.stat()
     key = hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
-    cache = _cache_dir("images")
+    cache = cache_dir("images")
     unpacked = cache / f"{key}.elf" if cache else None
     try:
         if unpacked is not None and unpacked.exists():
@@ -262,7 +243,7 @@ def _open_maybe_compressed(path: Path) -> BinaryIO:
     finally:
         f.close()
     if unpacked is not None:
-        _write_atomically(unpacked, lambda out: out.write(data))
+        write_atomically(unpacked, lambda out: out.write(data))
     return io.BytesIO(data)
 
 
@@ -290,10 +271,6 @@ def image_build_id(path: str | Path) -> str | None:
 DEBUG_ROOT = Path("/usr/lib/debug")
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "unwind")
-
-
 def _image_files(folder: Path) -> list[Path]:
     """Image-like files in ``folder`` (not below it)."""
     try:
@@ -314,7 +291,7 @@ def _image_files_below(folder: Path) -> list[Path]:
 def _fetched_kernels(build_id: str) -> list[Path]:
     """``vmlinux`` of the kernels ``unwind kernels fetch`` put in the cache whose ``kernel.json`` names ``build_id``."""
     out = []
-    for meta in sorted((_cache_root() / "kernels").glob("*/kernel.json")):
+    for meta in sorted((cache_root() / "kernels").glob("*/kernel.json")):
         try:
             if json.loads(meta.read_text()).get("build_id") == build_id:
                 out.append(meta.parent / "vmlinux")
@@ -331,7 +308,7 @@ def image_search_places(dump_path: str | Path | None, release: str | None) -> li
     places.append(f"{DEBUG_ROOT}/.build-id/")
     if release:
         places.append(f"{DEBUG_ROOT}/boot/vmlinux-{release}")
-    places.append(f"{_cache_root()}/kernels/")
+    places.append(f"{cache_root()}/kernels/")
     return places
 
 

@@ -9,23 +9,23 @@ check and the printers need not know about the slide.
 
 from __future__ import annotations
 
+from array import array
 from functools import cached_property
 from typing import Any
-
-import numpy as np
 
 from .image import Image
 from .symbols import SymbolTable
 
-_MASK = np.uint64(2**64 - 1)
-
 
 def relocate_symbols(table: SymbolTable, slide: int) -> SymbolTable:
     """``table`` with every address moved by ``slide`` (modulo 2**64)."""
-    arrays = table.to_arrays()
+    import numpy as np
+
+    arrays = dict(table.to_arrays())
     shift = np.uint64(slide % 2**64)
-    for key in ("addrs", "ends", "alias_addrs"):
-        arrays[key] = (np.asarray(arrays[key], dtype=np.uint64) + shift) & _MASK
+    for key in ("addrs", "last_end", "index_addrs"):
+        moved = np.frombuffer(arrays[key], dtype=np.uint64) + shift  # uint64: wraps modulo 2**64
+        arrays[key] = array("Q", moved.tobytes())
     return SymbolTable.from_arrays(arrays)
 
 

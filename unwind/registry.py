@@ -55,8 +55,9 @@ class ArchBackend(ABC):
     #: the registers holding pc and sp
     pc_reg: ClassVar[str]
     sp_reg: ClassVar[str]
-    #: capstone (arch, mode) for the call-site check
-    capstone: ClassVar[tuple[int, int]]
+    #: the names of capstone's constants for this arch's decoder: the arch, then the mode flags
+    #: (names, so that capstone is imported only when a decoder is made: :meth:`capstone_mode`)
+    capstone: ClassVar[tuple[str, ...]]
     #: byte lengths a call instruction may have, shortest first
     call_lengths: ClassVar[tuple[int, ...]]
     #: can :meth:`vmcoreinfo_from_memory` find VMCOREINFO in a vmcore that has no note of it?
@@ -78,6 +79,15 @@ class ArchBackend(ABC):
     @abstractmethod
     def is_call(self, mnemonic: str, op_str: str) -> bool:
         """Is this decoded instruction a call that leaves a return address?"""
+
+    def capstone_mode(self) -> tuple[int, int]:
+        """:attr:`capstone` as capstone's ``(arch, mode)`` numbers; capstone is imported here, on first use."""
+        import capstone
+
+        arch, mode = getattr(capstone, self.capstone[0]), 0
+        for name in self.capstone[1:]:
+            mode |= getattr(capstone, name)
+        return arch, mode
 
     def call_site_length(self, text: Callable[[int, int], bytes | None], ret: int) -> int | None:
         """The length of the call that ends at ``ret`` when its bytes alone settle that capstone's

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import bisect
 import re
+from array import array
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class SymbolError(Exception):
@@ -75,8 +78,27 @@ def _ignored(name: str, typ: str) -> bool:
     return _MKSYSMAP_DROPPED.search(name) is not None
 
 
+def _blob(parts: Iterable[bytes]) -> tuple[bytes, array]:
+    """``parts`` joined, and the start offset of each (plus the end)."""
+    chunks = list(parts)
+    offsets = array("I", [0])
+    pos = 0
+    for c in chunks:
+        pos += len(c)
+        offsets.append(pos)
+    return b"".join(chunks), offsets
+
+
 class SymbolTable:
-    """A sorted kallsyms-like table with scalar and batch lookup."""
+    """A sorted kallsyms-like table with scalar and batch lookup.
+
+    The table is flat arrays, so that a cached one loads in one read
+    (:meth:`to_arrays`, :meth:`from_arrays`): :attr:`addrs`, and the names as
+    one UTF-8 blob with start offsets, decoded one name at a time as lookups
+    ask. The by-name index (every alias's name and address, sorted by name)
+    is arrays of the same kind, searched by bisection: no dict of 200,000
+    names is built at start-up.
+    """
 
     def __init__(self, entries: Iterable[tuple[int, str, str]]) -> None:
         """``entries`` are ``(addr, nm type, name)`` in source (``nm -n``) order."""
@@ -101,36 +123,63 @@ class SymbolTable:
             for it in group:
                 by_name.setdefault(it[2], addr)
             i = j
-        self._by_name = by_name
-        self.addrs: list[int] = addrs
-        self.names: list[str] = names
         end = by_name.get("_end") or by_name.get("_etext") or addrs[-1]
-        self.ends: list[int] = addrs[1:] + [max(end, addrs[-1])]
-        self.np_addrs = np.array(addrs, dtype=np.uint64)
+        index = sorted((name.encode(), addr) for name, addr in by_name.items())
+        self._set(array("Q", addrs), *_blob(n.encode() for n in names), max(end, addrs[-1]),
+                  *_blob(k for k, _ in index), array("Q", [a for _, a in index]))
 
-    def to_arrays(self) -> dict[str, np.ndarray]:
-        """The table as arrays, for a cache file (``from_arrays`` reads them back)."""
-        alias_names = list(self._by_name)
-        return {
-            "addrs": self.np_addrs, "ends": np.array(self.ends, dtype=np.uint64),
-            "names": np.frombuffer("\n".join(self.names).encode(), dtype=np.uint8),
-            "alias_names": np.frombuffer("\n".join(alias_names).encode(), dtype=np.uint8),
-            "alias_addrs": np.array([self._by_name[n] for n in alias_names], dtype=np.uint64),
-        }
+    def _set(self, addrs: array, blob: bytes, offsets: array, last_end: int, index_blob: bytes,
+             index_offsets: array, index_addrs: array) -> None:
+        n = len(addrs)
+        if len(offsets) != n + 1 or len(index_offsets) != len(index_addrs) + 1 or not n:
+            raise SymbolError("inconsistent symbol table arrays")
+        #: symbol start addresses, ascending (one per address: the alias kallsyms prints)
+        self.addrs: array = addrs
+        self._blob, self._offsets, self._last_end = blob, offsets, last_end
+        self._index_blob, self._index_offsets, self._index_addrs = index_blob, index_offsets, index_addrs
+
+    def to_arrays(self) -> dict[str, array]:
+        """The table as flat arrays, for a cache file (:meth:`from_arrays` reads them back)."""
+        return {"addrs": self.addrs, "names": array("B", self._blob), "name_offsets": self._offsets,
+                "last_end": array("Q", [self._last_end]), "index_names": array("B", self._index_blob),
+                "index_offsets": self._index_offsets, "index_addrs": self._index_addrs}
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "SymbolTable":
-        """A table saved by :meth:`to_arrays`."""
+    def from_arrays(cls, arrays: dict[str, array]) -> "SymbolTable":
+        """A table saved by :meth:`to_arrays`; :class:`SymbolError` when they do not fit together."""
         self = cls.__new__(cls)
-        self.np_addrs = np.asarray(arrays["addrs"], dtype=np.uint64)
-        self.addrs = self.np_addrs.tolist()
-        self.ends = np.asarray(arrays["ends"]).tolist()
-        self.names = bytes(arrays["names"]).decode().split("\n")
-        alias = bytes(arrays["alias_names"]).decode().split("\n")
-        self._by_name = dict(zip(alias, np.asarray(arrays["alias_addrs"]).tolist()))
-        if len(self.names) != len(self.addrs) or len(self.ends) != len(self.addrs):
-            raise SymbolError("inconsistent cached symbol table")
+        try:
+            last_end = arrays["last_end"]
+            if len(last_end) != 1:
+                raise SymbolError("inconsistent cached symbol table")
+            self._set(arrays["addrs"], arrays["names"].tobytes(), arrays["name_offsets"], last_end[0],
+                      arrays["index_names"].tobytes(), arrays["index_offsets"], arrays["index_addrs"])
+        except (KeyError, AttributeError, TypeError):
+            raise SymbolError("inconsistent cached symbol table") from None
         return self
+
+    def name(self, index: int) -> str:
+        """The name kallsyms prints for the symbol at :attr:`addrs` ``[index]``."""
+        return self._blob[self._offsets[index]:self._offsets[index + 1]].decode("utf-8", "replace")
+
+    @property
+    def names(self) -> list[str]:
+        """Every name, in :attr:`addrs` order (decoded on each call: lookups use :meth:`name`)."""
+        return [self.name(i) for i in range(len(self.addrs))]
+
+    @property
+    def ends(self) -> array:
+        """Where each symbol ends: the next symbol's start (the last: ``_end``)."""
+        ends = self.addrs[1:]
+        ends.append(self._last_end)
+        return ends
+
+    @cached_property
+    def np_addrs(self) -> "np.ndarray":
+        """:attr:`addrs` as a ``uint64`` numpy array over the same buffer (numpy imported on first use)."""
+        import numpy as np
+
+        return np.frombuffer(self.addrs, dtype=np.uint64)
 
     def __len__(self) -> int:
         return len(self.addrs)
@@ -138,14 +187,18 @@ class SymbolTable:
     # get_symbol_pos()
     def lookup(self, addr: int) -> Symbol | None:
         """The symbol containing ``addr``, or ``None`` below the first symbol."""
-        i = bisect.bisect_right(self.addrs, addr) - 1
+        table = self.addrs
+        i = bisect.bisect_right(table, addr) - 1
         if i < 0:
             return None
-        start = self.addrs[i]
-        return Symbol(self.names[i], start, self.ends[i] - start, addr - start)
+        start = table[i]
+        end = table[i + 1] if i + 1 < len(table) else self._last_end
+        return Symbol(self.name(i), start, end - start, addr - start)
 
-    def lookup_many(self, addrs: np.ndarray) -> np.ndarray:
-        """Indices into :attr:`names` for an array of addresses (-1 below the first)."""
+    def lookup_many(self, addrs: "np.ndarray") -> "np.ndarray":
+        """Indices into :attr:`addrs` (and :meth:`name`) for an array of addresses (-1 below the first)."""
+        import numpy as np
+
         return np.searchsorted(self.np_addrs, np.asarray(addrs, dtype=np.uint64), side="right") - 1
 
     def format(self, addr: int) -> str:
@@ -154,11 +207,20 @@ class SymbolTable:
         return str(sym) if sym is not None else hex(addr)
 
     def address(self, name: str) -> int | None:
-        """The address of a symbol by name."""
-        return self._by_name.get(name)
+        """The address of a symbol by name (any alias; a name at several addresses: the lowest)."""
+        try:
+            key = name.encode()
+        except (AttributeError, UnicodeEncodeError):
+            return None
+        blob, offsets = self._index_blob, self._index_offsets
+        i = bisect.bisect_left(range(len(self._index_addrs)), key,
+                               key=lambda j: blob[offsets[j]:offsets[j + 1]])
+        if i < len(self._index_addrs) and blob[offsets[i]:offsets[i + 1]] == key:
+            return self._index_addrs[i]
+        return None
 
     def __contains__(self, name: object) -> bool:
-        return name in self._by_name
+        return isinstance(name, str) and self.address(name) is not None
 
     @classmethod
     def from_system_map(cls, path: str | Path) -> "SymbolTable":

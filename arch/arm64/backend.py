@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-import capstone
-
 from unwind.frame import Flag, Frame, Source
 from unwind.registry import ArchBackend
 from unwind.target import Target
@@ -60,7 +58,7 @@ class Arm64Backend(ArchBackend):
     sp_reg = "sp"
     # thread.cpu_context (x19..x28, fp, sp, pc); "caller" marks a walk started from a caller
     context_keys = frozenset({*(f"x{i}" for i in range(19, 29)), "fp", "sp", "pc", "caller"})
-    capstone = (capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
+    capstone = ("CS_ARCH_ARM64", "CS_MODE_ARM")
     call_lengths = (4,)
     layouts = {"pt_regs": PT_REGS_MEMBERS}
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import capstone
-
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from unwind.frame import Flag, Frame, Source
@@ -64,7 +62,7 @@ class RiscvBackend(ArchBackend):
     sp_reg = "sp"
     # thread.ra, thread.sp, thread.s[0..11]
     context_keys = frozenset({"ra", "sp", *(f"s{i}" for i in range(12))})
-    capstone = (capstone.CS_ARCH_RISCV, capstone.CS_MODE_RISCV64 | capstone.CS_MODE_RISCVC)
+    capstone = ("CS_ARCH_RISCV", "CS_MODE_RISCV64", "CS_MODE_RISCVC")
     call_lengths = (2, 4)
     layouts = {"pt_regs": structs.PT_REGS_MEMBERS}
 
@@ -105,7 +103,7 @@ class RiscvBackend(ArchBackend):
         prover = None
         if target.options.complete:
             trap = ((layout.handle_exception, layout.ret_from_exception_end),)
-            prover = LiveRaProver(target.image, target.symbols, trap, self.capstone)
+            prover = LiveRaProver(target.image, target.symbols, trap, self.capstone_mode())
         return RiscvUnwinder(target, layout, prover)
 
     # arch/riscv/kernel/stacktrace.c:138-155 print_trace_address(), show_stack(); process.c:62-69 __show_regs()

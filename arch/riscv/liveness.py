@@ -30,8 +30,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-import capstone
-
 from unwind.symbols import SymbolTable
 
 #: the longest function the leaf proof disassembles
@@ -166,6 +164,7 @@ class LiveRaProver:
         self.image = image if image is not None and image.has_text else None
         self.symbols = symbols
         self.excluded = excluded
+        import capstone  # here, not at import: a replay without this proof never loads capstone
         self._md = capstone.Cs(*cs_mode)
         self._cache: dict[int, tuple[Proof | None, str]] = {}
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-import capstone
-
 from unwind.callsite import CallSiteChecker
 from unwind.frame import Flag, Frame
 from unwind.image import ImageError
@@ -90,7 +88,7 @@ class X86_64Backend(ArchBackend):
     # thread.sp, and the inactive_task_frame members above it
     context_keys = frozenset({"sp", "bp", "ip"})
     min_frame_bytes = 8  # a return address alone: ORC frames without a saved register (sp_offset 8)
-    capstone = (capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    capstone = ("CS_ARCH_X86", "CS_MODE_64")
     # call rel32 (5), call *%reg (2, 3 with REX), call *disp(%reg) (3..7), retpoline thunks are call rel32
     call_lengths = (2, 3, 4, 5, 6, 7)
     layouts = {"pt_regs": PT_REGS_MEMBERS, "inactive_task_frame": INACTIVE_TASK_FRAME_MEMBERS}

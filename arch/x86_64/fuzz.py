@@ -7,7 +7,6 @@ corrupted in a copy of the decoded table that the next walks use, or the section
 
 from __future__ import annotations
 
-import copy
 import random
 from typing import Callable, Sequence
 
@@ -33,8 +32,7 @@ def mutate_orc(rng: random.Random, image: Image, release: str | None,
     if rng.random() < 0.2:
         _parse_window(rng, table, ip_sec, orc_sec, n, size)
         return None
-    mutated = copy.copy(table)
-    mutated._entries = list(table._entries)
+    changes: dict[int, O.OrcEntry] = {}
     for _ in range(rng.randint(1, 12)):
         idx = table.find_index(rng.choice(words) - 1) if words else -1
         if idx < 0:
@@ -42,8 +40,8 @@ def mutate_orc(rng: random.Random, image: Image, release: str | None,
         raw = bytearray(orc_sec[1][size * idx:size * idx + size])
         raw[rng.randrange(len(raw))] = rng.randrange(256)
         cols = O.decode_entries(bytes(raw), table.version)
-        mutated._entries[idx] = O.OrcEntry(**{k: bool(v[0]) if k == "signal" else int(v[0])
-                                              for k, v in cols.items()})
+        changes[idx] = O.OrcEntry(**{k: bool(v[0]) if k == "signal" else int(v[0]) for k, v in cols.items()})
+    mutated = table.with_entries(changes)
     mine = O._BY_IMAGE.setdefault(image, {})
     saved = dict(mine)
     for key in list(mine) or [(release, None)]:

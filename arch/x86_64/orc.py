@@ -32,17 +32,22 @@ search becomes a population count.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import re
 import weakref
+from array import array
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-import numpy as np
-
+from unwind.cachefile import CacheFileError, cache_dir, read_arrays, write_arrays, write_atomically
 from unwind.image import Image, ImageError
 
 from .structs import ORC_ENTRY_SIZE, flag_bits, orc_entry
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # ORC_TYPE_* (normalised: v3 numbering)
 ORC_TYPE_UNDEFINED = 0
@@ -71,10 +76,9 @@ REG_NAMES = {ORC_REG_UNDEFINED: "undef", ORC_REG_AX: "ax", ORC_REG_DX: "dx", ORC
              ORC_REG_SP_INDIRECT: "sp(ind)", ORC_REG_BP_INDIRECT: "bp(ind)"}
 
 #: v1..v3 register number -> normalised (v4) number; v4 is the identity
-_OLD_TO_V4 = np.array([ORC_REG_UNDEFINED, ORC_REG_PREV_SP, ORC_REG_DX, ORC_REG_DI, ORC_REG_BP, ORC_REG_SP,
-                       ORC_REG_R10, ORC_REG_R13, ORC_REG_BP_INDIRECT, ORC_REG_SP_INDIRECT, ORC_REG_AX,
-                       11, 12, 13, 14, 15], dtype=np.uint8)
-_V4_TO_OLD = np.argsort(_OLD_TO_V4).astype(np.uint8)
+_OLD_TO_V4 = (ORC_REG_UNDEFINED, ORC_REG_PREV_SP, ORC_REG_DX, ORC_REG_DI, ORC_REG_BP, ORC_REG_SP,
+              ORC_REG_R10, ORC_REG_R13, ORC_REG_BP_INDIRECT, ORC_REG_SP_INDIRECT, ORC_REG_AX, 11, 12, 13, 14, 15)
+_V4_TO_OLD = tuple(_OLD_TO_V4.index(v4) for v4 in range(len(_OLD_TO_V4)))
 
 #: ``.orc_header`` hashes (``scripts/orc_hash.sh``; drgn ``orc_version_from_header``)
 ORC_HASHES: dict[bytes, int] = {
@@ -185,11 +189,13 @@ def choose_version(header: bytes | None, release: str | None, forced: str | int 
 
 # --- raw tables <-> columns -------------------------------------------------------------------
 
-_RAW = np.dtype([("sp_offset", "<i2"), ("bp_offset", "<i2"), ("flags", "<u2")])
-assert _RAW.itemsize == ORC_ENTRY_SIZE
+#: ``struct orc_entry`` as numpy reads it (the flag bits are split per generation by :func:`_field`)
+_RAW = [("sp_offset", "<i2"), ("bp_offset", "<i2"), ("flags", "<u2")]
 
 
 def _field(flags: np.ndarray, version: int, name: str) -> np.ndarray:
+    import numpy as np
+
     shift, mask = flag_bits(version, name)
     return ((flags >> np.uint16(shift)) & np.uint16(mask)).astype(np.uint8)
 
@@ -198,7 +204,9 @@ def decode_entries(raw: bytes, version: int) -> dict[str, np.ndarray]:
     """Columns of a raw ``.orc_unwind``, normalised (see the module docstring)."""
     if len(raw) % ORC_ENTRY_SIZE:
         raise OrcFormatError(f".orc_unwind is {len(raw)} bytes, not a multiple of {ORC_ENTRY_SIZE}")
-    rec = np.frombuffer(raw, dtype=_RAW)
+    import numpy as np
+
+    rec = np.frombuffer(raw, dtype=np.dtype(_RAW))
     flags = rec["flags"]
     sp_reg, bp_reg = _field(flags, version, "sp_reg"), _field(flags, version, "bp_reg")
     typ = _field(flags, version, "type")
@@ -213,7 +221,8 @@ def decode_entries(raw: bytes, version: int) -> dict[str, np.ndarray]:
     else:
         signal = _field(flags, version, "signal").astype(bool)
     if version <= 3:
-        sp_reg, bp_reg = _OLD_TO_V4[sp_reg], _OLD_TO_V4[bp_reg]
+        old_to_v4 = np.array(_OLD_TO_V4, dtype=np.uint8)
+        sp_reg, bp_reg = old_to_v4[sp_reg], old_to_v4[bp_reg]
     return {"sp_offset": rec["sp_offset"].copy(), "bp_offset": rec["bp_offset"].copy(),
             "sp_reg": sp_reg, "bp_reg": bp_reg, "type": typ, "signal": signal}
 
@@ -223,7 +232,7 @@ def encode_entries(entries: Sequence[OrcEntry], version: int) -> bytes:
     layout = orc_entry(version)
     out = bytearray()
     for e in entries:
-        sp_reg, bp_reg = (int(_V4_TO_OLD[e.sp_reg]), int(_V4_TO_OLD[e.bp_reg])) if version <= 3 \
+        sp_reg, bp_reg = (_V4_TO_OLD[e.sp_reg], _V4_TO_OLD[e.bp_reg]) if version <= 3 \
             else (e.sp_reg, e.bp_reg)
         flags: dict[str, int | bool] = {"sp_reg": sp_reg, "bp_reg": bp_reg}
         if version <= 2:
@@ -251,12 +260,16 @@ def decode_ips(sh_addr: int, raw: bytes) -> np.ndarray:
     """Absolute ips of a raw ``.orc_unwind_ip`` at ``sh_addr``: ``sh_addr + 4*i + s32[i]``."""
     if len(raw) % 4:
         raise OrcFormatError(f".orc_unwind_ip is {len(raw)} bytes, not a multiple of 4")
+    import numpy as np
+
     rel = np.frombuffer(raw, dtype="<i4").astype(np.int64) + 4 * np.arange(len(raw) // 4, dtype=np.int64)
     return np.uint64(sh_addr) + rel.astype(np.uint64)
 
 
 def encode_ips(ips: Iterable[int], sh_addr: int) -> bytes:
     """A raw ``.orc_unwind_ip`` at ``sh_addr`` holding ``ips``."""
+    import numpy as np
+
     ips = [int(i) for i in ips]
     rel = np.array([ip - (sh_addr + 4 * i) for i, ip in enumerate(ips)], dtype=np.int64)
     if len(rel) and (rel.min() < -2**31 or rel.max() >= 2**31):
@@ -271,69 +284,151 @@ class OrcTable:
 
     ``stext``/``etext`` are ``_stext``/``_etext`` (the ``.orc_lookup`` range);
     ``inittext`` is ``(_sinittext, _einittext)`` when known.
+
+    The scalar lookup reads flat ``array`` columns (the ips, ``.orc_lookup``, and
+    each row's index into the few hundred distinct entries), which is also what
+    the cache file holds (:meth:`to_arrays`), so a cached table is ready without
+    numpy. The numpy columns (:attr:`ips`, :attr:`type`, ...) and the batch
+    form's bitmaps are made on first use.
     """
 
     def __init__(self, ips: np.ndarray, columns: dict[str, np.ndarray], *, stext: int, etext: int,
                  inittext: tuple[int, int] | None = None, version: int = 3, how: str = "") -> None:
+        import numpy as np
+
         ips = np.asarray(ips, dtype=np.uint64)
         n = len(ips)
         if any(len(c) != n for c in columns.values()):
             raise OrcFormatError(f"{n} ORC ips but {min(len(c) for c in columns.values())} entries")
         if not stext < etext:
             raise OrcFormatError(f"bad text range {stext:#x}..{etext:#x}")
+        if not n:
+            raise OrcFormatError("empty ORC table")
         # vmlinux tables are sorted at build time (scripts/sorttable), module tables at load
         # (unwind_module_init): by ip, section terminators (UNDEFINED) first among equal ips.
-        if n > 1 and not (np.all(ips[1:] >= ips[:-1]) and self._terminators_first(ips, columns["type"])):
+        if n > 1 and not (np.all(ips[1:] >= ips[:-1]) and _terminators_first(ips, columns["type"])):
             order = np.lexsort((columns["type"] != ORC_TYPE_UNDEFINED, ips))
             ips = ips[order]
             columns = {k: v[order] for k, v in columns.items()}
-        self.ips = ips
-        self.sp_offset = columns["sp_offset"].astype(np.int16)
-        self.bp_offset = columns["bp_offset"].astype(np.int16)
-        self.sp_reg = columns["sp_reg"].astype(np.uint8)
-        self.bp_reg = columns["bp_reg"].astype(np.uint8)
-        self.type = columns["type"].astype(np.uint8)
-        self.signal = columns["signal"].astype(bool)
+        shared, rows = _share_entries(columns)
+        lookup = _build_lookup(ips, int(stext), int(etext))
+        self._set(array("Q", ips.tobytes()), _index_array(rows, len(shared)), shared,
+                  array("I", lookup.astype(np.uint32).tobytes()), int(stext), int(etext), inittext, version, how)
+
+    def _set(self, ips: array, rows: array, shared: list[OrcEntry], lookup: array, stext: int, etext: int,
+             inittext: tuple[int, int] | None, version: int, how: str) -> None:
+        self._ip_array = ips
+        #: per table row, its entry's index into ``_shared`` (a table has a few hundred distinct entries)
+        self._row_entry = rows
+        self._shared = shared
+        #: the kernel's ``.orc_lookup``
+        self._lookup_array = lookup
         self.version = version
         self.how = how
-        self.stext, self.etext = int(stext), int(etext)
-        self._size = self.etext - self.stext
+        self.stext, self.etext = stext, etext
+        self._size = etext - stext
         self.inittext = inittext
-        self._entries = self._share_entries()
-        self._ips_list: list[int] = ips.tolist()
-        self.lookup = self._build_lookup()
-        self._lookup_list: list[int] = self.lookup.tolist()
-        self._build_rank()
+        self._ranked = False
 
-    @staticmethod
-    def _terminators_first(ips: np.ndarray, typ: np.ndarray) -> bool:
-        same = np.nonzero(ips[1:] == ips[:-1])[0]
-        return not np.any((typ[same + 1] == ORC_TYPE_UNDEFINED) & (typ[same] != ORC_TYPE_UNDEFINED))
+    # --- the cache file (unwind.cachefile) ---
 
-    def _share_entries(self) -> list[OrcEntry]:
-        """One :class:`OrcEntry` per table row, shared between equal rows (a table has a few hundred)."""
-        key = (self.sp_offset.astype(np.uint16).astype(np.uint64)
-               | self.bp_offset.astype(np.uint16).astype(np.uint64) << np.uint64(16)
-               | self.sp_reg.astype(np.uint64) << np.uint64(32) | self.bp_reg.astype(np.uint64) << np.uint64(40)
-               | self.type.astype(np.uint64) << np.uint64(48) | self.signal.astype(np.uint64) << np.uint64(56))
-        uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-        shared = [OrcEntry(int(self.sp_offset[i]), int(self.bp_offset[i]), int(self.sp_reg[i]),
-                           int(self.bp_reg[i]), int(self.type[i]), bool(self.signal[i])) for i in first.tolist()]
-        return [shared[k] for k in inverse.ravel().tolist()]
+    def to_arrays(self) -> tuple[dict[str, Any], dict[str, array]]:
+        """``(meta, arrays)`` of the table, for a cache file (:meth:`from_arrays` reads them back)."""
+        meta = {"stext": self.stext, "etext": self.etext, "inittext": self.inittext, "version": self.version,
+                "how": self.how}
+        arrays = {"ips": self._ip_array, "rows": self._row_entry, "lookup": self._lookup_array}
+        for name, code in _ENTRY_FIELDS:
+            arrays[f"entry_{name}"] = array(code, [int(getattr(e, name)) for e in self._shared])
+        return meta, arrays
 
-    # unwind_init() (unwind_orc.c:338-359): orc_lookup[i] = __orc_find(_stext + 256 * i), then _etext's
-    def _build_lookup(self) -> np.ndarray:
-        """The kernel's ``.orc_lookup``: one entry index per 256-byte text block, plus the end."""
-        nblocks = (self.etext - self.stext + LOOKUP_BLOCK_SIZE - 1) // LOOKUP_BLOCK_SIZE + 1
-        starts = np.uint64(self.stext) + np.arange(nblocks, dtype=np.uint64) * np.uint64(LOOKUP_BLOCK_SIZE)
-        starts[-1] = np.uint64(self.etext)
-        return self._orc_find_index_all(starts).astype(np.uint32)
+    @classmethod
+    def from_arrays(cls, meta: dict[str, Any], arrays: dict[str, array]) -> "OrcTable":
+        """A table saved by :meth:`to_arrays`; :class:`CacheFileError` when the parts do not fit."""
+        try:
+            stext, etext, version, how = int(meta["stext"]), int(meta["etext"]), int(meta["version"]), str(meta["how"])
+            inittext = tuple(int(v) for v in meta["inittext"]) if meta["inittext"] is not None else None
+            ips, rows, lookup = arrays["ips"], arrays["rows"], arrays["lookup"]
+            fields = {name: arrays[f"entry_{name}"] for name, _ in _ENTRY_FIELDS}
+        except (KeyError, TypeError, ValueError) as e:
+            raise CacheFileError(f"cached ORC table: missing or bad {e}") from None
+        nblocks = (etext - stext + LOOKUP_BLOCK_SIZE - 1) // LOOKUP_BLOCK_SIZE + 1
+        if (not ips or len(rows) != len(ips) or len(lookup) != nblocks or not stext < etext
+                or (inittext is not None and len(inittext) != 2)
+                or len({len(col) for col in fields.values()}) != 1):
+            raise CacheFileError("cached ORC table: inconsistent columns")
+        shared = [OrcEntry(sp, bp, spr, bpr, typ, bool(sig)) for sp, bp, spr, bpr, typ, sig
+                  in zip(*(fields[name] for name, _ in _ENTRY_FIELDS))]
+        self = cls.__new__(cls)
+        self._set(ips, rows, shared, lookup, stext, etext, inittext, version, how)  # type: ignore[arg-type]
+        return self
+
+    def with_entries(self, changes: dict[int, OrcEntry]) -> "OrcTable":
+        """A copy whose rows ``changes`` names hold other entries (the fuzzer's corrupted tables)."""
+        new = OrcTable.__new__(OrcTable)
+        rows = array("I", self._row_entry)
+        shared = list(self._shared)
+        for index, entry in changes.items():
+            rows[index] = len(shared)
+            shared.append(entry)
+        new._set(self._ip_array, rows, shared, self._lookup_array, self.stext, self.etext, self.inittext,
+                 self.version, self.how)
+        return new
+
+    # --- numpy views, made on first use (the batch form, benches, tests) ---
+
+    @cached_property
+    def ips(self) -> np.ndarray:
+        """Each row's ip (``uint64``), ascending."""
+        import numpy as np
+
+        return np.frombuffer(self._ip_array, dtype=np.uint64)
+
+    @cached_property
+    def lookup(self) -> np.ndarray:
+        """The kernel's ``.orc_lookup``: one entry index per 256-byte text block, plus the end (``uint32``)."""
+        import numpy as np
+
+        return np.frombuffer(self._lookup_array, dtype=np.uint32)
+
+    def _column(self, name: str, dtype: str) -> np.ndarray:
+        import numpy as np
+
+        values = np.array([getattr(e, name) for e in self._shared], dtype=dtype)
+        return values[np.frombuffer(self._row_entry, dtype=_NUMPY_INDEX[self._row_entry.typecode])]
+
+    @cached_property
+    def sp_offset(self) -> np.ndarray:
+        """Each row's ``sp_offset``."""
+        return self._column("sp_offset", "int16")
+
+    @cached_property
+    def bp_offset(self) -> np.ndarray:
+        """Each row's ``bp_offset``."""
+        return self._column("bp_offset", "int16")
+
+    @cached_property
+    def sp_reg(self) -> np.ndarray:
+        """Each row's ``sp_reg`` (v4 numbering)."""
+        return self._column("sp_reg", "uint8")
+
+    @cached_property
+    def bp_reg(self) -> np.ndarray:
+        """Each row's ``bp_reg`` (v4 numbering)."""
+        return self._column("bp_reg", "uint8")
+
+    @cached_property
+    def type(self) -> np.ndarray:
+        """Each row's type (v3 numbering)."""
+        return self._column("type", "uint8")
+
+    @cached_property
+    def signal(self) -> np.ndarray:
+        """Each row's signal bit."""
+        return self._column("signal", "bool")
 
     def _orc_find_index_all(self, ips: np.ndarray) -> np.ndarray:
         """``__orc_find`` over the whole table for each ip: rightmost ``<= ip``, else the first entry."""
-        if not len(self.ips):
-            raise OrcFormatError("empty ORC table")
-        return np.maximum(np.searchsorted(self.ips, ips, side="right").astype(np.int64) - 1, 0)
+        return _orc_find_index_all(self.ips, ips)
 
     def _build_rank(self) -> None:
         """The batch refinement of ``.orc_lookup``: 32-byte sub-blocks, each an occupancy bitmap.
@@ -344,6 +439,8 @@ class OrcTable:
         ``base[w] + popcount(bits of w up to the ip)``, mapped back to the
         rightmost duplicate.
         """
+        import numpy as np
+
         ips = self.ips
         last_of_run = np.ones(len(ips), dtype=bool)
         last_of_run[:-1] = ips[1:] != ips[:-1]
@@ -375,6 +472,7 @@ class OrcTable:
         self._sub_bits = bits
         self._clamp = bool(ips[0] > np.uint64(self.stext))
         self._text_size = np.uint64(size)
+        self._ranked = True
 
     # --- constructors ---
 
@@ -382,6 +480,8 @@ class OrcTable:
     def from_entries(cls, rows: Iterable[tuple[int, OrcEntry]], *, stext: int, etext: int,
                      inittext: tuple[int, int] | None = None, version: int = 4) -> "OrcTable":
         """A table from ``(ip, entry)`` rows in any order (sorted as ``unwind_module_init`` sorts)."""
+        import numpy as np
+
         rows = list(rows)
         ips = np.array([ip for ip, _ in rows], dtype=np.uint64)
         cols = {name: np.array([getattr(e, name) for _, e in rows], dtype=dt)
@@ -402,29 +502,29 @@ class OrcTable:
     # --- lookup ---
 
     def __len__(self) -> int:
-        return len(self._ips_list)
+        return len(self._ip_array)
 
     def entry(self, index: int) -> OrcEntry:
         """The normalised entry at table ``index``."""
-        return self._entries[index]
+        return self._shared[self._row_entry[index]]
 
     def ip(self, index: int) -> int:
         """The ip of table ``index``."""
-        return self._ips_list[index]
+        return self._ip_array[index]
 
     # orc_find() (unwind_orc.c:198-242) with __orc_find() (83-110)
     def orc_find(self, ip: int) -> OrcEntry | None:
         """The kernel's entry for ``ip``, or ``None`` where ``orc_find()`` returns NULL."""
         off = ip - self.stext
         if 0 < off < self._size:  # the per-frame case, inline: the .orc_lookup block, then __orc_find
-            lookup = self._lookup_list
+            lookup = self._lookup_array
             blk = off >> LOOKUP_BLOCK_ORDER
             lo = lookup[blk]
-            i = bisect.bisect_right(self._ips_list, ip, lo, lookup[blk + 1] + 1) - 1
-            return self._entries[i if i >= lo else lo]
+            i = bisect.bisect_right(self._ip_array, ip, lo, lookup[blk + 1] + 1) - 1
+            return self._shared[self._row_entry[i if i >= lo else lo]]
         i = self.find_index(ip)
         if i >= 0:
-            return self._entries[i]
+            return self.entry(i)
         return NULL_ORC_ENTRY if i == NULL_ENTRY else None
 
     def find_index(self, ip: int) -> int:
@@ -434,16 +534,20 @@ class OrcTable:
         off = ip - self.stext
         if 0 <= off and ip < self.etext:
             blk = off >> LOOKUP_BLOCK_ORDER
-            lo = self._lookup_list[blk]
-            i = bisect.bisect_right(self._ips_list, ip, lo, self._lookup_list[blk + 1] + 1) - 1
+            lo = self._lookup_array[blk]
+            i = bisect.bisect_right(self._ip_array, ip, lo, self._lookup_array[blk + 1] + 1) - 1
             return i if i >= lo else lo
         if self.inittext is not None and self.inittext[0] <= ip < self.inittext[1]:
-            i = bisect.bisect_right(self._ips_list, ip) - 1
+            i = bisect.bisect_right(self._ip_array, ip) - 1
             return i if i >= 0 else 0
         return NOT_FOUND
 
     def orc_find_batch(self, ips: np.ndarray | Sequence[int]) -> np.ndarray:
         """:meth:`find_index` for an array of ips at once (``int64``; negative: see :data:`NOT_FOUND`)."""
+        import numpy as np
+
+        if not self._ranked:
+            self._build_rank()
         q = np.asarray(ips, dtype=np.uint64)
         off = q - np.uint64(self.stext)
         text = off < self._text_size
@@ -459,6 +563,8 @@ class OrcTable:
 
     def _rank(self, off: np.ndarray) -> np.ndarray:
         """Table indices of text offsets: sub-block base plus the popcount of its bits up to each ip."""
+        import numpy as np
+
         off32 = off.astype(np.uint32)
         sub = (off32 >> np.uint32(_SUB_ORDER)).astype(np.intp)
         mask = np.left_shift(np.uint32(2), off32 & np.uint32((1 << _SUB_ORDER) - 1))
@@ -476,9 +582,65 @@ class OrcTable:
         return idx
 
 
+#: :class:`OrcEntry` fields and their ``array`` typecodes in a cache file
+_ENTRY_FIELDS = (("sp_offset", "h"), ("bp_offset", "h"), ("sp_reg", "B"), ("bp_reg", "B"), ("type", "B"),
+                 ("signal", "B"))
+_NUMPY_INDEX = {"B": "uint8", "H": "uint16", "I": "uint32"}
+
+
+def _terminators_first(ips: np.ndarray, typ: np.ndarray) -> bool:
+    import numpy as np
+
+    same = np.nonzero(ips[1:] == ips[:-1])[0]
+    return not np.any((typ[same + 1] == ORC_TYPE_UNDEFINED) & (typ[same] != ORC_TYPE_UNDEFINED))
+
+
+def _share_entries(columns: dict[str, np.ndarray]) -> tuple[list[OrcEntry], np.ndarray]:
+    """The distinct :class:`OrcEntry` values of the rows, and each row's index among them."""
+    import numpy as np
+
+    sp_offset, bp_offset = columns["sp_offset"].astype(np.int16), columns["bp_offset"].astype(np.int16)
+    sp_reg, bp_reg = columns["sp_reg"].astype(np.uint8), columns["bp_reg"].astype(np.uint8)
+    typ, signal = columns["type"].astype(np.uint8), columns["signal"].astype(bool)
+    key = (sp_offset.astype(np.uint16).astype(np.uint64)
+           | bp_offset.astype(np.uint16).astype(np.uint64) << np.uint64(16)
+           | sp_reg.astype(np.uint64) << np.uint64(32) | bp_reg.astype(np.uint64) << np.uint64(40)
+           | typ.astype(np.uint64) << np.uint64(48) | signal.astype(np.uint64) << np.uint64(56))
+    _uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    shared = [OrcEntry(int(sp_offset[i]), int(bp_offset[i]), int(sp_reg[i]), int(bp_reg[i]), int(typ[i]),
+                       bool(signal[i])) for i in first.tolist()]
+    return shared, inverse.ravel()
+
+
+def _index_array(rows: np.ndarray, distinct: int) -> array:
+    """``rows`` (indices below ``distinct``) as the smallest unsigned ``array`` that holds them."""
+    code = "B" if distinct <= 1 << 8 else "H" if distinct <= 1 << 16 else "I"
+    return array(code, rows.astype(_NUMPY_INDEX[code]).tobytes())
+
+
+# unwind_init() (unwind_orc.c:338-359): orc_lookup[i] = __orc_find(_stext + 256 * i), then _etext's
+def _build_lookup(ips: np.ndarray, stext: int, etext: int) -> np.ndarray:
+    """The kernel's ``.orc_lookup``: one entry index per 256-byte text block, plus the end."""
+    import numpy as np
+
+    nblocks = (etext - stext + LOOKUP_BLOCK_SIZE - 1) // LOOKUP_BLOCK_SIZE + 1
+    starts = np.uint64(stext) + np.arange(nblocks, dtype=np.uint64) * np.uint64(LOOKUP_BLOCK_SIZE)
+    starts[-1] = np.uint64(etext)
+    return _orc_find_index_all(ips, starts).astype(np.uint32)
+
+
+def _orc_find_index_all(table_ips: np.ndarray, ips: np.ndarray) -> np.ndarray:
+    """``__orc_find`` over the whole table for each ip: rightmost ``<= ip``, else the first entry."""
+    import numpy as np
+
+    return np.maximum(np.searchsorted(table_ips, ips, side="right").astype(np.int64) - 1, 0)
+
+
 # --- from an image, cached ----------------------------------------------------------------------
 
 _CACHE: dict[tuple, OrcTable] = {}
+#: the layout of ``$UNWIND_CACHE/orc`` files (:meth:`OrcTable.to_arrays`)
+_ORC_CACHE_VERSION = 1
 #: per Image object: (release, forced) -> table, so a replay of many tasks skips even the key work
 _BY_IMAGE: "weakref.WeakKeyDictionary[Image, dict[tuple, OrcTable]]" = weakref.WeakKeyDictionary()
 
@@ -509,14 +671,33 @@ def load_orc(image: Image, release: str | None = None, forced: str | int | None 
     key = (str(Path(image.path).resolve()), image.build_id, version, stext, etext, inittext)
     table = _CACHE.get(key)
     if table is None:
-        ip_sec, orc_sec = image.section(".orc_unwind_ip"), image.section(".orc_unwind")
-        if ip_sec is None or orc_sec is None:
-            raise OrcFormatError(f"{image.path} has no .orc_unwind_ip/.orc_unwind sections "
-                                 "(not an x86-64 kernel built with CONFIG_UNWINDER_ORC?)")
-        table = OrcTable.from_sections(ip_sec[0], ip_sec[1], orc_sec[1], version, stext=stext, etext=etext,
-                                       inittext=inittext, how=how)
-        _CACHE[key] = table
+        table = _CACHE[key] = _cached_table(image, version, how, stext, etext, inittext)
     mine[(release, forced)] = table
+    return table
+
+
+def _cached_table(image: Image, version: int, how: str, stext: int, etext: int,
+                  inittext: tuple[int, int] | None) -> OrcTable:
+    """The decoded table from ``$UNWIND_CACHE/orc`` when this build was seen before, else decoded and kept
+    there (per build-id, generation and text range: a KASLR-relocated image has a table of its own)."""
+    folder = cache_dir("orc") if image.build_id else None
+    path = None
+    if folder is not None:
+        digest = hashlib.sha1(repr((version, how, stext, etext, inittext)).encode()).hexdigest()[:16]
+        path = folder / f"{image.build_id}-{digest}-v{_ORC_CACHE_VERSION}.arrays"
+        if path.exists():
+            try:
+                return OrcTable.from_arrays(*read_arrays(path))
+            except (OSError, CacheFileError):
+                pass  # a damaged cache entry is rebuilt below
+    ip_sec, orc_sec = image.section(".orc_unwind_ip"), image.section(".orc_unwind")
+    if ip_sec is None or orc_sec is None:
+        raise OrcFormatError(f"{image.path} has no .orc_unwind_ip/.orc_unwind sections "
+                             "(not an x86-64 kernel built with CONFIG_UNWINDER_ORC?)")
+    table = OrcTable.from_sections(ip_sec[0], ip_sec[1], orc_sec[1], version, stext=stext, etext=etext,
+                                   inittext=inittext, how=how)
+    if path is not None:
+        write_atomically(path, lambda f: write_arrays(f, *table.to_arrays()))
     return table
 
 

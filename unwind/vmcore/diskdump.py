@@ -20,7 +20,6 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Hashable, NoReturn
 
-import numpy as np
 from construct import Bytes, ConstructError, Int32sl, Int32ul, Int64sl, Int64ul, Padding, Struct
 
 from ..memory import MemoryFault
@@ -100,7 +99,7 @@ UTS_MACHINES = {"x86_64": "EM_X86_64", "aarch64": "EM_AARCH64", "arm64": "EM_AAR
 MIN_BLOCK, MAX_BLOCK = 1 << 10, 1 << 20
 
 #: set bits of each byte value
-_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+_POPCOUNT = bytes(bin(i).count("1") for i in range(256))
 #: bits of a bitmap unpacked at a time
 RUN_CHUNK_BITS = 1 << 23
 #: RAM ranges a machine may have: more in bitmap 1 is a corrupt file
@@ -108,6 +107,7 @@ MAX_RANGES = 1 << 16
 
 
 def _bit_runs(bitmap: bytes, nbits: int, path: str) -> list[tuple[int, int]]:
+    import numpy as np  # here: a replay of the project's own dumps never opens a kdump file
     """``[start, end)`` of every run of set bits among the first ``nbits`` (LSB first), a chunk at a time."""
     runs: list[tuple[int, int]] = []
     start, prev = 0, 0
@@ -224,8 +224,10 @@ class DiskDump(PhysicalMemory):
         maps = kdump_bitmaps(half).parse(raw)
         self._ram = maps.ram
         self._dumped = maps.dumped
+        import numpy as np
+
         dumped = np.frombuffer(maps.dumped + bytes(-half % 8), dtype=np.uint8)
-        per_word = _POPCOUNT[dumped].reshape(-1, 8).sum(axis=1, dtype=np.int64)
+        per_word = np.frombuffer(_POPCOUNT, dtype=np.uint8)[dumped].reshape(-1, 8).sum(axis=1, dtype=np.int64)
         self._rank = np.cumsum(per_word) - per_word  # dumped pages before each 64-pfn word
         self.num_dumped = int(per_word.sum())
         self._desc_start = start + 2 * half

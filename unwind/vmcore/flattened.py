@@ -16,12 +16,15 @@ import bisect
 import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 from construct import Bytes, Int64sb, Padding, Struct
 
 from .packed import packed
 from .source import FileSource, Source
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MDF_SIGNATURE = b"makedumpfile"
 MDF_TYPE_FLAT_HEADER = 1
@@ -62,6 +65,8 @@ def is_flattened(head: bytes) -> bool:
 
 def _index_records(src: FileSource) -> np.ndarray:
     """One pass over the record headers: rows of (offset in the reassembled file, size, offset in this file)."""
+    import numpy as np  # here: a replay of the project's own dumps never opens a flattened file
+
     hdr = Makedumpfile_header.parse(src.pread(0, MDF_HEADER_SIZE))
     if not is_flattened(hdr.signature) or hdr.type != MDF_TYPE_FLAT_HEADER:
         raise FlatError(f"bad flattened header (type {hdr.type}, version {hdr.version})")
@@ -86,6 +91,8 @@ def _index_records(src: FileSource) -> np.ndarray:
 
 def _resolve_overlaps(rows: np.ndarray) -> np.ndarray:
     """Sort by destination; where records overlap, keep the later one's bytes (as ``-R`` would)."""
+    import numpy as np
+
     order = np.lexsort((np.arange(len(rows)), rows[:, 0]))
     srt = rows[order]
     ends = srt[:, 0] + srt[:, 1]
@@ -125,6 +132,8 @@ def _cache_path(src: FileSource) -> Path:
 
 def load_index(src: FileSource) -> np.ndarray:
     """The record index, from the on-disk cache when the file has not changed."""
+    import numpy as np
+
     path = _cache_path(src)
     try:
         rows = np.load(path, allow_pickle=False)

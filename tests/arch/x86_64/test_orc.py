@@ -100,7 +100,7 @@ def kernel_orc_find(table: OrcTable, ip: int) -> int:
     """A literal port of orc_find()/__orc_find() over the raw arrays, for comparison."""
     if ip == 0:
         return NULL_ENTRY
-    ips = table._ips_list
+    ips = table.ips.tolist()
 
     def __orc_find(lo: int, n: int) -> int:
         first, last, found = lo, lo + n - 1, lo

@@ -1,0 +1,111 @@
+"""Cache files of flat arrays, read back without numpy.
+
+A decoded symbol table or ORC table is a handful of flat integer arrays. They are
+kept in ``$UNWIND_CACHE`` as one file: a magic line, a JSON header (the caller's
+``meta`` and each array's name, ``array`` typecode and length), then each array's
+bytes, with a CRC-32 of them in the header (a damaged file is refused, never
+half-read). Reading is one file read and one ``array.frombytes`` per array, so a warm
+start-up needs neither numpy nor a decode; numpy views of the same buffers are
+made only by the code that wants them (``numpy.frombuffer``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+import zlib
+from array import array
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Mapping
+
+#: the cache folder's environment variable (default ``~/.cache/unwind``)
+CACHE_ENV = "UNWIND_CACHE"
+MAGIC = b"unwind-arrays 1\n"
+_LEN = struct.Struct("<I")
+#: what a header or a length field may not exceed (a damaged file is refused, not read)
+_MAX_HEADER = 1 << 20
+
+
+class CacheFileError(ValueError):
+    """The cache file is damaged or was written by another layout: rebuild it."""
+
+
+def _padded(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def write_arrays(f: BinaryIO, meta: Mapping[str, Any], arrays: Mapping[str, array]) -> None:
+    """Write ``meta`` (JSON-able) and ``arrays`` to ``f``."""
+    body = b"".join(a.tobytes() + b"\0" * (_padded(len(a) * a.itemsize) - len(a) * a.itemsize)
+                    for a in arrays.values())
+    header = json.dumps({"meta": dict(meta), "byteorder": sys.byteorder, "crc32": zlib.crc32(body),
+                         "arrays": [[name, a.typecode, a.itemsize, len(a)] for name, a in arrays.items()]},
+                        separators=(",", ":")).encode()
+    head = MAGIC + _LEN.pack(len(header)) + header
+    f.write(head + b"\0" * (_padded(len(head)) - len(head)) + body)
+
+
+def read_arrays(path: Path) -> tuple[dict[str, Any], dict[str, array]]:
+    """``(meta, arrays)`` of a file :func:`write_arrays` wrote; :class:`CacheFileError` when damaged."""
+    with open(path, "rb") as f:
+        data = f.read()
+    pos = len(MAGIC) + _LEN.size
+    if data[:len(MAGIC)] != MAGIC or len(data) < pos:
+        raise CacheFileError(f"{path}: not a cache file of this version")
+    (hlen,) = _LEN.unpack_from(data, len(MAGIC))
+    if hlen > _MAX_HEADER or pos + hlen > len(data):
+        raise CacheFileError(f"{path}: damaged header")
+    try:
+        header = json.loads(data[pos:pos + hlen])
+        specs = [(str(n), str(tc), int(size), int(count)) for n, tc, size, count in header["arrays"]]
+        meta = dict(header["meta"])
+        crc = int(header["crc32"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise CacheFileError(f"{path}: damaged header ({e})") from None
+    if header.get("byteorder") != sys.byteorder:
+        raise CacheFileError(f"{path}: written on a machine of another byte order")
+    pos = _padded(pos + hlen)
+    view = memoryview(data)
+    if zlib.crc32(view[pos:]) != crc:
+        raise CacheFileError(f"{path}: damaged contents (CRC-32 mismatch)")
+    arrays: dict[str, array] = {}
+    for name, typecode, size, count in specs:
+        try:
+            a = array(typecode)
+        except (ValueError, TypeError):
+            raise CacheFileError(f"{path}: unknown array type {typecode!r}") from None
+        end = pos + size * count
+        if a.itemsize != size or count < 0 or end > len(data):
+            raise CacheFileError(f"{path}: array {name} does not fit")
+        a.frombytes(view[pos:end])
+        arrays[name] = a
+        pos = _padded(end)
+    return meta, arrays
+
+
+def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write a cache file via a temporary name; a cache that cannot be written is skipped."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def cache_root() -> Path:
+    """``$UNWIND_CACHE``, else ``~/.cache/unwind``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "unwind")
+
+
+def cache_dir(kind: str) -> Path | None:
+    """``$UNWIND_CACHE/<kind>`` (default ``~/.cache/unwind``), or ``None`` when it cannot be made."""
+    root = cache_root()
+    try:
+        (root / kind).mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return root / kind
