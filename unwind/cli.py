@@ -97,7 +97,8 @@ class _VersionAction(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
                  option_string: str | None = None) -> None:
-        parser.exit(message=f"unwind ({DISTRIBUTION}) {version()}\n")
+        print(f"unwind ({DISTRIBUTION}) {version()}")
+        parser.exit()
 
 
 def _command(argv: Sequence[str]) -> str | None:
