@@ -187,8 +187,10 @@ def locate_lanes(jobs: Sequence[Job], lane_job: np.ndarray, lane_tasks: Sequence
     return (flat, *flat.locate(np.array(mem_of, np.int64), addr))
 
 
-#: what a stop code stands for: the reason and the detail made from the lane's stop argument
-StopKind = tuple[StopReason, Callable[[int], str]]
+#: what a stop code stands for: the reason, and the detail made from the task's target, the dump's
+#: constants (:meth:`Recorder.dump`) and the lane's stop arguments (up to :data:`STOP_ARGS` words)
+StopKind = tuple[StopReason, Callable[..., str]]
+STOP_ARGS = 3
 
 
 class Recorder:
@@ -207,8 +209,9 @@ class Recorder:
         self._parts: list[tuple] = []
         self._next = np.zeros(lanes, np.int64)  # each lane's frames reported so far
         self.stop_code = np.full(lanes, -1, np.int64)  # -1: walked by the scalar path
-        self.stop_arg = np.zeros(lanes, _U64)
+        self.stop_args = np.zeros((lanes, STOP_ARGS), _U64)
         self.bases: dict[int, dict[str, str]] = {}
+        self.constants: dict[int, object] = {}
 
     def label(self, text: str | None) -> int:
         """The index of stack label ``text`` (``None``: no stack known)."""
@@ -230,14 +233,18 @@ class Recorder:
         self._next[lanes] = index + 1
         self._parts.append((lanes, index, pc, sp, sp_known, fp, fp_known, flags, source, stack))
 
-    def stop(self, lanes: np.ndarray, code: int, arg: np.ndarray | int = 0) -> None:
-        """The walk of ``lanes`` ended: stop kind ``code`` (an index into ``stops``) with its argument."""
+    def stop(self, lanes: np.ndarray, code: int, *args: np.ndarray) -> None:
+        """The walk of ``lanes`` ended: stop kind ``code`` (an index into ``stops``), whose detail is made
+        from the task's target and ``args`` (one word per lane each)."""
         self.stop_code[lanes] = code
-        self.stop_arg[lanes] = arg
+        for i, arg in enumerate(args):
+            self.stop_args[lanes, i] = arg
 
-    def basis(self, job: int, basis: dict[str, str]) -> None:
-        """What the walks of ``job``'s tasks followed (:meth:`~unwind.walk.Unwinder.basis`)."""
+    def dump(self, job: int, basis: dict[str, str], constants: object = None) -> None:
+        """What the walks of ``job``'s tasks followed (:meth:`~unwind.walk.Unwinder.basis`), and the
+        arch's per-dump constants, which each stop detail is handed."""
         self.bases[job] = basis
+        self.constants[job] = constants
 
     def finish(self) -> "Walked":
         """The frames ordered by lane, each lane's in walk order."""
@@ -397,7 +404,8 @@ class BatchReplay(Sequence["Replay"]):
                 frame.symbol = session.backend.symbolize(frame, target)
             frames.append(frame)
         reason, detail = rec.stop_kinds[int(rec.stop_code[lane])]
-        stop = Stop(reason, detail(int(rec.stop_arg[lane])), len(frames))
+        constants = rec.constants.get(self._job_index)
+        stop = Stop(reason, detail(target, constants, *rec.stop_args[lane].tolist()), len(frames))
         return Replay(target, frames, stop, None, dict(rec.bases.get(self._job_index, {})))
 
 

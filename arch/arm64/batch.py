@@ -35,7 +35,8 @@ _U64 = np.uint64
 SOURCES = (Source.FRAME, Source.TASK, Source.CALLER)
 _FRAME, _TASK, _CALLER = range(3)
 #: the stops a batch walk reports, by index
-STOPS = ((StopReason.END_OF_STACK, final_frame_detail), (StopReason.END_OF_STACK, final_record_detail))
+STOPS = ((StopReason.END_OF_STACK, lambda target, constants, fp, *_: final_frame_detail(fp)),
+         (StopReason.END_OF_STACK, lambda target, constants, fp, *_: final_record_detail(fp)))
 _FINAL_FRAME, _FINAL_RECORD = range(2)
 _PAC_STRIPPED = Flag.PAC_STRIPPED.value
 
@@ -101,7 +102,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
         c = DumpConstants.of(job) if job.tasks else None
         consts.append(c)
         if c is not None:
-            rec.basis(n, c.basis)
+            rec.dump(n, c.basis, c)
     cols: list[list[int]] = [[] for _ in range(6)]
     taken: list[bool] = []
     tasks: list[Task] = []

@@ -15,6 +15,7 @@ from .liveness import LiveRaProver
 from .stacktrace import KernelLayout, RiscvUnwinder, UserUnwinder
 
 if TYPE_CHECKING:
+    from unwind.batch import Job, Walked
     from unwind.btf import Btf
     from unwind.replay import Replay
     from unwind.vmcore.virtual import PhysReader
@@ -105,6 +106,12 @@ class RiscvBackend(ArchBackend):
             trap = ((layout.handle_exception, layout.ret_from_exception_end),)
             prover = LiveRaProver(target.image, target.symbols, trap, self.capstone_mode())
         return RiscvUnwinder(target, layout, prover)
+
+    def batch_walk(self, jobs: "list[Job]") -> "Walked":
+        """The plain ``walk_stackframe()`` step of every blocked task in lockstep (:mod:`.batch`)."""
+        from . import batch
+
+        return batch.batch_walk(jobs)
 
     # arch/riscv/kernel/stacktrace.c:138-155 print_trace_address(), show_stack(); process.c:62-69 __show_regs()
     def format_trace(self, frames: list[Frame], stop: Stop, target: Target) -> list[TraceLine]:

@@ -800,7 +800,7 @@ class RiscvUnwinder(Unwinder):
         if low > high:
             window = f"[sp+16, ALIGN(sp, THREAD_SIZE)], an empty window (sp {sp:#x} is on a THREAD_SIZE boundary)"
         if fp == 0:
-            return UnwindStop(StopReason.END_OF_STACK, "fp is 0")
+            return UnwindStop(StopReason.END_OF_STACK, FP_ZERO_DETAIL)
         if sp == self.task_pt_regs and (self.sp_from_record or not self.t.task.running):
             return self._first_frame_stop(fp, sp, pc)
         if fp & 7:
@@ -831,16 +831,24 @@ class RiscvUnwinder(Unwinder):
         is whatever s0 held (the thread function): the kernel's walk stops
         there. The symbol's name is only reported.
         """
-        sym = self.t.symbols.lookup(pc) if self.t.symbols is not None else None
-        name = f" {sym.name}," if sym is not None else ""
-        return UnwindStop(StopReason.END_OF_STACK,
-                          f"reached{name} the first frame of the task: its record's fp {sp:#x} is task_pt_regs(tsk) "
-                          f"({self.pt.source} sizeof(pt_regs) {self.pt.size}); the saved fp {fp:#x} is not a frame")
+        return UnwindStop(StopReason.END_OF_STACK, first_frame_detail(self.t, self.pt, fp, sp, pc))
 
     def _bad_pc_stop(self, pc: int, fp: int, where: str) -> UnwindStop:
         if pc == 0 and fp == 0:
             return UnwindStop(StopReason.END_OF_STACK, f"zero record ({where})")
         return UnwindStop(StopReason.BAD_PC, f"{pc:#x} from {where} is not kernel text")
+
+
+#: the stop when fp_is_valid() fails on a zero fp
+FP_ZERO_DETAIL = "fp is 0"
+
+
+def first_frame_detail(target: Target, pt: StructLayout, fp: int, sp: int, pc: int) -> str:
+    """The stop at the task's first frame (:meth:`RiscvUnwinder._first_frame_stop`)."""
+    sym = target.symbols.lookup(pc) if target.symbols is not None else None
+    name = f" {sym.name}," if sym is not None else ""
+    return (f"reached{name} the first frame of the task: its record's fp {sp:#x} is task_pt_regs(tsk) "
+            f"({pt.source} sizeof(pt_regs) {pt.size}); the saved fp {fp:#x} is not a frame")
 
 
 def user_task_size(target: Target) -> int:
