@@ -63,6 +63,12 @@ class Session:
                 raise ReplayError(f"{dump.path}: malformed modules or bpf_symbols list: {e}") from None
         self.warnings: list[str] = []
         self._callsites = CallSiteChecker(self.backend, image)
+        #: the options :meth:`check_options` accepted, as tuples
+        self._checked: set[tuple[object, ...]] = set()
+        #: per options: the :attr:`Target.shared` of walks with those options
+        self._shared: dict[tuple[object, ...], tuple[object, object, dict[str, object]]] = {}
+        #: per task (by id; the task is kept alive with its limit): the default frame limit
+        self._limits: dict[int, tuple[Task, int]] = {}
 
     @property
     def callsites(self) -> CallSiteChecker:
@@ -181,13 +187,31 @@ class Session:
                                   f"(only {', '.join(which) or 'none'})")
 
     def target(self, task: Task, options: Options) -> Target:
-        """Everything a walk of ``task`` reads; a dump's ``kernel.generation`` applies unless overridden."""
+        """Everything a walk of ``task`` reads; a dump's ``kernel.generation`` applies unless overridden.
+
+        Walks with equal options share one :attr:`Target.shared` (what the backend derives once per dump)."""
         pinned = self.dump.meta.get("kernel", {}).get("generation")
         if options.generation is None and pinned:
             options = replace(options, generation=str(pinned))
         return Target(arch=self.backend.name, mem=self.dump.task_memory(task), task=task, release=self.dump.release,
                       vmcoreinfo=self.dump.vmcoreinfo, symbols=self.symbols, image=self.image,
-                      meta=self.dump.meta, options=options)
+                      meta=self.dump.meta, options=options, shared=self._shared_for(options))
+
+    def _shared_for(self, options: Options) -> dict[str, object]:
+        """The :attr:`Target.shared` of walks with ``options`` over this session's image and symbols."""
+        key = (options.complete, options.record, options.user, options.generation, options.orc_version,
+               id(self.image), id(self.symbols))
+        hit = self._shared.get(key)
+        if hit is None:  # the image and symbols are kept with it, so their ids stay theirs
+            hit = self._shared[key] = (self.image, self.symbols, {})
+        return hit[2]
+
+    def _frame_limit(self, task: Task, target: Target) -> int:
+        """:func:`unwind.walk.frame_limit` of ``task``, worked out once per task."""
+        hit = self._limits.get(id(task))
+        if hit is None or hit[0] is not task:
+            hit = self._limits[id(task)] = (task, frame_limit(task.stacks, target.mem, self.backend.min_frame_bytes))
+        return hit[1]
 
     def unwinder(self, task: Task, options: Options | None = None) -> Unwinder:
         """An unwinder for ``task``, to drive with :func:`~unwind.walk.kunwind_stack_walk` and the kernel's
@@ -205,7 +229,10 @@ class Session:
         stack bytes allow (one frame per ``backend.min_frame_bytes``).
         """
         options = options or Options()
-        self.check_options(options)
+        checked = (options.complete, options.record, options.user, options.generation, options.orc_version)
+        if checked not in self._checked:
+            self.check_options(options)
+            self._checked.add(checked)
         target = self.target(task, options)
         if task_stack_freed(task):
             stop = Stop(StopReason.TASK_EXITED, f"task->stack is NULL (state {task.state or '?'}): "
@@ -213,7 +240,7 @@ class Session:
             verdict = ReliableResult(False, stop, "try_get_task_stack() fails (-EINVAL)") if reliable else None
             return Replay(target, [], stop, verdict)
         if max_frames is None:
-            max_frames = frame_limit(task.stacks, target.mem, self.backend.min_frame_bytes)
+            max_frames = self._frame_limit(task, target)
         unwinder = self.backend.unwinder(target)
         frames, stop = collect(unwinder, max_frames)
         verdict = None

@@ -146,8 +146,17 @@ def _btf_meta_records(target: Target) -> tuple[bool | None, str]:
     return meta, f"BTF: pt_regs.stackframe is {btf.type_name(tid)}"
 
 
-def walk_generation(target: Target) -> Generation:
-    """The walk to follow: ``--generation`` first, then the image's BTF (for meta records), the release, the stacks."""
+def _generation(version: tuple[int, int] | None, meta: bool, why: str) -> Generation:
+    if version is None:
+        kunwind, fgraph_idx = True, True
+    else:
+        kunwind, fgraph_idx = version >= KUNWIND_SINCE or meta, version >= FGRAPH_IDX_SINCE or meta
+    return Generation(version, meta, kunwind, fgraph_idx, why)
+
+
+def dump_generation(target: Target) -> Generation | None:
+    """The walk as ``--generation``, the image's BTF (for meta records) or the release tell it: the same
+    for every task of a dump; ``None`` when none of them does (only the task's stack can tell then)."""
     version, why = kernel_generation(target)
     if target.options.generation and version is not None:
         meta = version >= META_RECORDS_SINCE
@@ -158,15 +167,21 @@ def walk_generation(target: Target) -> Generation:
         elif version is not None:
             meta = version >= META_RECORDS_SINCE
         else:
-            dist = find_final_record(target)
-            meta = dist is not None
-            why = (f"{why}; FRAME_META_TYPE_FINAL record {dist:#x} below the task stack's top: v6.13+"
-                   if meta else f"{why}; no FINAL meta record at the task stack's top: assuming v6.8-v6.12")
-    if version is None:
-        kunwind, fgraph_idx = True, True
-    else:
-        kunwind, fgraph_idx = version >= KUNWIND_SINCE or meta, version >= FGRAPH_IDX_SINCE or meta
-    return Generation(version, meta, kunwind, fgraph_idx, why)
+            return None
+    return _generation(version, meta, why)
+
+
+def walk_generation(target: Target) -> Generation:
+    """The walk to follow: ``--generation`` first, then the image's BTF (for meta records), the release, the stacks."""
+    gen = dump_generation(target)
+    if gen is not None:
+        return gen
+    _, why = kernel_generation(target)
+    dist = find_final_record(target)
+    meta = dist is not None
+    why = (f"{why}; FRAME_META_TYPE_FINAL record {dist:#x} below the task stack's top: v6.13+"
+           if meta else f"{why}; no FINAL meta record at the task stack's top: assuming v6.8-v6.12")
+    return _generation(None, meta, why)
 
 
 def _derived_pt_regs(target: Target, table: StructLayout) -> StructLayout | None:
@@ -254,6 +269,36 @@ def task_pt_regs_stackframe(task_stack_info: StackInfo | None, layout: PtRegsLay
     return task_stack_info.high - layout.size + layout.stackframe
 
 
+@dataclass(frozen=True, slots=True)
+class DumpConstants:
+    """What every walk of one dump (with the same options) reads alike, worked out once.
+
+    ``generation`` and ``layout`` are ``None`` where the task's own stack decides them (no
+    ``--generation``, BTF or release; a v6.13+ ``pt_regs`` derived from the FINAL record).
+    """
+
+    generation: Generation | None
+    layout: PtRegsLayout | None
+    pac_mask: int
+    pac_why: str
+    return_to_handler: int | None
+    kretprobe_trampoline: int | None
+
+    @classmethod
+    def of(cls, target: Target) -> "DumpConstants":
+        """The constants of ``target``'s dump, image and options."""
+        gen = dump_generation(target)
+        layout = None
+        if gen is not None:
+            layout = pt_regs_layout(target, gen)
+            if gen.meta_records and not layout.source.startswith(("btf", "dump")):
+                layout = None  # the FINAL record of each task may give its size
+        pac_mask, pac_why = kernel_pac_mask(target.vmcoreinfo)
+        # is_kretprobe_trampoline(): __kretprobe_trampoline, or the rethook trampoline with KRETPROBE_ON_RETHOOK
+        tramp = target.symbol_address("__kretprobe_trampoline") or target.symbol_address("arch_rethook_trampoline")
+        return cls(gen, layout, pac_mask, pac_why, target.symbol_address("return_to_handler"), tramp)
+
+
 # ---------------------------------------------------------------------------
 # struct kunwind_state
 # ---------------------------------------------------------------------------
@@ -270,7 +315,7 @@ class KunwindState:
                  "return_to_handler", "kretprobe_trampoline", "fgraph", "kretprobes", "prov", "record",
                  "seg_start", "seg_data", "seg_last")
 
-    def __init__(self, target: Target, gen: Generation, layout: PtRegsLayout) -> None:
+    def __init__(self, target: Target, gen: Generation, layout: PtRegsLayout, consts: DumpConstants) -> None:
         task = target.task
         self.mem: Memory = target.mem
         self.meta_records = gen.meta_records
@@ -279,11 +324,9 @@ class KunwindState:
         self.layout = layout
         self.stacks = StackSet(task.stacks)
         self.final_fp = task_pt_regs_stackframe(task_stack(task.stacks), layout)
-        self.pac_mask, _ = kernel_pac_mask(target.vmcoreinfo)
-        self.return_to_handler = target.symbol_address("return_to_handler")
-        # is_kretprobe_trampoline(): __kretprobe_trampoline, or the rethook trampoline with KRETPROBE_ON_RETHOOK
-        self.kretprobe_trampoline = (target.symbol_address("__kretprobe_trampoline")
-                                     or target.symbol_address("arch_rethook_trampoline"))
+        self.pac_mask = consts.pac_mask
+        self.return_to_handler = consts.return_to_handler
+        self.kretprobe_trampoline = consts.kretprobe_trampoline
         self.fgraph: list[FgraphEntry] = task.fgraph
         self.kretprobes: list[KretprobeInstance] = task.kretprobes
         self.record = target.options.record
@@ -642,8 +685,9 @@ class Arm64Unwinder(Unwinder):
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.generation = gen = walk_generation(target)
-        self.state = KunwindState(target, gen, pt_regs_layout(target, gen))
+        self.consts = consts = target.per_dump("arm64", DumpConstants.of)
+        self.generation = gen = consts.generation or walk_generation(target)
+        self.state = KunwindState(target, gen, consts.layout or pt_regs_layout(target, gen), consts)
         self.completer: Completer | None = None
         if target.options.complete:
             from . import complete
@@ -694,7 +738,7 @@ class Arm64Unwinder(Unwinder):
         if state.record:
             state.prov = Provenance(_RULES[state.source])
             state.prov.note(f"generation: {self.generation.name} ({self.generation.why})")
-            state.prov.note(f"PAC mask {state.pac_mask:#x} from {kernel_pac_mask(self.target.vmcoreinfo)[1]}")
+            state.prov.note(f"PAC mask {state.pac_mask:#x} from {self.consts.pac_why}")
             if state.final_fp is not None:
                 state.prov.note(f"final record expected at {state.final_fp:#x} "
                                 f"(task_pt_regs(tsk)->stackframe, {state.layout.source})")

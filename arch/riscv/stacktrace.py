@@ -115,17 +115,10 @@ class KernelLayout:
     def of(cls, target: Target) -> "KernelLayout":
         """Symbols from the image (or the dump's hints); THREAD_SIZE from the dump's task stack.
 
-        Resolved once per dump (its memory), symbol table and THREAD_SIZE: short
+        Resolved once per dump, image and options (:meth:`Target.per_dump`) and THREAD_SIZE: short
         real traces would otherwise spend most of their time here.
         """
-        per_dump = _PER_DUMP.setdefault(target.mem, {})
-        key = (id(target.symbols), thread_size(target), target.options.generation, id(target.image))
-        hit = per_dump.get(key)
-        if hit is not None and hit[0] is target.symbols:
-            return hit[1]
-        layout = cls._resolve(target)
-        per_dump[key] = (target.symbols, layout)
-        return layout
+        return target.per_dump(f"riscv THREAD_SIZE {thread_size(target):#x}", cls._resolve)
 
     @classmethod
     def _resolve(cls, target: Target) -> "KernelLayout":
@@ -157,7 +150,7 @@ class KernelLayout:
         )
 
 
-#: per captured memory (one dump): resolved layouts, and the start of every segment
+#: per captured memory (one dump): the start of every segment
 _PER_DUMP: "weakref.WeakKeyDictionary[Memory, dict[Any, Any]]" = weakref.WeakKeyDictionary()
 
 

@@ -111,7 +111,7 @@ class X86_64Backend(ArchBackend):
 
     def unwinder(self, target: Target) -> Unwinder:
         """An ORC walk over the tables of ``target.image`` (full, stripped or slim)."""
-        return OrcUnwinder(target, orc_table(target))
+        return OrcUnwinder(target, target.per_dump("x86_64.orc", orc_table))
 
     def translator(self, info: "VmcoreInfo", phys: "PhysReader",
                    symbol: Callable[[str], int | None]) -> X86_64Translator:

@@ -43,6 +43,8 @@ _SEARCH_ORDER = {STACK_TYPE_TASK: 0, **{STACK_TYPE_EXCEPTION + i: 1 for i in ran
                  STACK_TYPE_IRQ: 2, STACK_TYPE_ENTRY: 3, STACK_TYPE_SOFTIRQ: 4}
 
 _PT_REGS_SP = offsetof(PT_REGS, "sp")
+#: capture kind -> its place in the search order
+_KIND_ORDER = {kind: _SEARCH_ORDER[typ] for kind, typ in KIND_TYPES.items()}
 
 
 @dataclass(slots=True)
@@ -75,10 +77,12 @@ class StackFinder:
 
     def __init__(self, stacks: Sequence[CoreStackInfo], mem: Memory) -> None:
         usable = [s for s in stacks if s.kind in KIND_TYPES and s.low < s.high]
-        self.stacks = sorted(usable, key=lambda s: _SEARCH_ORDER[KIND_TYPES[s.kind]])
+        self.stacks = usable if len(usable) < 2 else sorted(usable, key=lambda s: _KIND_ORDER[s.kind])
         self.mem = mem
         #: why the last get_stack_info() failed
         self.why = ""
+        #: the stack_info of each stack, made when first found
+        self._infos: dict[int, StackInfo] = {}
 
     # get_stack_info() (dumpstack_64.c:191-221) over get_stack_info_noinstr() (170-189)
     def get_stack_info(self, addr: int, visit_mask: list[int]) -> StackInfo | None:
@@ -90,7 +94,7 @@ class StackFinder:
         if not addr:
             self.why = "null stack pointer"
             return None
-        for s in self.stacks:
+        for i, s in enumerate(self.stacks):
             # in_task_stack(), in_exception_stack(), in_irq_stack(), in_entry_stack(): begin <= addr < end
             if s.low <= addr < s.high:
                 typ = KIND_TYPES[s.kind]
@@ -98,7 +102,10 @@ class StackFinder:
                     self.why = f"stack recursion on stack type {typ} ({s.kind})"
                     return None
                 visit_mask[0] |= 1 << typ
-                return StackInfo(typ, s.low, s.high, self._next_sp(typ, s.high), s.kind, s.cpu)
+                info = self._infos.get(i)
+                if info is None:
+                    info = self._infos[i] = StackInfo(typ, s.low, s.high, self._next_sp(typ, s.high), s.kind, s.cpu)
+                return info
         self.why = f"{addr:#x} is on no stack this walk may use"
         return None
 

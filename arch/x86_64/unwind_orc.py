@@ -119,6 +119,26 @@ class Regs:
         return "CPU registers" if self.addr is None else f"pt_regs at {self.addr:#x}"
 
 
+class DumpConstants:
+    """What every ORC walk of one dump (with the same options) reads alike, worked out once."""
+
+    __slots__ = ("pt", "itf", "off", "pt_size", "iret_offset", "iret_size", "return_to_handler",
+                 "rethook_trampoline", "ret_from_fork_asm")
+
+    def __init__(self, target: Target) -> None:
+        # struct pt_regs and struct inactive_task_frame: BTF, the dump's offsets, else the table
+        self.pt = resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE)
+        self.itf = resolve_layout(target, "inactive_task_frame", INACTIVE_TASK_FRAME_MEMBERS,
+                                  INACTIVE_TASK_FRAME_TABLE)
+        self.off = dict(self.pt.offsets)
+        self.pt_size, self.iret_offset = self.pt.size, self.pt["ip"]
+        self.iret_size = self.pt_size - self.iret_offset
+        sym = target.symbol_address
+        self.return_to_handler = sym("return_to_handler")
+        self.rethook_trampoline = sym("arch_rethook_trampoline")
+        self.ret_from_fork_asm = sym("ret_from_fork_asm")
+
+
 class OrcUnwinder(Unwinder):
     """One ORC walk of ``target.task`` over ``table``."""
 
@@ -142,17 +162,12 @@ class OrcUnwinder(Unwinder):
         self.find = table.orc_find
         self.stacks = StackFinder(target.task.stacks, target.mem)
         self.record = target.options.record
-        # struct pt_regs and struct inactive_task_frame: BTF, the dump's offsets, else the table
-        self.pt = resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE)
-        self.itf = resolve_layout(target, "inactive_task_frame", INACTIVE_TASK_FRAME_MEMBERS,
-                                  INACTIVE_TASK_FRAME_TABLE)
-        self.off = dict(self.pt.offsets)
-        self.pt_size, self.iret_offset = self.pt.size, self.pt["ip"]
-        self.iret_size = self.pt_size - self.iret_offset
-        sym = target.symbol_address
-        self.return_to_handler = sym("return_to_handler")
-        self.rethook_trampoline = sym("arch_rethook_trampoline")
-        self.ret_from_fork_asm = sym("ret_from_fork_asm")
+        consts: DumpConstants = target.per_dump("x86_64", DumpConstants)
+        self.pt, self.itf, self.off = consts.pt, consts.itf, consts.off
+        self.pt_size, self.iret_offset, self.iret_size = consts.pt_size, consts.iret_offset, consts.iret_size
+        self.return_to_handler = consts.return_to_handler
+        self.rethook_trampoline = consts.rethook_trampoline
+        self.ret_from_fork_asm = consts.ret_from_fork_asm
         self._ftrace: list[tuple[int, int, bool]] | None = None  # read at the first ORC miss
         self.ftrace_caller: int | None = None
         self.ftrace_regs_caller: int | None = None
