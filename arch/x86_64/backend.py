@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import random
     from collections.abc import Sequence
 
+    from unwind.batch import Job, Walked
     from unwind.image import Image
     from unwind.replay import Replay
     from unwind.vmcore.virtual import PhysReader
@@ -112,6 +113,12 @@ class X86_64Backend(ArchBackend):
     def unwinder(self, target: Target) -> Unwinder:
         """An ORC walk over the tables of ``target.image`` (full, stripped or slim)."""
         return OrcUnwinder(target, target.per_dump("x86_64.orc", orc_table))
+
+    def batch_walk(self, jobs: "list[Job]") -> "Walked":
+        """The plain ORC CALL step of every blocked task in lockstep (:mod:`.batch`)."""
+        from . import batch
+
+        return batch.batch_walk(jobs)
 
     def translator(self, info: "VmcoreInfo", phys: "PhysReader",
                    symbol: Callable[[str], int | None]) -> X86_64Translator:

@@ -93,6 +93,11 @@ def _read_module_orc(target: Target, m: dict, orc: dict, version: int) -> tuple[
     return str(m.get("name")), table, [table.ip(i) for i in range(len(table))]
 
 
+def orc_end_detail(ip: int) -> str:
+    """The stop at an ``ORC_TYPE_END_OF_STACK`` entry for ``ip`` (the ip looked up)."""
+    return f"ORC END_OF_STACK at {ip:#x}"
+
+
 class Regs:
     """A ``struct pt_regs *``: one in memory at ``addr``, or the CPU's registers (``addr`` is ``None``)."""
 
@@ -365,7 +370,7 @@ class OrcUnwinder(Unwinder):
             self.error = True
             raise UnwindStop(StopReason.UNKNOWN_METADATA, f"ORC entry for {ip:#x} is UNDEFINED")
         if orc.type == ORC_TYPE_END_OF_STACK:
-            raise UnwindStop(StopReason.END_OF_STACK, f"ORC END_OF_STACK at {ip:#x}")
+            raise UnwindStop(StopReason.END_OF_STACK, orc_end_detail(ip))
         if prov is not None:
             prov.rule = f"ORC at {ip:#x} ({'ip' if self.signal else 'ip-1'}): {orc}"
         return orc, Source.ORC_CALL

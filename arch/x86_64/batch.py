@@ -1,0 +1,251 @@
+"""The x86-64 ORC walk of many blocked tasks in numpy lockstep (:mod:`unwind.batch`).
+
+One step, the plain one, of ``unwind_next_frame()`` for every lane at once:
+the ORC entry of ``ip - 1`` (``ip`` after a signal frame) is a CALL entry whose
+CFA is ``sp`` or ``bp`` plus an offset; the return address is the word below
+the CFA and the saved ``bp`` is undefined or at ``prev_sp``/``bp`` plus an
+offset, every word on the task stack; the new ``sp`` is a word or more above
+the old one and the return address is core kernel text that no tracer hijacked. The walk's
+natural end is taken here too: an ``ORC_TYPE_END_OF_STACK`` entry.
+
+A lane goes back to the scalar unwinder (:mod:`.unwind_orc`) for anything
+else: a task with registers, a REGS or REGS_PARTIAL entry (a pt_regs
+crossing), an UNDEFINED entry or none (module, ftrace trampoline, the
+frame-pointer guess), an indirect or register CFA, an fgraph or rethook
+return, a word off the task stack or outside the lane's captured segment.
+The per-dump constants (the ORC table, the layouts) are the scalar unwinder's own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
+
+import numpy as np
+
+from unwind.batch import Job, Recorder, Walked, lane_jobs, locate_lanes
+from unwind.frame import Source
+from unwind.target import Task
+from unwind.walk import StopReason
+
+from .orc import (ORC_REG_BP, ORC_REG_PREV_SP, ORC_REG_SP, ORC_REG_UNDEFINED, ORC_TYPE_CALL, ORC_TYPE_END_OF_STACK,
+                  OrcTable)
+from .unwind_orc import OrcUnwinder, orc_end_detail
+
+if TYPE_CHECKING:
+    from unwind.replay import Session
+
+_U64 = np.uint64
+#: the frame sources a batch walk reports, by index
+SOURCES = (Source.ORC_CALL, Source.TASK)
+_ORC_CALL, _TASK = range(2)
+#: the stops a batch walk reports, by index
+STOPS = ((StopReason.END_OF_STACK, lambda target, constants, ip, *_: orc_end_detail(ip)),)
+_ORC_END = 0
+
+
+class DumpConstants:
+    """What every walk of one dump shares, read from a scalar unwinder of its first task."""
+
+    __slots__ = ("table", "text", "itf_size", "itf_bp", "itf_ret_addr", "return_to_handler", "rethook_trampoline",
+                 "ret_from_fork_asm", "basis")
+
+    @classmethod
+    def of(cls, job: Job) -> "DumpConstants":
+        """The constants of ``job``'s dump under its options (kept with the session)."""
+        known = _CONSTANTS.setdefault(job.session, {})
+        key = (job.options.generation, job.options.orc_version)
+        if key not in known:
+            known[key] = cls._read(job)
+        return known[key]
+
+    @classmethod
+    def _read(cls, job: Job) -> "DumpConstants":
+        target = job.session.target(job.tasks[0], job.options)
+        unwinder = job.session.backend.unwinder(target)
+        assert isinstance(unwinder, OrcUnwinder)
+        c = cls()
+        c.table = unwinder.table
+        # check_text(): core text, the module area, init text (unused ranges are empty)
+        c.text = list(unwinder.text) + [(0, 0)] * (3 - len(unwinder.text))
+        itf = unwinder.itf
+        c.itf_size, c.itf_bp, c.itf_ret_addr = itf.size, itf["bp"], itf["ret_addr"]
+        # no symbol: 0, which is never kernel text, so such an ip goes to the scalar walk anyway
+        c.return_to_handler = unwinder.return_to_handler or 0
+        c.rethook_trampoline = unwinder.rethook_trampoline or 0
+        c.ret_from_fork_asm = unwinder.ret_from_fork_asm or 0
+        c.basis = unwinder.basis()
+        return c
+
+
+_CONSTANTS: "WeakKeyDictionary[Session, dict[tuple, DumpConstants]]" = WeakKeyDictionary()
+
+
+class Tables:
+    """The ORC tables of a batch: each lane's entry columns gathered from one concatenation."""
+
+    def __init__(self, tables: list[OrcTable]) -> None:
+        self.tables = tables
+        self.base = np.cumsum([0] + [len(t) for t in tables[:-1]]).astype(np.int64)
+        self.type = np.concatenate([t.type for t in tables])
+        self.sp_reg = np.concatenate([t.sp_reg for t in tables])
+        self.bp_reg = np.concatenate([t.bp_reg for t in tables])
+        # offsets as two's-complement words, added with a wrap check
+        self.sp_offset = np.concatenate([t.sp_offset for t in tables]).astype(np.int64)
+        self.bp_offset = np.concatenate([t.bp_offset for t in tables]).astype(np.int64)
+        self.signal = np.concatenate([t.signal for t in tables])
+
+    # orc_find() (unwind_orc.c), over lanes: a row of the concatenation, or -1 where it finds nothing
+    def orc_find(self, table_of: np.ndarray, ip: np.ndarray) -> np.ndarray:
+        """The entry of each lane's ip in its lane's table; negative where ``orc_find()`` has none."""
+        if len(self.tables) == 1:
+            idx = self.tables[0].orc_find_batch(ip)
+            return np.where(idx >= 0, idx, -1)
+        out = np.full(len(ip), -1, np.int64)
+        for t, table in enumerate(self.tables):
+            sel = table_of == t
+            if sel.any():
+                idx = table.orc_find_batch(ip[sel])
+                out[sel] = np.where(idx >= 0, idx + self.base[t], -1)
+        return out
+
+
+def add_offset(value: np.ndarray, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``value + offset`` as the scalar walk's unbounded sum, and where that sum is a u64 (no wrap)."""
+    total = value + offset.astype(_U64)
+    return total, np.where(offset >= 0, total >= value, total < value)
+
+
+def batch_walk(jobs: list[Job]) -> Walked:
+    """``unwind_next_frame()`` of every blocked task of ``jobs`` that the plain step can take, in lockstep."""
+    total = sum(len(job.tasks) for job in jobs)
+    rec = Recorder(total, SOURCES, STOPS)
+    consts = [DumpConstants.of(job) if job.tasks else None for job in jobs]
+    for n, c in enumerate(consts):
+        if c is not None:
+            rec.dump(n, c.basis, c)
+    cols: list[list[int]] = [[] for _ in range(3)]
+    taken: list[bool] = []
+    tasks: list[Task] = []
+    for job, c in zip(jobs, consts):
+        if c is not None:
+            _lanes_of(job, taken, cols, tasks)
+        else:
+            taken.extend([False] * len(job.tasks))
+    if not tasks:
+        return rec.finish()
+    try:
+        tsp, low, high = (np.array(col, _U64) for col in cols)
+    except OverflowError:  # a value that is no u64 (the note allows none): the scalar walk says so
+        return Recorder(total, SOURCES, STOPS).finish()
+    lanes = np.flatnonzero(taken)
+    job_of = lane_jobs(jobs)[lanes]
+    tables: list[OrcTable] = []
+    table_index: dict[int, int] = {}
+    for c in consts:
+        if c is not None and id(c.table) not in table_index:
+            table_index[id(c.table)] = len(tables)
+            tables.append(c.table)
+    orc = Tables(tables)
+
+    def per_job(get, dtype=_U64) -> np.ndarray:  # type: ignore[no-untyped-def]
+        return np.array([get(c) if c is not None else 0 for c in consts], dtype)[job_of]
+
+    table_of = per_job(lambda c: table_index[id(c.table)], np.int64)
+    text = np.array([c.text if c is not None else [(0, 0)] * 3 for c in consts], _U64)[job_of]
+    rth, rethook = per_job(lambda c: c.return_to_handler), per_job(lambda c: c.rethook_trampoline)
+    flat, seg_lo, seg_hi, origin, base = locate_lanes(jobs, job_of, tasks, tsp)
+
+    # __unwind_start(): a blocked task's inactive_task_frame at thread.sp
+    at_bp, ok_bp = add_offset(tsp, per_job(lambda c: c.itf_bp, np.int64))
+    at_ret, ok_ret = add_offset(tsp, per_job(lambda c: c.itf_ret_addr, np.int64))
+    sp, ok_sp = add_offset(tsp, per_job(lambda c: c.itf_size, np.int64))
+
+    def captured(addr: np.ndarray, ok: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """8-aligned words in ``[lo, hi)`` (the lane's segment, or its stack and segment)."""
+        return ok & ((addr & _U64(7)) == 0) & (lo <= addr) & (addr < hi) & (hi - addr >= _U64(8))
+
+    def read(addr: np.ndarray, ok: np.ndarray, origin: np.ndarray, base: np.ndarray) -> np.ndarray:
+        return flat.words[np.where(ok, base + ((addr - origin) >> _U64(3)), _U64(0)).astype(np.int64)]
+
+    ok_bp = captured(at_bp, ok_bp, seg_lo, seg_hi)
+    ok_ret = captured(at_ret, ok_ret, seg_lo, seg_hi)
+    bp, ip = read(at_bp, ok_bp, origin, base), read(at_ret, ok_ret, origin, base)
+    signal = ip == per_job(lambda c: c.ret_from_fork_asm)
+    # get_stack_info(sp): the task stack, begin <= sp < end; then check_text(ip)
+    keep = ok_bp & ok_ret & ok_sp & (sp != 0) & (low <= sp) & (sp < high) & kernel_text_lanes(ip, text)
+    label_task = rec.label("task")
+    rec.frames(lanes[keep], ip[keep], sp=sp[keep], fp=bp[keep], source=_TASK, stack=label_task)
+    # a word read must lie on the task stack and in the lane's captured segment: one window [lo, hi)
+    state = np.stack([ip, sp, bp, signal.astype(_U64), np.maximum(low, seg_lo), np.minimum(high, seg_hi), origin,
+                      base.astype(_U64), lanes.astype(_U64), table_of.astype(_U64), rth, rethook,
+                      text[:, 0, 0], text[:, 0, 1]])[:, keep]
+    while state.shape[1]:
+        ip, sp, bp, signal, lo, hi, origin, base, lanes, table_of, rth, rethook, stext, etext = state
+        # find_orc(): orc_find(signal ? ip : ip - 1); END_OF_STACK ends the walk
+        look = np.where(signal != 0, ip, ip - _U64(1))
+        row = orc.orc_find(table_of.astype(np.int64), look)
+        found = row >= 0
+        row = np.where(found, row, 0)
+        kind = orc.type[row]
+        end = found & (kind == ORC_TYPE_END_OF_STACK)
+        if end.any():
+            rec.stop(lanes[end].astype(np.int64), _ORC_END, look[end])
+        call = found & (kind == ORC_TYPE_CALL)
+        # prev_sp(): sp or bp plus sp_offset
+        sp_reg = orc.sp_reg[row]
+        cfa, no_wrap = add_offset(np.where(sp_reg == ORC_REG_BP, bp, sp), orc.sp_offset[row])
+        call &= no_wrap & ((sp_reg == ORC_REG_SP) | (sp_reg == ORC_REG_BP)) & (cfa >= _U64(8))
+        # step_call(): the return address below the CFA (deref_stack_reg(): on the stack walked)
+        ip_p = cfa - _U64(8)
+        call &= captured(ip_p, call, lo, hi)
+        new_ip = read(ip_p, call, origin, base)
+        call &= (new_ip != rth) & (new_ip != rethook)
+        # prev_bp(): undefined (no regs: bp unchanged), or saved at prev_sp or bp plus bp_offset
+        bp_reg = orc.bp_reg[row]
+        saved = (bp_reg == ORC_REG_PREV_SP) | (bp_reg == ORC_REG_BP)
+        at, no_wrap = add_offset(np.where(bp_reg == ORC_REG_BP, bp, cfa), orc.bp_offset[row])
+        call &= (bp_reg == ORC_REG_UNDEFINED) | (saved & captured(at, no_wrap, lo, hi))
+        new_bp = np.where(saved, read(at, call & saved, origin, base), bp)
+        # check_direction() refuses an sp that did not grow on the stack; the batch takes only an sp that
+        # grew by a word at least (so each frame consumes a stack word of its own); then the ip must be core
+        # kernel text (check_text())
+        go = call & (cfa > sp) & (cfa - sp >= _U64(8)) & (stext <= new_ip) & (new_ip < etext)
+        if not go.any():
+            break
+        state[0] = new_ip
+        state[1] = cfa
+        state[2] = new_bp
+        state[3] = orc.signal[row]
+        state = state[:, go]  # the next step writes these rows again: the frames keep copies
+        rec.frames(state[8].astype(np.int64), state[0].copy(), sp=state[1].copy(), fp=state[2].copy(),
+                   source=_ORC_CALL, stack=label_task)
+    return rec.finish()
+
+
+# check_text() over lanes: core text, the module area, init text
+def kernel_text_lanes(ip: np.ndarray, text: np.ndarray) -> np.ndarray:
+    """Is each ip in one of its lane's ``[lo, hi)`` text ranges (``text``: lanes x ranges x 2)?"""
+    return ((text[:, :, 0] <= ip[:, None]) & (ip[:, None] < text[:, :, 1])).any(axis=1)
+
+
+def _lanes_of(job: Job, taken: list[bool], cols: list[list[int]], tasks: list[Task]) -> None:
+    """The lanes of ``job`` the batch takes: blocked tasks with a saved ``thread.sp`` and one task stack.
+    ``taken`` gets a bool per task; ``cols`` each lane's ``thread.sp, stack low, stack high``, ``tasks``
+    its task."""
+    take = taken.append
+    sp_, low_, high_ = (col.append for col in cols)
+    for task in job.tasks:
+        ctx = task.context
+        if task.regs is None and ctx is not None and len(task.stacks) == 1:
+            stack = task.stacks[0]
+            tsp = ctx.get("sp")
+            if stack.kind == "task" and stack.low < stack.high and tsp is not None:
+                take(True)
+                sp_(tsp)
+                low_(stack.low)
+                high_(stack.high)
+                tasks.append(task)
+                continue
+        take(False)
+
