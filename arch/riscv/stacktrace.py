@@ -545,7 +545,11 @@ class RiscvUnwinder(Unwinder):
             seg = segs[i]
             self._seg = (seg.start, seg.end, seg.data)
             return _STACKFRAME.unpack_from(seg.data, rec - seg.start)
-        raise UnwindStop(StopReason.MEMORY_FAULT, f"frame record at {rec:#x}: {MemoryFault(rec, STACKFRAME_SIZE)}")
+        try:  # not captured: Memory's read says why (excluded from the dump, not mapped, or absent)
+            data = self.mem.read(rec, STACKFRAME_SIZE)
+        except MemoryFault as e:
+            raise UnwindStop(StopReason.MEMORY_FAULT, f"frame record at {rec:#x}: {e}") from None
+        return _STACKFRAME.unpack_from(data, 0)
 
     # stacktrace.c:83-86 walk_stackframe(): regs && regs->epc == pc && fp_is_valid(frame->ra, sp): the leaf rule
     def _leaf_rule(self, rec: int, ra_slot: int) -> Frame:

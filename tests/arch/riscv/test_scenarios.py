@@ -186,3 +186,27 @@ def test_cli_replay_user_complete_explain(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[<ffffffff80001312>] call_on_irq_stack+0x32/0x40\n" in out
     assert "do_irq+0x3c/0x400 [complete: past call_on_irq_stack]" in out
+
+
+def test_a_frame_record_in_a_page_excluded_from_the_dump_says_so():
+    """A vmcore page makedumpfile filtered out (a hole of ExcludedPage) under a frame record: the walk
+    stops at that record with the reason Memory gives, not a bare 'no captured memory'."""
+    from unwind.memory import ExcludedPage, Memory, Segment
+
+    sc = S.deep_chain(depth=8, frame_size=0x400)
+    dump = sc.session.dump
+    frames = sc.session.replay(sc.task()).frames
+    page = (frames[4].fp - 16) & ~0xFFF  # the page of a record the walk reads midway
+    rec = next(f.fp - 16 for f in frames if f.fp is not None and page <= f.fp - 16 < page + 0x1000)
+    segs = []
+    for seg in dump.memory.segments:
+        if seg.start <= page < seg.end:
+            segs += [Segment(seg.start, seg.data[:page - seg.start]),
+                     Segment(page + 0x1000, seg.data[page + 0x1000 - seg.start:])]
+        else:
+            segs.append(seg)
+    dump.memory = Memory(segs, holes=[(page, page + 0x1000, ExcludedPage)])
+    r = sc.session.replay(sc.task())
+    assert [f.pc for f in r.frames] == [f.pc for f in frames[:len(r.frames)]] and len(r.frames) < len(frames)
+    assert r.stop.reason is StopReason.MEMORY_FAULT
+    assert f"{rec:#x}" in r.stop.detail and "excluded from the dump" in r.stop.detail
