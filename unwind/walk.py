@@ -163,7 +163,8 @@ def stack_walk_reliable(unwinder: Unwinder, consume_pc: Callable[[int], bool],
 
     def consume(frame: Frame) -> bool:
         if frame.flags & Flag.UNRELIABLE:
-            refusal.append(f"guessed frame at {frame.pc:#x}")
+            what = "complete-mode frame" if frame.flags & Flag.COMPLETE else "guessed frame"
+            refusal.append(f"{what} at {frame.pc:#x}")
             return False
         if unwinder.reliable_refuses_boundary and frame.flags & Flag.BOUNDARY:
             refusal.append(f"exception boundary at {frame.pc:#x}: the LR there may be live")

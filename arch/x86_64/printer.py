@@ -222,6 +222,10 @@ class TracePrinter:
                 self._guess(word)
                 sym = backtrace_symbol(self.symbols, f.pc)
                 self.out.append(TraceLine.of_frame(f" {self._q(f)}{sym}", f, f.pc, sym))
+            elif f.flags & Flag.COMPLETE:  # complete mode's frame: never printed by a kernel, so marked
+                sym = backtrace_symbol(self.symbols, f.pc)
+                why = (f.extra or {}).get("complete", "complete mode")
+                self.out.append(TraceLine.of_frame(f" {sym} [complete: {why}]", f, f.pc, sym))
             else:  # a rethook-hijacked slot prints the trampoline: the printer does not recover rethook
                 sym = backtrace_symbol(self.symbols, word)
                 self.out.append(TraceLine.of_frame(f" {self._q(f)}{sym}", f, word, sym))

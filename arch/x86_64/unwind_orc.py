@@ -24,6 +24,7 @@ from unwind.memory import MemoryFault, Segment
 from unwind.target import Target
 from unwind.walk import StopReason, Unwinder, UnwindStop
 
+from .complete import UndefinedOrc, proven_caller
 from .dumpstack import UNKNOWN, StackFinder, StackInfo
 from .orc import (ORC_FP_ENTRY, ORC_REG_AX, ORC_REG_BP, ORC_REG_BP_INDIRECT, ORC_REG_DI, ORC_REG_DX,
                   ORC_REG_PREV_SP, ORC_REG_R10, ORC_REG_R13, ORC_REG_SP, ORC_REG_SP_INDIRECT, ORC_REG_UNDEFINED,
@@ -316,7 +317,11 @@ class OrcUnwinder(Unwinder):
             prev_sp, prev_type, orig_ip = self.sp, self.stack_info.type, self.ip
             prov = Provenance("") if self.record else None
             self.recovered = Flag.NONE
-            orc, source = self.find_orc(prov)
+            error = self.error
+            try:
+                orc, source = self.find_orc(prov)
+            except UndefinedOrc as stop:
+                return self.complete_undefined(stop, error, prov)
             self.signal = orc.signal  # unwind_orc.c:512
             sp = self.prev_sp(orc, prov)
             if orc.type == ORC_TYPE_CALL:
@@ -368,12 +373,39 @@ class OrcUnwinder(Unwinder):
             return ORC_FP_ENTRY, Source.FP_GUESS
         if orc.type == ORC_TYPE_UNDEFINED:
             self.error = True
-            raise UnwindStop(StopReason.UNKNOWN_METADATA, f"ORC entry for {ip:#x} is UNDEFINED")
+            raise UndefinedOrc(StopReason.UNKNOWN_METADATA, f"ORC entry for {ip:#x} is UNDEFINED"
+                               f"{self.undefined_why(ip)}", ip)
         if orc.type == ORC_TYPE_END_OF_STACK:
             raise UnwindStop(StopReason.END_OF_STACK, orc_end_detail(ip))
         if prov is not None:
             prov.rule = f"ORC at {ip:#x} ({'ip' if self.signal else 'ip-1'}): {orc}"
         return orc, Source.ORC_CALL
+
+    def undefined_why(self, ip: int) -> str:
+        """Why an ip has an UNDEFINED entry, when its whole function has no ORC (objtool skipped it)."""
+        sym = self.target.symbols.lookup(ip) if self.target.symbols is not None else None
+        hint = "; --complete looks for the caller" if not self.target.options.complete else ""
+        i = self.table.find_index(ip)
+        if sym is None or sym.offset >= sym.size or i < 0 or not self.stext <= ip < self.etext:
+            return f" ({hint[2:]})" if hint else ""
+        end = self.table.ip(i + 1) if i + 1 < len(self.table) else self.etext
+        if self.table.ip(i) <= sym.addr and sym.addr + sym.size <= end:
+            return (f" ({sym.name} has no ORC at all: objtool skipped it, as STACK_FRAME_NON_STANDARD "
+                    f"asks{hint})")
+        return f" ({hint[2:]})" if hint else ""
+
+    def complete_undefined(self, stop: UndefinedOrc, error: bool, prov: Provenance | None) -> Frame:
+        """Complete mode past an UNDEFINED entry: the caller proven by its call (:mod:`.complete`)."""
+        if not self.target.options.complete:
+            raise stop
+        frame = proven_caller(self, stop.ip, prov)
+        if frame is None:
+            raise UnwindStop(stop.reason, f"{stop.detail}; no return address above sp follows a call to "
+                             "the function holding it")
+        self.error = error  # the frames after it are ORC's own
+        self.check_text(frame.pc)
+        self.last = frame
+        return frame
 
     # orc_module_find() (unwind_orc.c:125-136)
     def orc_module_find(self, ip: int, prov: Provenance | None) -> OrcEntry | None:
