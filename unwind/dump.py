@@ -35,6 +35,14 @@ class DumpError(Exception):
     """The dump is unusable; the message is one line for the user."""
 
 
+class NotADump(DumpError):
+    """The file is a vmcore (compressed, or too large for a dump), not one of the project's dumps."""
+
+
+#: the most a compressed dump may decompress to: the project's dumps are a few MB (a vmcore is not one)
+MAX_DUMP_BYTES = 256 << 20
+
+
 @dataclass(slots=True)
 class CpuState:
     """One CPU at the stop: its registers and what the capture knew of it."""
@@ -139,7 +147,13 @@ class DumpWriter:
 def _decompress(raw: bytes, path: str) -> bytes:
     try:
         if raw.startswith(b"\xfd7zXZ\x00"):
-            return lzma.decompress(raw)
+            dec = lzma.LZMADecompressor(lzma.FORMAT_XZ)
+            data = dec.decompress(raw, max_length=MAX_DUMP_BYTES + 1)
+            if len(data) > MAX_DUMP_BYTES:
+                raise NotADump(f"{path}: decompresses to more than {MAX_DUMP_BYTES >> 20} MiB: not a dump")
+            if not dec.eof:
+                raise DumpError(f"{path}: corrupt compressed dump: the xz stream is truncated")
+            return data
         if raw.startswith(b"\x1f\x8b"):
             return gzip.decompress(raw)
     except (lzma.LZMAError, EOFError, OSError) as e:
@@ -202,8 +216,8 @@ class Dump:
             raise DumpError(f"{self.path}: {e}") from None
         if meta_raw is None:
             if self.vmcoreinfo_text or prstatus:
-                raise DumpError(f"{self.path}: a vmcore without the UNWIND note: vmcores are read in place, "
-                                "uncompressed (decompress a .xz/.gz one first: xz -dk FILE)")
+                raise NotADump(f"{self.path}: a vmcore without the UNWIND note (give it to Session.load or the "
+                               "commands, which read vmcores)")
             raise DumpError(f"{self.path}: missing the UNWIND note (not a dump written by unwind)")
         self.meta: dict[str, Any] = parse_note(meta_raw.rstrip(b"\0"))
         self.note: Note = validate_note(self.meta, self.backend.context_keys, self._warn)

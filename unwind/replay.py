@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from . import registry
 from .callsite import CallSiteChecker
-from .dump import Dump, DumpError
+from .dump import Dump, DumpError, NotADump
 from .frame import Frame
 from .image import IMAGE_PATH_ENV, Image, ImageError, find_image, image_search_places
 from .kaslr import RelocatedImage, relocate_symbols
 from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from .target import Options, Target, Task, kernel_version
 from .vmcore import VmcoreError, detect_format, is_vmcore
+from .vmcore.diskdump import KDUMP_SIGNATURE
+from .vmcore.flattened import is_flattened
+from .vmcore.source import XZ_MAGIC, xz_head
 from .walk import ReliableResult, Stop, StopReason, Unwinder, collect, frame_limit, stack_walk_reliable
 
 if TYPE_CHECKING:
@@ -82,7 +86,10 @@ class Session:
         ``vmlinux`` is given."""
         if _vmcore_format(dump_path):
             return cls._load_vmcore(str(dump_path), arch, vmlinux, system_map)
-        dump = Dump.open(dump_path)
+        try:
+            dump = Dump.open(dump_path)
+        except NotADump:  # an xz-compressed ELF vmcore: only its notes tell it from a dump
+            return cls._load_vmcore(str(dump_path), arch, vmlinux, system_map)
         if arch is not None:
             try:
                 wanted = registry.get(arch)
@@ -272,6 +279,12 @@ class Session:
 def _vmcore_format(path: str | Path) -> bool:
     """Is ``path`` a vmcore? kdump-compressed and flattened files are, by magic; an ELF core is unless it
     carries the ``UNWIND`` note of the project's own dumps."""
+    head = b""
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        head = f.read(len(XZ_MAGIC))
+    if head == XZ_MAGIC:  # decided on the magic inside; an ELF goes to Dump.open first (NotADump)
+        inner = xz_head(str(path), 16)
+        return is_flattened(inner) or inner.startswith(KDUMP_SIGNATURE)
     try:
         fmt = detect_format(path)
     except VmcoreError:

@@ -141,10 +141,25 @@ def test_python_dash_m_runs_the_cli():
     assert r.returncode == 0 and "replay" in r.stdout
 
 
-def test_a_compressed_vmcore_is_told_to_be_decompressed() -> None:
-    """A QEMU vmcore (committed slice, xz) is an ELF core without our note: the message says what to do."""
+def test_a_compressed_vmcore_is_not_a_dump_but_loads_as_a_vmcore(capsys) -> None:
+    """A QEMU vmcore (committed slice, xz) is an ELF core without our note: Dump.open says NotADump,
+    Session.load and the commands read it as a vmcore, as they read the decompressed file."""
+    import lzma
+    import tempfile
     from pathlib import Path
 
+    from unwind.dump import NotADump
+
     vmcore = next((Path(__file__).resolve().parents[2] / "corpora").glob("x86_64/*/vmcore/stop-*.elf.xz"))
-    with pytest.raises(DumpError, match=r"a vmcore without the UNWIND note: .*xz -dk"):
+    slim = str(next(vmcore.parents[1].glob("vmlinux-*.slim.xz")))
+    with pytest.raises(NotADump, match=r"a vmcore without the UNWIND note"):
         Dump.open(vmcore)
+    with tempfile.TemporaryDirectory() as d:
+        plain = Path(d) / "stop.elf"
+        plain.write_bytes(lzma.decompress(vmcore.read_bytes()))
+        outs = []
+        for path in (plain, vmcore):
+            capsys.readouterr()
+            assert main(["ps", str(path), "--vmlinux", slim]) == 0
+            outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and len(outs[0].splitlines()) > 50

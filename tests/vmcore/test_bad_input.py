@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import lzma
 import random
 
@@ -69,7 +70,10 @@ def test_bad_magic_and_compressed_files(tmp_path):
     cases = {
         "empty": b"",
         "text": b"this is not a vmcore at all\n" * 4,
-        "xz": lzma.compress(_elf()),
+        "gzip": gzip.compress(_elf()),
+        "xz-text": lzma.compress(b"this is not a vmcore at all\n" * 4),
+        "xz-cut": lzma.compress(_elf())[:-40],
+        "xz-garbage": lzma.compress(_elf())[:12] + bytes(range(256)) * 4,
         "diskdump": b"DISKDUMP" + bytes(600),
     }
     msgs = {}
@@ -77,7 +81,10 @@ def test_bad_magic_and_compressed_files(tmp_path):
         p = tmp_path / name
         p.write_bytes(data)
         msgs[name] = _one_line_error(str(p))
-    assert "not a vmcore" in msgs["text"] and "xz-compressed" in msgs["xz"] and "DISKDUMP" in msgs["diskdump"]
+    assert "not a vmcore" in msgs["text"] and "DISKDUMP" in msgs["diskdump"]
+    assert "gzip-compressed; decompress it first" in msgs["gzip"]
+    assert "xz-compressed, but what it holds is not a vmcore" in msgs["xz-text"]
+    assert "xz-compressed: corrupt xz data" in msgs["xz-cut"] and "corrupt xz data" in msgs["xz-garbage"]
     assert "cannot read" in _one_line_error(str(tmp_path / "missing"))
     assert "cannot read" in _one_line_error(str(tmp_path)) or "read error" in _one_line_error(str(tmp_path))
 
@@ -136,3 +143,35 @@ def test_an_oversized_vmcoreinfo_names_the_file(tmp_path):
     p.write_bytes(elf_vmcore([Load(0, page_bytes(0))], notes_blob([(1, 0)], 27, "PAGESIZE=4096\n" * 10000)))
     msg = _one_line_error(str(p))
     assert msg.startswith(str(p)) and "VMCOREINFO" in msg
+
+
+@pytest.mark.parametrize("kind", ["kdump", "flat", "elf"])
+def test_an_xz_vmcore_reads_as_the_file_inside(tmp_path, kind):
+    """Each format xz-compressed: the same format, notes and pages as the plain file."""
+    full = {"kdump": _kdump(), "flat": flatten(_kdump(), record=2048, seed=1), "elf": _elf()}[kind]
+    plain, packed = tmp_path / "plain", tmp_path / "plain.xz"
+    plain.write_bytes(full)
+    packed.write_bytes(lzma.compress(full))
+    with open_vmcore(plain) as a, open_vmcore(packed) as b:
+        assert (a.format, a.ranges, a.vmcoreinfo_dict) == (b.format, b.ranges, b.vmcoreinfo_dict)
+        assert [n.desc for n in a.notes] == [n.desc for n in b.notes]
+        for pfn in range(32):
+            try:
+                want: bytes | str = a.read_phys(pfn * 4096, 4096)
+            except MemoryFault as e:
+                want = type(e).__name__
+            try:
+                got: bytes | str = b.read_phys(pfn * 4096, 4096)
+            except MemoryFault as e:
+                got = type(e).__name__
+            assert got == want, pfn
+
+
+def test_an_xz_bomb_is_refused(tmp_path, monkeypatch):
+    from unwind.vmcore import source
+
+    monkeypatch.setattr(source, "XZ_MAX_BYTES", 1 << 20)
+    p = tmp_path / "big.xz"
+    p.write_bytes(lzma.compress(_elf() + bytes(2 << 20)))
+    with pytest.raises(VmcoreError, match="decompresses to more than 1 MiB"):
+        open_vmcore(p)

@@ -7,7 +7,8 @@ Physical memory and notes come out of every format drgn and crash open.
 
 - ELF (kdump ``/proc/vmcore``, QEMU ``dump-guest-memory`` with or without ``-p``, ``makedumpfile -E``);
 - kdump-compressed (makedumpfile ``-c/-l/-p/-z``, QEMU ``-z/-l/-s``), codecs zlib, lzo, snappy, zstd;
-- the flattened form of either (``makedumpfile -F``, QEMU 7.2 ``-z``), read in place.
+- the flattened form of either (``makedumpfile -F``, QEMU 7.2 ``-z``), read in place;
+- any of these xz-compressed (decompressed once at open, see :class:`~.source.XzSource`).
 
 Opening reads headers, notes and (for kdump-compressed files) the bitmaps;
 pages are read when asked for. Kernel virtual memory over it is
@@ -29,7 +30,7 @@ from .errors import CorruptPageFault, ExcludedPageFault, VmcoreError
 from .flattened import MDF_SIGNATURE, FlatError, FlatSource, is_flattened
 from .notes import Note, NoteError, PrStatus
 from .physmem import DEFAULT_CACHE_BYTES, PhysicalMemory, PhysRange, VirtualLoad
-from .source import FileSource, Source, SourceTruncated
+from .source import XZ_MAGIC, FileSource, Source, SourceTruncated, XzError, XzSource
 
 __all__ = [
     "open_vmcore", "detect_format", "is_vmcore", "PhysicalMemory", "PhysRange", "VirtualLoad", "Note",
@@ -37,7 +38,7 @@ __all__ = [
 ]
 
 ELF_MAGIC = b"\x7fELF"
-_MAGICS = {b"\xfd7zXZ\x00": "xz", b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2",
+_MAGICS = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2",
            b"\x04\x22\x4d\x18": "lz4"}
 
 
@@ -60,6 +61,19 @@ def _sniff(path: str) -> tuple[str, Source]:
     except OSError as e:
         raise VmcoreError(f"cannot read {path}: {e.strerror or e}") from None
     head = src.pread(0, min(src.size, 16))
+    if head.startswith(XZ_MAGIC):  # decompressed once, then read as the file inside (docs/vmcore.md)
+        src.close()
+        try:
+            src = XzSource(path)
+        except XzError as e:
+            raise VmcoreError(f"{path}: xz-compressed: {e}") from None
+        except OSError as e:
+            raise VmcoreError(f"cannot read {path}: {e.strerror or e}") from None
+        head = src.pread(0, min(src.size, 16))
+        if not is_flattened(head) and _kind(head) is None:
+            src.close()
+            raise VmcoreError(f"{path}: xz-compressed, but what it holds is not a vmcore "
+                              f"(magic {head[:8].hex() or 'none'})")
     if is_flattened(head):
         src = FlatSource(src)  # type: ignore[arg-type]
         inner = _kind(src.pread(0, min(src.size, 8)))

@@ -7,7 +7,9 @@ raises :class:`SourceTruncated`, so no reader ever reads outside the file.
 from __future__ import annotations
 
 import io
+import lzma
 import os
+import tempfile
 
 
 class SourceTruncated(Exception):
@@ -68,6 +70,77 @@ class FileSource(Source):
 
     def __del__(self) -> None:
         self.close()
+
+
+#: the xz magic (``.xz`` files: committed corpus slices, compressed vmcores)
+XZ_MAGIC = b"\xfd7zXZ\x00"
+#: a decompressed xz vmcore stays in memory up to this size, then spills to an unnamed temporary file
+XZ_SPOOL_BYTES = 64 << 20
+#: and is refused past this size (a bomb, or a file better decompressed by hand)
+XZ_MAX_BYTES = 64 << 30
+_CHUNK = 1 << 20
+
+
+class XzError(Exception):
+    """An xz file that does not decompress, or decompresses past :data:`XZ_MAX_BYTES`."""
+
+
+class XzSource(Source):
+    """An xz-compressed file, decompressed once at open for random access.
+
+    xz has no cheap random access in the standard library (``lzma`` streams only), so the whole
+    file is decompressed into a :class:`tempfile.SpooledTemporaryFile`: memory up to
+    :data:`XZ_SPOOL_BYTES`, an unnamed file in ``$TMPDIR`` past it (gone when closed), at most
+    :data:`XZ_MAX_BYTES`.
+    """
+
+    def __init__(self, path: str, limit: int | None = None) -> None:
+        self.path = path
+        self.mtime_ns = os.stat(path).st_mtime_ns  # the flattened index cache keys on the compressed file
+        self._file = tempfile.SpooledTemporaryFile(max_size=XZ_SPOOL_BYTES)
+        try:
+            self.size = self.stored = self._decompress(path, XZ_MAX_BYTES if limit is None else limit)
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _decompress(self, path: str, limit: int) -> int:
+        total = 0
+        try:
+            with open(path, "rb") as f, lzma.LZMAFile(f) as xz:
+                while chunk := xz.read(_CHUNK):
+                    total += len(chunk)
+                    if total > limit:
+                        raise XzError(f"decompresses to more than {limit >> 20} MiB: decompress it by hand "
+                                      "(xz -dk) and give the result")
+                    self._file.write(chunk)
+        except (lzma.LZMAError, EOFError) as e:
+            raise XzError(f"corrupt xz data: {e}") from None
+        return total
+
+    def pread(self, offset: int, size: int) -> bytes:
+        self._check(offset, size)
+        self._file.seek(offset)
+        return self._file.read(size)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def xz_head(path: str, size: int) -> bytes:
+    """The first ``size`` decompressed bytes of an xz file (fewer if it is shorter or corrupt there)."""
+    out = b""
+    try:
+        with open(path, "rb") as f:
+            dec = lzma.LZMADecompressor(lzma.FORMAT_XZ)
+            while len(out) < size and not dec.eof:
+                raw = f.read(64 << 10)
+                if not raw and dec.needs_input:
+                    break
+                out += dec.decompress(raw, max_length=size - len(out))
+    except (lzma.LZMAError, EOFError, OSError):
+        pass
+    return out[:size]
 
 
 class _SourceStream(io.RawIOBase):
