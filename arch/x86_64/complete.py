@@ -23,8 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from unwind.frame import Flag, Frame, Provenance, Source
-from unwind.memory import MemoryFault
-from unwind.walk import UnwindStop
+from unwind.walk import StopReason, UnwindStop
 
 if TYPE_CHECKING:
     from unwind.symbols import Symbol
@@ -41,22 +40,15 @@ U64 = (1 << 64) - 1
 class UndefinedOrc(UnwindStop):
     """``orc->type == ORC_TYPE_UNDEFINED``: the kernel's ``goto err`` at ``ip``."""
 
-    def __init__(self, reason, detail: str, ip: int) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, reason: StopReason, detail: str, ip: int) -> None:
         super().__init__(reason, detail)
         self.ip = ip
 
 
 def text_bytes(walk: "OrcUnwinder", addr: int, size: int) -> bytes | None:
-    """Kernel text: the image's, else the dump's own memory (a slim image has no text)."""
+    """Kernel text from the image (``None`` without text there: nothing is proven then)."""
     image = walk.target.image
-    if image is not None and image.has_text:
-        code = image.text(addr, size)
-        if code is not None:
-            return code
-    try:
-        return walk.mem.read(addr, size)
-    except MemoryFault:
-        return None
+    return image.text(addr, size) if image is not None and image.has_text else None
 
 
 def calls(walk: "OrcUnwinder", ret: int, callee: "Symbol") -> int | None:

@@ -400,8 +400,10 @@ class OrcUnwinder(Unwinder):
             raise stop
         frame = proven_caller(self, stop.ip, prov)
         if frame is None:
-            raise UnwindStop(stop.reason, f"{stop.detail}; no return address above sp follows a call to "
-                             "the function holding it")
+            why = "no return address above sp follows a call to the function holding it" \
+                if self.target.image is not None and self.target.image.has_text else \
+                "--complete needs the image's text to prove a caller (a slim image made --with-text)"
+            raise UnwindStop(stop.reason, f"{stop.detail}; {why}")
         self.error = error  # the frames after it are ORC's own
         self.check_text(frame.pc)
         self.last = frame
