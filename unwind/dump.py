@@ -210,15 +210,15 @@ class Dump:
                         self.vmcoreinfo_text = _desc_bytes(note).split(b"\0", 1)[0].decode("ascii", "replace")
                     elif name == elfcore.UNWIND_NOTE_NAME:
                         meta_raw = _desc_bytes(note)
-        try:
-            self.memory = Memory(segments)
-        except ValueError as e:
-            raise DumpError(f"{self.path}: {e}") from None
         if meta_raw is None:
             if self.vmcoreinfo_text or prstatus:
                 raise NotADump(f"{self.path}: a vmcore without the UNWIND note (give it to Session.load or the "
                                "commands, which read vmcores)")
             raise DumpError(f"{self.path}: missing the UNWIND note (not a dump written by unwind)")
+        try:
+            self.memory = Memory(segments)
+        except ValueError as e:
+            raise DumpError(f"{self.path}: {e}") from None
         self.meta: dict[str, Any] = parse_note(meta_raw.rstrip(b"\0"))
         self.note: Note = validate_note(self.meta, self.backend.context_keys, self._warn)
         if self.note.arch != self.arch:

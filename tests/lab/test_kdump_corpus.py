@@ -26,10 +26,9 @@ _STAMP = re.compile(r"^\[\s*\d+\.\d+\] ")
 
 
 @pytest.fixture(scope="module")
-def kdump(tmp_path_factory) -> dict:
-    """The decompressed slice, the slim image, drgn's tasks and the console's panic trace."""
-    elf = tmp_path_factory.mktemp("kdump") / "kdump-000.elf"
-    elf.write_bytes(lzma.decompress(VMCORE.read_bytes()))
+def kdump() -> dict:
+    """The slice (read as it is committed, xz), the slim image, drgn's tasks and the console's panic trace."""
+    elf = VMCORE
     drgn = json.loads(lzma.decompress(VMCORE.with_name("kdump-000.drgn-tasks.json.xz").read_bytes()))
     console = VMCORE.with_name("kdump-000.console.txt").read_text().splitlines()
     trace = [_STAMP.sub("", ln) for ln in console]
