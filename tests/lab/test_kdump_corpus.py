@@ -102,3 +102,40 @@ def test_every_other_task_equals_drgn(kdump, capsys) -> None:
     assert set(drgn) <= set(ours) and len(drgn) > 50
     for pid, t in drgn.items():
         assert [f["pc"] for f in ours[pid]["frames"]] == [f["pc"] for f in t["frames"]], pid
+
+
+def _with_words(mem, words: dict[int, int]):
+    """The memory ``mem`` with the words at these addresses replaced."""
+    from unwind.memory import Memory, Segment
+
+    segs = []
+    for seg in mem.segments:
+        data = bytearray(seg.data)
+        for addr, value in words.items():
+            if seg.start <= addr and addr + 8 <= seg.end:
+                data[addr - seg.start:addr - seg.start + 8] = value.to_bytes(8, "little")
+        segs.append(Segment(seg.start, bytes(data)))
+    return Memory(segs, mem.holes)
+
+
+def test_complete_takes_only_a_return_from_a_call_to_that_function(kdump, monkeypatch) -> None:
+    """A text word that returns from a call to another function (here sysrq_handle_crash's return into
+    __handle_sysrq, which follows 'call panic'), put below the real slot, is passed over; with the real
+    slot gone there is no caller to prove and the walk stops as in faithful mode, saying why."""
+    from unwind.replay import Session
+    from unwind.target import Options
+    from unwind.walk import StopReason
+
+    s = Session.load(kdump["elf"], vmlinux=kdump["slim"])
+    task = s.select(cpu=0)[0]
+    good = s.replay(task, Options(complete=True))
+    slot = good.frames[1].sp - 8
+    sp = task.regs["rsp"]
+    decoy = good.frames[2].pc  # returns into sysrq_handle_crash's caller: the call before it is not to __crash_kexec
+    real = s.dump.task_memory
+    monkeypatch.setattr(s.dump, "task_memory", lambda t: _with_words(real(t), {sp + 8: decoy}))
+    assert [f.pc for f in s.replay(task, Options(complete=True)).frames] == [f.pc for f in good.frames]
+    monkeypatch.setattr(s.dump, "task_memory", lambda t: _with_words(real(t), {slot: 0}))
+    cut = s.replay(task, Options(complete=True))
+    assert len(cut.frames) == 1 and cut.stop.reason is StopReason.UNKNOWN_METADATA
+    assert "no return address above sp follows a call" in cut.stop.detail
