@@ -60,6 +60,10 @@ def pc_sp(regs: dict[str, int]) -> tuple[int, int]:
     return regs["pc"], regs["sp"]
 
 
+#: current_task() sources that name the task by itself (their thread_info.cpu checks the numbering)
+SELF_CURRENT = ("SP_EL0",)
+
+
 def current_task(s: "Session", cpu: int, raw: dict[str, int]) -> tuple[int, str]:
     """(task_struct address, source): SP_EL0 at EL1, else per-CPU ``__entry_task``."""
     sp_el0 = raw.get("SP_EL0", 0)

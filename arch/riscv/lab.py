@@ -2,7 +2,8 @@
 
 Privilege from QEMU's virtual ``priv`` register (0 U, 1 S, 3 M); stops at
 ``stvec`` (``handle_exception+0``) normalised to ``sepc``; ``current`` from
-``tp`` in S-mode (else the runqueue's ``curr``); IRQ and overflow stacks;
+``tp`` in S-mode, ``sscratch`` in U-mode (else the runqueue's ``curr``); Linux CPU numbers
+from ``mhartid`` and ``__cpuid_to_hartid_map``; IRQ and overflow stacks;
 ``thread.{ra,sp,s[0]}`` of blocked tasks. Layouts come from BTF.
 """
 
@@ -18,7 +19,12 @@ if TYPE_CHECKING:
 NAME = "riscv"
 GDB_ARCH = "riscv:rv64"
 BREAK_KIND = 4
-SYSREGS = ["priv", "sstatus", "sepc", "scause", "stval", "stvec", "sscratch", "satp"]
+SYSREGS = ["priv", "sstatus", "sepc", "scause", "stval", "stvec", "sscratch", "satp", "mhartid"]
+#: the vCPU's hardware id and the kernel's map from Linux CPU number to it
+HW_CPU_ID_REG = "mhartid"
+HW_CPU_ID_MAP = "__cpuid_to_hartid_map"
+#: current_task() sources that name the task by itself (their thread_info.cpu checks the numbering)
+SELF_CURRENT = ("tp", "sscratch")
 #: sstatus.SPP: the trap came from S-mode
 SSTATUS_SPP = 1 << 8
 SYSCALL_ENTRY = ["do_trap_ecall_u"]
@@ -50,13 +56,33 @@ def pc_sp(regs: dict[str, int]) -> tuple[int, int]:
     return regs["pc"], regs["sp"]
 
 
+# cpuid_to_hartid_map() (arch/riscv/include/asm/smp.h): Linux CPU n runs on hart map[n]
+def hw_cpu_ids(s: "Session", ncpu: int) -> list[int] | None:
+    """The hart id of each Linux CPU (``__cpuid_to_hartid_map[0..ncpu)``; OpenSBI's boot hart is CPU 0)."""
+    addr = s.symbol(HW_CPU_ID_MAP)
+    if addr is None:
+        return None
+    data = s.read(addr, 8 * ncpu)
+    return [int.from_bytes(data[i * 8:i * 8 + 8], "little") for i in range(ncpu)]
+
+
+def _from_user(raw: dict[str, int]) -> bool:
+    """The vCPU runs in U-mode, or stopped at ``stvec`` on a trap from U-mode (before the swap)."""
+    if raw.get("priv") == 0:
+        return True
+    return (raw.get("priv") == 1 and bool(raw.get("stvec")) and raw.get("pc") == raw["stvec"]
+            and not raw.get("sstatus", 0) & SSTATUS_SPP)
+
+
 def current_task(s: "Session", cpu: int, raw: dict[str, int]) -> tuple[int, str]:
-    """(task_struct address, source): ``tp`` in S-mode when it is a task, else ``rq->curr``."""
-    tp = raw.get("tp", 0)
-    if raw.get("priv") == 1 and tp >> 63 and s.readable(tp):
-        stack = s.read_u64(tp + s.btf.offsetof("task_struct", "stack"))
+    """(task_struct address, source): ``tp`` in S-mode, ``sscratch`` in U-mode (handle_exception swaps
+    them; the return to user stores tp there), when it is a task; else the runqueue's ``curr``."""
+    reg = "sscratch" if _from_user(raw) else "tp" if raw.get("priv") == 1 else None
+    task = raw.get(reg, 0) if reg else 0
+    if task >> 63 and s.readable(task):
+        stack = s.read_u64(task + s.btf.offsetof("task_struct", "stack"))
         if stack >> 63:
-            return tp, "tp"
+            return task, reg
     rq = s.percpu_addr("runqueues", cpu) + s.btf.offsetof("rq", "curr")
     return s.read_u64(rq), "runqueues.curr"
 

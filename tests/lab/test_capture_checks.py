@@ -84,3 +84,45 @@ def test_capture_reads_fgraph_in_both_ret_stack_layouts(gen: str) -> None:
     entries, (ptr, raw) = s.fgraph(task.data)
     assert [(int(e["ret"], 16), int(e["func"], 16), int(e["retp"], 16)) for e in entries] == procs[0].fgraph
     assert raw == mem.read(ptr, len(raw)) and len(raw) >= len(entries) * k.btf.sizeof("ftrace_ret_stack")
+
+
+class _HartsRsp:
+    """Two stopped riscv vCPUs; QEMU's vCPU 0 is hart 0, vCPU 1 hart 1."""
+
+    def __init__(self) -> None:
+        self.tid = ""
+
+    def select_thread(self, tid: str) -> None:
+        self.tid = tid
+
+    def read_registers(self, names: list[str]) -> dict[str, int]:
+        hart = int(self.tid) - 1
+        return {"pc": 0xffffffff80001000 + hart, "sp": 0xffffffc600000000, "priv": 1, "mhartid": hart}
+
+
+def _riscv_session(hartid_map: list[int]) -> Session:
+    import arch.riscv.lab as lab
+
+    s = Session.__new__(Session)
+    s.rsp, s.lab, s.threads, s.ncpu = _HartsRsp(), lab, ["01", "02"], 2
+    s.per_cpu_offset = [0, 0x1000]
+    table = b"".join(h.to_bytes(8, "little") for h in hartid_map)
+    s.symbol = lambda name: 0xffffffff81000000 if name == "__cpuid_to_hartid_map" else None
+    s.read = lambda addr, size: table[addr - 0xffffffff81000000:][:size]
+    s.hw_cpu_ids = lab.hw_cpu_ids(s, 2)
+    return s
+
+
+def test_riscv_cpus_are_numbered_by_the_kernels_hart_map() -> None:
+    # OpenSBI's boot hart becomes Linux CPU 0: hart 1 booted, so vCPU 1 is cpu0 and vCPU 0 is cpu1
+    cpus = _riscv_session([1, 0]).read_cpus()
+    assert [(c.cpu, c.tid) for c in cpus] == [(0, "02"), (1, "01")]
+    assert cpus[0].cpu_from == "mhartid 1 = __cpuid_to_hartid_map[0]"
+    cpus = _riscv_session([0, 1]).read_cpus()
+    assert [(c.cpu, c.tid) for c in cpus] == [(0, "01"), (1, "02")]
+
+
+def test_cpu_numbers_fall_back_to_the_vcpu_index() -> None:
+    # an unknown hart (map not filled in) keeps QEMU's order, and says so
+    cpus = _riscv_session([7, 7]).read_cpus()
+    assert [(c.cpu, c.tid, c.cpu_from) for c in cpus] == [(0, "01", "vCPU index"), (1, "02", "vCPU index")]

@@ -140,6 +140,7 @@ class CpuStop:
     mode: str
     regs: dict[str, int]
     normalised: str | None
+    cpu_from: str = "vCPU index"
     current: int = 0
     current_src: str = ""
     skip_reason: str | None = None
@@ -175,6 +176,7 @@ class Session:
         except KernelError as e:
             raise CaptureError(str(e)) from None
         self.per_cpu_offset: list[int] = []
+        self.hw_cpu_ids: list[int] | None = None
         self.vmcoreinfo = ""
         self._tsize = self.btf.sizeof("task_struct")
         self._kernel: Kernel | None = None
@@ -238,6 +240,8 @@ class Session:
         base = self.img.addr("__per_cpu_offset")
         data = self.read(base, 8 * ncpu)
         self.per_cpu_offset = [int.from_bytes(data[i * 8:i * 8 + 8], "little") for i in range(ncpu)]
+        if hasattr(self.lab, "hw_cpu_ids"):
+            self.hw_cpu_ids = self.lab.hw_cpu_ids(self, ncpu)
         ptr = self.read_u64(self.img.addr("vmcoreinfo_data"))
         size = self.read_u64(self.img.addr("vmcoreinfo_size"))
         if ptr and 0 < size < 1 << 16:
@@ -272,14 +276,42 @@ class Session:
 
     # -- per stop ------------------------------------------------------------
     def read_cpus(self) -> list[CpuStop]:
-        """Registers, mode and normalisation of every vCPU."""
+        """Registers, mode and normalisation of every vCPU, in Linux CPU order."""
         out = []
-        for cpu, tid in enumerate(self.threads[: len(self.per_cpu_offset) or self.ncpu]):
+        for index, tid in enumerate(self.threads[: len(self.per_cpu_offset) or self.ncpu]):
             self.rsp.select_thread(tid)
             raw = self.rsp.read_registers(self.lab.SYSREGS)
             mode, regs, note = self.lab.classify(raw, self)
-            out.append(CpuStop(cpu, tid, raw, mode, regs, note))
-        return out
+            cpu, why = self.linux_cpu(index, raw)
+            out.append(CpuStop(cpu, tid, raw, mode, regs, note, why))
+        if len({c.cpu for c in out}) != len(out):
+            for index, c in enumerate(out):
+                c.cpu, c.cpu_from = index, "vCPU index (the hardware ids gave duplicate CPUs)"
+        return sorted(out, key=lambda c: c.cpu)
+
+    def linux_cpu(self, index: int, raw: dict[str, int]) -> tuple[int, str]:
+        """(Linux CPU number, where it came from) of the vCPU with QEMU index ``index``: the index in
+        the kernel's logical-to-hardware CPU map of the vCPU's hardware id when the arch has both
+        (riscv: the boot hart, whichever it is, is CPU 0), else the QEMU index."""
+        reg = getattr(self.lab, "HW_CPU_ID_REG", None)
+        hw = raw.get(reg) if reg else None
+        if self.hw_cpu_ids and hw is not None and hw in self.hw_cpu_ids:
+            cpu = self.hw_cpu_ids.index(hw)
+            return cpu, f"{reg} {hw} = {self.lab.HW_CPU_ID_MAP}[{cpu}]"
+        return index, "vCPU index"
+
+    def check_cpu(self, c: CpuStop) -> str | None:
+        """The current task's own CPU (``thread_info.cpu``) against the number given to its vCPU, when
+        the task came from a register that names it; a sentence when they differ."""
+        if not c.current or c.current_src not in getattr(self.lab, "SELF_CURRENT", ()):
+            return None
+        try:
+            cpu = self.task_fields(c.current, self.read(c.current, self._tsize))["cpu"]
+        except RspMemoryError:
+            return None
+        if cpu is None or cpu == c.cpu:
+            return None
+        return f"vCPU {c.tid} numbered cpu{c.cpu} ({c.cpu_from}) runs a task whose cpu is {cpu}"
 
     def pick_memory_thread(self, cpus: list[CpuStop]) -> bool:
         """Use a vCPU whose MMU view reads kernel addresses; False if none can."""
@@ -390,6 +422,9 @@ class Session:
             c.current, c.current_src = task, src
             if task:
                 current[task] = c.cpu
+            mismatch = self.check_cpu(c)
+            if mismatch:
+                self.log(f"[capture] warning: {mismatch}")
         tasks = self.walk_tasks()
         for task in current:
             if task not in tasks:
@@ -412,7 +447,7 @@ class Session:
         cpu_meta = []
         for c in cpus:
             pid = next((t["pid"] for t in task_meta if t["cpu"] == c.cpu), None)
-            cpu_meta.append({"cpu": c.cpu, "pid": pid, "mode": c.mode,
+            cpu_meta.append({"cpu": c.cpu, "cpu_from": c.cpu_from, "pid": pid, "mode": c.mode,
                              "sysregs": {k: _hex(c.raw[k]) for k in self.lab.SYSREGS if k in c.raw},
                              "normalised": c.normalised, "current": _hex(c.current),
                              "current_from": c.current_src,
@@ -459,7 +494,7 @@ class Session:
             else:
                 entry["note"] = f"saved sp {sp:#x} is off its stack"
         else:
-            c = cpus[cpu]
+            c = next(c for c in cpus if c.cpu == cpu)
             _, sp = self.lab.pc_sp(c.regs)
             if c.mode != "kernel":
                 entry["mode"] = c.mode
@@ -705,19 +740,20 @@ class SysrqOracle:
             s.rsp.breakpoint(addr, s.lab.BREAK_KIND, insert=False)
         if not ptr or hit not in s.threads:
             return f"no CPU reached {fn} with a pt_regs in {timeout:.0f}s (idle CPUs are skipped)"
-        cpu = s.threads.index(hit)
         res = s.capture_stop(f"sysrq-l:{fn}", hit)
         if isinstance(res, str):
             return res
         mode, regs = s.lab.regs_from_pt_regs(s, ptr)
         if mode != "kernel":
             return "the interrupted CPU was in user mode (the kernel prints registers only)"
-        c = res.cpus[cpu]
+        c = next(c for c in res.cpus if c.tid == hit)
+        cpu = c.cpu
         c.regs, c.mode = regs, mode
         c.normalised = f"struct pt_regs at {argreg}={ptr:#x} of {fn} (sysrq-l)"
-        res.meta["cpus"][cpu].update(mode=mode, normalised=c.normalised)
+        cmeta = next(m for m in res.meta["cpus"] if m["cpu"] == cpu)
+        cmeta.update(mode=mode, normalised=c.normalised)
         _, psp = s.lab.pc_sp(regs)
-        pid = res.meta["cpus"][cpu]["pid"]
+        pid = cmeta["pid"]
         for st in res.meta["stacks"]:
             lo, hi = int(st["low"], 16), int(st["high"], 16)
             if (st["pid"] == pid or st["cpu"] == cpu) and lo <= psp <= hi:
@@ -808,9 +844,10 @@ class FtraceStacktrace:
         hit = RspClient.stop_thread(reply) if reply else None
         if reply is None or hit not in s.threads:
             return f"{FTRACE_TRIGGER_FN} not reached in {timeout:.0f}s"
-        cpu = s.threads.index(hit)
         s.rsp.select_thread(hit)
-        _, regs, _ = s.lab.classify(s.rsp.read_registers(s.lab.SYSREGS), s)
+        raw = s.rsp.read_registers(s.lab.SYSREGS)
+        cpu, _ = s.linux_cpu(s.threads.index(hit), raw)
+        _, regs, _ = s.lab.classify(raw, s)
         pc, _ = s.lab.pc_sp(regs)
         if pc != addr:
             return f"cpu{cpu} stopped at {pc:#x}, not at {FTRACE_TRIGGER_FN}"
