@@ -145,7 +145,8 @@ class KernelLayout:
             rethook_trampolines=tramps,
             call_on_irq_stack=_symbol_range(target, "call_on_irq_stack"),
             ret_from_exception=_or_none(sym("ret_from_exception")) if exc_end is None else -1,
-            pt_regs=resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE),
+            pt_regs=resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE,
+                                   lambda: derived_pt_regs(target, PT_REGS_TABLE)),
             generation=walk_generation(target),
         )
 
@@ -183,6 +184,98 @@ def thread_size(target: Target) -> int:
             if s.kind == kind and s.high > s.low:
                 return s.high - s.low
     return 0
+
+
+#: frame records followed per task when the pt_regs place is derived from the stacks
+_DERIVE_RECORDS = 512
+#: tasks looked at for it (the walked one first)
+_DERIVE_TASKS = 32
+#: no riscv pt_regs is larger (36 words today)
+_DERIVE_MAX = 1024
+#: sstatus.SPIE: set in every task's first pt_regs (U-mode runs with interrupts on; copy_thread()'s SR_PIE)
+_SR_SPIE = 0x20
+#: copy_thread(): a kernel thread's pt_regs is zeroed but for status = SR_PP | SR_PIE
+_KTHREAD_STATUS = SR_SPP | _SR_SPIE
+
+
+# task_pt_regs() (asm/processor.h) from the stacks' side: the first kernel frame's fp
+def chain_end(mem: Memory, sp: int, fp: int, stack: StackInfo, ts: int) -> int | None:
+    """The last frame pointer of the record chain from ``(sp, fp)`` that stays on ``stack``, as
+    walk_stackframe() follows it (fp_is_valid() at each step)."""
+    last = None
+    for _ in range(_DERIVE_RECORDS):
+        if not (stack.low < fp <= stack.high and fp_is_valid(fp, sp, ts)):
+            break
+        last = fp
+        try:
+            sp, fp = fp, mem.read_u64(fp - STACKFRAME_SIZE + STACKFRAME_FP)
+        except MemoryFault:
+            break
+    return last
+
+
+def first_pt_regs(mem: Memory, addr: int, table: StructLayout) -> bool:
+    """Is a task's first pt_regs at ``addr``: a user-mode one (SPIE set, SPP clear, epc a non-zero user
+    address), or the one copy_thread() leaves a kernel thread (zero epc, status SR_PP | SR_PIE)?"""
+    try:
+        epc, status = mem.read_u64(addr + table["epc"]), mem.read_u64(addr + table["status"])
+    except MemoryFault:
+        return False
+    user = status & (SR_SPP | _SR_SPIE) == _SR_SPIE and 0 < epc < UPPER_HALF
+    return user or (epc == 0 and status == _KTHREAD_STATUS)
+
+
+def _hex_int(v: Any) -> int | None:
+    try:
+        return int(v, 16) if isinstance(v, str) else None
+    except ValueError:
+        return None
+
+
+def _blocked_starts(target: Target) -> list[tuple[int, int, StackInfo]]:
+    """(sp, fp, task stack) of the walked task when blocked, then of the other blocked tasks the dump lists."""
+    out = []
+    ctx, top = target.task.context, next((s for s in target.task.stacks if s.kind == "task"), None)
+    if ctx and top is not None and "sp" in ctx and "s0" in ctx:
+        out.append((ctx["sp"], ctx["s0"], top))
+    stacks: dict[Any, StackInfo] = {}
+    for st in target.meta.get("stacks") or ():
+        lo, hi = _hex_int(st.get("low")), _hex_int(st.get("high"))
+        if st.get("kind") == "task" and lo is not None and hi is not None and lo < hi:
+            stacks[st.get("pid")] = StackInfo(lo, hi, "task", None)
+    for t in target.meta.get("tasks") or ():
+        if len(out) >= _DERIVE_TASKS:
+            break
+        c, st = t.get("context") or {}, stacks.get(t.get("pid"))
+        sp, fp = _hex_int(c.get("sp")), _hex_int(c.get("s0"))
+        if (st is not None and t.get("cpu") is None and t.get("pid") != target.task.pid
+                and sp is not None and fp is not None):
+            out.append((sp, fp, st))
+    return out
+
+
+def derived_pt_regs(target: Target, table: StructLayout) -> StructLayout | None:
+    """``struct pt_regs`` placed where the tasks' record chains end (task_pt_regs(tsk) = top -
+    ALIGN(sizeof(struct pt_regs), STACK_ALIGN)), when a first pt_regs sits there: the most common
+    distance below the stack top; the member offsets stay the table's."""
+    ts = thread_size(target)
+    if not ts:
+        return None
+    votes: dict[int, int] = {}
+    for sp, fp, stack in _blocked_starts(target):
+        end = chain_end(target.mem, sp, fp, stack, ts)
+        if end is None:
+            continue
+        dist = stack.high - end
+        if (dist % STACK_ALIGN == 0 and max(table.offsets.values()) + 8 <= dist <= _DERIVE_MAX
+                and first_pt_regs(target.mem, end, table)):
+            votes[dist] = votes.get(dist, 0) + 1
+    if not votes:
+        return None
+    dist = max(votes, key=lambda d: (votes[d], -d))
+    return StructLayout("pt_regs", dist, dict(table.offsets), "derived",
+                        f"{votes[dist]} of {sum(votes.values())} task record chains end at top-{dist:#x} on a "
+                        f"first pt_regs, so ALIGN(sizeof, {STACK_ALIGN}) = {dist} (other offsets: {table.detail})")
 
 
 # include/linux/align.h: ALIGN()
@@ -774,11 +867,16 @@ class RiscvUnwinder(Unwinder):
                 f"record call_on_irq_stack keeps at {fp - STACKFRAME_SIZE:#x}; the kernel stops here")
 
     # entry.S call_on_irq_stack: the {fp, ra} record it pushes at the top of the IRQ stack
-    def _irq_switch_record(self) -> StackInfo | None:
-        """The per-CPU stack ``sp`` is at the top of, when fp is ``call_on_irq_stack``'s record on the task stack."""
+    def _irq_switch_record(self, at_entry: bool = False) -> StackInfo | None:
+        """The per-CPU stack ``sp`` is at the top of, when fp is ``call_on_irq_stack``'s record on the task stack.
+
+        With ``at_entry`` the pc may also be the first instruction of the handler ``call_on_irq_stack``
+        called (the starting registers: ``regs->ra`` in ``call_on_irq_stack``, sp still the stack top).
+        """
         fp, sp = self.fp, self.sp
         lo, hi = self.k.call_on_irq_stack
-        if not lo <= self.pc < hi or fp & 7:
+        entered = at_entry and self.regs_epc == self.pc and lo <= self.regs_ra < hi
+        if not (lo <= self.pc < hi or entered) or fp & 7:
             return None
         here = self.stacks.kind_of(sp)
         there = self.stacks.kind_of(fp - STACKFRAME_SIZE)
@@ -803,7 +901,7 @@ class RiscvUnwinder(Unwinder):
         if fp & 7:
             return UnwindStop(StopReason.MISALIGNED_FP, f"fp {fp:#x} (sp {sp:#x})")
         here, there = self.stacks.kind_of(sp), self.stacks.kind_of(fp - STACKFRAME_SIZE)
-        if self._irq_switch_record() is not None:
+        if self._irq_switch_record(at_entry=True) is not None:
             return UnwindStop(StopReason.KERNEL_LIMIT,
                               f"{self.generation.name} walk_stackframe does not leave the {here.kind} stack at call_on_irq_stack: "
                               f"fp {fp:#x} on the task stack is outside {window} (--complete crosses)")

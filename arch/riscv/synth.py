@@ -227,6 +227,7 @@ def kthread_v7(release: str = "7.2.0-synthetic", pt_size: int = PT_SIZE) -> Scen
     pid = 12
     st = s.task_stack(pid)
     fp_r = st.high - pt_size                                        # ret_from_fork_kernel
+    s.pt_regs(st, fp_r, status=SR_SPP | SR_SPIE)                    # copy_thread(): zeroed, SR_PP | SR_PIE
     s.record(st, fp_r, s.at("kthread"), s.at("ret_from_fork_kernel_asm", 0xC))
     fp_k = fp_r - 0x50                                              # kthread
     s.record(st, fp_k, fp_r, s.at("ret_from_fork_kernel", 0x1A))
@@ -272,13 +273,16 @@ def syscall_v6_1() -> Scenario:
     return Scenario(s, pid, pcs, StopReason.USER_MODE, pcs, StopReason.USER_MODE)
 
 
-def irq_on_irq_stack() -> Scenario:
+def irq_on_irq_stack(at_handler_entry: bool = False) -> Scenario:
     """A timer IRQ on CPU 0's IRQ stack, taken in ``ksys_read`` during a ``read()`` syscall.
 
     Faithful: the walk ends at ``call_on_irq_stack`` (fp on the task stack is
     outside the window above the IRQ stack top). Complete: it crosses through
     ``call_on_irq_stack``'s record to ``do_irq``, the IRQ pt_regs, the syscall
-    and the user pt_regs.
+    and the user pt_regs. With ``at_handler_entry`` the CPU is stopped at
+    ``handle_riscv_irq+0`` (sp the IRQ stack top, s0 ``call_on_irq_stack``'s
+    record, ra into it): the kernel prints that one pc and stops; complete adds
+    ``call_on_irq_stack`` from ra, then crosses.
     """
     s = RiscvSynth()
     pid, cpu = 20, 0
@@ -297,6 +301,16 @@ def irq_on_irq_stack() -> Scenario:
     s.record(st, fp_d, ksys_sp, s.at("handle_exception", 0x128))
     fp_e = fp_d - 0x20                       # call_on_irq_stack: s0 = sp + 16
     s.record(st, fp_e, fp_d, s.at("do_irq", 0x3C))
+    if at_handler_entry:
+        s.function_code("handle_riscv_irq", FRAMED_CODE)
+        pc, ret = s.at("handle_riscv_irq"), s.at("call_on_irq_stack", 0x32)
+        s.sd.running_task(pid, "cat", cpu, {"pc": pc, "ra": ret, "sp": irq.high, "s0": fp_e})
+        complete = [pc, ret, s.at("do_irq", 0x3C), s.at("handle_exception", 0x128), epc,
+                    s.at("__riscv_sys_read", 0x1C), s.at("do_trap_ecall_u", 0x6E), exc_ra]
+        flags = {a: Flag.COMPLETE for a in complete[1:]}
+        flags[epc] |= Flag.BOUNDARY
+        return Scenario(s, pid, [pc], StopReason.KERNEL_LIMIT, complete, StopReason.USER_MODE,
+                        complete_flags=flags)
     fp_f = irq.high                          # handle_riscv_irq, at the IRQ stack top
     s.record(irq, fp_f, fp_e, s.at("call_on_irq_stack", 0x32))
     fp_g = fp_f - 0x30                       # handle_percpu_devid_irq

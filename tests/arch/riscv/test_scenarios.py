@@ -17,6 +17,7 @@ from unwind.walk import stack_walk
 SCENARIOS: dict[str, Callable[[], S.Scenario]] = {
     "deep chain": lambda: S.deep_chain(200),
     "irq on the irq stack": S.irq_on_irq_stack,
+    "irq stop at the handler's entry on the irq stack": lambda: S.irq_on_irq_stack(at_handler_entry=True),
     "exception nested on a syscall": S.exception_on_syscall,
     "exception, no text for the leaf": lambda: S.exception_on_syscall(leaf_code=False),
     "frameless leaf at entry": S.leaf_at_entry,

@@ -153,12 +153,10 @@ def test_module_area_counts_as_text():
 
 
 def test_the_natural_end_moves_with_the_pt_regs_size_the_dump_gives():
-    """A kernel with a 304-byte pt_regs: its first frame's fp is top - 304; only the dump's offsets say so."""
+    """A kernel with a 304-byte pt_regs: its first frame's fp is top - 304; the dump's offsets say so."""
     from unwind.arch.riscv import synth as S
 
     sc = S.kthread_v7(pt_size=304)
-    r = sc.session.replay(sc.task())
-    assert r.stop.reason is StopReason.OUTSIDE_STACK and [f.pc for f in r.frames] == sc.faithful
     sc.synth.sd.extra_meta["offsets"] = {"pt_regs": {"size": 304, "members": {"epc": 0, "ra": 8, "s0": 64,
                                                                              "status": 256}}}
     sc.session = sc.synth.session()
@@ -166,3 +164,64 @@ def test_the_natural_end_moves_with_the_pt_regs_size_the_dump_gives():
     assert r.stop.reason is StopReason.END_OF_STACK and "ret_from_fork_kernel_asm" in r.stop.detail
     assert r.basis["pt_regs"] == "struct pt_regs: 304 bytes, from dump (the dump's offsets)"
     assert r.basis["generation"] == "v7.x"
+
+
+def _no_layout_dump(pt_size: int, tasks: int = 3, zero_regs: bool = False, stray: bool = False):
+    """A 7.x dump with no BTF and no offsets: ``tasks`` kernel threads plus one blocked in a syscall, each
+    stack laid out for a ``pt_size``-byte pt_regs (the answer, by construction); with ``stray`` one more
+    task whose chain ends 0x200 below its top on a user-looking pt_regs."""
+    from unwind.arch.riscv import synth as S
+
+    s = S.RiscvSynth("7.2.0-synthetic", extra_functions=("ret_from_fork_kernel_asm", "ret_from_fork_kernel"))
+    for pid in range(10, 10 + tasks):
+        st = s.task_stack(pid)
+        fp_r = st.high - pt_size                                     # ret_from_fork_kernel: fp = task_pt_regs
+        if not zero_regs:
+            s.pt_regs(st, fp_r, status=S.SR_SPP | S.SR_SPIE)         # copy_thread()'s
+        s.record(st, fp_r, s.at("kthread"), s.at("ret_from_fork_kernel_asm", 0xC))
+        fp_k = fp_r - 0x50                                           # kthread
+        s.record(st, fp_k, fp_r, s.at("ret_from_fork_kernel", 0x1A))
+        s.sd.blocked_task(pid, f"kworker/{pid}", {"ra": s.at("kthread", 0xE8), "sp": fp_k - 0x40, "s0": fp_k})
+    st = s.task_stack(99)
+    p_user = st.high - pt_size                                       # do_trap_ecall_u: fp = the user pt_regs
+    if not zero_regs:
+        s.pt_regs(st, p_user, epc=S.USER_PC, sp=S.USER_STACK_TOP, status=S.SR_SPIE)
+    s.record(st, p_user, S.USER_STACK_TOP - 0x100, s.at("handle_exception", 0x14A))
+    fp_s = p_user - 0x40                                             # __riscv_sys_read
+    s.record(st, fp_s, p_user, s.at("do_trap_ecall_u", 0x6E))
+    s.sd.blocked_task(99, "cat", {"ra": s.at("__riscv_sys_read", 0x1C), "sp": fp_s - 0x20, "s0": fp_s})
+    if stray:
+        st = s.task_stack(50)
+        p = st.high - 0x200
+        s.pt_regs(st, p, epc=S.USER_PC, status=S.SR_SPIE)
+        s.record(st, p, S.USER_STACK_TOP - 0x100, s.at("handle_exception", 0x14A))
+        s.record(st, p - 0x40, p, s.at("do_trap_ecall_u", 0x6E))
+        s.sd.blocked_task(50, "odd", {"ra": s.at("__riscv_sys_read", 0x1C), "sp": p - 0x60, "s0": p - 0x40})
+    return s, s.session()
+
+
+@pytest.mark.parametrize("pt_size", [288, 304])
+def test_pt_regs_derived_from_where_the_record_chains_end(pt_size):
+    """No BTF, no offsets: sizeof(struct pt_regs) is where every task's chain ends on a first pt_regs."""
+    s, session = _no_layout_dump(pt_size)
+    for pid in (10, 99):
+        r = session.replay(session.select(pid=pid)[0])
+        assert r.stop.reason in (StopReason.END_OF_STACK, StopReason.USER_MODE), r.stop
+        assert r.basis["pt_regs"].startswith(f"struct pt_regs: {pt_size} bytes, from derived (4 of 4 task record "
+                                             f"chains end at top-{pt_size:#x} on a first pt_regs"), r.basis
+
+
+def test_pt_regs_derivation_needs_a_first_pt_regs_at_the_chain_end():
+    """Chains ending on zeroed memory prove nothing: the table (288) is used and the 304 kernel's walk fails."""
+    s, session = _no_layout_dump(304, zero_regs=True)
+    r = session.replay(session.select(pid=10)[0])
+    assert r.basis["pt_regs"] == "struct pt_regs: 288 bytes, from table (6.1-7.2 table (288 bytes))"
+    assert not r.stop.clean
+
+
+def test_pt_regs_derivation_outvotes_a_broken_chain():
+    """One task whose chain ends elsewhere does not move the derived place."""
+    s, session = _no_layout_dump(304, stray=True)
+    r = session.replay(session.select(pid=11)[0])
+    assert "304 bytes, from derived (4 of 5 task record chains end at top-0x130" in r.basis["pt_regs"]
+    assert r.stop.reason is StopReason.END_OF_STACK
