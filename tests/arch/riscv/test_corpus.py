@@ -198,3 +198,36 @@ def test_complete_mode_equals_chained_gdb(tmp_path):
             counts["unexplained"] += 1
     COUNTS["gdb chained"] = counts
     assert not counts["unexplained"], dict(counts)
+
+
+#: a sid 7.2 stop with two tasks long blocked under function_graph (a fifo reader in vfs_read, a fifo
+#: opener in do_sys_openat2): the kernel's sysrq-t prints return_to_handler for the hijacked returns
+FGRAPH_7X = CORPUS / "7.2.13+deb14-riscv64" / "stop-004-random.bin.xz"
+
+
+@pytest.mark.skipif(not FGRAPH_7X.exists(), reason="no riscv 7.2 fgraph stop")
+def test_7x_fgraph_faithful_prints_return_to_handler_and_complete_recovers():
+    """7.x ret_stack retp is &fregs->ra in ftrace_caller's frame: the kernel's walk misses the match and
+    prints return_to_handler; faithful must too, and complete gives the recorded return, flagged."""
+    from unwind.frame import Flag
+
+    session = load_session(FGRAPH_7X)
+    rth = session.symbols.address("return_to_handler")
+    trampolines = {rth, session.symbols.address("arch_rethook_trampoline")}
+    hijacked = []
+    for o in session.dump.oracles():
+        frames = [int(x, 16) for x in o["frames"]]
+        if o["source"] == "sysrq-t" and not o.get("stale") and rth in frames:
+            hijacked.append((o["pid"], frames))
+    assert len(hijacked) >= 2
+    for pid, kernel in hijacked:
+        task = session.select(pid=pid)[0]
+        faithful = session.replay(task, Options())
+        assert [f.pc for f in faithful.frames] == kernel
+        complete = session.replay(task, Options(complete=True))
+        assert len(complete.frames) == len(kernel) and not trampolines & {f.pc for f in complete.frames}
+        for k, f in zip(kernel, complete.frames):
+            if k in trampolines:
+                assert f.flags & Flag.COMPLETE and f.flags & (Flag.FGRAPH | Flag.KRETPROBE), f
+            else:
+                assert f.pc == k
