@@ -240,14 +240,18 @@ def _blocked_starts(target: Target) -> list[tuple[int, int, StackInfo]]:
         out.append((ctx["sp"], ctx["s0"], top))
     stacks: dict[Any, StackInfo] = {}
     for st in target.meta.get("stacks") or ():
+        if not isinstance(st, dict):
+            continue
         lo, hi = _hex_int(st.get("low")), _hex_int(st.get("high"))
         if st.get("kind") == "task" and lo is not None and hi is not None and lo < hi:
             stacks[st.get("pid")] = StackInfo(lo, hi, "task", None)
     for t in target.meta.get("tasks") or ():
         if len(out) >= _DERIVE_TASKS:
             break
-        c, st = t.get("context") or {}, stacks.get(t.get("pid"))
-        sp, fp = _hex_int(c.get("sp")), _hex_int(c.get("s0"))
+        c = t.get("context") if isinstance(t, dict) else None
+        if not isinstance(c, dict):
+            continue
+        st, sp, fp = stacks.get(t.get("pid")), _hex_int(c.get("sp")), _hex_int(c.get("s0"))
         if (st is not None and t.get("cpu") is None and t.get("pid") != target.task.pid
                 and sp is not None and fp is not None):
             out.append((sp, fp, st))

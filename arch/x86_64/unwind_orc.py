@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import bisect
 import struct
-from typing import Callable, Mapping
+import weakref
+from typing import Any, Callable, Mapping
 
 from unwind.frame import Flag, Frame, Provenance, Source
-from unwind.layout import resolve_layout
+from unwind.layout import StructLayout, resolve_layout
 from unwind.memory import MemoryFault, Segment
 from unwind.target import Target
 from unwind.walk import StopReason, Unwinder, UnwindStop
@@ -38,6 +39,96 @@ _U64 = struct.Struct("<Q").unpack_from
 
 def _seg_start(seg: Segment) -> int:
     return seg.start
+
+
+#: TOP_OF_KERNEL_STACK_PADDING (asm/thread_info.h) of x86-64: 0, or 2 * 8 with CONFIG_X86_FRED (v6.9+)
+STACK_PADDINGS = (0, 16)
+#: the IRET frame {ip, cs, flags, sp, ss} closes every struct pt_regs (the CPU pushes it)
+_IRET_WORDS = 5
+#: a struct pt_regs larger than this is not believed (21 words today)
+_DERIVE_MAX = 512
+#: user pt_regs looked at when the layout is derived
+_DERIVE_VOTES = 16
+#: per dump (its memory): the derived pt_regs, or None
+_DERIVED: "weakref.WeakKeyDictionary[Any, StructLayout | None]" = weakref.WeakKeyDictionary()
+
+
+# task_pt_regs() (asm/processor.h) from the stacks' side: a user IRET frame below the padding
+def user_iret_padding(read: Callable[[int], int], top: int) -> int | None:
+    """TOP_OF_KERNEL_STACK_PADDING of a task stack whose top holds a user-mode IRET frame (cs and ss with
+    RPL 3, ip a user address), or None."""
+    for pad in STACK_PADDINGS:
+        base = top - pad - 8 * _IRET_WORDS
+        try:
+            ip, cs, ss = read(base), read(base + 8), read(base + 32)
+        except MemoryFault:
+            continue
+        if cs & 3 == 3 and ss & 3 == 3 and cs < 0x10000 and ss < 0x10000 and ip < 1 << 56:
+            return pad
+    return None
+
+
+# PUSH_AND_CLEAR_REGS + UNWIND_HINT_REGS (entry_64.S): the entry calls the C handler with sp = the pt_regs
+def user_regs_start(read: Callable[[int], int], table: OrcTable, iret: int) -> int | None:
+    """Where the user pt_regs below ``iret`` begins: just above the return address into the entry code,
+    whose ORC entry is REGS at sp+0 (the regs are at the caller's sp)."""
+    for slot in range(iret - 8, max(iret - _DERIVE_MAX, 0), -8):
+        try:
+            ret = read(slot)
+        except MemoryFault:
+            return None
+        if not table.stext <= ret < table.etext:
+            continue
+        orc = table.orc_find(ret)
+        if orc is not None and orc.type == ORC_TYPE_REGS and orc.sp_reg == ORC_REG_SP and orc.sp_offset == 0:
+            return slot + 8
+    return None
+
+
+def _task_stack_tops(target: Target) -> list[int]:
+    """The tops of the walked task's stack and of the other tasks' stacks the dump lists."""
+    tops = [s.high for s in target.task.stacks if s.kind == "task"]
+    for st in target.meta.get("stacks") or ():
+        if not isinstance(st, dict) or st.get("kind") != "task" or not isinstance(st.get("high"), str):
+            continue
+        try:
+            tops.append(int(st["high"], 16))
+        except ValueError:
+            continue
+    return list(dict.fromkeys(tops))
+
+
+def derived_pt_regs(target: Target, table: OrcTable) -> StructLayout | None:
+    """``struct pt_regs`` from the user pt_regs at the top of the task stacks: it ends at top -
+    TOP_OF_KERNEL_STACK_PADDING (the user IRET frame), it begins where the entry's UNWIND_HINT_REGS
+    return address says; the most common (size, padding). GPR offsets stay the table's, the IRET
+    members are counted from the end."""
+    if target.mem in _DERIVED:
+        return _DERIVED[target.mem]
+    read = target.mem.read_u64
+    votes: dict[tuple[int, int], int] = {}
+    for top in _task_stack_tops(target):
+        if sum(votes.values()) >= _DERIVE_VOTES:
+            break
+        pad = user_iret_padding(read, top)
+        if pad is None:
+            continue
+        end = top - pad
+        start = user_regs_start(read, table, end - 8 * _IRET_WORDS)
+        if start is not None and max(PT_REGS_TABLE[m] for m in ("r10", "r13", "di", "dx", "ax", "bp")) \
+                < end - start - 8 * _IRET_WORDS:
+            votes[(end - start, pad)] = votes.get((end - start, pad), 0) + 1
+    got = None
+    if votes:
+        (size, pad), n = max(votes.items(), key=lambda kv: kv[1])
+        offsets = dict(PT_REGS_TABLE.offsets)
+        offsets.update(ip=size - 40, cs=size - 32, sp=size - 16)
+        got = StructLayout("pt_regs", size, offsets, "derived",
+                           f"{n} of {sum(votes.values())} user pt_regs: UNWIND_HINT_REGS return to a user IRET "
+                           f"frame ending at top-{pad} (TOP_OF_KERNEL_STACK_PADDING {pad}), so sizeof = {size} "
+                           f"(GPR offsets: {PT_REGS_TABLE.detail})")
+    _DERIVED[target.mem] = got
+    return got
 
 
 def _int(v: int | str) -> int:
@@ -131,9 +222,10 @@ class DumpConstants:
     __slots__ = ("pt", "itf", "off", "pt_size", "iret_offset", "iret_size", "return_to_handler",
                  "rethook_trampoline", "ret_from_fork_asm")
 
-    def __init__(self, target: Target) -> None:
-        # struct pt_regs and struct inactive_task_frame: BTF, the dump's offsets, else the table
-        self.pt = resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE)
+    def __init__(self, target: Target, table: OrcTable) -> None:
+        # struct pt_regs and struct inactive_task_frame: BTF, the dump's offsets, derived (pt_regs), the table
+        self.pt = resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE,
+                                 lambda: derived_pt_regs(target, table))
         self.itf = resolve_layout(target, "inactive_task_frame", INACTIVE_TASK_FRAME_MEMBERS,
                                   INACTIVE_TASK_FRAME_TABLE)
         self.off = dict(self.pt.offsets)
@@ -168,7 +260,7 @@ class OrcUnwinder(Unwinder):
         self.find = table.orc_find
         self.stacks = StackFinder(target.task.stacks, target.mem)
         self.record = target.options.record
-        consts: DumpConstants = target.per_dump("x86_64", DumpConstants)
+        consts: DumpConstants = target.per_dump("x86_64", lambda t: DumpConstants(t, table))
         self.pt, self.itf, self.off = consts.pt, consts.itf, consts.off
         self.pt_size, self.iret_offset, self.iret_size = consts.pt_size, consts.iret_offset, consts.iret_size
         self.return_to_handler = consts.return_to_handler

@@ -95,3 +95,27 @@ def test_printed_text_matches_sysrq(dump: str) -> None:
             first = first or f"{oracle['source']} pid {task.pid}"
     print(f"{Path(dump).name}: printed text same {same}, differs {differ} {first}")
     assert differ == 0, f"{differ} traces print differently, first {first}"
+
+
+#: the first stop of each generation sample whose slim image has BTF (bookworm 6.1, sid 7.2)
+BTF_STOPS = [p for p in (CORPUS / "6.1.0-57-amd64" / "stop-000-random.bin.xz",
+                         CORPUS / "7.2.13+deb14-amd64" / "stop-001-random.bin.xz") if p.exists()]
+
+
+@pytest.mark.parametrize("path", BTF_STOPS, ids=lambda p: p.parent.name)
+def test_pt_regs_derived_from_the_stacks_equals_btf(path):
+    """The layout a dump without BTF or offsets would derive equals the kernel's BTF: sizeof(struct pt_regs),
+    its IRET members, and the padding above it (16 exactly when the kernel has FRED: struct fred_info)."""
+    from unwind import Options
+    from unwind.arch.x86_64.unwind_orc import derived_pt_regs
+
+    s = load_session(path)
+    btf = s.image.btf
+    task = next(t for t in s.select(every=True) if t.cpu is None)
+    target = s.target(task, Options())
+    got = derived_pt_regs(target, s.backend.unwinder(target).table)
+    assert got is not None and got.source == "derived"
+    assert got.size == btf.sizeof("pt_regs")
+    assert {m: got[m] for m in ("ip", "cs", "sp")} == {m: btf.offsetof("pt_regs", m) for m in ("ip", "cs", "sp")}
+    fred = btf.has("fred_info", "struct")
+    assert f"TOP_OF_KERNEL_STACK_PADDING {16 if fred else 0})" in got.detail

@@ -465,3 +465,46 @@ def test_inactive_task_frame_from_the_dump_offsets():
     assert [f.pc for f in r.frames] == pcs(b, EXPECTED) and r.stop.clean
     assert r.basis["inactive_task_frame"].startswith("struct inactive_task_frame: 64 bytes, from dump")
     assert r.basis["pt_regs"].endswith("(6.1-7.2 table (168 bytes))") and r.basis["generation"] == "ORC v3"
+
+
+def _user_syscall_dump(size: int, pad: int):
+    """A task blocked in a syscall, no BTF and no offsets: its user pt_regs is ``size`` bytes (the IRET frame
+    last, as the CPU pushes it) and ends ``pad`` bytes below the stack top (TOP_OF_KERNEL_STACK_PADDING)."""
+    b = kernel()
+    b.func("entry_SYSCALL_64", 0x80, (0, regs(0)))
+    pt = TASK_LO + STACK - pad - size
+
+    def build(st, a):
+        tsp = pt - 56 - 16
+        st.put(tsp, 0, 0, 0, 0, 0, 0, a["__schedule"] + 0x50)
+        st.put(tsp + 56 + 8, a["entry_SYSCALL_64"] + 0x40)        # the call into the C handler
+        st.put(pt + size - 40, 0x7F0000001000, USER_CS, 0x246, 0x7FFF0000, USER_SS)
+        st.put(pt + size - 48, 0)                                   # orig_ax
+        return tsp
+    s, t = blocked(b, build)
+    return b, s, t, pt
+
+
+@pytest.mark.parametrize("size,pad", [(168, 0), (168, 16), (184, 16)])
+def test_pt_regs_derived_from_the_user_regs_at_the_stack_top(size, pad):
+    """6.12 (no padding), 7.x with CONFIG_X86_FRED (16 bytes of padding) and a made-up 184-byte pt_regs:
+    sizeof and the IRET frame's place come from the stack, and the walk ends cleanly at the user regs."""
+    b, s, t, pt = _user_syscall_dump(size, pad)
+    r = s.replay(t)
+    assert [f.pc for f in r.frames] == [b.addr["__schedule"] + 0x50, b.addr["entry_SYSCALL_64"] + 0x40]
+    assert r.stop.reason is StopReason.USER_MODE and r.frames[-1].extra == {"user_regs": pt}
+    assert r.basis["pt_regs"].startswith(f"struct pt_regs: {size} bytes, from derived (1 of 1 user pt_regs: "
+                                         f"UNWIND_HINT_REGS return to a user IRET frame ending at top-{pad} "
+                                         f"(TOP_OF_KERNEL_STACK_PADDING {pad})"), r.basis
+
+
+def test_a_wrong_pt_regs_size_breaks_the_walk_without_the_derivation():
+    """The 184-byte pt_regs read with the dump's (wrong) 168-byte offsets misses the user cs: the derived
+    layout is what made the test above pass."""
+    b, s, t, pt = _user_syscall_dump(184, 16)
+    s.dump.meta["offsets"] = {"pt_regs": {"size": 168, "members": {"r10": 56, "r13": 16, "di": 112, "dx": 96,
+                                                                  "ax": 80, "bp": 32, "ip": 128, "cs": 136,
+                                                                  "sp": 152}}}
+    r = s.replay(t)
+    assert r.basis["pt_regs"].startswith("struct pt_regs: 168 bytes, from dump")
+    assert r.stop.reason is not StopReason.USER_MODE
