@@ -188,7 +188,7 @@ def thread_size(target: Target) -> int:
 
 #: frame records followed per task when the pt_regs place is derived from the stacks
 _DERIVE_RECORDS = 512
-#: tasks looked at for it (the walked one first)
+#: blocked tasks looked at for it
 _DERIVE_TASKS = 32
 #: no riscv pt_regs is larger (36 words today)
 _DERIVE_MAX = 1024
@@ -233,11 +233,8 @@ def _hex_int(v: Any) -> int | None:
 
 
 def _blocked_starts(target: Target) -> list[tuple[int, int, StackInfo]]:
-    """(sp, fp, task stack) of the walked task when blocked, then of the other blocked tasks the dump lists."""
-    out = []
-    ctx, top = target.task.context, next((s for s in target.task.stacks if s.kind == "task"), None)
-    if ctx and top is not None and "sp" in ctx and "s0" in ctx:
-        out.append((ctx["sp"], ctx["s0"], top))
+    """(sp, fp, task stack) of the blocked tasks the dump lists (the same for every task walked)."""
+    out: list[tuple[int, int, StackInfo]] = []
     stacks: dict[Any, StackInfo] = {}
     for st in target.meta.get("stacks") or ():
         if not isinstance(st, dict):
@@ -252,8 +249,7 @@ def _blocked_starts(target: Target) -> list[tuple[int, int, StackInfo]]:
         if not isinstance(c, dict):
             continue
         st, sp, fp = stacks.get(t.get("pid")), _hex_int(c.get("sp")), _hex_int(c.get("s0"))
-        if (st is not None and t.get("cpu") is None and t.get("pid") != target.task.pid
-                and sp is not None and fp is not None):
+        if st is not None and t.get("cpu") is None and sp is not None and fp is not None:
             out.append((sp, fp, st))
     return out
 

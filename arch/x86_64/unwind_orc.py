@@ -86,8 +86,8 @@ def user_regs_start(read: Callable[[int], int], table: OrcTable, iret: int) -> i
 
 
 def _task_stack_tops(target: Target) -> list[int]:
-    """The tops of the walked task's stack and of the other tasks' stacks the dump lists."""
-    tops = [s.high for s in target.task.stacks if s.kind == "task"]
+    """The tops of the task stacks the dump lists (the same for every task walked)."""
+    tops: list[int] = []
     for st in target.meta.get("stacks") or ():
         if not isinstance(st, dict) or st.get("kind") != "task" or not isinstance(st.get("high"), str):
             continue
