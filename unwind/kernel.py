@@ -450,7 +450,7 @@ class Kernel:
             return []
 
     def _ret_stack_is_words(self) -> bool:
-        """6.8+ keeps ``unsigned long *ret_stack`` (tagged words); before, an array of ``ftrace_ret_stack``."""
+        """6.11+ keeps ``unsigned long *ret_stack`` (tagged words); before, an array of ``ftrace_ret_stack``."""
         m = self.btf.member("task_struct", "ret_stack")
         return self.btf.kind(self.btf.pointee(m.type_id)) != "struct"
 
@@ -466,7 +466,7 @@ class Kernel:
         raw = self.read(ptr, n * size)
         return [self._entry(raw[i * size:(i + 1) * size], fields) for i in range(n)]
 
-    # get_ret_stack() of 6.8+ (kernel/trace/fgraph.c): each frame's top word holds its offset in words
+    # get_ret_stack() of 6.11+ (kernel/trace/fgraph.c): each frame's top word holds its offset in words
     def _fgraph_words(self, ptr: int, curr: int, size: int, fields: list[str]) -> list[FgraphEntry]:
         if curr > MAX_FGRAPH_WORDS:
             raise MemoryFault(ptr, curr * 8)

@@ -48,7 +48,7 @@ class DumpConstants:
     """What every walk of one dump shares, read from a scalar unwinder of its first task; ``None``
     from :meth:`of` when the walk's choices depend on each task's stack (no version, no BTF)."""
 
-    __slots__ = ("meta_records", "kunwind", "pac_mask", "clear_mask", "return_to_handler",
+    __slots__ = ("meta_records", "first_pc_recovered", "pac_mask", "clear_mask", "return_to_handler",
                  "kretprobe_trampoline", "pt_regs_size", "stackframe", "basis")
 
     @classmethod
@@ -70,11 +70,11 @@ class DumpConstants:
         if state.layout.source.startswith("derived"):
             return None  # sizeof(pt_regs) derived from each task's FINAL record
         c = cls()
-        c.meta_records, c.kunwind = state.meta_records, state.kunwind
+        c.meta_records, c.first_pc_recovered = state.meta_records, state.first_pc_recovered
         c.pac_mask = state.pac_mask
         # ptrauth_strip_kernel_insn_pac() clears the mask from a user pointer, v6.1's
         # ptrauth_clear_pac() only its GENMASK(54, 0) part
-        c.clear_mask = state.pac_mask if state.kunwind else state.pac_mask & genmask_ull(54, 0)
+        c.clear_mask = state.pac_mask if state.first_pc_recovered else state.pac_mask & genmask_ull(54, 0)
         # no symbol: 0, which a pc may equal, but a lane with pc 0 only goes to the scalar walk
         c.return_to_handler = state.return_to_handler or 0
         c.kretprobe_trampoline = state.kretprobe_trampoline or 0
@@ -86,7 +86,7 @@ class DumpConstants:
 _CONSTANTS: "WeakKeyDictionary[Session, dict[str | None, DumpConstants | None]]" = WeakKeyDictionary()
 
 
-# ptrauth_strip_kernel_insn_pac() (v6.8+) and v6.1's ptrauth_clear_pac(), over lanes
+# ptrauth_strip_kernel_insn_pac() (v6.4+) and v6.1's ptrauth_clear_pac(), over lanes
 def ptrauth_strip_lanes(ptr: np.ndarray, mask: np.ndarray, keep_mask: np.ndarray) -> np.ndarray:
     """Bit 55 set: a kernel pointer, the mask ORed in; clear: a user pointer, ANDed with ``keep_mask``
     (``~mask``, or v6.1's ``~(mask & GENMASK(54, 0))``)."""
@@ -126,7 +126,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
         return table[job_of]
 
     meta = np.array([bool(c and c.meta_records) for c in consts])[job_of]
-    kunwind = np.array([bool(c and c.kunwind) for c in consts])[job_of]
+    first_pc = np.array([bool(c and c.first_pc_recovered) for c in consts])[job_of]
     mask, clear_mask = per_job("pac_mask"), per_job("clear_mask")
     rth, krt = per_job("return_to_handler"), per_job("kretprobe_trampoline")
     # task_pt_regs(tsk)->stackframe: THREAD_SIZE + task_stack_page(tsk) - sizeof(pt_regs) + offsetof(stackframe)
@@ -136,8 +136,8 @@ def batch_walk(jobs: list[Job]) -> Walked:
     # current stack above what the walk consumed, so the walk checks one window [lo, hi) for both
     flat, seg_lo, seg_hi, origin, base = locate_lanes(jobs, job_of, tasks, fp)
 
-    # do_kunwind(): the first frame, from the saved context (v6.8+ recovers its pc first)
-    keep = ~(kunwind & ((pc == rth) | (pc == krt)))
+    # do_kunwind(): the first frame, from the saved context (v6.4+ recovers its pc first)
+    keep = ~(first_pc & ((pc == rth) | (pc == krt)))
     on_task = (low <= sp) & (sp <= high)  # StackSet.kind_of(sp): in [low, high), or at the very top
     label_task, label_none = rec.label("task"), rec.label(None)
     rec.frames(lanes[keep], pc[keep], sp=sp[keep], fp=fp[keep], source=source[keep],

@@ -58,8 +58,12 @@ _SRC_FRAME = Source.FRAME
 _SRC_REGS_PC = Source.REGS_PC
 _SRC_UNKNOWN = Source.UNKNOWN
 
-#: the first kernel whose walk is kunwind_stack_walk(): the first pc is recovered too and a failed
-#: kretprobe recovery is an error (the kunwind series, v6.8; the trees read are 6.1 and 6.12)
+#: the first kernel whose unwind() recovers the first pc too (unwind_recover_return_address()) and strips
+#: a PAC with ptrauth_strip_kernel_insn_pac(): "arm64: stacktrace: recover return address for first
+#: entry" and "arm64: use XPACLRI to strip PAC" (the arm64 pull for v6.4; the v6.4-v6.7 stacktrace.c read)
+FIRST_PC_RECOVERED_SINCE = (6, 4)
+#: the first kernel whose walk is kunwind_stack_walk(): a failed kretprobe recovery is an error (the
+#: kunwind series, "factor out kunwind_stack_walk()", in the arm64 pull for v6.8)
 KUNWIND_SINCE = (6, 8)
 #: the first kernel whose ftrace_graph_ret_addr() searches down from ``*idx`` and skips tail-call
 #: entries ("function_graph: Convert ret_stack to a series of longs", v6.11); 6.1 scans up from the bottom
@@ -95,18 +99,22 @@ class Generation:
     version: tuple[int, int] | None
     #: v6.13+: frame_record_meta, kunwind_source and the printed markers
     meta_records: bool
-    #: v6.8+: kunwind_stack_walk() (the first pc recovered, a kretprobe miss is an error)
+    #: v6.8+: kunwind_stack_walk() (a kretprobe miss is an error)
     kunwind: bool
     #: v6.11+: ftrace_graph_ret_addr() walks down from ``*idx``; before, it scans up from the bottom
     fgraph_idx: bool
     why: str
+    #: v6.4+: the first pc is recovered and PACs are stripped with ptrauth_strip_kernel_insn_pac()
+    first_pc_recovered: bool = True
 
     @property
     def name(self) -> str:
-        """``v6.13+``, ``v6.8-v6.12`` or ``v6.1-v6.7``: the walk followed."""
+        """``v6.13+``, ``v6.8-v6.12``, ``v6.4-v6.7`` or ``v6.1-v6.3``: the walk followed."""
         if self.meta_records:
             return "v6.13+"
-        return "v6.8-v6.12" if self.kunwind else "v6.1-v6.7"
+        if self.kunwind:
+            return "v6.8-v6.12"
+        return "v6.4-v6.7" if self.first_pc_recovered else "v6.1-v6.3"
 
 
 # kunwind_next_frame_record_meta()'s FRAME_META_TYPE_FINAL test, from the stacks' side
@@ -148,10 +156,11 @@ def _btf_meta_records(target: Target) -> tuple[bool | None, str]:
 
 def _generation(version: tuple[int, int] | None, meta: bool, why: str) -> Generation:
     if version is None:
-        kunwind, fgraph_idx = True, True
+        kunwind, fgraph_idx, first_pc = True, True, True
     else:
         kunwind, fgraph_idx = version >= KUNWIND_SINCE or meta, version >= FGRAPH_IDX_SINCE or meta
-    return Generation(version, meta, kunwind, fgraph_idx, why)
+        first_pc = version >= FIRST_PC_RECOVERED_SINCE or kunwind
+    return Generation(version, meta, kunwind, fgraph_idx, why, first_pc)
 
 
 def dump_generation(target: Target) -> Generation | None:
@@ -311,8 +320,8 @@ class KunwindState:
     """
 
     __slots__ = ("fp", "pc", "stacks", "graph_idx", "kr_cur", "source", "flags", "regs",
-                 "mem", "meta_records", "kunwind", "fgraph_idx", "layout", "final_fp", "pac_mask",
-                 "return_to_handler", "kretprobe_trampoline", "fgraph", "kretprobes", "prov", "record",
+                 "mem", "meta_records", "kunwind", "first_pc_recovered", "fgraph_idx", "layout", "final_fp",
+                 "pac_mask", "return_to_handler", "kretprobe_trampoline", "fgraph", "kretprobes", "prov", "record",
                  "seg_start", "seg_data", "seg_last")
 
     def __init__(self, target: Target, gen: Generation, layout: PtRegsLayout, consts: DumpConstants) -> None:
@@ -320,6 +329,7 @@ class KunwindState:
         self.mem: Memory = target.mem
         self.meta_records = gen.meta_records
         self.kunwind = gen.kunwind
+        self.first_pc_recovered = gen.first_pc_recovered
         self.fgraph_idx = gen.fgraph_idx
         self.layout = layout
         self.stacks = StackSet(task.stacks)
@@ -490,7 +500,7 @@ def kunwind_recover_return_address(state: KunwindState) -> None:
                    f"(retp {state.fp:#x})")
     if pc == state.kretprobe_trampoline:
         orig, cur = kretprobe_find_ret_addr(state.kretprobes, state.fp, state.kr_cur, pc)
-        if not orig and not state.kunwind:  # v6.1 unwind_next(): the pc becomes 0 and the walk goes on
+        if not orig and not state.kunwind:  # v6.1-v6.7: the pc becomes 0 and the walk goes on
             state.pc = 0
             state.note(f"__kretprobe_trampoline at fp {state.fp:#x}: no kretprobe instance; v6.1 goes on with pc 0")
             return
@@ -655,7 +665,7 @@ def kunwind_next(state: KunwindState) -> None:
             raise UnwindStop(StopReason.END_OF_STACK, final_frame_detail(state.fp))
         unwind_next_frame_record(state)
     raw = state.pc
-    pc = state.pc = (ptrauth_strip_kernel_insn_pac(raw, state.pac_mask) if state.kunwind
+    pc = state.pc = (ptrauth_strip_kernel_insn_pac(raw, state.pac_mask) if state.first_pc_recovered
                      else ptrauth_clear_pac(raw, state.pac_mask))
     if pc != raw:
         state.flags = _PAC_STRIPPED
@@ -742,7 +752,7 @@ class Arm64Unwinder(Unwinder):
             if state.final_fp is not None:
                 state.prov.note(f"final record expected at {state.final_fp:#x} "
                                 f"(task_pt_regs(tsk)->stackframe, {state.layout.source})")
-        if state.kunwind:  # v6.1's unwind() hands the first pc over as it is
+        if state.first_pc_recovered:  # v6.1-v6.3's unwind() hands the first pc over as it is
             kunwind_recover_return_address(state)
         regs = task.regs if task.regs is not None else task.context or {}
         sp = regs.get("sp")

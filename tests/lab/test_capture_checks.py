@@ -68,7 +68,7 @@ def test_guest_dying_mid_capture_keeps_written_dumps(tmp_path) -> None:
 
 @pytest.mark.parametrize("gen", ["new", "old"])
 def test_capture_reads_fgraph_in_both_ret_stack_layouts(gen: str) -> None:
-    # "old" is 6.1's array of struct ftrace_ret_stack, "new" the 6.8+ tagged words
+    # "old" is 6.1's array of struct ftrace_ret_stack, "new" the 6.11+ tagged words
     from tests.vmtasks.kernelgen import SynthKernel
     from tests.vmtasks.test_kernel_tasks import _procs
     from unwind.kernel import Kernel

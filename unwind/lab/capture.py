@@ -349,7 +349,7 @@ class Session:
 
     def fgraph(self, tb: bytes) -> tuple[list[dict[str, str]], tuple[int, bytes] | None]:
         """The function-graph return stack (bottom to top) as :class:`unwind.kernel.Kernel` reads it
-        (6.8+ tagged words or the older ``ftrace_ret_stack`` array), and the raw bytes it spans."""
+        (6.11+ tagged words or the older ``ftrace_ret_stack`` array), and the raw bytes it spans."""
         b = self.btf
         if not (_has(b, "task_struct", "ret_stack") and _has(b, "task_struct", "curr_ret_stack")):
             return [], None

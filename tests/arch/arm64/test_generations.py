@@ -136,8 +136,9 @@ def test_btf_of_a_6_12_kernel_says_no_meta_records():
 
 
 def test_v6_1_hands_the_first_pc_over_unrecovered():
-    """v6.1 unwind() consumes the first pc before any recovery; v6.12's do_kunwind() recovers it."""
-    for gen, first in (("6.1", RETURN_TO_HANDLER), ("6.12", ret(9))):
+    """v6.1 unwind() consumes the first pc before any recovery; from v6.4 unwind() (v6.8+ do_kunwind())
+    recovers it first."""
+    for gen, first in (("6.1", RETURN_TO_HANDLER), ("6.5", ret(9)), ("6.12", ret(9))):
         a = Arm64Synth(gen)
         st = a.task_stack(7, TASK_LOW)
         fp = TASK_LOW + 0x3000
@@ -150,8 +151,8 @@ def test_v6_1_hands_the_first_pc_over_unrecovered():
 
 
 def test_v6_1_kretprobe_miss_goes_on_with_pc_0():
-    """v6.1 sets pc to kretprobe_find_ret_addr()'s 0 and walks on; v6.12 stops with -EINVAL."""
-    for gen in ("6.1", "6.12"):
+    """v6.1-v6.7 set pc to kretprobe_find_ret_addr()'s 0 and walk on; v6.8+ (kunwind) stop with -EINVAL."""
+    for gen in ("6.1", "6.5", "6.12"):
         a = Arm64Synth(gen)
         st = a.task_stack(7, TASK_LOW)
         fps = [TASK_LOW + 0x3000, TASK_LOW + 0x3040]
@@ -159,8 +160,8 @@ def test_v6_1_kretprobe_miss_goes_on_with_pc_0():
         a.blocked(7, "t", fp=fps[0], pc=ret(0), sp=fps[0] - 0x10, kretprobes=[])
         sc = S._scenario(a, [], StopReason.END_OF_STACK, pid=7)
         _, frames, stop = walk(sc)
-        if gen == "6.1":
-            assert [f.pc for f in frames] == [ret(0), 0, ret(2)] and stop.clean
+        if gen != "6.12":
+            assert [f.pc for f in frames] == [ret(0), 0, ret(2)] and stop.clean, gen
         else:
             assert [f.pc for f in frames] == [ret(0)] and stop.reason is StopReason.RECOVERY_FAILED
 
@@ -168,7 +169,7 @@ def test_v6_1_kretprobe_miss_goes_on_with_pc_0():
 def test_v6_1_fgraph_search_starts_at_the_bottom():
     """Two entries with the same retp: v6.1 takes the bottom one, v6.11+ the top one (skipping none here)."""
     got = {}
-    for gen in ("6.1", "6.12"):
+    for gen in ("6.1", "6.5", "6.12"):
         a = Arm64Synth(gen)
         st = a.task_stack(7, TASK_LOW)
         fp = TASK_LOW + 0x3000
@@ -178,4 +179,32 @@ def test_v6_1_fgraph_search_starts_at_the_bottom():
                           {"ret": ret(5), "retp": a.final_fp(st), "func": fn(5)}])
         _, frames, stop = walk(S._scenario(a, [], StopReason.END_OF_STACK, pid=7))
         got[gen] = [f.pc for f in frames]
-    assert got == {"6.1": [ret(0), ret(4)], "6.12": [ret(0), ret(5)]}
+    assert got == {"6.1": [ret(0), ret(4)], "6.5": [ret(0), ret(4)], "6.12": [ret(0), ret(5)]}
+
+
+@pytest.mark.parametrize("release,name", [("6.1", "v6.1-v6.3"), ("6.3", "v6.1-v6.3"), ("6.4", "v6.4-v6.7"),
+                                          ("6.7", "v6.4-v6.7"), ("6.8", "v6.8-v6.12"), ("6.13", "v6.13+")])
+def test_generation_names_follow_the_boundaries(release, name):
+    """v6.4 (first pc recovered, insn PAC strip), v6.8 (kunwind) and v6.13 (meta records)."""
+    sc = S.deep_chain(release, depth=2)
+    r = sc.session.replay(sc.task)
+    assert r.basis["generation"] == name and r.stop.clean
+
+
+def test_v6_4_strips_a_user_pointer_with_the_whole_mask():
+    """A bit-55-clear lr: v6.1-v6.3 clear only GENMASK(54, vabits) of the mask, v6.4+ all of it."""
+    from unwind.arch.arm64.stacktrace import ptrauth_clear_pac, ptrauth_strip_kernel_insn_pac
+
+    got = {}
+    for gen in ("6.1", "6.5"):
+        a = Arm64Synth(gen)
+        st = a.task_stack(7, TASK_LOW)
+        fps = [TASK_LOW + 0x3000, TASK_LOW + 0x3040]
+        lr = (1 << 60) | 0x1234
+        a.chain(st, fps, [lr, ret(2)], a.final_fp(st))
+        a.blocked(7, "t", fp=fps[0], pc=ret(0), sp=fps[0] - 0x10)
+        _, frames, _ = walk(S._scenario(a, [], StopReason.END_OF_STACK, pid=7))
+        got[gen] = frames[1].pc
+        mask = int(a.sd.vmcoreinfo["NUMBER(KERNELPACMASK)"], 16)
+    assert got == {"6.1": ptrauth_clear_pac(lr, mask), "6.5": ptrauth_strip_kernel_insn_pac(lr, mask)}
+    assert got["6.1"] != got["6.5"]
