@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import bisect
 import struct
-import weakref
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 from unwind.frame import Flag, Frame, Provenance, Source
 from unwind.layout import StructLayout, resolve_layout
@@ -49,8 +48,6 @@ _IRET_WORDS = 5
 _DERIVE_MAX = 512
 #: user pt_regs looked at when the layout is derived
 _DERIVE_VOTES = 16
-#: per dump (its memory): the derived pt_regs, or None
-_DERIVED: "weakref.WeakKeyDictionary[Any, StructLayout | None]" = weakref.WeakKeyDictionary()
 
 
 # task_pt_regs() (asm/processor.h) from the stacks' side: a user IRET frame below the padding
@@ -103,8 +100,6 @@ def derived_pt_regs(target: Target, table: OrcTable) -> StructLayout | None:
     TOP_OF_KERNEL_STACK_PADDING (the user IRET frame), it begins where the entry's UNWIND_HINT_REGS
     return address says; the most common (size, padding). GPR offsets stay the table's, the IRET
     members are counted from the end."""
-    if target.mem in _DERIVED:
-        return _DERIVED[target.mem]
     read = target.mem.read_u64
     votes: dict[tuple[int, int], int] = {}
     for top in _task_stack_tops(target):
@@ -127,7 +122,6 @@ def derived_pt_regs(target: Target, table: OrcTable) -> StructLayout | None:
                            f"{n} of {sum(votes.values())} user pt_regs: UNWIND_HINT_REGS return to a user IRET "
                            f"frame ending at top-{pad} (TOP_OF_KERNEL_STACK_PADDING {pad}), so sizeof = {size} "
                            f"(GPR offsets: {PT_REGS_TABLE.detail})")
-    _DERIVED[target.mem] = got
     return got
 
 
