@@ -69,7 +69,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for w in session.warnings:
         print(f"unwind: warning: {w}", file=sys.stderr)
     status = 0
-    for r in session.replay_all(options, tasks, reliable=args.reliable, max_frames=args.max_frames):
+    # --all walks the tasks in one batch (unwind.batch, numpy); a few tasks walk one by one, so a
+    # replay of the running tasks starts without numpy
+    replays = (session.replay_all(options, tasks, reliable=args.reliable, max_frames=args.max_frames) if args.all
+               else (session.replay(t, options, reliable=args.reliable, max_frames=args.max_frames) for t in tasks))
+    for r in replays:
         if args.json:
             print(json.dumps(replay_json(session, r, args.explain)))
         else:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from contextlib import contextmanager
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 from construct import ConstructError
 from elftools.common.exceptions import ELFError
@@ -33,7 +33,7 @@ from .symbols import SymbolError, SymbolTable
 
 NT_GNU_BUILD_ID = "NT_GNU_BUILD_ID"
 IMAGE_PATH_ENV = "UNWIND_IMAGE_PATH"
-_SYMBOL_CACHE_VERSION = 2
+_SYMBOL_CACHE_VERSION = 3
 _BUILD_ID_IN_NAME = re.compile(r"[0-9a-f]{40}")
 #: what pyelftools, construct and numpy raise on a malformed image (a symbol table of a size that
 #: is no multiple of its entries is numpy's ValueError)
@@ -54,10 +54,11 @@ class ImageError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class TextRange:
-    """An executable section's bytes."""
+    """An executable section with file contents: its address, file offset and size."""
 
     start: int
-    data: bytes
+    offset: int
+    size: int
 
 
 class Image:
@@ -77,13 +78,18 @@ class Image:
                              "argument and the vmlinux (or slim image) to --vmlinux")
         with self._malformed():
             # every section header, name and note read once: a malformed one is an ImageError here,
-            # and the later reads of the same headers cannot fail
-            for sec in self.elf.iter_sections():
-                sec.name  # noqa: B018
+            # and the later reads of the same headers cannot fail (pyelftools parses a header again
+            # on each get_section(): these are the ones every later lookup uses)
+            self._sections = list(self.elf.iter_sections())
+            for sec in self._sections:
                 if sec["sh_type"] == "SHT_NOTE":
                     list(sec.iter_notes())
+            # as pyelftools' get_section_by_name: the last section of a name
+            self._by_name = {sec.name: sec for sec in self._sections}
         self.machine: str = self.elf["e_machine"]
-        self._text: list[TextRange] | None = None
+        self._text = [TextRange(sec["sh_addr"], sec["sh_offset"], sec["sh_size"]) for sec in self._sections
+                      if sec["sh_flags"] & SH_FLAGS.SHF_EXECINSTR and sec["sh_flags"] & SH_FLAGS.SHF_ALLOC
+                      and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_size"]]
         #: why :attr:`btf` is ``None``, once asked
         self.btf_problem: str | None = None
 
@@ -103,7 +109,7 @@ class Image:
     @cached_property
     def build_id(self) -> str | None:
         """The hex NT_GNU_BUILD_ID, or ``None``."""
-        return read_build_id(self.elf)
+        return _build_id_of(self._sections)
 
     @cached_property
     def symbols(self) -> SymbolTable:
@@ -128,13 +134,15 @@ class Image:
     def _decode_symbols(self) -> SymbolTable:
         import numpy as np
 
-        symtab = self.elf.get_section_by_name(".symtab")
+        symtab = self._by_name.get(".symtab")
         if symtab is None or symtab["sh_type"] == "SHT_NOBITS":
             raise ImageError(f"{self.path}: no .symtab (use a System.map)")
-        strtab = self.elf.get_section(symtab["sh_link"]).data()
+        if not 0 <= symtab["sh_link"] < len(self._sections):
+            raise ImageError(f"{self.path}: .symtab names string table {symtab['sh_link']}, which does not exist")
+        strtab = self._sections[symtab["sh_link"]].data()
         raw = np.frombuffer(symtab.data(), dtype=np.dtype(_ELF64_SYM))
         exec_sections = np.array([bool(sec["sh_flags"] & SH_FLAGS.SHF_EXECINSTR)
-                                  for sec in self.elf.iter_sections()] + [False])
+                                  for sec in self._sections] + [False])
         stt, stb, shndx = raw["info"] & 0xF, raw["info"] >> 4, raw["shndx"]
         keep = (stt != _STT_SECTION) & (stt != _STT_FILE) & (shndx != _SHN_UNDEF) & (raw["name"] != 0)
         raw, stb, shndx = raw[keep], stb[keep], shndx[keep]
@@ -178,33 +186,31 @@ class Image:
     def section(self, name: str) -> tuple[int, bytes] | None:
         """``(sh_addr, data)`` of a section with file contents, or ``None``."""
         with self._malformed():
-            sec = self.elf.get_section_by_name(name)
+            sec = self._by_name.get(name)
             if sec is None or sec["sh_type"] == "SHT_NOBITS":
                 return None
             return sec["sh_addr"], sec.data()
 
-    def _text_sections(self) -> list:
-        """The executable sections with file contents (headers only; no bytes read)."""
-        return [sec for sec in self.elf.iter_sections()
-                if sec["sh_flags"] & SH_FLAGS.SHF_EXECINSTR and sec["sh_flags"] & SH_FLAGS.SHF_ALLOC
-                and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_size"]]
+    def _read_at(self, offset: int, size: int) -> bytes:
+        """``size`` bytes of the file at ``offset`` (``pread``: no shared file position to race on)."""
+        if isinstance(self._file, io.BytesIO):
+            return bytes(self._file.getbuffer()[offset:offset + size])
+        return os.pread(self._file.fileno(), size, offset)
 
-    def _text_ranges(self) -> list[TextRange]:
-        if self._text is None:
-            with self._malformed():
-                self._text = [TextRange(sec["sh_addr"], sec.data()) for sec in self._text_sections()]
-        return self._text
-
-    @cached_property
+    @property
     def has_text(self) -> bool:
         """True when the image carries the kernel's instructions (from the section headers)."""
-        return bool(self._text_sections())
+        return bool(self._text)
 
     def text(self, addr: int, size: int) -> bytes | None:
-        """Instruction bytes at ``[addr, addr + size)``, or ``None`` when not in the image."""
-        for r in self._text_ranges():
-            if r.start <= addr and addr + size <= r.start + len(r.data):
-                return r.data[addr - r.start:addr - r.start + size]
+        """Instruction bytes at ``[addr, addr + size)``, or ``None`` when not in the image.
+
+        Only those bytes are read from the file: a call-site check reads a few per return address.
+        """
+        for r in self._text:
+            if r.start <= addr and addr + size <= r.start + r.size:
+                data = self._read_at(r.offset + addr - r.start, size)
+                return data if len(data) == size else None  # a truncated image holds less than it says
         return None
 
     @cached_property
@@ -213,7 +219,7 @@ class Image:
         sym = self.symbols.address("linux_banner")
         if sym is None:
             return None
-        for sec in self.elf.iter_sections():
+        for sec in self._sections:
             if sec["sh_type"] == "SHT_PROGBITS" and sec["sh_addr"] <= sym < sec["sh_addr"] + sec["sh_size"]:
                 with self._malformed():
                     data = sec.data()[sym - sec["sh_addr"]:sym - sec["sh_addr"] + 256]
@@ -249,7 +255,11 @@ def _open_maybe_compressed(path: Path) -> BinaryIO:
 
 def read_build_id(elf: ELFFile) -> str | None:
     """The hex build-id from any note section of ``elf``."""
-    for sec in elf.iter_sections():
+    return _build_id_of(elf.iter_sections())
+
+
+def _build_id_of(sections: Iterable) -> str | None:
+    for sec in sections:
         if sec["sh_type"] != "SHT_NOTE":
             continue
         for note in sec.iter_notes():

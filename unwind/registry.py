@@ -1,7 +1,9 @@
 """Arch backends register here by name; a dump's ELF machine selects one.
 
 The core names no architecture: backends are the subpackages of
-``unwind.arch``, each of which calls :func:`register` on import.
+``unwind.arch``, each of which calls :func:`register_lazy` on import with its
+name, aliases and ELF machine; the backend's own modules are imported when it
+is first asked for.
 """
 
 from __future__ import annotations
@@ -161,10 +163,37 @@ _BACKENDS: dict[str, ArchBackend] = {}
 _loaded = False
 
 
+class Pending:
+    """An arch package's backend before its modules are imported: what picks it, and where it is."""
+
+    def __init__(self, name: str, aliases: tuple[str, ...], elf_machine: str, where: str) -> None:
+        self.name, self.aliases, self.elf_machine, self.where = name, aliases, elf_machine, where
+
+    def load(self) -> ArchBackend:
+        """Import the backend's module, make the backend and register it in this entry's place."""
+        module, _, cls = self.where.partition(":")
+        backend: ArchBackend = getattr(importlib.import_module(module), cls)()
+        if (backend.name, tuple(backend.aliases), backend.elf_machine) != (self.name, self.aliases, self.elf_machine):
+            raise ArchError(f"{self.where} is {backend.name} {backend.aliases} {backend.elf_machine}, "
+                            f"registered as {self.name} {self.aliases} {self.elf_machine}")
+        return register(backend)
+
+
+_PENDING: dict[str, Pending] = {}
+
+
 def register(backend: ArchBackend) -> ArchBackend:
     """Register a backend under its name."""
     _BACKENDS[backend.name] = backend
+    _PENDING.pop(backend.name, None)
     return backend
+
+
+def register_lazy(name: str, aliases: tuple[str, ...], elf_machine: str, where: str) -> None:
+    """Register the backend ``where`` (``"module:Class"``) by its name, aliases and ELF machine; its
+    module is imported when the backend is first asked for, so a dump of one arch loads only that arch."""
+    if name not in _BACKENDS:
+        _PENDING[name] = Pending(name, aliases, elf_machine, where)
 
 
 def _load_all() -> None:
@@ -181,28 +210,37 @@ def _load_all() -> None:
             importlib.import_module(f"unwind.arch.{mod.name}")
 
 
-def backends() -> dict[str, ArchBackend]:
-    """All registered backends by name."""
+def _entries() -> list[ArchBackend | Pending]:
     _load_all()
+    return [*_BACKENDS.values(), *_PENDING.values()]
+
+
+def _loaded_backend(entry: ArchBackend | Pending) -> ArchBackend:
+    return entry.load() if isinstance(entry, Pending) else entry
+
+
+def backends() -> dict[str, ArchBackend]:
+    """All registered backends by name (every arch's modules imported)."""
+    for entry in _entries():
+        _loaded_backend(entry)
     return dict(_BACKENDS)
 
 
 def get(name: str) -> ArchBackend:
     """The backend called ``name`` or one of its aliases (case-insensitive)."""
-    _load_all()
     key = name.lower()
-    for b in _BACKENDS.values():
+    entries = _entries()
+    for b in entries:
         if key == b.name or key in b.aliases:
-            return b
+            return _loaded_backend(b)
     known = ", ".join(f"{b.name} ({', '.join(b.aliases)})" if b.aliases else b.name
-                      for b in sorted(_BACKENDS.values(), key=lambda b: b.name)) or "none"
+                      for b in sorted(entries, key=lambda b: b.name)) or "none"
     raise ArchError(f"unknown arch {name!r} (known: {known})")
 
 
 def for_machine(machine: str) -> ArchBackend:
     """The backend for an ELF machine name such as ``EM_AARCH64``."""
-    _load_all()
-    for b in _BACKENDS.values():
+    for b in _entries():
         if b.elf_machine == machine:
-            return b
+            return _loaded_backend(b)
     raise ArchError(f"no backend for ELF machine {machine}")

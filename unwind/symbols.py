@@ -95,9 +95,10 @@ class SymbolTable:
     The table is flat arrays, so that a cached one loads in one read
     (:meth:`to_arrays`, :meth:`from_arrays`): :attr:`addrs`, and the names as
     one UTF-8 blob with start offsets, decoded one name at a time as lookups
-    ask. The by-name index (every alias's name and address, sorted by name)
-    is arrays of the same kind, searched by bisection: no dict of 200,000
-    names is built at start-up.
+    ask (the name kallsyms prints at each address first, then the other
+    aliases). The by-name index is every name's position in the blob sorted by
+    name, with its address, searched by bisection: no dict of 200,000 names is
+    built at start-up.
     """
 
     def __init__(self, entries: Iterable[tuple[int, str, str]]) -> None:
@@ -124,25 +125,32 @@ class SymbolTable:
                 by_name.setdefault(it[2], addr)
             i = j
         end = by_name.get("_end") or by_name.get("_etext") or addrs[-1]
-        index = sorted((name.encode(), addr) for name, addr in by_name.items())
-        self._set(array("Q", addrs), *_blob(n.encode() for n in names), max(end, addrs[-1]),
-                  *_blob(k for k, _ in index), array("Q", [a for _, a in index]))
+        position: dict[str, int] = {}
+        for i, name in enumerate(names):
+            position.setdefault(name, i)
+        stored = list(names)
+        for name in by_name:  # the aliases kallsyms never prints: after the printed names
+            if name not in position:
+                position[name] = len(stored)
+                stored.append(name)
+        index = sorted((name.encode(), position[name], addr) for name, addr in by_name.items())
+        self._set(array("Q", addrs), *_blob(n.encode() for n in stored), max(end, addrs[-1]),
+                  array("I", [i for _, i, _ in index]), array("Q", [a for _, _, a in index]))
 
-    def _set(self, addrs: array, blob: bytes, offsets: array, last_end: int, index_blob: bytes,
-             index_offsets: array, index_addrs: array) -> None:
+    def _set(self, addrs: array, blob: bytes, offsets: array, last_end: int, index: array,
+             index_addrs: array) -> None:
         n = len(addrs)
-        if len(offsets) != n + 1 or len(index_offsets) != len(index_addrs) + 1 or not n:
+        if not n or len(offsets) < n + 1 or len(index) != len(index_addrs) or offsets[-1] != len(blob):
             raise SymbolError("inconsistent symbol table arrays")
         #: symbol start addresses, ascending (one per address: the alias kallsyms prints)
         self.addrs: array = addrs
         self._blob, self._offsets, self._last_end = blob, offsets, last_end
-        self._index_blob, self._index_offsets, self._index_addrs = index_blob, index_offsets, index_addrs
+        self._index, self._index_addrs = index, index_addrs
 
     def to_arrays(self) -> dict[str, array]:
         """The table as flat arrays, for a cache file (:meth:`from_arrays` reads them back)."""
         return {"addrs": self.addrs, "names": array("B", self._blob), "name_offsets": self._offsets,
-                "last_end": array("Q", [self._last_end]), "index_names": array("B", self._index_blob),
-                "index_offsets": self._index_offsets, "index_addrs": self._index_addrs}
+                "last_end": array("Q", [self._last_end]), "index": self._index, "index_addrs": self._index_addrs}
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, array]) -> "SymbolTable":
@@ -153,14 +161,17 @@ class SymbolTable:
             if len(last_end) != 1:
                 raise SymbolError("inconsistent cached symbol table")
             self._set(arrays["addrs"], arrays["names"].tobytes(), arrays["name_offsets"], last_end[0],
-                      arrays["index_names"].tobytes(), arrays["index_offsets"], arrays["index_addrs"])
+                      arrays["index"], arrays["index_addrs"])
         except (KeyError, AttributeError, TypeError):
             raise SymbolError("inconsistent cached symbol table") from None
         return self
 
     def name(self, index: int) -> str:
         """The name kallsyms prints for the symbol at :attr:`addrs` ``[index]``."""
-        return self._blob[self._offsets[index]:self._offsets[index + 1]].decode("utf-8", "replace")
+        return self._name_bytes(index).decode("utf-8", "replace")
+
+    def _name_bytes(self, position: int) -> bytes:
+        return self._blob[self._offsets[position]:self._offsets[position + 1]]
 
     @property
     def names(self) -> list[str]:
@@ -212,10 +223,9 @@ class SymbolTable:
             key = name.encode()
         except (AttributeError, UnicodeEncodeError):
             return None
-        blob, offsets = self._index_blob, self._index_offsets
-        i = bisect.bisect_left(range(len(self._index_addrs)), key,
-                               key=lambda j: blob[offsets[j]:offsets[j + 1]])
-        if i < len(self._index_addrs) and blob[offsets[i]:offsets[i + 1]] == key:
+        index, name = self._index, self._name_bytes
+        i = bisect.bisect_left(range(len(index)), key, key=lambda j: name(index[j]))
+        if i < len(index) and name(index[i]) == key:
             return self._index_addrs[i]
         return None
 

@@ -2,6 +2,5 @@
 
 from unwind import registry
 
-from .backend import Arm64Backend
-
-registry.register(Arm64Backend())
+# the backend's modules are imported when a dump of this arch first asks for it
+registry.register_lazy("arm64", ("aarch64",), "EM_AARCH64", "unwind.arch.arm64.backend:Arm64Backend")

@@ -2,6 +2,5 @@
 
 from unwind import registry
 
-from .backend import RiscvBackend
-
-registry.register(RiscvBackend())
+# the backend's modules are imported when a dump of this arch first asks for it
+registry.register_lazy("riscv", ("riscv64",), "EM_RISCV", "unwind.arch.riscv.backend:RiscvBackend")

@@ -2,6 +2,5 @@
 
 from unwind import registry
 
-from .backend import X86_64Backend
-
-registry.register(X86_64Backend())
+# the backend's modules are imported when a dump of this arch first asks for it
+registry.register_lazy("x86_64", ("x86", "x86-64", "amd64"), "EM_X86_64", "unwind.arch.x86_64.backend:X86_64Backend")
