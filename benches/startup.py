@@ -79,6 +79,8 @@ class Command:
     arch: str
     argv: list[str]
     env: dict[str, str]
+    #: the children's folder: not a source tree, whose ``unwind`` would shadow ``PYTHONPATH``'s
+    cwd: str = "/"
     wall: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
     failed: str | None = None
@@ -87,7 +89,8 @@ class Command:
         """One timed run: wall time and the child's user + system CPU time, in seconds."""
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
-        done = subprocess.run(self.argv, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        done = subprocess.run(self.argv, env=self.env, cwd=self.cwd, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
         wall = time.perf_counter() - t
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if done.returncode not in (0, 1):  # replay's 1: a walk stopped on an error, still a full run
