@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,10 @@ import numpy as np
 import pytest
 
 import benchkit
+
+# the source tree's root last on the path: benches may use the tests' helpers (tests.vmcore.phys)
+# while an installed unwind still comes first
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 _SKIPS: list[dict[str, str]] = []
 _FAILS: list[dict[str, str]] = []

@@ -422,6 +422,186 @@ def targets(r: Results) -> list[Goal]:
     return out
 
 
+# --- issue 14: speed against drgn on equal inputs (benches/speed_peer.py, batch_replay.py, startup.py) ---
+
+#: the issue-14 scripts ``unwind bench`` runs beside the suite, and the JSON each writes into the report folder
+SPEED_SCRIPTS = (("speed_peer.py", "speed_peer.json"), ("batch_replay.py", "batch_replay.json"),
+                 ("startup.py", "startup.json"))
+#: single-task replay, warm, through the public API, call-site check on (µs per frame, CPU)
+TARGET_WARM_US = 2.0
+#: what a fresh Session may add per frame (µs)
+TARGET_FRESH_EXTRA_US = 0.5
+#: batch replay including set-up (frames per second)
+TARGET_BATCH_FRAMES = {"arm64": 3e6, "riscv": 3e6, "x86_64": 1.5e6}
+#: a warm ``unwind replay DUMP`` (wall, ms)
+TARGET_STARTUP_MS = 200.0
+
+
+def _median(values: Iterable[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def _per_frame(runs: list[dict[str, Any]], key: str) -> float | None:
+    """Median over rounds of ``key`` per frame, in µs; ``None`` when a round walked nothing."""
+    if not runs or any(not r.get("frames") or key not in r for r in runs):
+        return None
+    return _median(r[key] / r["frames"] * 1e6 for r in runs)
+
+
+def _summed(runs: list[dict[str, Any]], per_round: int) -> list[dict[str, Any]]:
+    """Several vmcores per arch and round: each round's parts summed."""
+    if per_round <= 1:
+        return runs
+    return [{k: sum(r[k] for r in runs[i:i + per_round]) for k in ("tasks", "frames", "warm", "warm_wall")}
+            for i in range(0, len(runs), per_round)]
+
+
+def _task_ratio(theirs: list[dict[str, Any]], ours: list[dict[str, Any]]) -> str:
+    """drgn's warm CPU time per task over ours (medians over rounds)."""
+    if not theirs or not ours or not all(r.get("tasks") for r in theirs + ours):
+        return "–"
+    t = _median(r["warm"] / r["tasks"] for r in theirs)
+    o = _median(r["warm"] / r["tasks"] for r in ours)
+    return f"{_num(t / o)}×" if o else "–"
+
+
+def _pair(cpu: float | None, wall: float | None) -> str:
+    if cpu is None:
+        return "not measured"
+    return f"{_num(cpu)} µs CPU" + (f" / {_num(wall)} µs wall" if wall is not None else "")
+
+
+def speed_lines(folder: Path) -> list[str]:
+    """The issue-14 headline: targets and the drgn comparison, from the scripts' JSON in ``folder``."""
+    def load(name: str) -> dict[str, Any] | None:
+        try:
+            return json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            return None
+    peer, batch, start = load("speed_peer.json"), load("batch_replay.json"), load("startup.json")
+    if peer is None and batch is None and start is None:
+        return []
+    L = ["## Issue 14: speed against drgn on equal inputs", ""]
+    L.append("Measured by `benches/speed_peer.py`, `benches/batch_replay.py` and `benches/startup.py` (their "
+             "JSON beside this report), each in fresh child processes interleaved round by round, so load "
+             "from other processes falls on every side alike; medians over rounds. CPU time is the "
+             "figure to read on this shared machine; wall time is given beside it.")
+    L.append("")
+    goals: list[Goal] = []
+    runs = (peer or {}).get("runs", {})
+    per_round = (peer or {}).get("vmcores_per_round", {})
+    drgn_equal: dict[str, float | None] = {}
+    rows = []
+    for arch in ARCH_ORDER:
+        c = runs.get(f"{arch} corpus", [])
+        fresh, warm = _per_frame(c, "fresh"), _per_frame(c, "warm")
+        ours_v = equal = dwarf = None
+        n = per_round.get(arch, 0)
+        if n:
+            o, e, d = (_summed(runs.get(f"{arch} {k}", []), n) for k in ("ours", "drgn equal", "drgn dwarf"))
+            ours_v, equal, dwarf = _per_frame(o, "warm"), _per_frame(e, "warm"), _per_frame(d, "warm")
+            rows.append((arch, f"{o[0]['tasks']} / {e[0]['tasks']}", f"{o[0]['frames']} / {e[0]['frames']}",
+                         _pair(ours_v, _per_frame(o, "warm_wall")), _pair(equal, _per_frame(e, "warm_wall")),
+                         _pair(dwarf, _per_frame(d, "warm_wall")),
+                         f"{_num(equal / ours_v)}×" if equal and ours_v else "–",
+                         f"{_num(dwarf / ours_v)}×" if dwarf and ours_v else "–",
+                         _task_ratio(e, o), _task_ratio(d, o)))
+        drgn_equal[arch] = equal
+        vs = f"; drgn on equal inputs {_num(equal)} µs CPU, {_num(equal / warm)}× ours" if equal and warm else \
+            ("; no drgn peer (drgn has no riscv unwinder)" if arch == "riscv" else "")
+        if warm is None:
+            goals.append(Goal(f"single-task warm, {arch}", f"≤ {_num(TARGET_WARM_US)} µs/frame", "not measured",
+                              "–", "not measured: speed_peer.json has no corpus run"))
+        else:
+            wall = _per_frame(c, "warm_wall")
+            goals.append(Goal(f"single-task warm, {arch}", f"≤ {_num(TARGET_WARM_US)} µs/frame (CPU), "
+                              "Session.replay, call-site check on",
+                              f"{_pair(warm, wall)} ({c[0]['tasks']:,} tasks, {c[0]['frames']:,} frames{vs})",
+                              f"{_num(warm / TARGET_WARM_US)}× the budget",
+                              _verdict(warm <= TARGET_WARM_US, warm / TARGET_WARM_US)))
+        if fresh is not None and warm is not None:
+            extra = fresh - warm
+            goals.append(Goal(f"single-task fresh Session, {arch}", f"≤ warm + {_num(TARGET_FRESH_EXTRA_US)} µs/frame",
+                              f"{_pair(fresh, _per_frame(c, 'fresh_wall'))}: warm + {_num(extra)} µs",
+                              f"{_num(extra / TARGET_FRESH_EXTRA_US)}× the allowance",
+                              _verdict(extra <= TARGET_FRESH_EXTRA_US, extra / TARGET_FRESH_EXTRA_US)))
+    for arch in ARCH_ORDER:
+        target = TARGET_BATCH_FRAMES[arch]
+        name, goal = f"batch replay, {arch}", f"≥ {_num(target / 1e6)} M frames/s (CPU) including set-up"
+        b = (batch or {}).get("ours", {}).get(arch, [])
+        if not b:
+            goals.append(Goal(name, goal, "not measured", "–", "not measured: no batch_replay.json run"))
+            continue
+        rate = _median(r["batched_frames"] / r["fresh"] for r in b if r.get("fresh"))
+        warm_rate = _median(r["batched_frames"] / r["warm"] for r in b if r.get("warm"))
+        share = b[0]["batched_tasks"] / b[0]["tasks"] if b[0]["tasks"] else 0
+        vs = ""
+        if drgn_equal.get(arch):
+            vs = f"; {_num(rate * drgn_equal[arch] / 1e6)}× drgn's frames/s on equal inputs"
+        goals.append(Goal(name, goal, f"{_rate(rate).replace('/s', ' frames/s')} fresh (sessions just opened), "
+                          f"{_rate(warm_rate).replace('/s', ' frames/s')} warm; {share:.0%} of "
+                          f"{b[0]['tasks']:,} tasks in lockstep{vs}", f"{_num(rate / target)}× the target",
+                          _verdict(rate >= target, target / rate)))
+    drgn_load = {c["arch"]: c for c in (start or {}).get("commands", [])
+                 if str(c.get("name", "")).startswith("drgn load") and "wall_ms" in c}
+    for c in (start or {}).get("commands", []):
+        if c.get("name") != "unwind replay DUMP" or "wall_ms" not in c:
+            continue
+        arch, wall, cpu = c["arch"], c["wall_ms"], c["cpu_ms"]
+        peer_c = drgn_load.get(arch)
+        vs = (f"; drgn importing and loading the same stop + image {_num(peer_c['wall_ms'])} ms wall / "
+              f"{_num(peer_c['cpu_ms'])} ms CPU") if peer_c else ""
+        met = wall <= TARGET_STARTUP_MS and (peer_c is None or wall <= peer_c["wall_ms"])
+        goals.append(Goal(f"warm `unwind replay DUMP`, {arch}", f"≤ {_num(TARGET_STARTUP_MS)} ms wall and ≤ drgn's load",
+                          f"{_num(wall)} ms wall / {_num(cpu)} ms CPU{vs}",
+                          f"{_num(wall / TARGET_STARTUP_MS)}× the budget"
+                          + (f", {_num(wall / peer_c['wall_ms'])}× drgn" if peer_c else ""),
+                          _verdict(met, max(wall / TARGET_STARTUP_MS, wall / peer_c["wall_ms"] if peer_c else 0))))
+    L += _table(("target", "goal", "measured", "ratio", "verdict"),
+                ((g.name, g.goal, g.measured, g.ratio, g.verdict) for g in goals))
+    if rows:
+        L += ["", "### Per frame against drgn, same tasks of the same vmcores", ""]
+        L.append("drgn 0.3.0 `stack_trace` on equal inputs (the debug vmlinux of the same build-id stripped of "
+                 "its CFI: ORC on x86-64, frame pointers on arm64) and, second, with DWARF CFI from the full "
+                 "debug vmlinux (drgn's default); ours with the committed slim image. Warm, the fastest of the "
+                 "passes in each child; each side's time divided by its own frames (drgn's inline frames not "
+                 "counted).")
+        L.append("")
+        L.append("drgn walks on past the kernel's end into user frames where it can, so the frame counts "
+                 "differ where the tasks are the same; the per-task ratios compare the same tasks whole.")
+        L.append("")
+        L += _table(("arch", "tasks ours / drgn", "frames ours / drgn", "ours", "drgn, equal inputs (ORC / FP)",
+                     "drgn, DWARF (full vmlinux)", "drgn equal / ours per frame", "drgn DWARF / ours per frame",
+                     "drgn equal / ours per task", "drgn DWARF / ours per task"), rows)
+    if start:
+        L += ["", "### Start-up", ""]
+        L.append(f"`benches/startup.py`: {start.get('rounds')} rounds, every command a fresh process with warm "
+                 "caches; median ms, wall / CPU (user + system of the child). 1-minute load "
+                 f"{_num(start['load'][0], 2)} → {_num(start['load'][1], 2)} on {start.get('cores')} cores.")
+        L.append("")
+        L += _table(("arch", "command", "wall ms", "CPU ms"),
+                    ((c["arch"], c["name"], _num(c["wall_ms"]) if "wall_ms" in c else "failed",
+                      _num(c["cpu_ms"]) if "cpu_ms" in c else str(c.get("failed")))
+                     for c in start.get("commands", [])))
+    L.append("")
+    return L
+
+
+def run_speed_scripts(benches: Path, out: Path, drgn_python: str | None, rounds: int) -> None:
+    """Run the issue-14 scripts of ``benches/`` (those present), each writing its JSON into ``out``."""
+    for script, name in SPEED_SCRIPTS:
+        path = benches / script
+        if not path.is_file():
+            print(f"unwind bench: {script} not found: its rows are not measured", file=sys.stderr)
+            continue
+        cmd = [sys.executable, str(path), "--rounds", str(rounds), "--json", str((out / name).resolve())]
+        if drgn_python:
+            cmd += ["--drgn-python", drgn_python]
+        print(f"unwind bench: {' '.join(cmd)}", file=sys.stderr, flush=True)
+        subprocess.run(cmd, cwd=benches, stdout=sys.stderr)
+
+
 # --- plots ------------------------------------------------------------------------------------
 
 def write_plots(r: Results, out: Path) -> dict[str, str]:
@@ -552,8 +732,10 @@ def write_plots(r: Results, out: Path) -> dict[str, str]:
 
 # --- the report -------------------------------------------------------------------------------
 
-def report_lines(r: Results, plots: dict[str, str] | None, source: str) -> list[str]:
-    """The Markdown report. ``plots`` maps plot files not drawn to why (``None``: no matplotlib)."""
+def report_lines(r: Results, plots: dict[str, str] | None, source: str,
+                 speed_folder: Path | None = None) -> list[str]:
+    """The Markdown report. ``plots`` maps plot files not drawn to why (``None``: no matplotlib);
+    ``speed_folder`` holds the issue-14 scripts' JSON (:func:`speed_lines`), shown first."""
     L: list[str] = ["# unwind benchmark report", ""]
     L.append(f"- **Machine**: {machine_text(r)}")
     when = f" on {r.datetime}" if r.datetime else ""
@@ -581,7 +763,9 @@ def report_lines(r: Results, plots: dict[str, str] | None, source: str) -> list[
                  f"{_num(r.load.get('end', 0), 2)} at the end"
                  + (f": other processes were competing for the {cores} cores, so the times are inflated "
                     "and noisy (`--cpu-time` and `--stat min` are less disturbed)" if busy else ""))
-    L += ["", "## Targets", ""]
+    speed = speed_lines(speed_folder) if speed_folder is not None else []
+    L += ["", *speed]
+    L += ["", "## Targets (issue 7)" if speed else "## Targets", ""]
     L += _table(("target", "goal", "measured", "ratio", "verdict"),
                 ((t.name, t.goal, t.measured, t.ratio, t.verdict) for t in targets(r)))
 
@@ -731,7 +915,7 @@ def write_report(r: Results, out: Path, source: str) -> Path:
     else:
         plots = write_plots(r, out)
     path = out / "report.md"
-    path.write_text("\n".join(report_lines(r, plots, source)) + "\n")
+    path.write_text("\n".join(report_lines(r, plots, source, out)) + "\n")
     return path
 
 
@@ -788,7 +972,10 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         out.mkdir(parents=True, exist_ok=True)
         json_out = out / "benchmark.json"
-        status = run_suite(find_benches(args.benches), json_out, args.quick, args.select, args.cpu_time)
+        benches = find_benches(args.benches)
+        status = run_suite(benches, json_out, args.quick, args.select, args.cpu_time)
+        if args.speed:
+            run_speed_scripts(benches, out, args.drgn_python, args.speed_rounds)
         if not json_out.exists():
             raise BenchError(f"the suite wrote no results (pytest exit status {status})")
         results = load_results(json_out, args.stat)
@@ -813,4 +1000,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     b.add_argument("--stat", choices=STATS, default="median",
                    help="statistic of each bench's rounds (default median)")
     b.add_argument("-k", dest="select", metavar="EXPR", help="only the benches pytest -k EXPR selects")
+    b.add_argument("--speed", action="store_true", help="also run the issue-14 scripts (speed_peer.py, "
+                   "batch_replay.py, startup.py; their JSON goes into OUT and heads the report)")
+    b.add_argument("--speed-rounds", type=int, default=3, metavar="N", help="rounds of each issue-14 script (default 3)")
+    b.add_argument("--drgn-python", metavar="PY", help="a Python with drgn installed, for the issue-14 drgn rows")
     b.set_defaults(func=cmd_bench)
