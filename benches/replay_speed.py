@@ -10,8 +10,10 @@ from other processes falls on all of them alike. Figures are medians over rounds
     python benches/replay_speed.py --base /tmp/base --rounds 3 \\
         --drgn-python /path/to/venv-with-drgn/bin/python
 
-- **fresh**: the first replay of every task of each dump just opened (a new :class:`Session`; images
-  and their call-site verdicts are shared with earlier sessions of the same process, as in a batch);
+- **first**: the first replay of every task of each dump, in a process that opens the dumps one by one
+  (the first walk over each image also decodes its ORC table and decides its call sites);
+- **fresh**: the first replay of every task of a new :class:`Session` of each dump, its image already
+  open (as in a batch over many dumps of one kernel: the image's tables and verdicts are shared);
 - **warm**: every task of every dump replayed again, ``--passes`` times; the fastest pass counts (the
   least disturbed by other processes).
 
@@ -39,6 +41,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHES = ("x86_64", "arm64", "riscv")
+#: the figures of each checkout, per arch
+KINDS = ("first", "fresh", "warm")
 
 #: the child imports ``unwind`` (and ``unwind.arch`` from ``arch/``) from the checkout it is given
 _IMPORT_ROOT = r"""
@@ -80,7 +84,15 @@ for _ in range(int(sys.argv[4])):
         for t in todo:
             s.replay(t, Options(), symbolize=False)
     warm = min(warm or 1e9, time.process_time() - t0)
-print(json.dumps({"frames": frames, "tasks": tasks, "fresh": fresh, "warm": warm}))
+again = 0.0
+for path in paths_under(sys.argv[3]):  # a new Session of each dump, its image already open
+    s = load_session(path)
+    todo = s.select(every=True)
+    t0 = time.process_time()
+    for t in todo:
+        s.replay(t, Options(), symbolize=False)
+    again += time.process_time() - t0
+print(json.dumps({"frames": frames, "tasks": tasks, "first": fresh, "fresh": again, "warm": warm}))
 """
 
 #: ours on a peer vmcore: the tasks drgn walked (pids, or cpu for a running idle task), warm
@@ -166,11 +178,13 @@ def _build_id(path: Path) -> str | None:
     return None
 
 
-def _drgn_vmlinux(vmlinux: Path, out: Path) -> Path | None:
+def _drgn_vmlinux(arch: str, vmlinux: Path, out: Path) -> Path | None:
     """The debug vmlinux without its CFI: drgn then unwinds by ORC (x86-64) or frame pointers (arm64)."""
     if not out.exists():
-        r = subprocess.run(["objcopy", "-I", "elf64-little", "-O", "elf64-little", "--remove-section=.debug_frame",
-                            "--remove-section=.eh_frame", str(vmlinux), str(out)], capture_output=True, text=True)
+        # the host's objcopy knows x86-64; any other ELF goes through its generic little-endian target
+        bfd = [] if arch == "x86_64" else ["-I", "elf64-little", "-O", "elf64-little"]
+        r = subprocess.run(["objcopy", *bfd, "--remove-section=.debug_frame", "--remove-section=.eh_frame",
+                            str(vmlinux), str(out)], capture_output=True, text=True)
         if r.returncode:
             print(f"objcopy failed on {vmlinux}: {r.stderr.strip()}", file=sys.stderr)
             return None
@@ -192,7 +206,7 @@ def _peers(tmp: Path, arches: list[str], vmlinux_dir: Path) -> dict[str, list[tu
             slim = _unxz(slims[0], tmp / f"{release.name}.slim") if slims[0].suffix == ".xz" else slims[0]
             if _build_id(slim) != _build_id(vmlinux):
                 continue
-            plain = _drgn_vmlinux(vmlinux, tmp / f"{release.name}.vmlinux-nocfi")
+            plain = _drgn_vmlinux(arch, vmlinux, tmp / f"{release.name}.vmlinux-nocfi")
             if plain is not None:
                 elf = _unxz(core, tmp / f"{release.name}-{core.name[:-3]}")
                 found.setdefault(arch, []).append((elf, slim, plain))
@@ -235,13 +249,13 @@ def main() -> int:
                             _run(sys.executable, OURS_PEER, str(root), arch, str(elf), str(slim), keys[elf],
                                  str(a.passes)))
     print(f"CPU us/frame, median of {a.rounds} rounds (time.process_time in fresh child processes)\n")
-    print("| arch | tasks | frames | " + " | ".join(f"{k} {n}" for n in roots for k in ("fresh", "warm"))
+    print("| arch | tasks | frames | " + " | ".join(f"{k} {n}" for n in roots for k in KINDS)
           + (" | warm new/base" if a.base else "") + " |")
-    print("|---" * (3 + 2 * len(roots) + bool(a.base)) + "|")
+    print("|---" * (3 + len(KINDS) * len(roots) + bool(a.base)) + "|")
     for arch in arches:
         runs = {n: ours[(arch, n)] for n in roots}
         r0 = runs["new"][0]
-        cells = [f"{_med(runs[n], k):.2f}" for n in roots for k in ("fresh", "warm")]
+        cells = [f"{_med(runs[n], k):.2f}" for n in roots for k in KINDS]
         ratio = [f"{_med(runs['new'], 'warm') / _med(runs['base'], 'warm'):.2f}"] if a.base else []
         print(f"| {arch} | {r0['tasks']} | {r0['frames']} | " + " | ".join(cells + ratio) + " |")
     if peer:
