@@ -278,6 +278,13 @@ class Walked:
     #: per lane: frames reported, and where they start in ``cols``
     counts: np.ndarray
     offsets: np.ndarray
+    _lists: list[list] | None = None
+
+    def lists(self) -> list[list]:
+        """``cols`` as Python lists (made once, when the first replay is built)."""
+        if self._lists is None:
+            self._lists = [c.tolist() for c in self.cols]
+        return self._lists
 
 
 class VerdictTable:
@@ -338,7 +345,6 @@ class BatchReplay(Sequence["Replay"]):
         self._reliable = reliable
         self._max_frames = max_frames
         self._built: dict[int, "Replay"] = {}
-        self._lists: list[list] | None = None
 
     @property
     def session(self) -> "Session":
@@ -353,6 +359,15 @@ class BatchReplay(Sequence["Replay"]):
     def batched(self, i: int) -> bool:
         """Was task ``i`` walked by the batch (``False``: by the scalar path)?"""
         return self._walked is not None and bool(self._walked.recorder.stop_code[self._first + i] >= 0)
+
+    @property
+    def batched_frames(self) -> int:
+        """The frames the lockstep walk reported for the tasks it walked itself."""
+        w = self._walked
+        if w is None:
+            return 0
+        lanes = slice(self._first, self._first + len(self))
+        return int(w.counts[lanes][w.recorder.stop_code[lanes] >= 0].sum())
 
     def __len__(self) -> int:
         return len(self.job.tasks)
@@ -391,9 +406,7 @@ class BatchReplay(Sequence["Replay"]):
         assert walked is not None
         rec = walked.recorder
         lane = self._first + i
-        if self._lists is None:
-            self._lists = [c.tolist() for c in walked.cols]
-        lanes, pc, sp, sp_k, fp, fp_k, flags, source, stack = self._lists
+        lanes, pc, sp, sp_k, fp, fp_k, flags, source, stack = walked.lists()
         target = session.target(task, job.options)
         frames = []
         sources, labels = rec.sources, rec.labels

@@ -1,0 +1,188 @@
+"""Batch replay speed: ``unwind.batch.replay_all`` against ``Session.replay`` task by task and drgn, CPU time.
+
+Every measurement runs in a fresh child process and the children are interleaved round by round
+(ours, then drgn, for each arch), so load from other processes falls on all of them alike. Figures
+are medians over rounds of ``time.process_time``; within a child each warm figure is the fastest of
+``--passes`` passes. Frames per second count the frames each path reports.
+
+Ours, on the committed corpora (``corpora/<arch>/*/stop-*.bin.xz``, every task, symbols off):
+
+- **scalar**: ``Session.replay(task, Options(), symbolize=False)`` of every task, on sessions just
+  opened (**fresh**) and again (**warm**);
+- **batch, fresh**: ``replay_all(sessions, tasks=...)`` of all dumps of the arch in one batch, on
+  sessions just opened (their memory as words, per-dump constants, the call-site verdicts of their
+  newly opened images: everything the batch sets up);
+- **batch, warm**: the same again; **per dump**: one ``Session.replay_all`` per dump (short batches);
+- the batch figures count the frames the lockstep walked (its share of tasks is shown); set-up
+  (lane inputs, memory, call-site flags, stops) is inside the time; the tasks it hands back are
+  walked by ``Session.replay`` when read, which **batch + read** adds: every ``Replay`` of every
+  task built (frames as objects), all frames counted.
+
+Each timed call starts after ``gc.collect()``: a collection of earlier work's garbage would
+otherwise fall on whichever call triggers it. Imports (numpy, the batch modules) are start-up, timed by ``benches/startup.py``: the children
+import them first. The call-site verdicts are per image and shared by both paths: the warm figures come from sessions
+whose images decided them already; each fresh figure opens the dumps (and so their images) again.
+
+drgn (``--drgn-python``) walks the committed vmcores (``corpora/<arch>/<release>/vmcore/*.elf.xz``)
+with the debug vmlinux of the same build-id: on x86-64 as it is, with ``DRGN_PREFER_ORC_UNWINDER=1``
+(ORC), on arm64 stripped of its CFI (frame pointers, as :mod:`replay_speed` sets it up); every task
+it can walk; ours walks the same tasks of the
+same vmcore with the committed slim image, scalar and batch::
+
+    python benches/batch_replay.py --rounds 3 --drgn-python /path/to/venv-with-drgn/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from replay_speed import _IMPORT_ROOT, DRGN, ROOT, _peers, _run  # noqa: E402
+
+ARCHES = ("arm64", "riscv", "x86_64")
+
+OURS = _IMPORT_ROOT + r"""
+import gc, glob, importlib, json, time
+from unwind.batch import replay_all
+from unwind.replay import Options, load_session
+importlib.import_module("unwind.arch." + sys.argv[2] + ".batch")  # imports are start-up (benches/startup.py)
+paths = sorted(glob.glob(sys.argv[3] + "/*/stop-*.bin.xz"))
+passes = int(sys.argv[4])
+def opened():
+    sessions = [load_session(p) for p in paths]
+    return sessions, [s.select(every=True) for s in sessions]
+def scalar(sessions, tasks):
+    return sum(len(s.replay(t, Options(), symbolize=False).frames) for s, ts in zip(sessions, tasks) for t in ts)
+def walked(batches):
+    return sum(b.batched_frames for b in batches)
+def timed(fn):
+    gc.collect()  # garbage of earlier work is not this call's cost
+    t0 = time.process_time(); out = fn(); return time.process_time() - t0, out
+sessions, tasks = opened()
+frames = scalar(sessions, tasks)  # warms these sessions' images (call-site verdicts) for the warm passes
+fresh_s, fresh_t = opened()  # each load opens its image again: its verdicts are decided anew
+t_fresh, batches = timed(lambda: replay_all(fresh_s, tasks=fresh_t, symbolize=False))
+fresh_s, fresh_t = opened()
+t_fresh_scalar = timed(lambda: scalar(fresh_s, fresh_t))[0]
+out = {"tasks": sum(map(len, tasks)), "frames": frames, "batched_frames": walked(batches),
+       "batched_tasks": sum(b.batched(i) for b in batches for i in range(len(b))), "fresh": t_fresh,
+       "fresh_scalar": t_fresh_scalar}
+best = {k: 1e9 for k in ("scalar", "warm", "per_dump", "read")}
+for _ in range(passes):
+    best["scalar"] = min(best["scalar"], timed(lambda: scalar(sessions, tasks))[0])
+    best["warm"] = min(best["warm"], timed(lambda: replay_all(sessions, tasks=tasks, symbolize=False))[0])
+    best["per_dump"] = min(best["per_dump"], timed(lambda: [s.replay_all(tasks=t, symbolize=False)
+                                                            for s, t in zip(sessions, tasks)])[0])
+    t, n = timed(lambda: sum(len(r.frames) for b in replay_all(sessions, tasks=tasks, symbolize=False) for r in b))
+    assert n == frames
+    best["read"] = min(best["read"], t)
+out.update(best)
+print(json.dumps(out))
+"""
+
+#: ours on a peer vmcore: the tasks drgn walked (pids, or cpu for a running idle task), scalar and batch
+OURS_PEER = _IMPORT_ROOT + r"""
+import gc, importlib, json, time
+from unwind.replay import Options, Session
+importlib.import_module("unwind.arch." + sys.argv[2] + ".batch")  # imports are start-up (benches/startup.py)
+s = Session.load(sys.argv[3], vmlinux=sys.argv[4])
+want = json.loads(sys.argv[5])
+todo = [t for t in s.select(every=True) if [t.pid, t.cpu if t.running else None] in want]
+frames = sum(len(s.replay(t, Options(), symbolize=False).frames) for t in todo)
+b = s.replay_all(tasks=todo, symbolize=False)
+out = {"frames": frames, "tasks": len(todo), "batched_tasks": sum(b.batched(i) for i in range(len(b))),
+       "batched_frames": b.batched_frames}
+best = {"scalar": 1e9, "warm": 1e9, "read": 1e9}
+def timed(fn):
+    gc.collect()  # garbage of earlier work is not this call's cost
+    t0 = time.process_time(); fn(); return time.process_time() - t0
+for _ in range(int(sys.argv[6])):
+    best["scalar"] = min(best["scalar"], timed(lambda: [s.replay(t, Options(), symbolize=False) for t in todo]))
+    best["warm"] = min(best["warm"], timed(lambda: s.replay_all(tasks=todo, symbolize=False)))
+    best["read"] = min(best["read"], timed(lambda: [r.frames for r in s.replay_all(tasks=todo, symbolize=False)]))
+out.update(best)
+print(json.dumps(out))
+"""
+
+
+def _rate(runs: list[dict], time_key: str, frames_key: str) -> float:
+    """Median over rounds of frames per CPU second, in millions (0 where nothing was walked)."""
+    return statistics.median(r[frames_key] / r[time_key] / 1e6 if r[time_key] else 0.0 for r in runs)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--passes", type=int, default=5, help="warm passes per child; the fastest counts (default 5)")
+    p.add_argument("--arch", action="append", choices=ARCHES, help="repeat for several (default: all)")
+    p.add_argument("--corpora", type=Path, default=ROOT / "corpora", help="corpora/<arch>/ of each arch")
+    p.add_argument("--drgn-python", help="a python with drgn installed: adds the drgn peer")
+    p.add_argument("--vmlinux-dir", type=Path, default=Path.home() / ".cache/unwind/kernels",
+                   help="<release>/vmlinux debug images for drgn (default: the lab's fetched kernels)")
+    p.add_argument("--json", type=Path, help="write every child's figures here")
+    a = p.parse_args()
+    arches = a.arch or list(ARCHES)
+    ours: dict[str, list[dict]] = {}
+    peer: dict[tuple[str, str], list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        peers = _peers(Path(tmp), arches, a.vmlinux_dir) if a.drgn_python else {}
+        keys: dict[Path, str] = {}
+        for _ in range(a.rounds):
+            for arch in arches:
+                ours.setdefault(arch, []).append(_run(sys.executable, OURS, str(ROOT), arch, str(a.corpora / arch),
+                                                      str(a.passes)))
+                for elf, slim, plain in peers.get(arch, []):
+                    if arch == "x86_64":  # DRGN_PREFER_ORC_UNWINDER: drgn walks by ORC with the CFI kept
+                        plain = a.vmlinux_dir / elf.name.split("-stop-")[0] / "vmlinux"
+                    d = _run(a.drgn_python, DRGN, str(elf), str(plain), str(a.passes))
+                    keys[elf] = json.dumps(d.pop("keys"))
+                    peer.setdefault((arch, "drgn"), []).append(d)
+                    peer.setdefault((arch, "ours"), []).append(
+                        _run(sys.executable, OURS_PEER, str(ROOT), arch, str(elf), str(slim), keys[elf], str(a.passes)))
+    if a.json:
+        a.json.write_text(json.dumps({"ours": ours, "peer": {f"{k[0]} {k[1]}": v for k, v in peer.items()}}, indent=1))
+    print(f"M frames per CPU second, median of {a.rounds} rounds (time.process_time in fresh child processes)\n")
+    print("| arch | tasks (batched) | frames (batched) | scalar fresh | scalar warm | batch fresh | batch warm "
+          "| per dump | batch + read | fresh / scalar | warm / scalar |")
+    print("|---" * 11 + "|")
+    for arch in arches:
+        runs = ours[arch]
+        r0 = runs[0]
+        scalar = _rate(runs, "scalar", "frames")
+        warm, fresh = _rate(runs, "warm", "batched_frames"), _rate(runs, "fresh", "batched_frames")
+        fresh_scalar = _rate(runs, "fresh_scalar", "frames")
+        print(f"| {arch} | {r0['tasks']} ({r0['batched_tasks']}) | {r0['frames']} ({r0['batched_frames']}) | "
+              f"{fresh_scalar:.3f} | {scalar:.3f} | {fresh:.2f} | {warm:.2f} | "
+              f"{_rate(runs, 'per_dump', 'batched_frames'):.2f} | {_rate(runs, 'read', 'frames'):.3f} | "
+              f"{fresh / fresh_scalar:.1f} | {warm / scalar:.1f} |")
+    if peer:
+        print("\nEqual inputs: the committed vmcores, the tasks drgn walks (drgn: ORC on x86-64, frame pointers "
+              "on arm64); M frames per CPU second, warm\n")
+        print("| arch | tasks (batched) | frames ours / drgn | drgn | scalar | batch | batch + read | batch / drgn "
+              "| batch + read / drgn |")
+        print("|---" * 9 + "|")
+        for arch in arches:
+            if (arch, "drgn") not in peer:
+                continue
+            per_round = len(peer[(arch, "drgn")]) // a.rounds
+
+            def total(name: str) -> list[dict]:
+                rs = peer[(arch, name)]
+                return [{k: sum(r.get(k, 0) for r in rs[i:i + per_round]) for k in rs[0]}
+                        for i in range(0, len(rs), per_round)]
+            d, o = total("drgn"), total("ours")
+            dr = _rate(d, "warm", "frames")
+            batch, read = _rate(o, "warm", "batched_frames"), _rate(o, "read", "frames")
+            ratios = f"{batch / dr:.1f} | {read / dr:.2f}" if dr else "- | -"
+            print(f"| {arch} | {o[0]['tasks']} ({o[0]['batched_tasks']}) | {o[0]['frames']} / {d[0]['frames']} | "
+                  f"{dr:.3f} | {_rate(o, 'scalar', 'frames'):.3f} | {batch:.2f} | {read:.3f} | {ratios} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
