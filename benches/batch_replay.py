@@ -3,7 +3,8 @@
 Every measurement runs in a fresh child process and the children are interleaved round by round
 (ours, then drgn, for each arch), so load from other processes falls on all of them alike. Figures
 are medians over rounds of ``time.process_time``; within a child each warm figure is the fastest of
-``--passes`` passes. Frames per second count the frames each path reports.
+``--passes`` passes. The JSON (``--json``) also has each time's wall-clock twin (``<key>_wall``,
+``time.perf_counter``, the fastest pass). Frames per second count the frames each path reports.
 
 Ours, on the committed corpora (``corpora/<arch>/*/stop-*.bin.xz``, every task, symbols off):
 
@@ -19,15 +20,16 @@ Ours, on the committed corpora (``corpora/<arch>/*/stop-*.bin.xz``, every task, 
   task built (frames as objects), all frames counted.
 
 Each timed call starts after ``gc.collect()``: a collection of earlier work's garbage would
-otherwise fall on whichever call triggers it. Imports (numpy, the batch modules) are start-up, timed by ``benches/startup.py``: the children
-import them first. The call-site verdicts are per image and shared by both paths: the warm figures come from sessions
-whose images decided them already; each fresh figure opens the dumps (and so their images) again.
+otherwise fall on whichever call triggers it. Imports (numpy, the batch modules) are start-up,
+timed by ``benches/startup.py``: the children import them first. The call-site verdicts are per
+image and shared by both paths: the warm figures come from sessions whose images decided them
+already; each fresh figure opens the dumps again (an image still open is reused, as in one process).
 
 drgn (``--drgn-python``) walks the committed vmcores (``corpora/<arch>/<release>/vmcore/*.elf.xz``)
 with the debug vmlinux of the same build-id: on x86-64 as it is, with ``DRGN_PREFER_ORC_UNWINDER=1``
 (ORC), on arm64 stripped of its CFI (frame pointers, as :mod:`replay_speed` sets it up); every task
-it can walk; ours walks the same tasks of the
-same vmcore with the committed slim image, scalar and batch::
+it can walk; ours walks the same tasks of the same vmcore with the committed slim image, scalar and
+batch::
 
     python benches/batch_replay.py --rounds 3 --drgn-python /path/to/venv-with-drgn/bin/python
 """
@@ -60,28 +62,36 @@ def scalar(sessions, tasks):
     return sum(len(s.replay(t, Options(), symbolize=False).frames) for s, ts in zip(sessions, tasks) for t in ts)
 def walked(batches):
     return sum(b.batched_frames for b in batches)
-def timed(fn):
+WALL = {}
+def timed(fn, key=None):
     gc.collect()  # garbage of earlier work is not this call's cost
-    t0 = time.process_time(); out = fn(); return time.process_time() - t0, out
+    w0, t0 = time.perf_counter(), time.process_time()
+    out = fn()
+    cpu, wall = time.process_time() - t0, time.perf_counter() - w0
+    if key is not None:
+        WALL[key] = min(WALL.get(key, 1e9), wall)
+    return cpu, out
 sessions, tasks = opened()
 frames = scalar(sessions, tasks)  # warms these sessions' images (call-site verdicts) for the warm passes
 fresh_s, fresh_t = opened()  # each load opens its image again: its verdicts are decided anew
-t_fresh, batches = timed(lambda: replay_all(fresh_s, tasks=fresh_t, symbolize=False))
+t_fresh, batches = timed(lambda: replay_all(fresh_s, tasks=fresh_t, symbolize=False), "fresh")
 fresh_s, fresh_t = opened()
-t_fresh_scalar = timed(lambda: scalar(fresh_s, fresh_t))[0]
+t_fresh_scalar = timed(lambda: scalar(fresh_s, fresh_t), "fresh_scalar")[0]
 out = {"tasks": sum(map(len, tasks)), "frames": frames, "batched_frames": walked(batches),
        "batched_tasks": sum(b.batched(i) for b in batches for i in range(len(b))), "fresh": t_fresh,
        "fresh_scalar": t_fresh_scalar}
 best = {k: 1e9 for k in ("scalar", "warm", "per_dump", "read")}
 for _ in range(passes):
-    best["scalar"] = min(best["scalar"], timed(lambda: scalar(sessions, tasks))[0])
-    best["warm"] = min(best["warm"], timed(lambda: replay_all(sessions, tasks=tasks, symbolize=False))[0])
+    best["scalar"] = min(best["scalar"], timed(lambda: scalar(sessions, tasks), "scalar")[0])
+    best["warm"] = min(best["warm"], timed(lambda: replay_all(sessions, tasks=tasks, symbolize=False), "warm")[0])
     best["per_dump"] = min(best["per_dump"], timed(lambda: [s.replay_all(tasks=t, symbolize=False)
-                                                            for s, t in zip(sessions, tasks)])[0])
-    t, n = timed(lambda: sum(len(r.frames) for b in replay_all(sessions, tasks=tasks, symbolize=False) for r in b))
+                                                            for s, t in zip(sessions, tasks)], "per_dump")[0])
+    t, n = timed(lambda: sum(len(r.frames) for b in replay_all(sessions, tasks=tasks, symbolize=False) for r in b),
+                 "read")
     assert n == frames
     best["read"] = min(best["read"], t)
 out.update(best)
+out.update({k + "_wall": v for k, v in WALL.items()})
 print(json.dumps(out))
 """
 
@@ -98,13 +108,20 @@ b = s.replay_all(tasks=todo, symbolize=False)
 out = {"frames": frames, "tasks": len(todo), "batched_tasks": sum(b.batched(i) for i in range(len(b))),
        "batched_frames": b.batched_frames}
 best = {"scalar": 1e9, "warm": 1e9, "read": 1e9}
-def timed(fn):
+WALL = {}
+def timed(fn, key):
     gc.collect()  # garbage of earlier work is not this call's cost
-    t0 = time.process_time(); fn(); return time.process_time() - t0
+    w0, t0 = time.perf_counter(), time.process_time()
+    fn()
+    WALL[key] = min(WALL.get(key, 1e9), time.perf_counter() - w0)
+    return time.process_time() - t0
 for _ in range(int(sys.argv[6])):
-    best["scalar"] = min(best["scalar"], timed(lambda: [s.replay(t, Options(), symbolize=False) for t in todo]))
-    best["warm"] = min(best["warm"], timed(lambda: s.replay_all(tasks=todo, symbolize=False)))
-    best["read"] = min(best["read"], timed(lambda: [r.frames for r in s.replay_all(tasks=todo, symbolize=False)]))
+    best["scalar"] = min(best["scalar"], timed(lambda: [s.replay(t, Options(), symbolize=False) for t in todo],
+                                               "scalar"))
+    best["warm"] = min(best["warm"], timed(lambda: s.replay_all(tasks=todo, symbolize=False), "warm"))
+    best["read"] = min(best["read"], timed(lambda: [r.frames for r in s.replay_all(tasks=todo, symbolize=False)],
+                                           "read"))
+out.update({k + "_wall": v for k, v in WALL.items()})
 out.update(best)
 print(json.dumps(out))
 """

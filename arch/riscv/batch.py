@@ -167,8 +167,8 @@ def batch_walk(jobs: list[Job]) -> Walked:
 
 def _lanes_of(job: Job, taken: list[bool], cols: list[list[int]], tasks: list[Task]) -> None:
     """The lanes of ``job`` the batch takes: blocked tasks with a saved ra, s0 and sp on their one task
-    stack of known size (THREAD_SIZE, at least one record). ``taken`` gets a bool per task; ``cols`` each lane's ``pc, fp, sp, stack low,
-    stack high``, ``tasks`` its task."""
+    stack of known size (THREAD_SIZE, at least one record). ``taken`` gets a bool per task; ``cols``
+    each lane's ``pc, fp, sp, stack low, stack high``, ``tasks`` its task."""
     take = taken.append
     pc_, fp_, sp_, low_, high_ = (col.append for col in cols)
     for task in job.tasks:

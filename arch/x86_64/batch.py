@@ -182,7 +182,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
                       text[:, 0, 0], text[:, 0, 1]])[:, keep]
     while state.shape[1]:
         ip, sp, bp, signal, lo, hi, origin, base, lanes, table_of, rth, rethook, stext, etext = state
-        # find_orc(): orc_find(signal ? ip : ip - 1); END_OF_STACK ends the walk
+        # unwind_next_frame(): orc_find(signal ? ip : ip - 1); END_OF_STACK ends the walk (unwind_orc.c:485-510)
         look = np.where(signal != 0, ip, ip - _U64(1))
         row = orc.orc_find(table_of.astype(np.int64), look)
         found = row >= 0
@@ -192,22 +192,22 @@ def batch_walk(jobs: list[Job]) -> Walked:
         if end.any():
             rec.stop(lanes[end].astype(np.int64), _ORC_END, look[end])
         call = found & (kind == ORC_TYPE_CALL)
-        # prev_sp(): sp or bp plus sp_offset
+        # the CFA: sp or bp plus sp_offset (unwind_orc.c:514-578)
         sp_reg = orc.sp_reg[row]
         cfa, no_wrap = add_offset(np.where(sp_reg == ORC_REG_BP, bp, sp), orc.sp_offset[row])
         call &= no_wrap & ((sp_reg == ORC_REG_SP) | (sp_reg == ORC_REG_BP)) & (cfa >= _U64(8))
-        # step_call(): the return address below the CFA (deref_stack_reg(): on the stack walked)
+        # ORC_TYPE_CALL: the return address below the CFA, deref_stack_reg() on the stack walked (582-593)
         ip_p = cfa - _U64(8)
         call &= captured(ip_p, call, lo, hi)
         new_ip = read(ip_p, call, origin, base)
         call &= (new_ip != rth) & (new_ip != rethook)
-        # prev_bp(): undefined (no regs: bp unchanged), or saved at prev_sp or bp plus bp_offset
+        # bp: undefined (no regs: unchanged), or saved at prev_sp or bp plus bp_offset (640-661)
         bp_reg = orc.bp_reg[row]
         saved = (bp_reg == ORC_REG_PREV_SP) | (bp_reg == ORC_REG_BP)
         at, no_wrap = add_offset(np.where(bp_reg == ORC_REG_BP, bp, cfa), orc.bp_offset[row])
         call &= (bp_reg == ORC_REG_UNDEFINED) | (saved & captured(at, no_wrap, lo, hi))
         new_bp = np.where(saved, read(at, call & saved, origin, base), bp)
-        # check_direction() refuses an sp that did not grow on the stack; the batch takes only an sp that
+        # the kernel refuses an sp that did not grow on the stack (663-670); the batch takes only an sp that
         # grew by a word at least (so each frame consumes a stack word of its own); then the ip must be core
         # kernel text (check_text())
         go = call & (cfa > sp) & (cfa - sp >= _U64(8)) & (stext <= new_ip) & (new_ip < etext)
