@@ -82,18 +82,26 @@ _CONSTANTS: "WeakKeyDictionary[Session, dict[tuple, DumpConstants]]" = WeakKeyDi
 
 
 class Tables:
-    """The ORC tables of a batch: each lane's entry columns gathered from one concatenation."""
+    """The ORC tables of a batch: each lane's entry columns gathered from one concatenation (kept for
+    the next batch over the same tables: a table is hundreds of thousands of entries)."""
 
     def __init__(self, tables: list[OrcTable]) -> None:
         self.tables = tables
         self.base = np.cumsum([0] + [len(t) for t in tables[:-1]]).astype(np.int64)
-        self.type = np.concatenate([t.type for t in tables])
-        self.sp_reg = np.concatenate([t.sp_reg for t in tables])
-        self.bp_reg = np.concatenate([t.bp_reg for t in tables])
-        # offsets as two's-complement words, added with a wrap check
-        self.sp_offset = np.concatenate([t.sp_offset for t in tables]).astype(np.int64)
-        self.bp_offset = np.concatenate([t.bp_offset for t in tables]).astype(np.int64)
-        self.signal = np.concatenate([t.signal for t in tables])
+        key = tuple(id(t) for t in tables)
+        cols = _COLUMNS.get(key)
+        if cols is None or any(a is not b for a, b in zip(cols[0], tables)):
+            one = len(tables) == 1
+            cols = (list(tables), tuple(
+                getattr(tables[0], name) if one else np.concatenate([getattr(t, name) for t in tables])
+                for name in ("type", "sp_reg", "bp_reg", "signal")) + tuple(
+                # offsets as int64, added to words with a wrap check (add_offset())
+                np.concatenate([getattr(t, name) for t in tables]).astype(np.int64)
+                for name in ("sp_offset", "bp_offset")))
+            if len(_COLUMNS) >= 4:
+                _COLUMNS.pop(next(iter(_COLUMNS)))
+            _COLUMNS[key] = cols
+        self.type, self.sp_reg, self.bp_reg, self.signal, self.sp_offset, self.bp_offset = cols[1]
 
     # orc_find() (unwind_orc.c), over lanes: a row of the concatenation, or -1 where it finds nothing
     def orc_find(self, table_of: np.ndarray, ip: np.ndarray) -> np.ndarray:
@@ -108,6 +116,10 @@ class Tables:
                 idx = table.orc_find_batch(ip[sel])
                 out[sel] = np.where(idx >= 0, idx + self.base[t], -1)
         return out
+
+
+#: the columns of the last few table combinations, with the tables (so their ids stay theirs)
+_COLUMNS: dict[tuple[int, ...], tuple[list[OrcTable], tuple[np.ndarray, ...]]] = {}
 
 
 def add_offset(value: np.ndarray, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
