@@ -72,7 +72,7 @@ def test_each_dump_alone_replays_the_same(corpus) -> None:
         assert [_key(r) for r in session.replay_all(symbolize=False)] == [_key(r) for r in want]
 
 
-@pytest.mark.parametrize("generation", ["6.1", "6.12", "6.13", "7.2"])
+@pytest.mark.parametrize("generation", ["6.1", "6.5", "6.12", "6.13", "7.2"])
 def test_a_forced_generation_replays_the_same(corpus, generation) -> None:
     arch, sessions = corpus
     _assert_same(sessions[::3], Options(generation=generation), symbolize=False)
