@@ -765,7 +765,7 @@ def report_lines(r: Results, plots: dict[str, str] | None, source: str,
                     "and noisy (`--cpu-time` and `--stat min` are less disturbed)" if busy else ""))
     speed = speed_lines(speed_folder) if speed_folder is not None else []
     L += ["", *speed]
-    L += ["", "## Targets (issue 7)" if speed else "## Targets", ""]
+    L += ["", "## Earlier targets (replay, ORC lookup, drgn with DWARF)" if speed else "## Targets", ""]
     L += _table(("target", "goal", "measured", "ratio", "verdict"),
                 ((t.name, t.goal, t.measured, t.ratio, t.verdict) for t in targets(r)))
 
