@@ -40,6 +40,7 @@ import lzma
 import multiprocessing
 import os
 import random
+import re
 import resource
 import signal
 import string
@@ -56,7 +57,7 @@ from . import elfcore, registry
 from .btf import Btf, BtfError, Header as BtfHeader
 from .dump import Dump, DumpError, DumpWriter
 from .frame import Frame
-from .image import Image, ImageError, find_image
+from .image import Image, ImageError, find_image, open_image
 from .memory import Memory, MemoryFault, Segment
 from .replay import ReplayError, Session
 from .target import Options
@@ -232,7 +233,11 @@ def mutate_regs(rng: random.Random, seed: Seed) -> DumpWriter:
 
 
 def _random_json(rng: random.Random, depth: int = 0) -> Any:
-    kind = rng.randrange(14)
+    kind = rng.randrange(16)
+    if kind == 14:  # json.dumps writes these as NaN/Infinity tokens, which json.loads accepts
+        return rng.choice((float("nan"), float("inf"), float("-inf"), -0.0, 1e-310))
+    if kind == 15:  # a lone surrogate, NUL, a terminal escape, non-ASCII digits after 0x
+        return rng.choice(("\ud800", "a\x00b", "\x1b[2J", "0x\u0661", "\u00e9" * 16, "0x1\n"))
     if kind == 0:
         return None
     if kind == 1:
@@ -288,6 +293,8 @@ def mutate_json(rng: random.Random, seed: Seed) -> DumpWriter:
         for _ in range(rng.randint(1, 4)):
             raw[rng.randrange(len(raw))] = rng.randrange(256)
         return seed.writer(note_json=bytes(raw))
+    if roll < 0.10:
+        return seed.writer(note_json=mutate_json_text(rng, (seed.writer().note_json or b"").decode()))
     meta = copy.deepcopy(seed.meta)
     if rng.random() < 0.3:
         _add_optional_keys(rng, seed, meta)
@@ -314,6 +321,34 @@ def mutate_json(rng: random.Random, seed: Seed) -> DumpWriter:
         else:
             parent[key] = _random_json(rng)
     return seed.writer(meta=meta)
+
+
+#: JSON text no ``json.dumps`` of a value writes: a number past Python's 4300-digit int limit, one
+#: past float range, escapes of a lone surrogate and of NUL, a nesting deeper than any note's
+_RAW_TOKENS = ("9" * 5000, "-" + "1" * 4400, "1e400", "-1e400", "1" + "0" * 400 + ".5", "-0", "0e0", "NaN",
+               "-Infinity", '"\\ud800"', '"0x\\u0000"', '"\\u0030x10"', "[" * 3000 + "]" * 3000, '{"":{}}')
+#: a scalar value after a key of the note's text
+_SCALAR = re.compile(r'(?<=:)(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|"(?:[^"\\]|\\.)*"|true|false|null)')
+
+
+def mutate_json_text(rng: random.Random, text: str) -> bytes:
+    """The note's text edited where ``json.dumps`` cannot: 1..3 scalar values replaced by raw
+    tokens (huge-digit ints, out-of-range floats, surrogate escapes, deep nesting), the root
+    replaced, a byte-order mark, trailing bytes, or a cut."""
+    op = rng.randrange(5)
+    if op == 0:
+        spots = list(_SCALAR.finditer(text))
+        for m in sorted(rng.sample(spots, min(len(spots), rng.randint(1, 3))), key=lambda m: -m.start()):
+            text = text[:m.start()] + rng.choice(_RAW_TOKENS) + text[m.end():]
+    elif op == 1:
+        text = rng.choice(("[]", "1", "null", '"x"', "", " ", "[" + text + "]", "NaN"))
+    elif op == 2:
+        text = "\ufeff" + text
+    elif op == 3:
+        text += rng.choice((" ", "x", "}", "\0", "\n" + text))
+    else:
+        text = text[:rng.randrange(len(text) + 1)]
+    return text.encode("utf-8", "surrogatepass")
 
 
 def _add_optional_keys(rng: random.Random, seed: Seed, meta: dict[str, Any]) -> None:
@@ -383,8 +418,8 @@ def mutate_elf(rng: random.Random, seed: Seed) -> bytes:
     for _ in range(rng.randint(1, 3)):
         where = rng.randrange(4)
         if where == 0:
-            off, width = rng.choice(((16, 2), (18, 2), (32, 8), (48, 4), (52, 2), (54, 2), (56, 2), (58, 2),
-                                     (4, 1), (5, 1), (6, 1)))
+            off, width = rng.choice(((16, 2), (18, 2), (20, 4), (24, 8), (32, 8), (40, 8), (48, 4), (52, 2),
+                                     (54, 2), (56, 2), (58, 2), (60, 2), (62, 2), (4, 1), (5, 1), (6, 1), (7, 1)))
         elif where == 1:
             off, width = 64 + 56 * rng.randrange(phnum) + rng.choice((0, 8, 16, 32, 40)), rng.choice((4, 8))
         elif where == 2 and heads:
@@ -572,12 +607,22 @@ def _sections(raw: bytes) -> list[tuple[str, int, int, int]]:
     return out
 
 
+#: Elf64_Sym fields as (offset, width): st_name, st_info, st_other, st_shndx, st_value, st_size
+_SYM_FIELDS = ((0, 4), (4, 1), (5, 1), (6, 2), (8, 8), (16, 8))
+
+
 def mutate_image(rng: random.Random, raw: bytes) -> bytes:
-    """ELF header fields, section header fields, or bytes of the sections replay reads."""
+    """ELF header fields, section header fields, bytes of the sections replay reads, or fields of
+    ``.symtab`` entries (names past ``.strtab``, other symbols' values, sizes, section indices);
+    sometimes the file is cut short."""
     data = bytearray(raw)
     secs = _sections(raw)
+    symtab = next(((off, size) for name, _, off, size in secs if name == ".symtab" and off + size <= len(raw)), None)
     for _ in range(rng.randint(1, 3)):
-        where = rng.randrange(3)
+        where = rng.randrange(4)
+        if where == 3 and symtab is not None and symtab[1] >= 48:
+            _mutate_symbol(rng, data, *symtab)
+            continue
         if where == 0:
             off, width = rng.choice(((16, 2), (18, 2), (24, 8), (32, 8), (40, 8), (54, 2), (56, 2), (58, 2),
                                      (60, 2), (62, 2), (4, 1), (5, 1)))
@@ -595,7 +640,20 @@ def mutate_image(rng: random.Random, raw: bytes) -> bytes:
         value = rng.choice((0, 1, 2**(8 * width) - 1, 2**(8 * width - 1), rng.getrandbits(8 * width),
                             old + rng.choice((-8, -1, 1, 8, 4096)), old ^ (1 << rng.randrange(8 * width))))
         data[off:off + width] = (value % 2**(8 * width)).to_bytes(width, "little")
+    if rng.random() < 0.05:
+        del data[rng.randrange(len(data)):]
     return bytes(data)
+
+
+def _mutate_symbol(rng: random.Random, data: bytearray, start: int, size: int) -> None:
+    """One field of one ``.symtab`` entry set to an edge value, another entry's, or one off."""
+    entry = start + 24 * rng.randrange(1, size // 24)
+    off, width = rng.choice(_SYM_FIELDS)
+    other = start + 24 * rng.randrange(1, size // 24) + off
+    old = int.from_bytes(data[entry + off:entry + off + width], "little")
+    value = rng.choice((0, 2**(8 * width) - 1, 2**(8 * width - 1), int.from_bytes(data[other:other + width], "little"),
+                        old + rng.choice((-1, 1, 16, 1 << 20)), rng.getrandbits(8 * width)))
+    data[entry + off:entry + off + width] = (value % 2**(8 * width)).to_bytes(width, "little")
 
 
 # --- running a case -----------------------------------------------------------------------------
@@ -636,6 +694,8 @@ class Fuzzer:
         #: where failing cases are written (:meth:`keep_case`), if anywhere
         self.keep: Path | None = None
         self._image_bytes: dict[Path, bytes] = {}
+        #: the share of cases in the ``image`` family
+        self.image_share = IMAGE_SHARE
 
     def families(self, seed: Seed) -> tuple[str, ...]:
         """The families that apply to ``seed``: ``orc`` where its arch mutates its image, ``btf``
@@ -657,7 +717,7 @@ class Fuzzer:
         seed = self.seeds[rng.randrange(len(self.seeds))]
         if seed_name is not None:
             seed = next(s for s in self.seeds if s.name == seed_name)
-        if family is None and seed.image_path is not None and rng.random() < IMAGE_SHARE:
+        if family is None and seed.image_path is not None and rng.random() < self.image_share:
             family = "image"
         fam = family or rng.choice(self.families(seed))
         out = self.guarded(fam, f"{seed.name} case {seed_value}:{index}", lambda: self._run(rng, seed, fam))
@@ -780,20 +840,25 @@ class Fuzzer:
 
         saved = os.environ.get(CACHE_ENV)
         os.environ[CACHE_ENV] = "/dev/null/no-cache"  # no cache entry is read or written
+        image: Image | None = None
         try:
+            dump = Dump(seed.writer().to_bytes(), seed.name)
+            dump.memory = instrument(dump.memory)
+            open_image.cache_clear()  # the scratch path holds another image each case
             try:
-                image = Image(path)
+                image = find_image(dump.build_id, None, explicit=path)  # as --vmlinux: build-id checked
+                assert image is not None
                 symbols = image.symbols
                 image.build_id, image.btf, image.release  # noqa: B018 -- read, not kept
                 image.text(symbols.address("_stext") or 0, 64) if symbols.address("_stext") else None
             except (ImageError, SymbolError) as e:
                 return _one_line("image", e)
-            dump = Dump(seed.writer().to_bytes(), seed.name)
-            dump.memory = instrument(dump.memory)
             session = Session(dump, image, symbols)
             bad = self._replay_all(session, session.select(every=True))
-            image.close()
         finally:
+            if image is not None:
+                image.close()
+            open_image.cache_clear()
             if saved is None:
                 os.environ.pop(CACHE_ENV, None)
             else:

@@ -41,21 +41,20 @@ def fuzzer(tmp_path_factory) -> F.Fuzzer:
     return f
 
 
-def test_a_seeded_campaign_breaks_no_promise(fuzzer):
+#: image cases in it (one costs ~50 dump cases: the long runs give them F.IMAGE_SHARE)
+IMAGE_SHARE = 0.005
+
+
+def test_a_seeded_campaign_breaks_no_promise(fuzzer, monkeypatch):
+    monkeypatch.setattr(fuzzer, "image_share", IMAGE_SHARE)
     summary = F.run_cases(fuzzer, 0, range(CASES))
     assert summary.failures == 0, "\n".join(f"{k}\n{v}" for k, v in summary.examples.items())
     for fam in F.FAMILIES[:-1]:  # every family ran, and the mutations reached the input checks
         assert sum(summary.counts[fam].values()) >= CASES // len(F.FAMILIES) // 3, fam
-    for fam in ("json", "elf", "btf", "vmcore"):
+    for fam in ("json", "elf", "btf", "vmcore", "image"):
         assert summary.counts[fam]["rejected"] > 0, fam
-    assert summary.counts["stack"]["ok"] > 0 and summary.counts["regs"]["ok"] > 0
-
-
-def test_the_image_family(fuzzer):
-    """A mutated image as --vmlinux gets it: opened, read and replayed with, or one ImageError line."""
-    outcomes = [fuzzer.case(i, 6, "image") for i in range(8)]
-    assert all(o.kind in ("ok", "rejected") for o in outcomes), outcomes
-    assert {o.kind for o in outcomes} == {"ok", "rejected"}
+    for fam in ("stack", "regs", "image"):  # a mutated image is also opened and replayed with
+        assert summary.counts[fam]["ok"] > 0, fam
 
 
 def test_a_case_is_reproducible(fuzzer):
