@@ -26,7 +26,8 @@ and checks, for every task, in faithful, complete, explain (provenance) and reli
 with the trace printed and the oracles compared: no exception but a one-line input error at
 open; no case over the CPU bound; no read outside a captured segment (every segment's bytes are
 instrumented); at most :func:`unwind.walk.frame_limit` frames; every frame value and provenance
-read a u64. ``btf`` and ``vmcore`` cases may raise only ``BtfError``/``VmcoreError`` (one line)
+read a u64; the batch replay (``Session.replay_all``, what ``replay --all`` walks) the same as
+``Session.replay``. ``btf`` and ``vmcore`` cases may raise only ``BtfError``/``VmcoreError`` (one line)
 or a ``MemoryFault`` for a page.
 Cases are numbered and reproducible: case ``i`` of seed ``S`` is the same everywhere.
 """
@@ -661,7 +662,7 @@ def _mutate_symbol(rng: random.Random, data: bytearray, start: int, size: int) -
 @dataclass
 class Outcome:
     """What one case did: ``kind`` is ok, rejected (clean input error), traceback, hang, runaway,
-    out-of-dump or bad-value; ``detail`` says where."""
+    out-of-dump, bad-value or batch-differs; ``detail`` says where."""
 
     family: str
     kind: str
@@ -885,30 +886,53 @@ class Fuzzer:
         return self.images[path]
 
     def _replay_all(self, session: Session, tasks: list[Any]) -> tuple[str, str] | None:
-        from .output import replay_json, replay_text
+        """Every task in every mode, as ``unwind replay --all`` walks them (``Session.replay_all``)
+        and one by one (``Session.replay``); then every oracle compared. The first broken promise."""
         from .tools import compare_oracle
 
-        for task in tasks:
-            limit = frame_limit(task.stacks, session.dump.task_memory(task), session.backend.min_frame_bytes)
-            for mode, (options, reliable) in MODES.items():
-                try:
-                    r = session.replay(task, options, reliable=reliable)
-                except ImageError as e:  # x86 without its image: one line, as the CLI prints it
-                    _one_line("", e)
-                    return None
-                if len(r.frames) > limit:
-                    return "runaway", f"{task.describe()} {mode}: {len(r.frames)} frames > limit {limit}"
-                bad = _bad_value(r.frames)
-                if bad:
-                    return "bad-value", f"{task.describe()} {mode}: {bad}"
-                if reliable:
-                    continue  # the same frames as faithful: only the verdict is new
-                replay_text(session, r, explain=options.record)
-                if mode == "explain":
-                    json.dumps(replay_json(session, r, True))
+        limits = [frame_limit(t.stacks, session.dump.task_memory(t), session.backend.min_frame_bytes) for t in tasks]
+        for mode, (options, reliable) in MODES.items():
+            try:
+                batch = session.replay_all(options, tasks, reliable=reliable)
+                for i, task in enumerate(tasks):
+                    bad = self._check_replay(session, task, mode, limits[i], batch[i])
+                    if bad is not None:
+                        return bad
+            except ImageError as e:  # x86 without its image: one line, as the CLI prints it
+                out = _one_line("", e)
+                return None if out.kind == "rejected" else (out.kind, out.detail)
         for oracle in session.dump.oracles():
             compare_oracle(session, oracle)
         return None
+
+    @staticmethod
+    def _check_replay(session: Session, task: Any, mode: str, limit: int, batched: Any) -> tuple[str, str] | None:
+        """One task's replay in one mode, and the batch's replay of it: bounded, u64, the same."""
+        from .output import replay_json, replay_text
+
+        options, reliable = MODES[mode]
+        r = session.replay(task, options, reliable=reliable)
+        for got, how in ((r, ""), (batched, " (batch)")):
+            if len(got.frames) > limit:
+                return "runaway", f"{task.describe()} {mode}{how}: {len(got.frames)} frames > limit {limit}"
+            bad = _bad_value(got.frames)
+            if bad:
+                return "bad-value", f"{task.describe()} {mode}{how}: {bad}"
+        if _replay_key(batched) != _replay_key(r):
+            return "batch-differs", (f"{task.describe()} {mode}: the batch gave {len(batched.frames)} frames, "
+                                     f"{batched.stop.reason.name}; replay {len(r.frames)}, {r.stop.reason.name}")
+        if not reliable:  # reliable: the same frames as faithful, only the verdict is new
+            "\n".join(replay_text(session, r, explain=options.record)).encode()  # as printed: UTF-8
+            if mode == "explain":
+                json.dumps(replay_json(session, r, True))
+        return None
+
+
+def _replay_key(r: Any) -> tuple[Any, ...]:
+    """What ``unwind replay`` prints of a replay (text, ``--explain``, ``--json``)."""
+    frames = [(f.pc, f.sp, f.fp, f.source, f.stack, f.flags, f.symbol, f.provenance, f.extra) for f in r.frames]
+    reliable = None if r.reliable is None else (r.reliable.ok, r.reliable.reason, r.reliable.stop)
+    return frames, (r.stop.reason, r.stop.detail, r.stop.frames), reliable, r.basis
 
 
 def _on_timer(signum: int, frame: Any) -> None:
@@ -972,7 +996,7 @@ class Summary:
 
     def table(self) -> str:
         """The summary table (markdown)."""
-        kinds = ("traceback", "hang", "runaway", "out-of-dump", "bad-value")
+        kinds = ("traceback", "hang", "runaway", "out-of-dump", "bad-value", "batch-differs")
         rows = ["| family | cases | rejected (one line) | " + " | ".join(kinds) + " |",
                 "|---|---|---|" + "---|" * len(kinds)]
         total: Counter[str] = Counter()

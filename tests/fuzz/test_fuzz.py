@@ -95,6 +95,23 @@ def test_a_walk_over_its_frame_limit_is_a_runaway(fuzzer, monkeypatch):
     assert out.kind == "runaway"
 
 
+def test_a_batch_replay_unlike_the_task_replay_is_caught(fuzzer, monkeypatch):
+    """``replay --all`` walks in one batch (``Session.replay_all``): a batch that lost a frame differs."""
+    import dataclasses
+
+    from unwind.replay import Session
+
+    seed = next(s for s in fuzzer.seeds if s.arch == "arm64")
+    real = Session.replay_all
+
+    def lossy(self, *a, **kw):
+        return [dataclasses.replace(r, frames=r.frames[:-1]) for r in real(self, *a, **kw)]
+    assert fuzzer.check(seed.writer().to_bytes(), seed.name, seed.image_path, "stack").kind == "ok"
+    monkeypatch.setattr(Session, "replay_all", lossy)
+    out = fuzzer.check(seed.writer().to_bytes(), seed.name, seed.image_path, "stack")
+    assert out.kind == "batch-differs", out
+
+
 def test_a_failing_case_is_kept(fuzzer, tmp_path):
     fuzzer.keep, kept = tmp_path, fuzzer.keep
     try:
