@@ -1058,6 +1058,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if not corpus.is_dir():
         raise OSError(f"no corpus folder {corpus}")
     resource.setrlimit(resource.RLIMIT_AS, (8 << 30, resource.RLIM_INFINITY))
+    if args.engine == "atheris":
+        from . import fuzz_guided
+
+        work = Path(args.work)
+        work.mkdir(parents=True, exist_ok=True)
+        return fuzz_guided.run(_fuzzer(args), work, args.max_time, args.runs, [])
     start_wall = time.time()
     summary = Summary()
     out = Path(args.report) if args.report else None
@@ -1111,6 +1117,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     f.add_argument("--keep", metavar="DIR", help="write each failing case's input and outcome into DIR "
                    "(copy them to tests/fuzz/regressions/ to keep them as regression cases)")
     f.add_argument("--report", metavar="OUT", help="write the summary table (markdown) to OUT as it goes")
+    f.add_argument("--engine", choices=("random", "atheris"), default="random",
+                   help="random: numbered, reproducible cases (default); atheris: coverage-guided by libFuzzer "
+                        "(the [fuzz] extra), the same checks on every input")
+    f.add_argument("--max-time", type=int, default=600, help="atheris: seconds to run (default 600)")
+    f.add_argument("--runs", type=int, help="atheris: stop after this many inputs")
+    f.add_argument("--work", metavar="DIR", default="fuzz-work",
+                   help="atheris: libFuzzer's inputs (the seeds, then every input that found new code) "
+                        "and artifacts (default fuzz-work)")
     f.set_defaults(func=cmd_fuzz)
 
 
