@@ -132,7 +132,7 @@ def run(fuzzer: Fuzzer, work: Path, max_time: int, runs: int | None, extra: list
         import atheris
     except ImportError:
         raise OSError("the atheris engine needs atheris: pip install -e '.[fuzz]'") from None
-    guided = Guided(fuzzer, atheris.Mutate)
+    guided = Guided(fuzzer, lambda data, max_size: atheris.Mutate(data, max_size))  # bound when Fuzz() runs
     inputs = work / "inputs"
     guided.initial_inputs(inputs)
     largest = max(p.stat().st_size for p in inputs.iterdir())
