@@ -37,7 +37,7 @@ _SYMBOL_CACHE_VERSION = 3
 _BUILD_ID_IN_NAME = re.compile(r"[0-9a-f]{40}")
 #: what pyelftools, construct and numpy raise on a malformed image (a symbol table of a size that
 #: is no multiple of its entries is numpy's ValueError)
-_ELF_ERRORS = (ELFError, ConstructError, ElftoolsConstructError, ValueError, UnicodeDecodeError)
+_ELF_ERRORS = (ELFError, ConstructError, ElftoolsConstructError, ValueError, OverflowError, UnicodeDecodeError)
 
 # Elf64_Sym as numpy sees it, to decode .symtab in one pass (numpy is imported there: a cached
 # table needs none).

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from unwind.fuzz import _sections
-from unwind.image import Image, ImageError
+from unwind.image import CACHE_ENV, Image, ImageError
 
 SLIM = next((Path(__file__).resolve().parents[2] / "corpora" / "x86_64").glob("*/vmlinux-*.slim.xz"))
 
@@ -47,7 +47,11 @@ def _head(raw: bytes, name: str) -> int:
     (".symtab entries of size 0", lambda r: _patch(r, _head(r, ".symtab") + 56, "<Q", 0), "entry size"),
     (".symtab linked to no string table", lambda r: _patch(r, _head(r, ".symtab") + 40, "<I", 0), "expected SHT_STRTAB"),
     (".symtab of a size no multiple of its entries", lambda r: _patch(r, _head(r, ".symtab") + 32, "<Q", 25), ""),
+    # found by the long campaign (seed 2026, case 836546): pyelftools reads sh_size bytes at once,
+    # and 2**63 is past what a read takes (OverflowError)
+    (".strtab of 2**63 bytes", lambda r: _patch(r, _head(r, ".strtab") + 32, "<Q", 2**63), "index-sized"),
 ])
-def test_a_malformed_image_is_one_line(tmp_path, raw, what, edit, why):
+def test_a_malformed_image_is_one_line(tmp_path, monkeypatch, raw, what, edit, why):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))  # symbols decoded from the image, not a cache
     text = _open(tmp_path, edit(raw))
     assert why in text and "malformed ELF image" in text
