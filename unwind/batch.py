@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, overload
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, overload
 from weakref import WeakKeyDictionary
 
 import numpy as np
@@ -266,6 +266,38 @@ class Recorder:
             cols[7][at] = source
             cols[8][at] = stack
         return Walked(self, cols, counts, offsets)
+
+
+class Lanes(NamedTuple):
+    """The tasks of a batch an arch's plain step takes, gathered by :func:`gather_lanes`."""
+
+    recorder: Recorder
+    #: each job's per-dump constants (``None``: all its tasks go to the scalar walk)
+    constants: list[Any]
+    #: one list per register column the arch's ``lanes_of`` fills
+    cols: list[list[int]]
+    #: per task of the batch, in job order: does a lane walk it
+    taken: list[bool]
+    #: the tasks the lanes walk, in lane order
+    tasks: list[Task]
+
+
+def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence[StopKind],
+                 constants_of: Callable[[Job], object], lanes_of: Callable[..., None], columns: int) -> Lanes:
+    """The recorder of every task of ``jobs``, each job's per-dump constants, and the lanes
+    ``lanes_of(job, taken, cols, tasks)`` takes from the jobs that have constants."""
+    rec = Recorder(sum(len(job.tasks) for job in jobs), sources, stops)
+    consts = [constants_of(job) if job.tasks else None for job in jobs]
+    cols: list[list[int]] = [[] for _ in range(columns)]
+    taken: list[bool] = []
+    tasks: list[Task] = []
+    for n, (job, c) in enumerate(zip(jobs, consts)):
+        if c is None:
+            taken.extend([False] * len(job.tasks))
+        else:
+            rec.dump(n, c.basis, c)  # type: ignore[attr-defined]
+            lanes_of(job, taken, cols, tasks)
+    return Lanes(rec, consts, cols, taken, tasks)
 
 
 @dataclass(slots=True)

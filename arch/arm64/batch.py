@@ -21,7 +21,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from unwind.batch import Job, Recorder, Walked, lane_jobs, locate_lanes
+from unwind.batch import Job, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes
 from unwind.frame import Flag, Source
 from unwind.target import Task
 from unwind.walk import StopReason
@@ -95,29 +95,14 @@ def ptrauth_strip_lanes(ptr: np.ndarray, mask: np.ndarray, keep_mask: np.ndarray
 
 def batch_walk(jobs: list[Job]) -> Walked:
     """``kunwind_stack_walk()`` of every task of ``jobs`` that the plain step can take, in lockstep."""
-    total = sum(len(job.tasks) for job in jobs)
-    rec = Recorder(total, SOURCES, STOPS)
-    consts = []
-    for n, job in enumerate(jobs):
-        c = DumpConstants.of(job) if job.tasks else None
-        consts.append(c)
-        if c is not None:
-            rec.dump(n, c.basis, c)
-    cols: list[list[int]] = [[] for _ in range(6)]
-    taken: list[bool] = []
-    tasks: list[Task] = []
-    for job, c in zip(jobs, consts):
-        if c is not None:
-            _lanes_of(job, taken, cols, tasks)
-        else:
-            taken.extend([False] * len(job.tasks))
+    rec, consts, cols, taken, tasks = gather_lanes(jobs, SOURCES, STOPS, DumpConstants.of, _lanes_of, 6)
     if not tasks:
         return rec.finish()
     try:
         fp, pc, sp, source, low, high = (np.array(col, t) for col, t in zip(cols, (_U64, _U64, _U64, np.int64,
                                                                                 _U64, _U64)))
     except OverflowError:  # a register value that is no u64 (the note allows none): the scalar walk says so
-        return Recorder(total, SOURCES, STOPS).finish()
+        return Recorder(rec.lanes, SOURCES, STOPS).finish()
     lanes = np.flatnonzero(taken)
     job_of = lane_jobs(jobs)[lanes]
 

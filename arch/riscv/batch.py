@@ -21,7 +21,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from unwind.batch import Job, Recorder, Walked, lane_jobs, locate_lanes
+from unwind.batch import Job, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes
 from unwind.frame import Source
 from unwind.target import Task
 from unwind.walk import StopReason
@@ -90,26 +90,13 @@ def kernel_text_lanes(pc: np.ndarray, text: np.ndarray) -> np.ndarray:
 
 def batch_walk(jobs: list[Job]) -> Walked:
     """``walk_stackframe()`` of every blocked task of ``jobs`` that the plain step can take, in lockstep."""
-    total = sum(len(job.tasks) for job in jobs)
-    rec = Recorder(total, SOURCES, STOPS)
-    consts = [DumpConstants.of(job) if job.tasks else None for job in jobs]
-    for n, c in enumerate(consts):
-        if c is not None:
-            rec.dump(n, c.basis, c)
-    cols: list[list[int]] = [[] for _ in range(5)]
-    taken: list[bool] = []
-    tasks: list[Task] = []
-    for job, c in zip(jobs, consts):
-        if c is not None:
-            _lanes_of(job, taken, cols, tasks)
-        else:
-            taken.extend([False] * len(job.tasks))
+    rec, consts, cols, taken, tasks = gather_lanes(jobs, SOURCES, STOPS, DumpConstants.of, _lanes_of, 5)
     if not tasks:
         return rec.finish()
     try:
         pc, fp, sp, low, high = (np.array(col, _U64) for col in cols)
     except OverflowError:  # a register value that is no u64 (the note allows none): the scalar walk says so
-        return Recorder(total, SOURCES, STOPS).finish()
+        return Recorder(rec.lanes, SOURCES, STOPS).finish()
     lanes = np.flatnonzero(taken)
     job_of = lane_jobs(jobs)[lanes]
     text = np.array([c.text if c is not None else [(0, 0)] * _TEXT_RANGES for c in consts], _U64)[job_of]

@@ -23,7 +23,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from unwind.batch import Job, Recorder, Walked, lane_jobs, locate_lanes
+from unwind.batch import Job, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes
 from unwind.frame import Source
 from unwind.target import Task
 from unwind.walk import StopReason
@@ -130,26 +130,13 @@ def add_offset(value: np.ndarray, offset: np.ndarray) -> tuple[np.ndarray, np.nd
 
 def batch_walk(jobs: list[Job]) -> Walked:
     """``unwind_next_frame()`` of every blocked task of ``jobs`` that the plain step can take, in lockstep."""
-    total = sum(len(job.tasks) for job in jobs)
-    rec = Recorder(total, SOURCES, STOPS)
-    consts = [DumpConstants.of(job) if job.tasks else None for job in jobs]
-    for n, c in enumerate(consts):
-        if c is not None:
-            rec.dump(n, c.basis, c)
-    cols: list[list[int]] = [[] for _ in range(3)]
-    taken: list[bool] = []
-    tasks: list[Task] = []
-    for job, c in zip(jobs, consts):
-        if c is not None:
-            _lanes_of(job, taken, cols, tasks)
-        else:
-            taken.extend([False] * len(job.tasks))
+    rec, consts, cols, taken, tasks = gather_lanes(jobs, SOURCES, STOPS, DumpConstants.of, _lanes_of, 3)
     if not tasks:
         return rec.finish()
     try:
         tsp, low, high = (np.array(col, _U64) for col in cols)
     except OverflowError:  # a value that is no u64 (the note allows none): the scalar walk says so
-        return Recorder(total, SOURCES, STOPS).finish()
+        return Recorder(rec.lanes, SOURCES, STOPS).finish()
     lanes = np.flatnonzero(taken)
     job_of = lane_jobs(jobs)[lanes]
     tables: list[OrcTable] = []
