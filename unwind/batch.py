@@ -103,6 +103,10 @@ def memory_words(mem: Memory) -> MemoryWords:
     return got
 
 
+#: the most words a batch step reads from one address: arm64's frame_record_meta {fp, lr, type}
+READ_WORDS = 3
+
+
 class FlatMemory:
     """The memories of a batch in one word array (:class:`MemoryWords` end to end), and all their
     segments in one table.
@@ -119,7 +123,8 @@ class FlatMemory:
             words.append(mw.words)
             tables.append((np.full(len(mw.starts), m, np.int64), mw.starts, mw.ends, mw.origins, mw.bases + offset))
             offset += len(mw.words)
-        words.append(np.zeros(1, _U64))  # never empty: a refused lane reads (and drops) word 0
+        # never shorter than a record: a refused lane reads (and drops) words 0 to READ_WORDS - 1
+        words.append(np.zeros(READ_WORDS, _U64))
         self.words = np.concatenate(words)
         self.seg_mem, self.starts, self.ends, self.origins, self.bases = (
             np.concatenate([t[i] for t in tables]) if tables else np.zeros(0, np.int64 if i in (0, 4) else _U64)
