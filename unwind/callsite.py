@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 from weakref import WeakKeyDictionary
 
+from .frame import FLAGS as _FLAGS
 from .frame import Flag, Frame
 from .image import Image
 from .registry import ArchBackend
@@ -25,7 +26,6 @@ from .registry import ArchBackend
 _BOUNDARY = Flag.BOUNDARY.value
 _CALLSITE_OK = Flag.CALLSITE_OK.value
 _CALLSITE_BAD = Flag.CALLSITE_BAD.value
-_FLAGS = tuple(Flag(value) for value in range(max(f.value for f in Flag) << 1))
 
 #: per image, per arch: return address -> verdict
 _VERDICTS: WeakKeyDictionary[Any, dict[str, dict[int, "CallSite"]]] = WeakKeyDictionary()

@@ -47,6 +47,10 @@ class Flag(IntFlag):
         return "".join(letter for bit, (_, letter) in _FLAG_TEXT.items() if self & bit)
 
 
+#: every :class:`Flag` combination by its value: ``FLAGS[v]`` is ``Flag(v)`` without the enum's
+#: Python-level lookup (hot paths work on ``.value`` ints and take the frame's Flag from here)
+FLAGS: tuple[Flag, ...] = tuple(Flag(v) for v in range(max(f.value for f in Flag) << 1))
+
 _FLAG_TEXT = {
     Flag.PAC_STRIPPED: ("pac-stripped", "P"),
     Flag.FGRAPH: ("fgraph", "F"),

@@ -90,6 +90,11 @@ class Memory:
                 raise fault(addr, size)
         raise MemoryFault(addr, size)
 
+    def segment(self, addr: int, size: int) -> Segment:
+        """The captured segment holding ``[addr, addr + size)``; :class:`MemoryFault` (or the hole's
+        fault) when none does."""
+        return self._segment(addr, size)
+
     def captured(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """The captured parts of ``[lo, hi)`` as ``(start, end)`` ranges in address order."""
         out = []

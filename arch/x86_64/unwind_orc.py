@@ -18,9 +18,10 @@ import bisect
 import struct
 from typing import Callable, Mapping
 
+from unwind.frame import FLAGS as _FLAGS
 from unwind.frame import Flag, Frame, Provenance, Source
 from unwind.layout import StructLayout, resolve_layout
-from unwind.memory import MemoryFault, Segment
+from unwind.memory import MemoryFault
 from unwind.target import Target
 from unwind.walk import StopReason, Unwinder, UnwindStop
 
@@ -33,11 +34,13 @@ from .orc import (ORC_FP_ENTRY, ORC_REG_AX, ORC_REG_BP, ORC_REG_BP_INDIRECT, ORC
 from .structs import INACTIVE_TASK_FRAME_MEMBERS, INACTIVE_TASK_FRAME_TABLE, PT_REGS_MEMBERS, PT_REGS_TABLE
 
 PAGE_SIZE = 4096
+# the per-frame path works on Flag values and takes each frame's Flag from FLAGS (an IntFlag | is slow)
+_FGRAPH, _KRETPROBE = Flag.FGRAPH.value, Flag.KRETPROBE.value
+_UNRELIABLE, _BOUNDARY = Flag.UNRELIABLE.value, Flag.BOUNDARY.value
+_SRC_ORC_CALL = Source.ORC_CALL
+#: not looked up yet (``orc_find()`` may answer ``None``)
+_UNSEEN = object()
 _U64 = struct.Struct("<Q").unpack_from
-
-
-def _seg_start(seg: Segment) -> int:
-    return seg.start
 
 
 #: TOP_OF_KERNEL_STACK_PADDING (asm/thread_info.h) of x86-64: 0, or 2 * 8 with CONFIG_X86_FRED (v6.9+)
@@ -231,6 +234,21 @@ class DumpConstants:
         self.ret_from_fork_asm = sym("ret_from_fork_asm")
 
 
+class TableConstants:
+    """What every walk of one dump over one ORC table reads alike: the kernel text, the basis, and
+    ``orc_find()``'s answer for each ip looked up so far."""
+
+    __slots__ = ("table", "text", "basis", "found")
+
+    def __init__(self, table: OrcTable, consts: DumpConstants) -> None:
+        self.table = table
+        # __kernel_text_address(): core (and init) text, and the module area
+        self.text = ((table.stext, table.etext), MODULES_RANGE) + ((table.inittext,) if table.inittext else ())
+        self.basis = {"generation": f"ORC v{table.version}", "generation_why": table.how,
+                      "pt_regs": consts.pt.describe(), "inactive_task_frame": consts.itf.describe()}
+        self.found: dict[int, OrcEntry | None] = {}
+
+
 class OrcUnwinder(Unwinder):
     """One ORC walk of ``target.task`` over ``table``."""
 
@@ -239,15 +257,13 @@ class OrcUnwinder(Unwinder):
 
     def basis(self) -> dict[str, str]:
         """The ORC format generation followed and the layouts read, and why."""
-        return {"generation": f"ORC v{self.table.version}", "generation_why": self.table.how,
-                "pt_regs": self.pt.describe(), "inactive_task_frame": self.itf.describe()}
+        return dict(self.per_table.basis)
 
     def __init__(self, target: Target, table: OrcTable) -> None:
         self.target = target
         self.task = target.task
         self.mem = target.mem
         self.read = self.read_word
-        self._mem_read = target.mem.read_u64
         self._seg_lo = self._seg_hi = 0
         self._seg_data = b""
         self.table = table
@@ -255,6 +271,11 @@ class OrcUnwinder(Unwinder):
         self.stacks = StackFinder(target.task.stacks, target.mem)
         self.record = target.options.record
         consts: DumpConstants = target.per_dump("x86_64", lambda t: DumpConstants(t, table))
+        per_table = target.shared.get("x86_64 table")
+        if per_table is None or per_table.table is not table:
+            per_table = target.shared["x86_64 table"] = TableConstants(table, consts)
+        self.per_table: TableConstants = per_table
+        self.found = per_table.found
         self.pt, self.itf, self.off = consts.pt, consts.itf, consts.off
         self.pt_size, self.iret_offset, self.iret_size = consts.pt_size, consts.iret_offset, consts.iret_size
         self.return_to_handler = consts.return_to_handler
@@ -264,9 +285,7 @@ class OrcUnwinder(Unwinder):
         self.ftrace_caller: int | None = None
         self.ftrace_regs_caller: int | None = None
         self.stext, self.etext = table.stext, table.etext
-        self.text = [(table.stext, table.etext), MODULES_RANGE]
-        if table.inittext is not None:
-            self.text.append(table.inittext)
+        self.text = per_table.text
         # struct unwind_state
         self.ip = self.sp = self.bp = 0
         self.signal = self.error = self.full_regs = False
@@ -276,8 +295,8 @@ class OrcUnwinder(Unwinder):
         self.stack_mask = [0]
         self.graph_idx = 0
         self.kr_cur = -1
-        #: FGRAPH/KRETPROBE when this step's ip was recovered
-        self.recovered = Flag.NONE
+        #: the FGRAPH/KRETPROBE bits (``Flag`` values) when this step's ip was recovered
+        self.recovered = 0
         self.last: Frame | None = None
 
     # READ_ONCE_NOCHECK(): a word of captured memory (the segment of the last read is kept)
@@ -285,11 +304,9 @@ class OrcUnwinder(Unwinder):
         """The 64-bit word at ``addr``; :class:`MemoryFault` when it was not captured."""
         if self._seg_lo <= addr and addr + 8 <= self._seg_hi:
             return _U64(self._seg_data, addr - self._seg_lo)[0]
-        val = self._mem_read(addr)
-        segs = self.mem.segments
-        seg = segs[bisect.bisect_right(segs, addr, key=_seg_start) - 1]
+        seg = self.mem.segment(addr, 8)
         self._seg_lo, self._seg_hi, self._seg_data = seg.start, seg.end, seg.data
-        return val
+        return _U64(seg.data, addr - seg.start)[0]
 
     # --- stack access (unwind_orc.c:387-437) ---
 
@@ -394,60 +411,110 @@ class OrcUnwinder(Unwinder):
 
     # --- one step: unwind_next_frame() ---
 
+    # unwind_next_frame() (unwind_orc.c:472-681)
     def unwind_next_frame(self) -> Frame:
-        """The caller's frame: the steps of ``unwind_next_frame()`` in the kernel's order, then
+        """The caller's frame: ``unwind_next_frame()`` in the kernel's order (the rule, the previous
+        sp by ``sp_reg``, ip/sp/regs by ``type``, bp by ``bp_reg``, the direction check), then
         ``unwind_get_return_address()``. This is :meth:`next`."""
         try:
-            if not self.stack_info.type:  # unwind_done(): STACK_TYPE_UNKNOWN is 0
+            info = self.stack_info
+            if not info.type:  # unwind_done(): STACK_TYPE_UNKNOWN is 0
                 raise UnwindStop(StopReason.END_OF_STACK, "the walk is done")
-            prev_sp, prev_type, orig_ip = self.sp, self.stack_info.type, self.ip
+            prev_sp, prev_type, orig_ip = self.sp, info.type, self.ip
             prov = Provenance("") if self.record else None
-            self.recovered = Flag.NONE
+            self.recovered = 0
             error = self.error
-            try:
-                orc, source = self.find_orc(prov)
-            except UndefinedOrc as stop:
-                return self.complete_undefined(stop, error, prov)
+            # unwind_orc.c:485-510: orc_find(signal ? ip : ip - 1); the rare outcomes in find_orc()
+            ip = orig_ip if self.signal else orig_ip - 1
+            orc = self.found.get(ip, _UNSEEN)
+            if orc is _UNSEEN:  # each ip's answer is kept for the dump's other walks
+                orc = self.found[ip] = self.find(ip)
+            if orc is not None and orc.type >= ORC_TYPE_CALL and prov is None:
+                source = _SRC_ORC_CALL
+            else:
+                try:
+                    orc, source = self.find_orc(ip, orc, prov)
+                except UndefinedOrc as stop:
+                    return self.complete_undefined(stop, error, prov)
             self.signal = orc.signal  # unwind_orc.c:512
-            sp = self.prev_sp(orc, prov)
-            if orc.type == ORC_TYPE_CALL:
-                stack = self.step_call(sp, prov)
-            elif orc.type == ORC_TYPE_REGS:
+            # unwind_orc.c:514-578: the previous frame's stack pointer (the CFA) by sp_reg
+            reg = orc.sp_reg
+            if reg == ORC_REG_SP:
+                sp = self.sp + orc.sp_offset
+            elif reg == ORC_REG_BP:
+                sp = self.bp + orc.sp_offset
+            else:
+                sp = self.prev_sp_reg(orc, prov)
+            # unwind_orc.c:580-637: ip, sp and regs by type
+            typ = orc.type
+            if typ == ORC_TYPE_CALL:  # unwind_orc.c:582-593: the return address is the word below the CFA
+                ip_p = sp - 8
+                ip = self.deref_stack_reg(ip_p, "return address", prov)
+                stack = self.stack_info.kind
+                if ip == self.return_to_handler or ip == self.rethook_trampoline:
+                    ip = self.unwind_recover_ret_addr(ip, ip_p, prov)
+                self.ip, self.sp = ip, sp
+                self.regs = self.prev_regs = None
+            elif typ == ORC_TYPE_REGS:
                 stack = self.step_regs(sp, orig_ip, prov)
-            elif orc.type == ORC_TYPE_REGS_PARTIAL:
+            elif typ == ORC_TYPE_REGS_PARTIAL:
                 stack = self.step_regs_partial(sp, orig_ip, prov)
             else:  # unwind_orc.c:634-637
                 raise UnwindStop(StopReason.UNKNOWN_METADATA,
-                                 f"unknown .orc_unwind entry type {orc.type} at {orig_ip:#x}")
-            self.prev_bp(orc, sp, prov)
-            self.check_direction(prev_type, prev_sp, orig_ip)
-            flags = (self.recovered | Flag.UNRELIABLE) if self.error else self.recovered
-            regs = self.regs
-            if regs is not None and orc.type != ORC_TYPE_CALL:  # a pc from pt_regs: not a return address
-                source = Source.ORC_REGS if orc.type == ORC_TYPE_REGS else Source.ORC_REGS_PARTIAL
-                flags |= Flag.BOUNDARY
-                if regs.user_mode(self.read):  # unwind_orc.c:481-483 on the next call: the_end
-                    if self.last is not None:
-                        self.last.extra = {**(self.last.extra or {}), "user_regs": regs.addr}
-                    raise UnwindStop(StopReason.USER_MODE, f"user-mode {regs.describe()}: ip {self.ip:#x}, "
-                                     f"sp {self.sp:#x}")
+                                 f"unknown .orc_unwind entry type {typ} at {orig_ip:#x}")
+            # unwind_orc.c:640-661: the previous frame's bp by bp_reg
+            reg = orc.bp_reg
+            if reg == ORC_REG_UNDEFINED:
+                if self.regs is not None:
+                    val = self.get_reg("bp")
+                    if val is not None:
+                        self.bp = val
+            elif reg == ORC_REG_PREV_SP:
+                self.bp = self.deref_stack_reg(sp + orc.bp_offset, "saved bp at prevsp+offset", prov)
+            elif reg == ORC_REG_BP:
+                self.bp = self.deref_stack_reg(self.bp + orc.bp_offset, "saved bp at bp+offset", prov)
+            else:
+                self.error = True
+                raise UnwindStop(StopReason.UNKNOWN_METADATA, f"unknown BP base reg {reg} for ip {self.ip:#x}")
+            # unwind_orc.c:663-670: same stack and the sp did not grow: bad ORC data would loop
+            info, sp = self.stack_info, self.sp
+            if info.type == prev_type and info.begin <= sp and sp + 8 <= info.end and sp <= prev_sp:  # on_stack()
+                self.error = True
+                raise UnwindStop(StopReason.TRANSITION_REFUSED,
+                                 f"stack going in the wrong direction? at {orig_ip:#x} (sp {prev_sp:#x} -> {sp:#x})")
+            flags = self.recovered | _UNRELIABLE if self.error else self.recovered
+            if typ != ORC_TYPE_CALL:
+                return self.regs_frame(typ, source, stack, flags, prov)
             if not self.stext <= self.ip < self.etext:
                 self.check_text(self.ip)
-            frame = Frame(self.ip, self.sp, self.bp, source, stack, flags, prov)
-            if orc.type != ORC_TYPE_CALL:
-                frame.extra = {"regs": regs.addr if regs is not None else None, "partial": not self.full_regs}
-            self.last = frame
+            frame = self.last = Frame(self.ip, sp, self.bp, source, stack, _FLAGS[flags], prov)
             return frame
         except MemoryFault as e:
             raise UnwindStop(StopReason.MEMORY_FAULT, str(e)) from None
 
     next = unwind_next_frame
 
-    # unwind_orc.c:485-510
-    def find_orc(self, prov: Provenance | None) -> tuple[OrcEntry, Source]:
-        """The rule for this frame: ``orc_find(signal ? ip : ip - 1)``, else the frame-pointer guess."""
-        ip = self.ip if self.signal else self.ip - 1
-        orc = self.find(ip)
+    # unwind_orc.c:476-483 (the next call's user_mode() test) and the frame of a pc from pt_regs
+    def regs_frame(self, typ: int, source: Source, stack: str, flags: int, prov: Provenance | None) -> Frame:
+        """The frame after a REGS or REGS_PARTIAL step: a boundary; user-mode regs end the walk (the_end)."""
+        regs = self.regs
+        if regs is not None:  # a pc from pt_regs: not a return address
+            source = Source.ORC_REGS if typ == ORC_TYPE_REGS else Source.ORC_REGS_PARTIAL
+            flags |= _BOUNDARY
+            if regs.user_mode(self.read):  # unwind_orc.c:481-483 on the next call: the_end
+                if self.last is not None:
+                    self.last.extra = {**(self.last.extra or {}), "user_regs": regs.addr}
+                raise UnwindStop(StopReason.USER_MODE, f"user-mode {regs.describe()}: ip {self.ip:#x}, "
+                                 f"sp {self.sp:#x}")
+        if not self.stext <= self.ip < self.etext:
+            self.check_text(self.ip)
+        frame = self.last = Frame(self.ip, self.sp, self.bp, source, stack, _FLAGS[flags], prov)
+        frame.extra = {"regs": regs.addr if regs is not None else None, "partial": not self.full_regs}
+        return frame
+
+    # unwind_orc.c:485-510, past orc_find(): modules, ftrace trampolines, the frame-pointer guess, the ends
+    def find_orc(self, ip: int, orc: OrcEntry | None, prov: Provenance | None) -> tuple[OrcEntry, Source]:
+        """The rule for ``ip`` when ``orc_find()`` gave ``orc`` (``None``: no entry), and its source."""
         if orc is None and self.target.meta.get("modules"):
             orc = self.orc_module_find(ip, prov)
         if orc is None and self.target.meta.get("ftrace_trampolines"):
@@ -526,14 +593,10 @@ class OrcUnwinder(Unwinder):
                 return self.find(base + (ip - start))
         return None
 
-    # unwind_orc.c:514-578
-    def prev_sp(self, orc: OrcEntry, prov: Provenance | None) -> int:
-        """The previous frame's stack pointer (the CFA) by ``sp_reg``."""
+    # unwind_orc.c:514-578: the sp_reg cases past SP and BP
+    def prev_sp_reg(self, orc: OrcEntry, prov: Provenance | None) -> int:
+        """The previous frame's stack pointer through memory (``call_on_stack()``) or a register of pt_regs."""
         reg = orc.sp_reg
-        if reg == ORC_REG_SP:
-            return self.sp + orc.sp_offset
-        if reg == ORC_REG_BP:
-            return self.bp + orc.sp_offset
         if reg == ORC_REG_SP_INDIRECT:  # call_on_stack(): dereference first, then add the offset
             return self.deref_stack_reg(self.sp, "sp(ind) *sp", prov) + orc.sp_offset
         if reg == ORC_REG_BP_INDIRECT:  # offset first, then dereference
@@ -549,19 +612,6 @@ class OrcUnwinder(Unwinder):
         if prov is not None:
             prov.note(f"sp = {REG_NAMES[reg]} = {val:#x} from the {'' if self.full_regs else 'previous '}regs")
         return val
-
-    # unwind_orc.c:582-593
-    def step_call(self, sp: int, prov: Provenance | None) -> str:
-        """CALL: the return address is the word below the CFA."""
-        ip_p = sp - 8
-        ip = self.deref_stack_reg(ip_p, "return address", prov)
-        stack = self.stack_info.kind
-        if ip == self.return_to_handler or ip == self.rethook_trampoline:
-            ip = self.unwind_recover_ret_addr(ip, ip_p, prov)
-        self.ip = ip
-        self.sp = sp
-        self.regs = self.prev_regs = None
-        return stack
 
     # unwind_orc.c:595-616
     def step_regs(self, sp: int, orig_ip: int, prov: Provenance | None) -> str:
@@ -598,32 +648,6 @@ class OrcUnwinder(Unwinder):
         self.regs, self.full_regs = Regs(base, None, off), False
         return stack
 
-    # unwind_orc.c:640-661
-    def prev_bp(self, orc: OrcEntry, sp: int, prov: Provenance | None) -> None:
-        """The previous frame's ``bp`` by ``bp_reg``."""
-        reg = orc.bp_reg
-        if reg == ORC_REG_UNDEFINED:
-            if self.regs is not None:
-                val = self.get_reg("bp")
-                if val is not None:
-                    self.bp = val
-        elif reg == ORC_REG_PREV_SP:
-            self.bp = self.deref_stack_reg(sp + orc.bp_offset, "saved bp at prevsp+offset", prov)
-        elif reg == ORC_REG_BP:
-            self.bp = self.deref_stack_reg(self.bp + orc.bp_offset, "saved bp at bp+offset", prov)
-        else:
-            self.error = True
-            raise UnwindStop(StopReason.UNKNOWN_METADATA, f"unknown BP base reg {reg} for ip {self.ip:#x}")
-
-    # unwind_orc.c:663-670
-    def check_direction(self, prev_type: int, prev_sp: int, orig_ip: int) -> None:
-        """Same stack and the sp did not grow: bad ORC data would loop."""
-        info, sp = self.stack_info, self.sp
-        if info.type == prev_type and info.begin <= sp and sp + 8 <= info.end and sp <= prev_sp:  # on_stack()
-            self.error = True
-            raise UnwindStop(StopReason.TRANSITION_REFUSED,
-                             f"stack going in the wrong direction? at {orig_ip:#x} (sp {prev_sp:#x} -> {self.sp:#x})")
-
     # --- return-address recovery (asm/unwind.h) ---
 
     # unwind_recover_ret_addr() (asm/unwind.h:118-128): ftrace_graph_ret_addr(), then unwind_recover_rethook()
@@ -643,7 +667,7 @@ class OrcUnwinder(Unwinder):
             e = stack[i]
             if e.retp == retp and e.ret != ret:
                 self.graph_idx = i
-                self.recovered |= Flag.FGRAPH
+                self.recovered |= _FGRAPH
                 if prov is not None:
                     prov.note(f"return_to_handler at {retp:#x}: fgraph entry {i} gives {e.ret:#x}")
                 return e.ret
@@ -669,7 +693,7 @@ class OrcUnwinder(Unwinder):
             self.kr_cur = i
             if nodes[i].fp == ip_p:
                 break
-        self.recovered |= Flag.KRETPROBE
+        self.recovered |= _KRETPROBE
         if prov is not None:
             prov.note(f"arch_rethook_trampoline at {ip_p:#x}: rethook instance {i} gives {nodes[i].ret:#x}")
         return nodes[i].ret
