@@ -51,13 +51,41 @@ class StopReason(Enum):
         self.clean = clean
 
 
-@dataclass(slots=True)
 class Stop:
-    """The end of a walk: the reason, a sentence of detail, frames consumed."""
+    """The end of a walk: the reason, a sentence of detail, frames consumed.
 
-    reason: StopReason
-    detail: str = ""
-    frames: int = 0
+    ``detail`` may be given as a function of no arguments: it is called the first time the
+    detail is read.
+    """
+
+    __slots__ = ("reason", "_detail", "frames")
+
+    def __init__(self, reason: StopReason, detail: "str | Callable[[], str]" = "", frames: int = 0) -> None:
+        self.reason = reason
+        self._detail = detail
+        self.frames = frames
+
+    @property
+    def detail(self) -> str:
+        """The sentence: what the walk saw where it stopped."""
+        d = self._detail
+        if not isinstance(d, str):
+            d = self._detail = d()
+        return d
+
+    @detail.setter
+    def detail(self, value: str) -> None:
+        self._detail = value
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Stop):
+            return NotImplemented
+        return (self.reason, self.detail, self.frames) == (other.reason, other.detail, other.frames)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it replaces
+
+    def __repr__(self) -> str:
+        return f"Stop(reason={self.reason!r}, detail={self.detail!r}, frames={self.frames!r})"
 
     @property
     def clean(self) -> bool:
@@ -74,12 +102,27 @@ class Stop:
 
 
 class UnwindStop(Exception):
-    """Raised by a backend step to end the walk (``-ENOENT`` or an error)."""
+    """Raised by a backend step to end the walk (``-ENOENT`` or an error); ``detail`` as in :class:`Stop`."""
 
-    def __init__(self, reason: StopReason, detail: str = "") -> None:
-        super().__init__(f"{reason.text}: {detail}" if detail else reason.text)
+    def __init__(self, reason: StopReason, detail: "str | Callable[[], str]" = "") -> None:
+        super().__init__(reason)  # every walk ends in one: the message is made when read
         self.reason = reason
-        self.detail = detail
+        self._detail = detail
+
+    @property
+    def detail(self) -> str:
+        """The sentence (made now if it was given as a function)."""
+        d = self._detail
+        if not isinstance(d, str):
+            d = self._detail = d()
+        return d
+
+    @detail.setter
+    def detail(self, value: str) -> None:
+        self._detail = value
+
+    def __str__(self) -> str:
+        return f"{self.reason.text}: {self.detail}" if self.detail else self.reason.text
 
 
 class Unwinder(ABC):
@@ -136,7 +179,7 @@ def kunwind_stack_walk(unwinder: Unwinder, consume: Consumer,
                 return Stop(StopReason.FRAME_LIMIT, f"{max_frames} frames", count)
             frame = unwinder.next()
     except UnwindStop as stop:
-        return Stop(stop.reason, stop.detail, count)
+        return Stop(stop.reason, stop._detail, count)
 
 
 # arch_stack_walk()
@@ -198,7 +241,7 @@ def iter_frames(unwinder: Unwinder, max_frames: int = DEFAULT_MAX_FRAMES) -> Ite
                 return Stop(StopReason.FRAME_LIMIT, f"{max_frames} frames", count)
             frame = unwinder.next()
     except UnwindStop as stop:
-        return Stop(stop.reason, stop.detail, count)
+        return Stop(stop.reason, stop._detail, count)
 
 
 def collect(unwinder: Unwinder, max_frames: int = DEFAULT_MAX_FRAMES) -> tuple[list[Frame], Stop]:

@@ -28,6 +28,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
+from unwind.frame import FLAGS as _FLAGS
 from unwind.frame import Flag, Frame, Provenance, Source
 from unwind.memory import Memory, MemoryFault
 from unwind.stackinfo import Refusal, StackInfo, StackSet
@@ -53,7 +54,7 @@ _BIT55 = 1 << 55
 # Enum members looked up once: a class attribute lookup costs more than a frame's arithmetic.
 _NO_FLAGS = Flag.NONE
 _PAC_STRIPPED = Flag.PAC_STRIPPED
-_BOUNDARY = Flag.BOUNDARY
+_BOUNDARY_V = Flag.BOUNDARY.value
 _SRC_FRAME = Source.FRAME
 _SRC_REGS_PC = Source.REGS_PC
 _SRC_UNKNOWN = Source.UNKNOWN
@@ -757,7 +758,7 @@ class Arm64Unwinder(Unwinder):
         regs = task.regs if task.regs is not None else task.context or {}
         sp = regs.get("sp")
         where = state.stacks.kind_of(sp if sp is not None else state.fp)
-        flags = state.flags | (Flag.BOUNDARY if state.source is Source.REGS_PC else Flag.NONE)
+        flags = _FLAGS[state.flags._value_ | _BOUNDARY_V] if state.source is _SRC_REGS_PC else state.flags
         frame = Frame(state.pc, sp, state.fp, state.source, where.kind if where else None, flags, state.prov)
         state.prov = None
         return frame
@@ -800,7 +801,7 @@ class Arm64Unwinder(Unwinder):
         flags = state.flags
         source = state.source
         if source is _SRC_REGS_PC:
-            flags |= _BOUNDARY
+            flags = _FLAGS[flags._value_ | _BOUNDARY_V]
         cur = state.stacks.stack
         if cur is not self._stack_obj:
             self._stack_obj = cur

@@ -890,16 +890,16 @@ class RiscvUnwinder(Unwinder):
     def _invalid_fp_stop(self) -> UnwindStop:
         """Why ``fp_is_valid()`` failed, as a stop reason."""
         fp, sp, pc = self.fp, self.sp, self.pc
-        low, high = fp_bounds(sp, self.ts)
-        window = f"[sp+16, ALIGN(sp, THREAD_SIZE)] = [{low:#x}, {high:#x}]"
-        if low > high:
-            window = f"[sp+16, ALIGN(sp, THREAD_SIZE)], an empty window (sp {sp:#x} is on a THREAD_SIZE boundary)"
         if fp == 0:
             return UnwindStop(StopReason.END_OF_STACK, FP_ZERO_DETAIL)
         if sp == self.task_pt_regs and (self.sp_from_record or not self.t.task.running):
             return self._first_frame_stop(fp, sp, pc)
         if fp & 7:
             return UnwindStop(StopReason.MISALIGNED_FP, f"fp {fp:#x} (sp {sp:#x})")
+        low, high = fp_bounds(sp, self.ts)
+        window = f"[sp+16, ALIGN(sp, THREAD_SIZE)] = [{low:#x}, {high:#x}]"
+        if low > high:
+            window = f"[sp+16, ALIGN(sp, THREAD_SIZE)], an empty window (sp {sp:#x} is on a THREAD_SIZE boundary)"
         here, there = self.stacks.kind_of(sp), self.stacks.kind_of(fp - STACKFRAME_SIZE)
         if self._irq_switch_record(at_entry=True) is not None:
             return UnwindStop(StopReason.KERNEL_LIMIT,
@@ -926,7 +926,8 @@ class RiscvUnwinder(Unwinder):
         is whatever s0 held (the thread function): the kernel's walk stops
         there. The symbol's name is only reported.
         """
-        return UnwindStop(StopReason.END_OF_STACK, first_frame_detail(self.t, self.pt, fp, sp, pc))
+        # the end of every walk: the sentence is made when read
+        return UnwindStop(StopReason.END_OF_STACK, lambda: first_frame_detail(self.t, self.pt, fp, sp, pc))
 
     def _bad_pc_stop(self, pc: int, fp: int, where: str) -> UnwindStop:
         if pc == 0 and fp == 0:
