@@ -13,6 +13,7 @@ from .dump import Dump, DumpError, NotADump
 from .frame import Frame
 from .image import IMAGE_PATH_ENV, Image, ImageError, find_image, image_search_places
 from .kaslr import RelocatedImage, relocate_symbols
+from .stackinfo import StackInfo
 from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from .target import Options, Target, Task, kernel_version
 from .vmcore import VmcoreError, detect_format, is_vmcore
@@ -29,6 +30,8 @@ class ReplayError(Exception):
     """Unusable input for a replay (exit status 2)."""
 
 
+#: frame limits a session keeps (a dump's tasks share theirs; more come only from tasks made elsewhere)
+_MAX_LIMITS = 1 << 16
 #: :class:`Options` fields every backend acts on
 COMMON_OPTIONS = frozenset({"complete", "record", "generation"})
 
@@ -71,8 +74,8 @@ class Session:
         self._checked: set[tuple[object, ...]] = set()
         #: per options: the :attr:`Target.shared` of walks with those options
         self._shared: dict[tuple[object, ...], tuple[object, object, dict[str, object]]] = {}
-        #: per task (by id; the task is kept alive with its limit): the default frame limit
-        self._limits: dict[int, tuple[Task, int]] = {}
+        #: per task's stacks list (by id; the list is kept alive with its limit): the default frame limit
+        self._limits: dict[int, tuple[list[StackInfo], int]] = {}
 
     @property
     def callsites(self) -> CallSiteChecker:
@@ -214,10 +217,14 @@ class Session:
         return hit[2]
 
     def _frame_limit(self, task: Task, target: Target) -> int:
-        """:func:`unwind.walk.frame_limit` of ``task``, worked out once per task."""
-        hit = self._limits.get(id(task))
-        if hit is None or hit[0] is not task:
-            hit = self._limits[id(task)] = (task, frame_limit(task.stacks, target.mem, self.backend.min_frame_bytes))
+        """:func:`unwind.walk.frame_limit` of ``task``, worked out once per task (the copies
+        :meth:`Dump.tasks` hands out share their ``stacks`` list)."""
+        stacks = task.stacks
+        hit = self._limits.get(id(stacks))
+        if hit is None or hit[0] is not stacks:
+            if len(self._limits) >= _MAX_LIMITS:  # tasks made by the caller, each with a list of its own
+                self._limits.clear()
+            hit = self._limits[id(stacks)] = (stacks, frame_limit(stacks, target.mem, self.backend.min_frame_bytes))
         return hit[1]
 
     def unwinder(self, task: Task, options: Options | None = None) -> Unwinder:
