@@ -257,13 +257,13 @@ def _blocked_starts(target: Target) -> list[tuple[int, int, StackInfo]]:
 def derived_pt_regs(target: Target, table: StructLayout) -> StructLayout | None:
     """``struct pt_regs`` placed where the tasks' record chains end (task_pt_regs(tsk) = top -
     ALIGN(sizeof(struct pt_regs), STACK_ALIGN)), when a first pt_regs sits there: the most common
-    distance below the stack top; the member offsets stay the table's."""
-    ts = thread_size(target)
-    if not ts:
-        return None
+    distance below the stack top; the member offsets stay the table's.
+
+    Each chain is followed with its own stack's size as THREAD_SIZE, so the answer is the dump's,
+    whichever task is being walked."""
     votes: dict[int, int] = {}
     for sp, fp, stack in _blocked_starts(target):
-        end = chain_end(target.mem, sp, fp, stack, ts)
+        end = chain_end(target.mem, sp, fp, stack, stack.high - stack.low)
         if end is None:
             continue
         dist = stack.high - end
