@@ -67,8 +67,8 @@ class DumpConstants:
             return None  # walk_generation() looks for the FINAL record in each task's stack
         unwinder = Arm64Unwinder(target)
         state = unwinder.state
-        if state.layout.source.startswith("derived"):
-            return None  # sizeof(pt_regs) derived from each task's FINAL record
+        if state.meta_records and not state.layout.source.startswith(("btf:", "dump:")):
+            return None  # sizeof(pt_regs) may be derived from each task's own FINAL record
         c = cls()
         c.meta_records, c.first_pc_recovered = state.meta_records, state.first_pc_recovered
         c.pac_mask = state.pac_mask
