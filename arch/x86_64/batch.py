@@ -82,44 +82,38 @@ _CONSTANTS: "WeakKeyDictionary[Session, dict[tuple, DumpConstants]]" = WeakKeyDi
 
 
 class Tables:
-    """The ORC tables of a batch: each lane's entry columns gathered from one concatenation (kept for
-    the next batch over the same tables: a table is hundreds of thousands of entries)."""
+    """The ORC tables of a batch: each table's rows index its few hundred distinct entries, and the
+    entries of all tables are one set of short columns (table ``t``'s start at ``entry_base[t]``)."""
 
     def __init__(self, tables: list[OrcTable]) -> None:
         self.tables = tables
-        self.base = np.cumsum([0] + [len(t) for t in tables[:-1]]).astype(np.int64)
-        key = tuple(id(t) for t in tables)
-        cols = _COLUMNS.get(key)
-        if cols is None or any(a is not b for a, b in zip(cols[0], tables)):
-            one = len(tables) == 1
-            cols = (list(tables), tuple(
-                getattr(tables[0], name) if one else np.concatenate([getattr(t, name) for t in tables])
-                for name in ("type", "sp_reg", "bp_reg", "signal")) + tuple(
-                # offsets as int64, added to words with a wrap check (add_offset())
-                np.concatenate([getattr(t, name) for t in tables]).astype(np.int64)
-                for name in ("sp_offset", "bp_offset")))
-            if len(_COLUMNS) >= 4:
-                _COLUMNS.pop(next(iter(_COLUMNS)))
-            _COLUMNS[key] = cols
-        self.type, self.sp_reg, self.bp_reg, self.signal, self.sp_offset, self.bp_offset = cols[1]
+        self.rows = [t.entry_rows for t in tables]
+        columns = [t.entry_columns for t in tables]
+        self.entry_base = np.cumsum([0] + [len(c["type"]) for c in columns[:-1]]).astype(np.int64)
 
-    # orc_find() (unwind_orc.c), over lanes: a row of the concatenation, or -1 where it finds nothing
+        def joined(name: str) -> np.ndarray:
+            return columns[0][name] if len(columns) == 1 else np.concatenate([c[name] for c in columns])
+        self.type, self.sp_reg, self.bp_reg, self.signal = (joined(n) for n in ("type", "sp_reg", "bp_reg", "signal"))
+        # offsets as int64, added to words with a wrap check (add_offset())
+        self.sp_offset, self.bp_offset = (joined(n).astype(np.int64) for n in ("sp_offset", "bp_offset"))
+
+    # orc_find() (unwind_orc.c), over lanes: the entry (an index into the joined columns), or -1 where
+    # it finds nothing
     def orc_find(self, table_of: np.ndarray, ip: np.ndarray) -> np.ndarray:
         """The entry of each lane's ip in its lane's table; negative where ``orc_find()`` has none."""
         if len(self.tables) == 1:
-            idx = self.tables[0].orc_find_batch(ip)
-            return np.where(idx >= 0, idx, -1)
+            return self._entries(0, ip)
         out = np.full(len(ip), -1, np.int64)
-        for t, table in enumerate(self.tables):
+        for t in range(len(self.tables)):
             sel = table_of == t
             if sel.any():
-                idx = table.orc_find_batch(ip[sel])
-                out[sel] = np.where(idx >= 0, idx + self.base[t], -1)
+                out[sel] = self._entries(t, ip[sel])
         return out
 
-
-#: the columns of the last few table combinations, with the tables (so their ids stay theirs)
-_COLUMNS: dict[tuple[int, ...], tuple[list[OrcTable], tuple[np.ndarray, ...]]] = {}
+    def _entries(self, t: int, ip: np.ndarray) -> np.ndarray:
+        row = self.tables[t].orc_find_batch(ip)
+        found = row >= 0
+        return np.where(found, self.rows[t][np.where(found, row, 0)].astype(np.int64) + self.entry_base[t], -1)
 
 
 def add_offset(value: np.ndarray, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -183,17 +177,17 @@ def batch_walk(jobs: list[Job]) -> Walked:
         ip, sp, bp, signal, lo, hi, origin, base, lanes, table_of, rth, rethook, stext, etext = state
         # unwind_next_frame(): orc_find(signal ? ip : ip - 1); END_OF_STACK ends the walk (unwind_orc.c:485-510)
         look = np.where(signal != 0, ip, ip - _U64(1))
-        row = orc.orc_find(table_of.astype(np.int64), look)
-        found = row >= 0
-        row = np.where(found, row, 0)
-        kind = orc.type[row]
+        found = orc.orc_find(table_of.astype(np.int64), look)
+        entry = np.where(found >= 0, found, 0)
+        found = found >= 0
+        kind = orc.type[entry]
         end = found & (kind == ORC_TYPE_END_OF_STACK)
         if end.any():
             rec.stop(lanes[end].astype(np.int64), _ORC_END, look[end])
         call = found & (kind == ORC_TYPE_CALL)
         # the CFA: sp or bp plus sp_offset (unwind_orc.c:514-578)
-        sp_reg = orc.sp_reg[row]
-        cfa, no_wrap = add_offset(np.where(sp_reg == ORC_REG_BP, bp, sp), orc.sp_offset[row])
+        sp_reg = orc.sp_reg[entry]
+        cfa, no_wrap = add_offset(np.where(sp_reg == ORC_REG_BP, bp, sp), orc.sp_offset[entry])
         call &= no_wrap & ((sp_reg == ORC_REG_SP) | (sp_reg == ORC_REG_BP)) & (cfa >= _U64(8))
         # ORC_TYPE_CALL: the return address below the CFA, deref_stack_reg() on the stack walked (582-593)
         ip_p = cfa - _U64(8)
@@ -201,9 +195,9 @@ def batch_walk(jobs: list[Job]) -> Walked:
         new_ip = read(ip_p, call, origin, base)
         call &= (new_ip != rth) & (new_ip != rethook)
         # bp: undefined (no regs: unchanged), or saved at prev_sp or bp plus bp_offset (640-661)
-        bp_reg = orc.bp_reg[row]
+        bp_reg = orc.bp_reg[entry]
         saved = (bp_reg == ORC_REG_PREV_SP) | (bp_reg == ORC_REG_BP)
-        at, no_wrap = add_offset(np.where(bp_reg == ORC_REG_BP, bp, cfa), orc.bp_offset[row])
+        at, no_wrap = add_offset(np.where(bp_reg == ORC_REG_BP, bp, cfa), orc.bp_offset[entry])
         call &= (bp_reg == ORC_REG_UNDEFINED) | (saved & captured(at, no_wrap, lo, hi))
         new_bp = np.where(saved, read(at, call & saved, origin, base), bp)
         # the kernel refuses an sp that did not grow on the stack (663-670); the batch takes only an sp that
@@ -215,7 +209,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
         state[0] = new_ip
         state[1] = cfa
         state[2] = new_bp
-        state[3] = orc.signal[row]
+        state[3] = orc.signal[entry]
         state = state[:, go]  # the next step writes these rows again: the frames keep copies
         rec.frames(state[8].astype(np.int64), state[0].copy(), sp=state[1].copy(), fp=state[2].copy(),
                    source=_ORC_CALL, stack=label_task)

@@ -390,41 +390,54 @@ class OrcTable:
 
         return np.frombuffer(self._lookup_array, dtype=np.uint32)
 
-    def _column(self, name: str, dtype: str) -> np.ndarray:
+    @cached_property
+    def entry_rows(self) -> np.ndarray:
+        """Each row's index into the table's distinct entries (a view of the flat array)."""
         import numpy as np
 
-        values = np.array([getattr(e, name) for e in self._shared], dtype=dtype)
-        return values[np.frombuffer(self._row_entry, dtype=_NUMPY_INDEX[self._row_entry.typecode])]
+        return np.frombuffer(self._row_entry, dtype=_NUMPY_INDEX[self._row_entry.typecode])
+
+    @cached_property
+    def entry_columns(self) -> dict[str, np.ndarray]:
+        """Each field (``sp_offset``, ``bp_offset``, ``sp_reg``, ``bp_reg``, ``type``, ``signal``) of each
+        distinct entry, as :attr:`entry_rows` indexes them: a few hundred values, not one per row."""
+        import numpy as np
+
+        return {name: np.array([getattr(e, name) for e in self._shared], dtype=dtype)
+                for name, dtype in _COLUMN_TYPES.items()}
+
+    def _column(self, name: str) -> np.ndarray:
+        return self.entry_columns[name][self.entry_rows]
 
     @cached_property
     def sp_offset(self) -> np.ndarray:
         """Each row's ``sp_offset``."""
-        return self._column("sp_offset", "int16")
+        return self._column("sp_offset")
 
     @cached_property
     def bp_offset(self) -> np.ndarray:
         """Each row's ``bp_offset``."""
-        return self._column("bp_offset", "int16")
+        return self._column("bp_offset")
 
     @cached_property
     def sp_reg(self) -> np.ndarray:
         """Each row's ``sp_reg`` (v4 numbering)."""
-        return self._column("sp_reg", "uint8")
+        return self._column("sp_reg")
 
     @cached_property
     def bp_reg(self) -> np.ndarray:
         """Each row's ``bp_reg`` (v4 numbering)."""
-        return self._column("bp_reg", "uint8")
+        return self._column("bp_reg")
 
     @cached_property
     def type(self) -> np.ndarray:
         """Each row's type (v3 numbering)."""
-        return self._column("type", "uint8")
+        return self._column("type")
 
     @cached_property
     def signal(self) -> np.ndarray:
         """Each row's signal bit."""
-        return self._column("signal", "bool")
+        return self._column("signal")
 
     def _orc_find_index_all(self, ips: np.ndarray) -> np.ndarray:
         """``__orc_find`` over the whole table for each ip: rightmost ``<= ip``, else the first entry."""
@@ -586,6 +599,9 @@ class OrcTable:
 _ENTRY_FIELDS = (("sp_offset", "h"), ("bp_offset", "h"), ("sp_reg", "B"), ("bp_reg", "B"), ("type", "B"),
                  ("signal", "B"))
 _NUMPY_INDEX = {"B": "uint8", "H": "uint16", "I": "uint32"}
+#: the numpy type of each :class:`OrcEntry` field's column
+_COLUMN_TYPES = {"sp_offset": "int16", "bp_offset": "int16", "sp_reg": "uint8", "bp_reg": "uint8", "type": "uint8",
+                 "signal": "bool"}
 
 
 def _terminators_first(ips: np.ndarray, typ: np.ndarray) -> bool:
