@@ -199,6 +199,20 @@ class Oracle(_Model):
     pt_regs: list[PtRegsCrossing] = []
 
 
+class ExcludedOracle(_Model):
+    """``oracles_excluded[]``: a trace left out of comparison (``stale``, ``why``), kept as the capture
+    read it: a frame the capture could not resolve stays the ``symbol+off`` text the kernel printed."""
+
+    source: Name
+    pid: Pid | None = None
+    cpu: Cpu | None = None
+    frames: list[Name] = []
+    text: str | None = None
+    unreliable: list[Name] = []
+    stale: bool = True
+    why: str | None = None
+
+
 Offset = Annotated[int, BeforeValidator(_offset)]
 
 
@@ -255,7 +269,7 @@ class Note(_Model):
     tasks: list[TaskNote] = []
     symbols: dict[Name, U64] = {}
     oracles: list[Oracle] = []
-    oracles_excluded: list[Oracle] = []
+    oracles_excluded: list[ExcludedOracle] = []
     ftrace_trampolines: list[Trampoline] = []
     offsets: dict[Name, StructOffsets] | None = None
     modules: list[ModuleNote] = []

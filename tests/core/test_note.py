@@ -290,3 +290,17 @@ def test_a_replay_stops_at_the_frame_limit_by_default():
     session = sd.session()
     r = session.replay(session.dump.tasks()[0])
     assert len(r.frames) <= 0x1000 // 16 + FRAME_LIMIT_SLACK
+
+
+# --- oracles_excluded: what the capture could not resolve stays text ----------------------------
+
+def test_an_excluded_oracle_keeps_its_unresolved_frames_as_printed():
+    # the capture leaves a trace out when the task ran meanwhile or a frame did not resolve; such a
+    # frame is the kernel's own "symbol+off" text (a module not loaded in the lab's symbol table)
+    excluded = {"source": "sysrq-t", "pid": 150, "stale": True, "why": "unresolved frame f+0x1d6",
+                "frames": ["0xffffffff81d1657a", "f+0x1d6"], "unreliable": ["__pfx_f+0x10"]}
+    d = opened(lambda m: m.update(oracles_excluded=[excluded]))
+    assert d.meta["oracles_excluded"] == [excluded] and not d.warnings
+    d = opened(lambda m: m.update(oracles_excluded=[dict(excluded, frames="f+0x1d6")]))
+    assert "oracles_excluded" not in d.meta
+    assert any("dropped oracles_excluded (oracles_excluded[0].frames: " in w for w in d.warnings)
