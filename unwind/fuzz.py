@@ -1067,12 +1067,13 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     start_wall = time.time()
     summary = Summary()
     out = Path(args.report) if args.report else None
-    chunk = args.chunk
-    jobs = [(args.seed, a, min(a + chunk, args.cases)) for a in range(0, args.cases, chunk)]
+    chunk, first, end = args.chunk, args.start, args.start + args.cases
+    jobs = [(args.seed, a, min(a + chunk, end)) for a in range(first, end, chunk)]
+    span = f" (cases {first} to {end - 1} of campaign {args.seed})" if first else ""
 
     def report(done: int) -> None:
         wall = time.time() - start_wall
-        text = (f"# unwind fuzz\n\ncommand: `{' '.join(sys.argv)}`\n\ncases: {done} of {args.cases}, "
+        text = (f"# unwind fuzz\n\ncommand: `{' '.join(sys.argv)}`\n\ncases: {done} of {args.cases}{span}, "
                 f"wall {wall:.0f} s, CPU {summary.cpu_seconds:.0f} s, "
                 f"{done / max(summary.cpu_seconds, 1e-9):.0f} cases per CPU second\n\n{summary.table()}\n")
         if summary.examples:
@@ -1088,7 +1089,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         fuzzer = _fuzzer(args)
         for job in jobs:
             summary.merge(run_cases(fuzzer, *job[:1], range(job[1], job[2])))
-            done = job[2]
+            done = job[2] - first
             report(done)
     else:
         ctx = multiprocessing.get_context("fork")
@@ -1100,12 +1101,22 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     return 1 if summary.failures else 0
 
 
+def _case_index(text: str) -> int:
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a case index (0 or more)")
+    return n
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``fuzz`` to the top-level parser."""
     f = sub.add_parser("fuzz", help="mutate the corpus dumps and check replay never breaks its promises")
     f.add_argument("--corpus", default="corpora", help="corpus folder (default: corpora)")
     f.add_argument("--cases", type=int, default=2000, help="number of cases (default 2000)")
     f.add_argument("--seed", type=int, default=0, help="campaign seed: the same seed runs the same cases")
+    f.add_argument("--start", type=_case_index, default=0, metavar="N",
+                   help="first case index: runs cases N to N+cases-1 of the campaign, so a long campaign can be "
+                        "run in sittings on one commit and its reports summed (default 0)")
     f.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     f.add_argument("--chunk", type=int, default=5000, help="cases per progress report (default 5000)")
     f.add_argument("--cpu-limit", type=float, default=CASE_CPU_LIMIT,

@@ -3,9 +3,12 @@ regression cases (issue 13's crash groups and any case a campaign ever failed)."
 
 from __future__ import annotations
 
+import argparse
 import json
 import lzma
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -194,3 +197,20 @@ def test_a_near_miss_of_a_broken_hex_string_is_made(value):
         assert got != value or value.upper() == value
         if isinstance(got, int):
             assert got == (int(value[2:], 16) if value == "0x1f" else -1)
+
+
+def test_start_runs_the_campaign_from_a_case_index(tmp_path):
+    """``--start N --cases K`` runs cases N..N+K-1 of the campaign, as the in-process fuzzer does."""
+    report = tmp_path / "report.md"
+    run = subprocess.run([sys.executable, "-m", "unwind.cli", "fuzz", "--corpus", str(CORPUS), "--cases", "3",
+                          "--start", "40", "--chunk", "2", "--seed", "5", "--report", str(report)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    text = report.read_text()
+    assert "cases: 3 of 3 (cases 40 to 42 of campaign 5)," in text
+    fuzzer = F._fuzzer(argparse.Namespace(btf=None, vmcore_seeds=None, corpus=str(CORPUS), cpu_limit=F.CASE_CPU_LIMIT,
+                                          keep=None))
+    assert F.run_cases(fuzzer, 5, range(40, 43)).table() in text
+    bad = subprocess.run([sys.executable, "-m", "unwind.cli", "fuzz", "--corpus", str(CORPUS), "--start", "-1"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "-1 is not a case index" in bad.stderr
