@@ -330,47 +330,57 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return values[np.concatenate([values[:1] == values[:1], values[1:] != values[:-1]])]
 
 
-class VerdictTable:
-    """An image's call-site verdicts as flag bits, sorted by return address, for lookups over many frames
-    at once; filled from :meth:`~unwind.callsite.CallSiteChecker.check` (and its cache) on a miss."""
+class Memo:
+    """Answers of a function of one word, kept sorted by key for lookups over many lanes at once; keys
+    it has not seen are answered by ``compute`` (given them distinct and sorted), once each.
 
-    __slots__ = ("pcs", "bits")
+    A batch's lanes share most of their return addresses, so each is decided once, not once per lane.
+    A memo past :attr:`LIMIT` keys starts over (mutated stacks bring words without end).
+    """
+
+    LIMIT = 1 << 16
+
+    __slots__ = ("keys", "values", "__weakref__")
 
     def __init__(self) -> None:
-        self.pcs = np.zeros(0, _U64)
-        self.bits = np.zeros(0, np.int64)
+        self.keys = np.zeros(0, _U64)
+        self.values = np.zeros(0, np.int64)
 
-    def lookup(self, checker: "CallSiteChecker", pcs: np.ndarray) -> np.ndarray:
-        """The call-site flag bits of each return address in ``pcs``."""
-        i = np.searchsorted(self.pcs, pcs)
-        hit = self.pcs[np.minimum(i, len(self.pcs) - 1)] == pcs if len(self.pcs) else np.zeros(len(pcs), bool)
+    def lookup(self, keys: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """The answer for each of ``keys``."""
+        i = np.searchsorted(self.keys, keys)
+        hit = self.keys[np.minimum(i, len(self.keys) - 1)] == keys if len(self.keys) else np.zeros(len(keys), bool)
         if not hit.all():
-            new = distinct(pcs[~hit])
-            bits = np.array([_CALLSITE_BITS[checker.check(pc).status] for pc in new.tolist()], np.int64)
-            self.pcs = np.concatenate([self.pcs, new])
-            self.bits = np.concatenate([self.bits, bits])
-            order = np.argsort(self.pcs)
-            self.pcs, self.bits = self.pcs[order], self.bits[order]
-            i = np.searchsorted(self.pcs, pcs)
-        return self.bits[i]
+            new = distinct(keys[~hit])
+            if len(self.keys) + len(new) > self.LIMIT:
+                self.keys, self.values = self.keys[:0], self.values[:0]
+            self.keys = np.concatenate([self.keys, new])
+            self.values = np.concatenate([self.values, np.asarray(compute(new), np.int64)])
+            order = np.argsort(self.keys)
+            self.keys, self.values = self.keys[order], self.values[order]
+            i = np.searchsorted(self.keys, keys)
+        return self.values[i]
 
 
-#: per image (or per checker, without one), per arch: its verdicts as a table
-_TABLES: "WeakKeyDictionary[object, dict[str, VerdictTable]]" = WeakKeyDictionary()
+#: per image (or per checker, without one), per arch: its call-site verdicts as flag bits by return address
+_VERDICTS: "WeakKeyDictionary[object, dict[str, Memo]]" = WeakKeyDictionary()
 
 
 def apply_call_sites(checker: "CallSiteChecker", pcs: np.ndarray, flags: np.ndarray) -> np.ndarray:
     """Each frame's call-site flag (:meth:`unwind.callsite.CallSiteChecker.annotate`) from ``checker``'s
     cached verdicts; a pc from exception registers is not checked."""
-    tables = _TABLES.setdefault(checker.image if checker.image is not None else checker, {})
-    table = tables.get(checker.backend.name)
-    if table is None:
-        table = tables[checker.backend.name] = VerdictTable()
+    memos = _VERDICTS.setdefault(checker.image if checker.image is not None else checker, {})
+    memo = memos.get(checker.backend.name)
+    if memo is None:
+        memo = memos[checker.backend.name] = Memo()
+
+    def verdicts(new: np.ndarray) -> np.ndarray:
+        return np.array([_CALLSITE_BITS[checker.check(pc).status] for pc in new.tolist()], np.int64)
     checked = (flags & _BOUNDARY) == 0
     if checked.all():
-        return flags | table.lookup(checker, pcs)
+        return flags | memo.lookup(pcs, verdicts)
     out = flags.copy()
-    out[checked] |= table.lookup(checker, pcs[checked])
+    out[checked] |= memo.lookup(pcs[checked], verdicts)
     return out
 
 

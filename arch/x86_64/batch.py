@@ -23,7 +23,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from unwind.batch import Job, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes
+from unwind.batch import Job, Memo, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes
 from unwind.frame import Source
 from unwind.target import Task
 from unwind.walk import StopReason
@@ -111,9 +111,24 @@ class Tables:
         return out
 
     def _entries(self, t: int, ip: np.ndarray) -> np.ndarray:
-        row = self.tables[t].orc_find_batch(ip)
-        found = row >= 0
-        return np.where(found, self.rows[t][np.where(found, row, 0)].astype(np.int64) + self.entry_base[t], -1)
+        table, rows = self.tables[t], self.rows[t]
+
+        def entry_of(ips: np.ndarray) -> np.ndarray:
+            row = table.orc_find_batch(ips)
+            return np.where(row >= 0, rows[np.maximum(row, 0)].astype(np.int64), -1)
+        entry = _memo(table).lookup(ip, entry_of)
+        return np.where(entry >= 0, entry + self.entry_base[t], -1)
+
+
+#: per ORC table: the entry orc_find() gave each ip looked up so far (a batch's lanes share their ips)
+_MEMOS: "WeakKeyDictionary[OrcTable, Memo]" = WeakKeyDictionary()
+
+
+def _memo(table: OrcTable) -> Memo:
+    memo = _MEMOS.get(table)
+    if memo is None:
+        memo = _MEMOS[table] = Memo()
+    return memo
 
 
 def add_offset(value: np.ndarray, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -329,6 +329,8 @@ class OrcTable:
         self._size = etext - stext
         self.inittext = inittext
         self._ranked = False
+        #: text ips :meth:`orc_find_batch` answered by bisection so far
+        self._bisected = 0
 
     # --- the cache file (unwind.cachefile) ---
 
@@ -484,7 +486,6 @@ class OrcTable:
         self._sub_base = (below[blocks] + within.ravel()[:nsub]).astype(np.int32)
         self._sub_bits = bits
         self._clamp = bool(ips[0] > np.uint64(self.stext))
-        self._text_size = np.uint64(size)
         self._ranked = True
 
     # --- constructors ---
@@ -556,23 +557,53 @@ class OrcTable:
         return NOT_FOUND
 
     def orc_find_batch(self, ips: np.ndarray | Sequence[int]) -> np.ndarray:
-        """:meth:`find_index` for an array of ips at once (``int64``; negative: see :data:`NOT_FOUND`)."""
+        """:meth:`find_index` for an array of ips at once (``int64``; negative: see :data:`NOT_FOUND`).
+
+        Text ips are found by ``__orc_find()``'s bisection of their ``.orc_lookup`` block (:meth:`_bisect`)
+        until the table has answered as many ips as it has entries; then it builds its rank (:meth:`_rank`,
+        a popcount per ip), whose build costs about as much as bisecting that many.
+        """
         import numpy as np
 
-        if not self._ranked:
-            self._build_rank()
         q = np.asarray(ips, dtype=np.uint64)
+        if not self._ranked:
+            self._bisected += len(q)
+            if self._bisected >= len(self):
+                self._build_rank()
+        find = self._rank if self._ranked else self._bisect
         off = q - np.uint64(self.stext)
-        text = off < self._text_size
+        text = off < np.uint64(self._size)
         if text.all():
-            return self._rank(off).astype(np.int64)
+            return find(off).astype(np.int64)
         out = np.full(q.shape, NOT_FOUND, dtype=np.int64)
-        out[text] = self._rank(off[text])
+        out[text] = find(off[text])
         out[q == 0] = NULL_ENTRY
         if self.inittext is not None:
             init = (q >= np.uint64(self.inittext[0])) & (q < np.uint64(self.inittext[1]))
             out[init] = self._orc_find_index_all(q[init])
         return out
+
+    # orc_find() (unwind_orc.c:198-242): the .orc_lookup block, then __orc_find() (83-110), over ips
+    def _bisect(self, off: np.ndarray) -> np.ndarray:
+        """Table indices of text offsets: the last entry at or below each ip among its block's entries,
+        else the block's first (``bisect_right`` over ``[lookup[blk], lookup[blk + 1] + 1)``, in lockstep)."""
+        import numpy as np
+
+        ips, lookup = self.ips, self.lookup
+        blk = (off >> np.uint64(LOOKUP_BLOCK_ORDER)).astype(np.intp)
+        first = lookup[blk].astype(np.intp)
+        lo, hi = first, lookup[blk + 1].astype(np.intp) + 1
+        ip = off + np.uint64(self.stext)
+        last = len(ips) - 1
+        while True:
+            open_ = lo < hi
+            if not open_.any():
+                break
+            mid = (lo + hi) >> 1
+            right = ips[np.minimum(mid, last)] <= ip
+            lo = np.where(open_ & right, mid + 1, lo)
+            hi = np.where(open_ & ~right, mid, hi)
+        return np.maximum(lo - 1, first)
 
     def _rank(self, off: np.ndarray) -> np.ndarray:
         """Table indices of text offsets: sub-block base plus the popcount of its bits up to each ip."""

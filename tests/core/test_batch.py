@@ -145,3 +145,22 @@ def test_lane_pac_strip_is_the_scalar_helpers() -> None:
         v6_1 = ptrauth_strip_lanes(arr, m, ~np.full(len(ptrs), mask & genmask_ull(54, 0), np.uint64)).tolist()
         assert kunwind == [ptrauth_strip_kernel_insn_pac(p, mask) for p in ptrs]
         assert v6_1 == [ptrauth_clear_pac(p, mask) for p in ptrs]
+
+
+def test_a_memo_answers_each_key_once_and_starts_over_past_its_limit(monkeypatch) -> None:
+    from unwind.batch import Memo
+
+    asked: list[list[int]] = []
+
+    def square(keys: np.ndarray) -> np.ndarray:
+        asked.append(keys.tolist())
+        return keys.astype(np.int64) ** 2
+
+    memo = Memo()
+    keys = np.array([5, 3, 5, 9, 3], np.uint64)
+    assert memo.lookup(keys, square).tolist() == [25, 9, 25, 81, 9]
+    assert memo.lookup(np.array([9, 4, 5], np.uint64), square).tolist() == [81, 16, 25]
+    assert asked == [[3, 5, 9], [4]]
+    monkeypatch.setattr(Memo, "LIMIT", 4)
+    assert memo.lookup(np.array([7], np.uint64), square).tolist() == [49]
+    assert memo.keys.tolist() == [7] and memo.lookup(np.array([3], np.uint64), square).tolist() == [9]
