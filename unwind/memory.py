@@ -98,11 +98,17 @@ class Memory:
     def captured(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """The captured parts of ``[lo, hi)`` as ``(start, end)`` ranges in address order."""
         out = []
-        i = max(bisect.bisect_right(self._starts, lo) - 1, 0)
-        for seg in self.segments[i:]:
-            if seg.start >= hi:
+        segs = self.segments
+        for i in range(max(bisect.bisect_right(self._starts, lo) - 1, 0), len(segs)):
+            seg = segs[i]
+            start = seg.start
+            if start >= hi:
                 break
-            start, end = max(seg.start, lo), min(seg.end, hi)
+            end = start + len(seg.data)
+            if start < lo:
+                start = lo
+            if end > hi:
+                end = hi
             if start < end:
                 out.append((start, end))
         return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import struct
+import weakref
 from typing import Callable, Mapping
 
 from unwind.frame import FLAGS as _FLAGS
@@ -59,12 +60,14 @@ def user_iret_padding(read: Callable[[int], int], top: int) -> int | None:
     RPL 3, ip a user address), or None."""
     for pad in STACK_PADDINGS:
         base = top - pad - 8 * _IRET_WORDS
-        try:
-            ip, cs, ss = read(base), read(base + 8), read(base + 32)
+        try:  # cs first: a kernel thread's zeroed frame fails there, after one read
+            cs = read(base + 8)
+            if cs & 3 == 3 and cs < 0x10000:
+                ss = read(base + 32)
+                if ss & 3 == 3 and ss < 0x10000 and read(base) < 1 << 56:
+                    return pad
         except MemoryFault:
             continue
-        if cs & 3 == 3 and ss & 3 == 3 and cs < 0x10000 and ss < 0x10000 and ip < 1 << 56:
-            return pad
     return None
 
 
@@ -234,9 +237,26 @@ class DumpConstants:
         self.ret_from_fork_asm = sym("ret_from_fork_asm")
 
 
+#: per ORC table (one image): ``orc_find()``'s answer for each ip looked up so far, by every walk of
+#: every dump over it (the answer depends on the table alone)
+_FOUND: "weakref.WeakKeyDictionary[OrcTable, dict[int, OrcEntry | None]]" = weakref.WeakKeyDictionary()
+#: ips kept per table at most (a fuzz campaign walks ever new garbage ips over one image)
+_FOUND_MAX = 1 << 16
+
+
+def found_per_table(table: OrcTable) -> dict[int, OrcEntry | None]:
+    """The dict of ``orc_find()`` answers kept for ``table`` (emptied when it grows past :data:`_FOUND_MAX`)."""
+    found = _FOUND.get(table)
+    if found is None:
+        found = _FOUND[table] = {}
+    elif len(found) >= _FOUND_MAX:
+        found.clear()
+    return found
+
+
 class TableConstants:
     """What every walk of one dump over one ORC table reads alike: the kernel text, the basis, and
-    ``orc_find()``'s answer for each ip looked up so far."""
+    ``orc_find()``'s answers kept for the table (:func:`found_per_table`)."""
 
     __slots__ = ("table", "text", "basis", "found")
 
@@ -246,7 +266,7 @@ class TableConstants:
         self.text = ((table.stext, table.etext), MODULES_RANGE) + ((table.inittext,) if table.inittext else ())
         self.basis = {"generation": f"ORC v{table.version}", "generation_why": table.how,
                       "pt_regs": consts.pt.describe(), "inactive_task_frame": consts.itf.describe()}
-        self.found: dict[int, OrcEntry | None] = {}
+        self.found = found_per_table(table)
 
 
 class OrcUnwinder(Unwinder):
@@ -427,7 +447,7 @@ class OrcUnwinder(Unwinder):
             # unwind_orc.c:485-510: orc_find(signal ? ip : ip - 1); the rare outcomes in find_orc()
             ip = orig_ip if self.signal else orig_ip - 1
             orc = self.found.get(ip, _UNSEEN)
-            if orc is _UNSEEN:  # each ip's answer is kept for the dump's other walks
+            if orc is _UNSEEN:  # each ip's answer is kept for the table's other walks
                 orc = self.found[ip] = self.find(ip)
             if orc is not None and orc.type >= ORC_TYPE_CALL and prov is None:
                 source = _SRC_ORC_CALL
