@@ -48,11 +48,13 @@ class CallSite:
     ``insn`` is decoded from the stored bytes the first time it is read.
     """
 
-    __slots__ = ("status", "addr", "_code", "_backend", "_insn")
+    __slots__ = ("status", "addr", "flag", "_code", "_backend", "_insn")
 
     def __init__(self, status: str, insn: str | None = None, addr: int | None = None, *,
                  code: bytes | None = None, backend: ArchBackend | None = None) -> None:
         self.status = status
+        #: the :class:`~unwind.frame.Flag` value a checked frame gets: call-ok, call-bad, or none (unknown)
+        self.flag = _CALLSITE_OK if status == "ok" else _CALLSITE_BAD if status == "bad" else 0
         self.addr = addr
         self._insn = insn
         self._code = code
@@ -141,14 +143,19 @@ class CallSiteChecker:
 
     def annotate(self, frame: Frame) -> CallSite | None:
         """Flag ``frame`` with its call-site result; a pc from exception registers is not checked."""
-        flags = frame.flags._value_
-        if flags & _BOUNDARY:
-            return None
-        site = self.check(frame.pc)
-        if site.status == "ok":
-            frame.flags = _FLAGS[flags | _CALLSITE_OK]
-        elif site.status == "bad":
-            frame.flags = _FLAGS[flags | _CALLSITE_BAD]
-        if frame.provenance is not None:
-            frame.provenance.note(site.describe())
-        return site
+        return self.annotate_frames([frame])[0]
+
+    def annotate_frames(self, frames: list[Frame]) -> list[CallSite | None]:
+        """:meth:`annotate` each of ``frames`` in turn: the flag, and with provenance the line that explains it."""
+        cache, out = self._cache, []
+        for frame in frames:
+            flags = frame.flags._value_
+            if flags & _BOUNDARY:
+                out.append(None)
+                continue
+            site = cache.get(frame.pc) or self.check(frame.pc)
+            frame.flags = _FLAGS[flags | site.flag]
+            if frame.provenance is not None:
+                frame.provenance.note(site.describe())
+            out.append(site)
+        return out

@@ -74,6 +74,8 @@ class Session:
         self._checked: set[tuple[object, ...]] = set()
         #: per options: the :attr:`Target.shared` of walks with those options
         self._shared: dict[tuple[object, ...], tuple[object, object, dict[str, object]]] = {}
+        #: per options as given (and image and symbols, kept with it): the options a walk reads, its shared dict
+        self._walks: dict[tuple[object, ...], tuple[object, object, Options, dict[str, object]]] = {}
         #: per task's stacks list (by id; the list is kept alive with its limit): the default frame limit
         self._limits: dict[int, tuple[list[StackInfo], int]] = {}
 
@@ -200,12 +202,17 @@ class Session:
         """Everything a walk of ``task`` reads; a dump's ``kernel.generation`` applies unless overridden.
 
         Walks with equal options share one :attr:`Target.shared` (what the backend derives once per dump)."""
-        pinned = self.dump.meta.get("kernel", {}).get("generation")
-        if options.generation is None and pinned:
-            options = replace(options, generation=str(pinned))
-        return Target(arch=self.backend.name, mem=self.dump.task_memory(task), task=task, release=self.dump.release,
-                      vmcoreinfo=self.dump.vmcoreinfo, symbols=self.symbols, image=self.image,
-                      meta=self.dump.meta, options=options, shared=self._shared_for(options))
+        image, symbols, dump = self.image, self.symbols, self.dump
+        key = (options.complete, options.record, options.user, options.generation, options.orc_version,
+               id(image), id(symbols))
+        hit = self._walks.get(key)
+        if hit is None:  # the options a walk reads (a copy: the caller's may change) and its shared dict
+            pinned = dump.meta.get("kernel", {}).get("generation")
+            walk = replace(options, generation=str(pinned)) if options.generation is None and pinned else \
+                replace(options)
+            hit = self._walks[key] = (image, symbols, walk, self._shared_for(walk))
+        return Target(self.backend.name, dump.task_memory(task), task, dump.release, dump.vmcoreinfo, symbols,
+                      image, dump.meta, hit[2], hit[3])
 
     def _shared_for(self, options: Options) -> dict[str, object]:
         """The :attr:`Target.shared` of walks with ``options`` over this session's image and symbols."""
@@ -260,10 +267,10 @@ class Session:
         verdict = None
         if reliable:
             verdict = stack_walk_reliable(self.backend.unwinder(target), lambda pc: True, max_frames)
-        for f in frames:
-            if symbolize:
+        if symbolize:
+            for f in frames:
                 f.symbol = self.backend.symbolize(f, target)
-            self._callsites.annotate(f)
+        self._callsites.annotate_frames(frames)
         return Replay(target, frames, stop, verdict, unwinder.basis())
 
 
