@@ -25,11 +25,12 @@ timed by ``benches/startup.py``: the children import them first. The call-site v
 image and shared by both paths: the warm figures come from sessions whose images decided them
 already; each fresh figure opens the dumps again (an image still open is reused, as in one process).
 
-drgn (``--drgn-python``) walks the committed vmcores (``corpora/<arch>/<release>/vmcore/*.elf.xz``)
-with the debug vmlinux of the same build-id: on x86-64 as it is, with ``DRGN_PREFER_ORC_UNWINDER=1``
-(ORC), on arm64 stripped of its CFI (frame pointers, as :mod:`replay_speed` sets it up); every task
-it can walk; ours walks the same tasks of the same vmcore with the committed slim image, scalar and
-batch::
+drgn (``--drgn-python``) walks the committed vmcores (``corpora/<arch>/<release>/vmcore/*.elf.xz``, or the
+lab's full vmcore of the same stop where it is at hand) with the committed slim image as its kernel file
+(``benchkit.DRGN_CHILD`` mode ``equal``: ORC on x86-64, frame pointers on arm64, nothing looked up in DWARF
+per frame); the tasks are those ``benchkit.peer_keys`` picks; ours walks the same tasks of the same vmcore
+with the same slim image, scalar and batch. drgn's rate is its kernel frames per CPU second over the tasks
+it walks no user frame of (it walks on into user frames in the same call, time that cannot be split off)::
 
     python benches/batch_replay.py --rounds 3 --drgn-python /path/to/venv-with-drgn/bin/python
 """
@@ -38,17 +39,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from replay_speed import _IMPORT_ROOT, DRGN, ROOT, _peers, _run  # noqa: E402
+from benchkit import DRGN_CHILD, IMPORT_ROOT, REPO, peer_cores, peer_keys, run_child  # noqa: E402
+
+ROOT = REPO
 
 ARCHES = ("arm64", "riscv", "x86_64")
 
-OURS = _IMPORT_ROOT + r"""
+OURS = IMPORT_ROOT + r"""
 import gc, glob, importlib, json, time
 from unwind.batch import replay_all
 from unwind.replay import Options, load_session
@@ -96,13 +100,13 @@ print(json.dumps(out))
 """
 
 #: ours on a peer vmcore: the tasks drgn walked (pids, or cpu for a running idle task), scalar and batch
-OURS_PEER = _IMPORT_ROOT + r"""
+OURS_PEER = IMPORT_ROOT + r"""
 import gc, importlib, json, time
 from unwind.replay import Options, Session
 importlib.import_module("unwind.arch." + sys.argv[2] + ".batch")  # imports are start-up (benches/startup.py)
 s = Session.load(sys.argv[3], vmlinux=sys.argv[4])
-want = json.loads(sys.argv[5])
-todo = [t for t in s.select(every=True) if [t.pid, t.cpu if t.running else None] in want]
+want = {(k[0], k[1]) for k in json.loads(sys.argv[5])}
+todo = [t for t in s.select(every=True) if (t.pid, t.cpu if t.running else None) in want]
 frames = sum(len(s.replay(t, Options(), symbolize=False).frames) for t in todo)
 b = s.replay_all(tasks=todo, symbolize=False)
 out = {"frames": frames, "tasks": len(todo), "batched_tasks": sum(b.batched(i) for i in range(len(b))),
@@ -141,30 +145,30 @@ def main() -> int:
     p.add_argument("--drgn-python", help="a python with drgn installed: adds the drgn peer")
     p.add_argument("--vmlinux-dir", type=Path, default=Path.home() / ".cache/unwind/kernels",
                    help="<release>/vmlinux debug images for drgn (default: the lab's fetched kernels)")
+    p.add_argument("--vmcores", type=Path, default=Path(os.environ.get("UNWIND_VMCORES", "/work/lab-out/vmcores")),
+                   help="the lab's full vmcores, DIR/<arch>/<stop>.elf, read instead of the committed slices")
     p.add_argument("--json", type=Path, help="write every child's figures here")
     a = p.parse_args()
     arches = a.arch or list(ARCHES)
     ours: dict[str, list[dict]] = {}
     peer: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        peers = _peers(Path(tmp), arches, a.vmlinux_dir) if a.drgn_python else {}
-        keys: dict[Path, str] = {}
+        cores = peer_cores(Path(tmp), arches, a.vmlinux_dir, a.vmcores) if a.drgn_python else {}
+        keys = {pc: json.dumps(found[0]) for cs in cores.values() for pc in cs
+                if (found := peer_keys(a.drgn_python, pc)) is not None}
         for _ in range(a.rounds):
             for arch in arches:
-                ours.setdefault(arch, []).append(_run(sys.executable, OURS, str(ROOT), arch, str(a.corpora / arch),
-                                                      str(a.passes)))
-                for elf, slim, plain in peers.get(arch, []):
-                    if arch == "x86_64":  # DRGN_PREFER_ORC_UNWINDER: drgn walks by ORC with the CFI kept
-                        plain = a.vmlinux_dir / elf.name.split("-stop-")[0] / "vmlinux"
-                    try:
-                        d = _run(a.drgn_python, DRGN, str(elf), str(plain), str(a.passes))
-                    except SystemExit as e:  # drgn cannot open this one (e.g. a kdump slice): left out of both
-                        print(f"drgn left out {elf.name}: {str(e).splitlines()[-1]}", file=sys.stderr)
-                        continue
-                    keys[elf] = json.dumps(d.pop("keys"))
+                ours.setdefault(arch, []).append(run_child(sys.executable, OURS, str(ROOT), arch,
+                                                           str(a.corpora / arch), str(a.passes)))
+                for pc in (pc for pc in cores.get(arch, []) if pc in keys):
+                    d = run_child(a.drgn_python, DRGN_CHILD, "equal", str(pc.core), str(pc.vmlinux),
+                                  str(pc.drgn_image), str(a.passes), keys[pc])
+                    for k in ("keys", "pcs", "names", "user"):
+                        d.pop(k)
                     peer.setdefault((arch, "drgn"), []).append(d)
                     peer.setdefault((arch, "ours"), []).append(
-                        _run(sys.executable, OURS_PEER, str(ROOT), arch, str(elf), str(slim), keys[elf], str(a.passes)))
+                        run_child(sys.executable, OURS_PEER, str(ROOT), arch, str(pc.core), str(pc.slim), keys[pc],
+                                  str(a.passes)))
     if a.json:
         a.json.write_text(json.dumps({"ours": ours, "peer": {f"{k[0]} {k[1]}": v for k, v in peer.items()}}, indent=1))
     print(f"M frames per CPU second, median of {a.rounds} rounds (time.process_time in fresh child processes)\n")
@@ -182,8 +186,8 @@ def main() -> int:
               f"{_rate(runs, 'per_dump', 'batched_frames'):.2f} | {_rate(runs, 'read', 'frames'):.3f} | "
               f"{fresh / fresh_scalar:.1f} | {warm / scalar:.1f} |")
     if peer:
-        print("\nEqual inputs: the committed vmcores, the tasks drgn walks (drgn: ORC on x86-64, frame pointers "
-              "on arm64); M frames per CPU second, warm\n")
+        print("\nEqual inputs: the committed vmcores, the tasks drgn walks (drgn with the slim image: ORC on x86-64, "
+              "frame pointers on arm64; its rate over the kernel-only tasks); M frames per CPU second, warm\n")
         print("| arch | tasks (batched) | frames ours / drgn | drgn | scalar | batch | batch + read | batch / drgn "
               "| batch + read / drgn |")
         print("|---" * 9 + "|")
@@ -194,10 +198,10 @@ def main() -> int:
 
             def total(name: str) -> list[dict]:
                 rs = peer[(arch, name)]
-                return [{k: sum(r.get(k, 0) for r in rs[i:i + per_round]) for k in rs[0]}
-                        for i in range(0, len(rs), per_round)]
+                return [{k: sum(r.get(k, 0) for r in rs[i:i + per_round]) for k, v in rs[0].items()
+                         if isinstance(v, (int, float))} for i in range(0, len(rs), per_round)]
             d, o = total("drgn"), total("ours")
-            dr = _rate(d, "warm", "frames")
+            dr = _rate(d, "k_warm", "k_frames")
             batch, read = _rate(o, "warm", "batched_frames"), _rate(o, "read", "frames")
             ratios = f"{batch / dr:.1f} | {read / dr:.2f}" if dr else "- | -"
             print(f"| {arch} | {o[0]['tasks']} ({o[0]['batched_tasks']}) | {o[0]['frames']} / {d[0]['frames']} | "

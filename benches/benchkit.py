@@ -13,13 +13,18 @@ bench skips with it; the report lists every skip.
 
 from __future__ import annotations
 
+import json
+import lzma
 import os
+import shutil
+import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pytest
@@ -595,3 +600,332 @@ def drgn_all(trace: Callable[[Any], Any], tasks: list[Any]) -> int:
             frame.pc  # noqa: B018 - a user of the trace reads each pc
             n += not frame.is_inline
     return n
+
+
+# --- the drgn peer in child processes (benches/speed_peer.py, replay_speed.py, batch_replay.py) --------------------
+
+#: a child's preamble: ``unwind`` (and ``unwind.arch`` from ``arch/``) is imported from the checkout in ``argv[1]``
+IMPORT_ROOT = r"""
+import importlib.machinery, importlib.util, sys
+ROOT = sys.argv[1]
+class _Checkout:
+    PLACES = {"unwind": ROOT + "/unwind", "unwind.arch": ROOT + "/arch"}
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        where = cls.PLACES.get(name)
+        if where is None:
+            return None
+        return importlib.util.spec_from_file_location(name, where + "/__init__.py",
+                                                      submodule_search_locations=[where])
+sys.meta_path.insert(0, _Checkout)
+import unwind
+assert unwind.__file__.startswith(ROOT), unwind.__file__
+"""
+
+#: ``timed(fn, passes)``: the fastest of ``passes`` calls, CPU (``process_time``) and wall, each after ``gc.collect()``
+TIMED = r"""
+import gc, time
+def timed(fn, passes):
+    best_cpu = best_wall = 1e9
+    for _ in range(passes):
+        gc.collect()  # garbage of earlier work is not this call's cost
+        c, w = time.process_time(), time.perf_counter()
+        fn()
+        best_cpu, best_wall = min(best_cpu, time.process_time() - c), min(best_wall, time.perf_counter() - w)
+    return best_cpu, best_wall
+"""
+
+#: how both sides count a task's frames: those before its first pc outside the kernel half of the address
+#: space (drgn walks on into the user frames of a task that entered from user space; those follow)
+KERNEL_FRAMES = r"""
+def kernel_part(pcs):
+    for i, pc in enumerate(pcs):
+        if not pc >> 63:
+            return pcs[:i]
+    return pcs
+"""
+
+#: ``walk_sets(walk, items, kernel_only, passes)``: the figures of a child, for every task and for the
+#: kernel-only tasks (``kernel_only[i]`` true: no side walked a user frame of task ``i``)
+WALK_SETS = r"""
+def walk_sets(walk, items, pcs, kernel_only, passes):
+    k_items = [t for t, k in zip(items, kernel_only) if k]
+    out = {"tasks": len(items), "frames": sum(map(len, pcs)), "k_tasks": len(k_items),
+           "k_frames": sum(len(p) for p, k in zip(pcs, kernel_only) if k)}
+    out["warm"], out["warm_wall"] = timed(lambda: walk(items), passes)
+    out["k_warm"], out["k_warm_wall"] = timed(lambda: walk(k_items), passes)
+    return out
+"""
+
+#: drgn's ``stack_trace`` of the tasks of a vmcore, warm; run with a Python that has drgn.
+#:
+#: ``argv``: MODE VMCORE VMLINUX IMAGE PASSES WANT. The task list comes from a program with the full debug
+#: ``VMLINUX`` (drgn finds tasks through DWARF types). MODE ``dwarf`` walks with that program: DWARF CFI
+#: (drgn's default), and every frame's inline scopes looked up in ``.debug_info``. MODE ``equal`` walks
+#: with a second program whose only file is ``IMAGE``, the slim image (ELF symbols, ORC on x86-64, no CFI
+#: and no DWARF: :func:`drgn_image`), so drgn unwinds by ORC on x86-64 and by frame pointers on arm64, and
+#: looks nothing up per frame; the few struct layouts ``stack_trace`` reads of a task (``thread``,
+#: ``on_cpu``, ``thread_info.cpu``, ``inactive_task_frame``) are copied into it from the first program by
+#: a type finder. WANT is a JSON list of ``[pid, cpu or null, kernel_only]`` (empty: every task drgn walks).
+#:
+#: Everything before the timed passes is set-up: both programs, the task list, one untimed walk of every
+#: task (drgn parses its ORC and finds each pc's module on first use). A pass is every task's
+#: ``stack_trace`` with each frame's ``pc`` read; drgn's inline frames are not counted.
+DRGN_CHILD = TIMED + KERNEL_FRAMES + WALK_SETS + r"""
+import json, os, sys
+mode, core, vmlinux, image, passes, want = sys.argv[1:7]
+if mode == "equal":
+    os.environ["DRGN_PREFER_ORC_UNWINDER"] = "1"  # ORC wherever there is ORC (the image has no CFI anyway)
+import drgn
+from drgn import Object, TypeKind, TypeMember
+from drgn.helpers.linux.pid import for_each_task
+from drgn.helpers.linux.sched import task_cpu
+c0 = time.process_time()
+def program(path):
+    prog = drgn.Program()
+    prog.set_core_dump(core)
+    try:
+        prog.load_debug_info([path])
+    except drgn.MissingDebugInfoError:
+        pass  # modules without debug info (qemu_fw_cfg): the kernel's own file was loaded
+    return prog
+full = program(vmlinux)
+prog = full
+if mode == "equal":
+    prog = program(image)
+    def mirror(t, keep):
+        # t, a type of the full program, as a type of prog; of a struct only the members in keep (None: all)
+        while t.kind == TypeKind.TYPEDEF:
+            t = t.type
+        if t.kind == TypeKind.INT:
+            return prog.int_type(t.name, t.size, t.is_signed)
+        if t.kind == TypeKind.BOOL:
+            return prog.bool_type(t.name, t.size)
+        if t.kind in (TypeKind.POINTER, TypeKind.ENUM):
+            return prog.int_type("unsigned long" if t.kind == TypeKind.POINTER else "int", t.size, False)
+        if t.kind == TypeKind.ARRAY:
+            return prog.array_type(mirror(t.type, None), t.length)
+        members = [TypeMember(mirror(m.type, None if keep is None else keep[m.name]), m.name, m.bit_offset)
+                   for m in t.members if keep is None or m.name in keep]
+        make = prog.union_type if t.kind == TypeKind.UNION else prog.struct_type
+        return make(t.tag, t.size, members)
+    def mirrored(tag, keep):
+        t = full.type("struct " + tag)
+        if keep is not None:  # the members this kernel has (task->cpu or thread_info.cpu, ...)
+            keep = {m.name: keep[m.name] for m in t.members if m.name in keep}
+        return mirror(t, keep)
+    thread = {"sp": None} if full.platform.arch == drgn.Architecture.X86_64 else {"cpu_context": None}
+    layouts = {"task_struct": mirrored("task_struct", {"thread": thread, "on_cpu": None, "cpu": None,
+                                                       "thread_info": {"cpu": None}, "stack": None})}
+    for tag in ("inactive_task_frame", "thread_info"):
+        try:
+            layouts[tag] = mirrored(tag, None)
+        except LookupError:
+            pass
+    prog.register_type_finder("peer-layouts", lambda p, kinds, name, filename:
+                              layouts.get(name) if TypeKind.STRUCT in kinds else None, enable_index=0)
+    task_ptr = prog.pointer_type(layouts["task_struct"])
+wanted = {(k[0], k[1]): k[2] for k in json.loads(want)} if want else None
+tasks, keys, failed = [], [], 0
+for t in for_each_task(full):
+    on_cpu = bool(t.on_cpu.value_()) if t.type_.type.has_member("on_cpu") else False
+    key = (t.pid.value_(), task_cpu(t) if on_cpu else None)
+    if wanted is not None and key not in wanted:
+        continue
+    obj = t if mode == "dwarf" else Object(prog, task_ptr, t.value_())
+    try:
+        [f.pc for f in prog.stack_trace(obj)]
+    except Exception:
+        failed += 1  # drgn cannot walk it: left out of every side
+        continue
+    tasks.append(obj)
+    keys.append(key)
+set_up = time.process_time() - c0
+pcs, user, names = [], [], {}
+for t in tasks:
+    frames = [f for f in prog.stack_trace(t) if not f.is_inline]
+    pcs.append(kernel_part([f.pc for f in frames]))
+    user.append(len(frames) - len(pcs[-1]))
+    for f in frames[:len(pcs[-1])]:
+        try:
+            sym = f.symbol()
+        except LookupError:
+            continue
+        names[f.pc] = f"{sym.name}+{f.pc - sym.address:#x}"
+def walk(items):
+    for t in items:
+        for f in prog.stack_trace(t):
+            f.pc
+kernel_only = [wanted[k] for k in keys] if wanted else [not u for u in user]
+out = walk_sets(walk, tasks, pcs, kernel_only, int(passes))
+out.update({"mode": mode, "user_frames": sum(user), "failed": failed, "set_up": set_up, "keys": keys, "pcs": pcs,
+            "user": user, "names": {f"{pc:#x}": n for pc, n in names.items()}})
+print(json.dumps(out))
+"""
+
+#: ``Session.replay(task, Options(), symbolize=False)`` of the tasks of a vmcore drgn walked, warm.
+#:
+#: ``argv``: ROOT ARCH VMCORE IMAGE PASSES WANT (as in :data:`DRGN_CHILD`); frames counted as there.
+OURS_PEER_CHILD = IMPORT_ROOT + TIMED + KERNEL_FRAMES + WALK_SETS + r"""
+import json
+from unwind.replay import Options, Session
+s = Session.load(sys.argv[3], vmlinux=sys.argv[4])
+wanted = {(k[0], k[1]): (i, k[2]) for i, k in enumerate(json.loads(sys.argv[6]))}
+def key(t):
+    return (t.pid, t.cpu if t.running else None)
+todo = sorted((t for t in s.select(every=True) if key(t) in wanted), key=lambda t: wanted[key(t)][0])
+pcs, names = [], {}
+for t in todo:
+    frames = s.replay(t, Options()).frames
+    pcs.append(kernel_part([f.pc for f in frames]))
+    names.update((f"{f.pc:#x}", f.symbol) for f in frames if f.symbol)
+def walk(items):
+    for t in items:
+        s.replay(t, Options(), symbolize=False)
+out = walk_sets(walk, todo, pcs, [wanted[key(t)][1] for t in todo], int(sys.argv[5]))
+out.update({"keys": [key(t) for t in todo], "pcs": pcs, "names": names})
+print(json.dumps(out))
+"""
+
+
+def run_child(python: str, code: str, *args: str) -> dict[str, Any]:
+    """Run ``code`` in a fresh ``python`` with ``args``; the JSON object it printed last."""
+    out = subprocess.run([python, "-c", code, *args], capture_output=True, text=True, env=os.environ)
+    if out.returncode:
+        raise SystemExit(f"child failed ({python} {' '.join(args[:4])}):\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def unxz(src: Path, dst: Path) -> Path:
+    """``src`` decompressed to ``dst`` (once)."""
+    if not dst.exists():
+        with lzma.open(src) as f, open(dst, "wb") as g:
+            shutil.copyfileobj(f, g)
+    return dst
+
+
+def build_id(path: Path) -> str | None:
+    """The GNU build-id note of an ELF file."""
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as f:
+        for sec in ELFFile(f).iter_sections():
+            if sec.header.sh_type == "SHT_NOTE":
+                for note in sec.iter_notes():
+                    if note.n_type == "NT_GNU_BUILD_ID":
+                        return str(note.n_desc)
+    return None
+
+
+def drgn_image(slim: Path, out: Path) -> Path | None:
+    """The slim image as drgn takes it for the kernel: the same ELF with an empty DWARF.
+
+    drgn loads a file for the kernel only when it has ``.debug_info`` and ``.debug_abbrev``; the slim
+    image's are emptied (NOBITS), so they are replaced by one zero byte each (no compilation unit: no
+    types, no inline scopes). ``objcopy``'s generic ELF target writes ``e_machine`` 0, which drgn would
+    not take for the dump's platform, so the input's ``e_machine`` and ``e_flags`` are copied back.
+    ``None`` (said on stderr) without ``objcopy``.
+    """
+    if out.exists():
+        return out
+    zero = out.with_suffix(".zero")
+    zero.write_bytes(b"\0")
+    try:
+        r = subprocess.run(["objcopy", "-I", "elf64-little", "-O", "elf64-little", "--remove-section=.debug_*",
+                            f"--add-section=.debug_info={zero}", f"--add-section=.debug_abbrev={zero}",
+                            str(slim), str(out)], capture_output=True, text=True)
+    except FileNotFoundError:
+        print("drgn's image needs objcopy (binutils): the drgn rows are not measured", file=sys.stderr)
+        return None
+    if r.returncode:
+        print(f"objcopy failed on {slim}: {r.stderr.strip()}", file=sys.stderr)
+        return None
+    header = slim.read_bytes()[:64]
+    with open(out, "r+b") as f:  # ELF64: e_machine at 18 (2 bytes), e_flags at 48 (4 bytes)
+        f.seek(18)
+        f.write(header[18:20])
+        f.seek(48)
+        f.write(header[48:52])
+    return out
+
+
+@dataclass(frozen=True)
+class PeerCore:
+    """One vmcore both sides read: ours with the slim image, drgn with ``drgn_image`` or the debug ``vmlinux``."""
+
+    arch: str
+    name: str
+    core: Path
+    slim: Path
+    vmlinux: Path
+    drgn_image: Path
+
+
+def peer_cores(tmp: Path, arches: Iterable[str], vmlinux_dir: Path, vmcores: Path | None = None,
+               corpora: Path = CORPORA) -> dict[str, list[PeerCore]]:
+    """Per arch, the committed vmcores (``corpora/<arch>/<release>/vmcore/*.elf.xz``) whose release has a slim
+    image and a debug vmlinux of the same build-id (``vmlinux_dir/<release>/vmlinux``, the lab's fetched
+    kernels); drgn has no riscv unwinder. A committed vmcore is a slice of the lab's, cut to the pages our
+    walk and drgn's task list read; where the lab's full vmcore of the same stop is at hand
+    (``vmcores/<arch>/<stop>.elf``) both sides read that one: on a slice drgn's walk on into user frames
+    reads pages the slice left out."""
+    found: dict[str, list[PeerCore]] = {}
+    for arch in arches:
+        if arch == "riscv":
+            continue
+        for xz in sorted((corpora / arch).glob("*/vmcore/*.elf.xz")):
+            release = xz.parent.parent
+            slims = sorted(release.glob("vmlinux-*.slim*"))
+            vmlinux = vmlinux_dir / release.name / "vmlinux"
+            if not slims or not vmlinux.exists():
+                continue
+            slim = unxz(slims[0], tmp / f"{release.name}.slim") if slims[0].suffix == ".xz" else slims[0]
+            if build_id(slim) != build_id(vmlinux):
+                continue
+            image = drgn_image(slim, tmp / f"{release.name}.drgn-image")
+            if image is None:
+                continue
+            stop = xz.name[:-len(".xz")]
+            whole = vmcores / arch / stop if vmcores else None
+            core = whole if whole is not None and whole.exists() else unxz(xz, tmp / f"{release.name}-{stop}")
+            found.setdefault(arch, []).append(PeerCore(arch, f"{release.name}/{stop}", core, slim, vmlinux, image))
+    return found
+
+
+def peer_keys(drgn_python: str, pc: PeerCore) -> tuple[list[list[Any]], dict[str, int]] | None:
+    """The tasks every side walks, as ``[pid, cpu or None, kernel_only]``: those drgn walks in both modes
+    with at most :data:`DRGN_MAX_FRAMES` kernel frames (drgn's DWARF unwinder loops on some arm64 stacks);
+    ``kernel_only`` when neither mode walked on into user frames. Also how many were left out, and why;
+    ``None`` (said on stderr) when drgn cannot list the vmcore's tasks (a kdump slice)."""
+    runs = []
+    for mode in ("equal", "dwarf"):
+        try:
+            runs.append(run_child(drgn_python, DRGN_CHILD, mode, str(pc.core), str(pc.vmlinux), str(pc.drgn_image),
+                                  "0", ""))
+        except SystemExit as e:
+            print(f"drgn left out {pc.name}: {str(e).strip().splitlines()[-1]}", file=sys.stderr)
+            return None
+    seen = [{tuple(k): (len(p), u) for k, p, u in zip(r["keys"], r["pcs"], r["user"])} for r in runs]
+    both = [k for k in seen[0] if k in seen[1]]
+    keys = [[*k, not (seen[0][k][1] or seen[1][k][1])] for k in both
+            if max(seen[0][k][0], seen[1][k][0]) <= DRGN_MAX_FRAMES]
+    return keys, {"drgn failed": runs[0]["failed"] + runs[1]["failed"],
+                  "walked by one drgn mode only": len(seen[0]) + len(seen[1]) - 2 * len(both),
+                  f"drgn past {DRGN_MAX_FRAMES} kernel frames": len(both) - len(keys)}
+
+
+def same_pcs(a: dict[str, Any], b: dict[str, Any]) -> tuple[int, int, list[tuple[Any, list[int], list[int]]]]:
+    """Of the tasks two children both walked: how many have the same kernel pcs, how many were compared, and
+    the tasks that differ (key, pcs of ``a``, pcs of ``b``)."""
+    theirs = {tuple(k): p for k, p in zip(b["keys"], b["pcs"])}
+    same, compared, differ = 0, 0, []
+    for k, p in zip(a["keys"], a["pcs"]):
+        q = theirs.get(tuple(k))
+        if q is None:
+            continue
+        compared += 1
+        if p == q:
+            same += 1
+        else:
+            differ.append((k, p, q))
+    return same, compared, differ

@@ -2,22 +2,27 @@
 
 Every measurement runs in a fresh child process, and the children are interleaved round by round,
 so load from other processes falls on all of them alike. Each child times ``--passes`` warm passes
-and keeps the fastest, by ``time.process_time`` (CPU) and by ``time.perf_counter`` (wall) alike;
-the figures are medians over rounds, divided by the frames each side walked.
+and keeps the fastest, by ``time.process_time`` (CPU) and by ``time.perf_counter`` (wall);
+the figures are medians over rounds.
 
 - **ours, corpora**: ``Session.replay(task, Options(), symbolize=False)`` of every task of every
   committed dump of the arch (the call-site check on), on sessions just opened (**fresh**) and
   again (**warm**): the single-task targets;
-- **ours, vmcores**: the same call on the committed vmcores (``corpora/<arch>/*/vmcore/*.elf.xz``,
-  with the committed slim image), the tasks drgn walks there. A committed vmcore is a slice of the
-  lab's full one, cut to the pages our walk and drgn's task list read; drgn's ORC unwinder also reads
-  the kernel's ORC tables from memory, which the slice leaves out, so where the full vmcore of the
-  same stop is at hand (``--vmcores DIR``: ``DIR/<arch>/<stop>.elf``, default ``$UNWIND_VMCORES`` or
-  ``/work/lab-out/vmcores``) both sides read that one;
-- **drgn, equal inputs**: drgn 0.3.0 ``stack_trace`` of the same tasks with the debug vmlinux of
-  the same build-id stripped of its CFI, so that it unwinds as we do (ORC on x86-64, frame pointers
-  on arm64; :func:`replay_speed._drgn_vmlinux`);
-- **drgn, DWARF**: the same with the full debug vmlinux, CFI included (drgn's default).
+- **ours, vmcores**: the same call on the committed vmcores' tasks that drgn walks
+  (``benchkit.OURS_PEER_CHILD``, the committed slim image), warm;
+- **drgn, equal inputs**: drgn 0.3.0 ``stack_trace`` of the same tasks with the same slim image as
+  its only kernel file: ORC on x86-64, frame pointers on arm64, no DWARF (``benchkit.DRGN_CHILD``
+  mode ``equal``);
+- **drgn, DWARF**: the same tasks with the full debug vmlinux: DWARF CFI and, on every frame, the
+  inline scopes of its pc looked up in ``.debug_info`` (mode ``dwarf``, drgn as a user runs it).
+
+Frames are counted alike on every side: real frames (not drgn's inline ones) before the first pc
+outside the kernel half of the address space. drgn walks on into the user frames of a task that
+entered from user space (on x86-64 through whatever the user stack holds, up to its 1,024-frame
+limit), and that time cannot be split off its ``stack_trace``; so the per-frame figures come from
+the **kernel-only** tasks (no side walked a user frame), and the per-task figures from every task.
+The tasks are those drgn walks in both modes, within 64 kernel frames (``benchkit.peer_keys``). The
+kernel pcs of each side are compared task by task, and a few traces are printed beside ours.
 
 drgn has no riscv unwinder; riscv has the corpus rows only::
 
@@ -33,25 +38,17 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from replay_speed import _IMPORT_ROOT, ROOT, _peers, _run  # noqa: E402
+from benchkit import (DRGN_CHILD, IMPORT_ROOT, OURS_PEER_CHILD, REPO, TIMED, PeerCore, peer_cores,  # noqa: E402
+                      peer_keys, run_child, same_pcs)
 
 ARCHES = ("arm64", "x86_64", "riscv")
+#: the sides walked on each peer vmcore, in the order each round runs them
+SIDES = ("drgn equal", "drgn dwarf", "ours")
 
-_TIMED = r"""
-import gc, time
-def timed(fn, passes):
-    best_cpu = best_wall = 1e9
-    for _ in range(passes):
-        gc.collect()
-        c, w = time.process_time(), time.perf_counter()
-        fn()
-        best_cpu, best_wall = min(best_cpu, time.process_time() - c), min(best_wall, time.perf_counter() - w)
-    return best_cpu, best_wall
-"""
-
-OURS_CORPUS = _IMPORT_ROOT + _TIMED + r"""
+OURS_CORPUS = IMPORT_ROOT + TIMED + r"""
 import glob, json
 from unwind.replay import Options, load_session
 paths = sorted(glob.glob(sys.argv[3] + "/*/stop-*.bin.xz"))
@@ -66,60 +63,49 @@ print(json.dumps({"dumps": len(paths), "tasks": sum(len(ts) for _, ts in todo), 
                   "fresh": fresh, "fresh_wall": fresh_wall, "warm": warm, "warm_wall": warm_wall}))
 """
 
-OURS_VMCORE = _IMPORT_ROOT + _TIMED + r"""
-import json
-from unwind.replay import Options, Session
-s = Session.load(sys.argv[3], vmlinux=sys.argv[4])
-want = json.loads(sys.argv[5])
-todo = [t for t in s.select(every=True) if [t.pid, t.cpu if t.running else None] in want]
-frames = sum(len(s.replay(t, Options(), symbolize=False).frames) for t in todo)
-warm, warm_wall = timed(lambda: [s.replay(t, Options(), symbolize=False) for t in todo], int(sys.argv[6]))
-print(json.dumps({"tasks": len(todo), "frames": frames, "warm": warm, "warm_wall": warm_wall}))
-"""
-
-DRGN = _TIMED + r"""
-import json, os, sys
-os.environ["DRGN_PREFER_ORC_UNWINDER"] = "1"
-import drgn
-from drgn.helpers.linux.pid import for_each_task
-from drgn.helpers.linux.sched import task_cpu
-prog = drgn.Program()
-prog.set_core_dump(sys.argv[1])
-try:
-    prog.load_debug_info([sys.argv[2]])
-except drgn.MissingDebugInfoError:
-    pass
-tasks, keys = [], []
-for t in for_each_task(prog):
-    try:
-        [f.pc for f in prog.stack_trace(t)]
-    except Exception:
-        continue
-    on_cpu = bool(t.on_cpu.value_()) if hasattr(t, "on_cpu") else False
-    tasks.append(t)
-    keys.append([t.pid.value_(), task_cpu(t) if on_cpu else None])
-def walk():
-    n = 0
-    for t in tasks:
-        for f in prog.stack_trace(t):
-            f.pc
-            n += not f.is_inline
-    return n
-frames = walk()
-warm, warm_wall = timed(walk, int(sys.argv[3]))
-print(json.dumps({"tasks": len(tasks), "frames": frames, "warm": warm, "warm_wall": warm_wall, "keys": keys}))
-"""
+#: the figures a peer child reports that are summed over an arch's vmcores
+SUMMED = ("tasks", "frames", "warm", "warm_wall", "k_tasks", "k_frames", "k_warm", "k_warm_wall", "user_frames")
 
 
-def _med(runs: list[dict], key: str) -> float:
-    """Median over rounds of ``key`` per frame, in µs."""
-    return statistics.median(r[key] / r["frames"] * 1e6 for r in runs)
+def side_run(drgn_python: str, side: str, pc: PeerCore, passes: int, keys: str) -> dict[str, Any]:
+    """One child of ``side`` on the peer vmcore ``pc``."""
+    if side == "ours":
+        return run_child(sys.executable, OURS_PEER_CHILD, str(REPO), pc.arch, str(pc.core), str(pc.slim),
+                         str(passes), keys)
+    return run_child(drgn_python, DRGN_CHILD, side.split()[1], str(pc.core), str(pc.vmlinux), str(pc.drgn_image),
+                     str(passes), keys)
 
 
-def _summed(runs: list[dict], per_round: int) -> list[dict]:
-    """Several vmcores per arch: each round's parts summed."""
-    return [{k: sum(r[k] for r in runs[i:i + per_round]) for k in ("tasks", "frames", "warm", "warm_wall")}
-            for i in range(0, len(runs), per_round)]
+def arch_rounds(peer: dict[str, dict[str, list[dict[str, Any]]]], side: str) -> list[dict[str, float]]:
+    """Per round, ``side``'s figures summed over the arch's vmcores."""
+    per_core = [runs[side] for runs in peer.values()]
+    return [{k: sum(r[i].get(k, 0) for r in per_core) for k in SUMMED} for i in range(min(map(len, per_core)))]
+
+
+def per(runs: list[dict[str, float]], key: str, count: str, scale: float = 1e6) -> float | None:
+    """Median over rounds of ``key`` / ``count`` (µs by default); ``None`` when a round counted nothing."""
+    if not runs or any(not r.get(count) for r in runs):
+        return None
+    return statistics.median(r[key] / r[count] * scale for r in runs)
+
+
+def validation(first: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The kernel pcs of ours against each drgn mode, task by task, from one round's children; a few traces,
+    each side's pcs named by its own symbols."""
+    ours = first["ours"]
+
+    def named(pcs: list[int], names: dict[str, str]) -> list[str]:
+        return [names.get(f"{p:#x}", f"{p:#x}") for p in pcs]
+    out: dict[str, Any] = {}
+    for side in SIDES[:2]:
+        same, compared, differ = same_pcs(ours, first[side])
+        out[side] = {"same": same, "compared": compared,
+                     "differ": [{"task": k, "ours": named(a, ours["names"]), "drgn": named(b, first[side]["names"])}
+                                for k, a, b in differ[:3]]}
+    drgn = first["drgn equal"]
+    out["samples"] = [{"task": k, "ours": named(a, ours["names"]), "drgn": named(b, drgn["names"])}
+                      for k, a, b in zip(ours["keys"][:3], ours["pcs"][:3], drgn["pcs"][:3])]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,45 +122,68 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     arches = a.arch or list(ARCHES)
     runs: dict[str, list[dict]] = {}
+    peer: dict[str, dict[str, dict[str, list[dict]]]] = {}
+    checks: dict[str, dict[str, Any]] = {}
+    left_out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        peers = _peers(Path(tmp), arches, a.vmlinux_dir) if a.drgn_python else {}
-        keys: dict[Path, str] = {}
+        cores = peer_cores(Path(tmp), arches, a.vmlinux_dir, a.vmcores) if a.drgn_python else {}
+        keys: dict[PeerCore, str] = {}
+        for arch_cores in cores.values():
+            for pc in arch_cores:
+                found = peer_keys(a.drgn_python, pc)
+                if found is None:
+                    left_out[pc.name] = "drgn cannot list its tasks"
+                    continue
+                keys[pc], left_out[pc.name] = json.dumps(found[0]), found[1]
         for _ in range(a.rounds):
             for arch in arches:
                 runs.setdefault(f"{arch} corpus", []).append(
-                    _run(sys.executable, OURS_CORPUS, str(ROOT), arch, str(ROOT / "corpora" / arch), str(a.passes)))
-                for elf, slim, plain in peers.get(arch, []):
-                    release, _, stop = elf.name.partition("-stop-")
-                    full = a.vmlinux_dir / release / "vmlinux"
-                    whole = a.vmcores / arch / f"stop-{stop}"
-                    elf = whole if stop and whole.exists() else elf
-                    for name, image in (("drgn equal", plain), ("drgn dwarf", full)):
-                        d = _run(a.drgn_python, DRGN, str(elf), str(image), str(a.passes))
-                        want = json.dumps(d.pop("keys"))
-                        keys.setdefault(elf, want)
-                        runs.setdefault(f"{arch} {name}", []).append(d)
-                    runs.setdefault(f"{arch} ours", []).append(
-                        _run(sys.executable, OURS_VMCORE, str(ROOT), arch, str(elf), str(slim), keys[elf], str(a.passes)))
-        per_round = {arch: len(peers.get(arch, [])) for arch in arches}
-    out = {"rounds": a.rounds, "passes": a.passes, "runs": runs, "vmcores_per_round": per_round}
+                    run_child(sys.executable, OURS_CORPUS, str(REPO), arch, str(REPO / "corpora" / arch), str(a.passes)))
+                for pc in cores.get(arch, []):
+                    if pc not in keys:
+                        continue
+                    sides = peer.setdefault(arch, {}).setdefault(pc.name, {})
+                    first = {side: side_run(a.drgn_python, side, pc, a.passes, keys[pc]) for side in SIDES}
+                    if pc.name not in checks:
+                        checks[pc.name] = validation(first)
+                    for side, r in first.items():
+                        for k in ("keys", "pcs", "names", "user"):
+                            r.pop(k, None)
+                        sides.setdefault(side, []).append(r)
+    out = {"rounds": a.rounds, "passes": a.passes, "runs": runs, "peer": peer, "validation": checks,
+           "left_out": left_out, "vmcores": {pc.name: str(pc.core) for cs in cores.values() for pc in cs}}
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     print(f"µs per frame, CPU / wall, median of {a.rounds} rounds (fastest of {a.passes} warm passes per child)\n")
-    print("| arch | corpus tasks / frames | ours fresh | ours warm | vmcore frames ours / drgn | ours | "
-          "drgn ORC/FP | drgn DWARF | drgn ORC/FP / ours |")
-    print("|---" * 9 + "|")
+    print("| arch | corpus tasks / frames | ours fresh | ours warm |")
+    print("|---" * 4 + "|")
     for arch in arches:
         c = runs[f"{arch} corpus"]
-        cells = [f"{c[0]['tasks']} / {c[0]['frames']}", f"{_med(c, 'fresh'):.2f} / {_med(c, 'fresh_wall'):.2f}",
-                 f"{_med(c, 'warm'):.2f} / {_med(c, 'warm_wall'):.2f}"]
-        if per_round.get(arch):
-            o, e, d = (_summed(runs[f"{arch} {k}"], per_round[arch]) for k in ("ours", "drgn equal", "drgn dwarf"))
-            cells += [f"{o[0]['frames']} / {e[0]['frames']}",
-                      *(f"{_med(x, 'warm'):.2f} / {_med(x, 'warm_wall'):.2f}" for x in (o, e, d)),
-                      f"{_med(e, 'warm') / _med(o, 'warm'):.2f}"]
-        else:
-            cells += ["–"] * 5
-        print(f"| {arch} | " + " | ".join(cells) + " |")
+        print(f"| {arch} | {c[0]['tasks']} / {c[0]['frames']} | {per(c, 'fresh', 'frames'):.2f} / "
+              f"{per(c, 'fresh_wall', 'frames'):.2f} | {per(c, 'warm', 'frames'):.2f} / {per(c, 'warm_wall', 'frames'):.2f} |")
+    if peer:
+        print("\nPeer vmcores: per kernel frame over the kernel-only tasks, per task over every task; CPU µs\n")
+        print("| arch | tasks (kernel-only) | kernel frames ours / drgn | drgn user frames | ours /frame | "
+              "drgn equal /frame | drgn DWARF /frame | ours /task | drgn equal /task | drgn DWARF /task |")
+        print("|---" * 10 + "|")
+        for arch, by_core in peer.items():
+            o, e, d = (arch_rounds(by_core, side) for side in ("ours", "drgn equal", "drgn dwarf"))
+            cells = [f"{o[0]['tasks']} ({o[0]['k_tasks']})", f"{o[0]['k_frames']} / {e[0]['k_frames']}",
+                     f"{e[0]['user_frames']}"]
+            cells += [f"{per(x, 'k_warm', 'k_frames') or 0:.2f}" for x in (o, e, d)]
+            cells += [f"{per(x, 'warm', 'tasks') or 0:.1f}" for x in (o, e, d)]
+            print(f"| {arch} | " + " | ".join(cells) + " |")
+        for name, check in checks.items():
+            print(f"\n{name}: same kernel pcs as drgn equal on {check['drgn equal']['same']} of "
+                  f"{check['drgn equal']['compared']} tasks, as drgn DWARF on {check['drgn dwarf']['same']} of "
+                  f"{check['drgn dwarf']['compared']}")
+            for s in check["samples"][:2] + check["drgn equal"]["differ"][:1]:
+                print(f"  task {s['task']}:")
+                for i in range(max(len(s["ours"]), len(s["drgn"]))):
+                    ours = s["ours"][i] if i < len(s["ours"]) else ""
+                    print(f"    {ours:<48} {s['drgn'][i] if i < len(s['drgn']) else ''}")
+    for name, why in left_out.items():
+        print(f"left out of {name}: {why}")
     return 0
 
 
