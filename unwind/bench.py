@@ -344,6 +344,8 @@ class Goal:
     measured: str
     ratio: str
     verdict: str
+    #: the same figure against drgn on equal inputs (issue 14)
+    drgn: str = ""
 
 
 def _verdict(met: bool, factor: float) -> str:
@@ -426,7 +428,7 @@ def targets(r: Results) -> list[Goal]:
 
 #: the issue-14 scripts ``unwind bench`` runs beside the suite, and the JSON each writes into the report folder
 SPEED_SCRIPTS = (("speed_peer.py", "speed_peer.json"), ("batch_replay.py", "batch_replay.json"),
-                 ("startup.py", "startup.json"))
+                 ("startup.py", "startup.json"), ("profile_replay.py", "profile.json"))
 #: single-task replay, warm, through the public API, call-site check on (µs per frame, CPU)
 TARGET_WARM_US = 2.0
 #: what a fresh Session may add per frame (µs)
@@ -437,33 +439,22 @@ TARGET_BATCH_FRAMES = {"arm64": 3e6, "riscv": 3e6, "x86_64": 1.5e6}
 TARGET_STARTUP_MS = 200.0
 
 
+#: the figures of a peer child (benchkit.DRGN_CHILD, OURS_PEER_CHILD) summed over an arch's vmcores
+_PEER_SUMMED = ("tasks", "frames", "warm", "warm_wall", "k_tasks", "k_frames", "k_warm", "k_warm_wall", "user_frames")
+#: the sides of speed_peer.py on a peer vmcore
+_PEER_SIDES = ("ours", "drgn equal", "drgn dwarf")
+
+
 def _median(values: Iterable[float]) -> float:
     v = sorted(values)
     return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
 
 
-def _per_frame(runs: list[dict[str, Any]], key: str) -> float | None:
-    """Median over rounds of ``key`` per frame, in µs; ``None`` when a round walked nothing."""
-    if not runs or any(not r.get("frames") or key not in r for r in runs):
+def _per(runs: list[dict[str, Any]], key: str, count: str = "frames", scale: float = 1e6) -> float | None:
+    """Median over rounds of ``key`` / ``count`` (µs per frame by default); ``None`` when a round counted nothing."""
+    if not runs or any(not r.get(count) or key not in r for r in runs):
         return None
-    return _median(r[key] / r["frames"] * 1e6 for r in runs)
-
-
-def _summed(runs: list[dict[str, Any]], per_round: int) -> list[dict[str, Any]]:
-    """Several vmcores per arch and round: each round's parts summed."""
-    if per_round <= 1:
-        return runs
-    return [{k: sum(r[k] for r in runs[i:i + per_round]) for k in ("tasks", "frames", "warm", "warm_wall")}
-            for i in range(0, len(runs), per_round)]
-
-
-def _task_ratio(theirs: list[dict[str, Any]], ours: list[dict[str, Any]]) -> str:
-    """drgn's warm CPU time per task over ours (medians over rounds)."""
-    if not theirs or not ours or not all(r.get("tasks") for r in theirs + ours):
-        return "–"
-    t = _median(r["warm"] / r["tasks"] for r in theirs)
-    o = _median(r["warm"] / r["tasks"] for r in ours)
-    return f"{_num(t / o)}×" if o else "–"
+    return _median(r[key] / r[count] * scale for r in runs)
 
 
 def _pair(cpu: float | None, wall: float | None) -> str:
@@ -472,77 +463,101 @@ def _pair(cpu: float | None, wall: float | None) -> str:
     return f"{_num(cpu)} µs CPU" + (f" / {_num(wall)} µs wall" if wall is not None else "")
 
 
-def speed_lines(folder: Path) -> list[str]:
-    """The issue-14 headline: targets and the drgn comparison, from the scripts' JSON in ``folder``."""
-    def load(name: str) -> dict[str, Any] | None:
-        try:
-            return json.loads((folder / name).read_text())
-        except (OSError, ValueError):
-            return None
-    peer, batch, start = load("speed_peer.json"), load("batch_replay.json"), load("startup.json")
-    if peer is None and batch is None and start is None:
-        return []
-    L = ["## Issue 14: speed against drgn on equal inputs", ""]
-    L.append("Measured by `benches/speed_peer.py`, `benches/batch_replay.py` and `benches/startup.py` (their "
-             "JSON beside this report), each in fresh child processes interleaved round by round, so load "
-             "from other processes falls on every side alike; medians over rounds. CPU time is the "
-             "figure to read on this shared machine; wall time is given beside it.")
-    L.append("")
-    goals: list[Goal] = []
-    runs = (peer or {}).get("runs", {})
-    per_round = (peer or {}).get("vmcores_per_round", {})
-    drgn_equal: dict[str, float | None] = {}
-    rows = []
-    for arch in ARCH_ORDER:
-        c = runs.get(f"{arch} corpus", [])
-        fresh, warm = _per_frame(c, "fresh"), _per_frame(c, "warm")
-        ours_v = equal = dwarf = None
-        n = per_round.get(arch, 0)
-        if n:
-            o, e, d = (_summed(runs.get(f"{arch} {k}", []), n) for k in ("ours", "drgn equal", "drgn dwarf"))
-            ours_v, equal, dwarf = _per_frame(o, "warm"), _per_frame(e, "warm"), _per_frame(d, "warm")
-            rows.append((arch, f"{o[0]['tasks']} / {e[0]['tasks']}", f"{o[0]['frames']} / {e[0]['frames']}",
-                         _pair(ours_v, _per_frame(o, "warm_wall")), _pair(equal, _per_frame(e, "warm_wall")),
-                         _pair(dwarf, _per_frame(d, "warm_wall")),
-                         f"{_num(equal / ours_v)}×" if equal and ours_v else "–",
-                         f"{_num(dwarf / ours_v)}×" if dwarf and ours_v else "–",
-                         _task_ratio(e, o), _task_ratio(d, o)))
-        drgn_equal[arch] = equal
-        vs = f"; drgn on equal inputs {_num(equal)} µs CPU, {_num(equal / warm)}× ours" if equal and warm else \
-            ("; no drgn peer (drgn has no riscv unwinder)" if arch == "riscv" else "")
-        if warm is None:
-            goals.append(Goal(f"single-task warm, {arch}", f"≤ {_num(TARGET_WARM_US)} µs/frame", "not measured",
-                              "–", "not measured: speed_peer.json has no corpus run"))
-        else:
-            wall = _per_frame(c, "warm_wall")
-            goals.append(Goal(f"single-task warm, {arch}", f"≤ {_num(TARGET_WARM_US)} µs/frame (CPU), "
-                              "Session.replay, call-site check on",
-                              f"{_pair(warm, wall)} ({c[0]['tasks']:,} tasks, {c[0]['frames']:,} frames{vs})",
-                              f"{_num(warm / TARGET_WARM_US)}× the budget",
-                              _verdict(warm <= TARGET_WARM_US, warm / TARGET_WARM_US)))
-        if fresh is not None and warm is not None:
-            extra = fresh - warm
-            goals.append(Goal(f"single-task fresh Session, {arch}", f"≤ warm + {_num(TARGET_FRESH_EXTRA_US)} µs/frame",
-                              f"{_pair(fresh, _per_frame(c, 'fresh_wall'))}: warm + {_num(extra)} µs",
-                              f"{_num(extra / TARGET_FRESH_EXTRA_US)}× the allowance",
-                              _verdict(extra <= TARGET_FRESH_EXTRA_US, extra / TARGET_FRESH_EXTRA_US)))
-    for arch in ARCH_ORDER:
-        target = TARGET_BATCH_FRAMES[arch]
-        name, goal = f"batch replay, {arch}", f"≥ {_num(target / 1e6)} M frames/s (CPU) including set-up"
-        b = (batch or {}).get("ours", {}).get(arch, [])
-        if not b:
-            goals.append(Goal(name, goal, "not measured", "–", "not measured: no batch_replay.json run"))
-            continue
-        rate = _median(r["batched_frames"] / r["fresh"] for r in b if r.get("fresh"))
-        warm_rate = _median(r["batched_frames"] / r["warm"] for r in b if r.get("warm"))
-        share = b[0]["batched_tasks"] / b[0]["tasks"] if b[0]["tasks"] else 0
-        vs = ""
-        if drgn_equal.get(arch):
-            vs = f"; {_num(rate * drgn_equal[arch] / 1e6)}× drgn's frames/s on equal inputs"
-        goals.append(Goal(name, goal, f"{_rate(rate).replace('/s', ' frames/s')} fresh (sessions just opened), "
-                          f"{_rate(warm_rate).replace('/s', ' frames/s')} warm; {share:.0%} of "
-                          f"{b[0]['tasks']:,} tasks in lockstep{vs}", f"{_num(rate / target)}× the target",
-                          _verdict(rate >= target, target / rate)))
+def _times(x: float | None, y: float | None) -> str:
+    """``x / y`` as ``N×``, or a dash."""
+    return f"{_num(x / y)}×" if x and y else "–"
+
+
+@dataclass
+class PeerArch:
+    """speed_peer.py on one arch's peer vmcores: each side's rounds, summed over the vmcores."""
+
+    arch: str
+    sides: dict[str, list[dict[str, Any]]]
+    #: per vmcore: the kernel pcs of ours against each drgn mode, and a few traces
+    checks: dict[str, dict[str, Any]]
+    left_out: dict[str, Any]
+
+    def frame(self, side: str, wall: bool = False) -> float | None:
+        """µs per kernel frame over the kernel-only tasks (no side walked a user frame of them)."""
+        return _per(self.sides.get(side, []), "k_warm_wall" if wall else "k_warm", "k_frames")
+
+    def task(self, side: str) -> float | None:
+        """CPU µs per task over every task (drgn's walk on into user frames included)."""
+        return _per(self.sides.get(side, []), "warm", "tasks")
+
+    def first(self, side: str, key: str) -> Any:
+        """``key`` of ``side``'s first round (counts are the same every round)."""
+        runs = self.sides.get(side) or [{}]
+        return runs[0].get(key, 0)
+
+
+def peer_archs(peer: dict[str, Any] | None) -> dict[str, PeerArch]:
+    """The peer figures of speed_peer.py's JSON, per arch."""
+    out: dict[str, PeerArch] = {}
+    for arch, by_core in ((peer or {}).get("peer") or {}).items():
+        sides = {}
+        for side in _PEER_SIDES:
+            per_core = [runs.get(side, []) for runs in by_core.values()]
+            n = min(map(len, per_core)) if per_core else 0
+            sides[side] = [{k: sum(r[i].get(k, 0) for r in per_core) for k in _PEER_SUMMED} for i in range(n)]
+        out[arch] = PeerArch(arch, sides, {c: v for c, v in (peer or {}).get("validation", {}).items() if c in by_core},
+                             {c: v for c, v in (peer or {}).get("left_out", {}).items() if c in by_core})
+    return out
+
+
+def _single_goals(arch: str, corpus: list[dict[str, Any]], p: PeerArch | None) -> list[Goal]:
+    """The single-task targets of ``arch``: warm and fresh Session, per frame."""
+    fresh, warm = _per(corpus, "fresh"), _per(corpus, "warm")
+    name = f"single-task warm, {arch}"
+    goal = f"≤ {_num(TARGET_WARM_US)} µs/frame (CPU), Session.replay, call-site check on"
+    if warm is None:
+        return [Goal(name, goal, "not measured", "–", "not measured: speed_peer.json has no corpus run")]
+    if p is not None and p.frame("drgn equal"):
+        ours, drgn = p.frame("ours"), p.frame("drgn equal")
+        vs = (f"{_times(ours, drgn)} drgn's time per frame (same {p.first('ours', 'k_tasks')} tasks: ours "
+              f"{_num(ours or 0)}, drgn {_num(drgn or 0)} µs)")
+    else:
+        vs = "no drgn peer (drgn has no riscv unwinder)" if arch == "riscv" else "not measured"
+    goals = [Goal(name, goal, f"{_pair(warm, _per(corpus, 'warm_wall'))} ({corpus[0]['tasks']:,} tasks, "
+                  f"{corpus[0]['frames']:,} frames)", f"{_num(warm / TARGET_WARM_US)}× the budget",
+                  _verdict(warm <= TARGET_WARM_US, warm / TARGET_WARM_US), vs)]
+    if fresh is not None:
+        extra = fresh - warm
+        goals.append(Goal(f"single-task fresh Session, {arch}", f"≤ warm + {_num(TARGET_FRESH_EXTRA_US)} µs/frame",
+                          f"{_pair(fresh, _per(corpus, 'fresh_wall'))}: warm + {_num(extra)} µs",
+                          f"{_num(extra / TARGET_FRESH_EXTRA_US)}× the allowance",
+                          _verdict(extra <= TARGET_FRESH_EXTRA_US, extra / TARGET_FRESH_EXTRA_US),
+                          "– (a drgn Program keeps nothing per task to start afresh: see the warm row)"))
+    return goals
+
+
+def _batch_goal(arch: str, batch: dict[str, Any] | None) -> Goal:
+    """The batch target of ``arch``: frames per CPU second including set-up."""
+    target = TARGET_BATCH_FRAMES[arch]
+    name, goal = f"batch replay, {arch}", f"≥ {_num(target / 1e6)} M frames/s (CPU) including set-up"
+    b = (batch or {}).get("ours", {}).get(arch, [])
+    if not b:
+        return Goal(name, goal, "not measured", "–", "not measured: no batch_replay.json run")
+    rate = _median(r["batched_frames"] / r["fresh"] for r in b if r.get("fresh"))
+    warm_rate = _median(r["batched_frames"] / r["warm"] for r in b if r.get("warm"))
+    share = b[0]["batched_tasks"] / b[0]["tasks"] if b[0]["tasks"] else 0
+    peer = (batch or {}).get("peer", {})
+    mine, drgn = peer.get(f"{arch} ours", []), peer.get(f"{arch} drgn", [])
+    vs = "no drgn peer (drgn has no riscv unwinder)" if arch == "riscv" else "not measured"
+    if mine and drgn:
+        ours_rate = _per(mine, "batched_frames", "warm", 1.0)
+        drgn_rate = _per(drgn, "k_frames", "k_warm", 1.0)
+        vs = (f"{_times(ours_rate, drgn_rate)} drgn's frames/s (the vmcores' tasks, warm: "
+              f"{_rate(ours_rate or 0)} against {_rate(drgn_rate or 0)})")
+    return Goal(name, goal, f"{_rate(rate).replace('/s', ' frames/s')} fresh (sessions just opened), "
+                f"{_rate(warm_rate).replace('/s', ' frames/s')} warm; {share:.0%} of {b[0]['tasks']:,} tasks "
+                "in lockstep", f"{_num(rate / target)}× the target", _verdict(rate >= target, target / rate), vs)
+
+
+def _startup_goals(start: dict[str, Any] | None) -> list[Goal]:
+    """The start-up target per arch: a warm ``unwind replay DUMP``, wall."""
+    goals = []
     drgn_load = {c["arch"]: c for c in (start or {}).get("commands", [])
                  if str(c.get("name", "")).startswith("drgn load") and "wall_ms" in c}
     for c in (start or {}).get("commands", []):
@@ -550,30 +565,126 @@ def speed_lines(folder: Path) -> list[str]:
             continue
         arch, wall, cpu = c["arch"], c["wall_ms"], c["cpu_ms"]
         peer_c = drgn_load.get(arch)
-        vs = (f"; drgn importing and loading the same stop + image {_num(peer_c['wall_ms'])} ms wall / "
-              f"{_num(peer_c['cpu_ms'])} ms CPU") if peer_c else ""
+        vs = (f"{_num(wall / peer_c['wall_ms'])}× drgn's wall ({_num(peer_c['wall_ms'])} ms wall / "
+              f"{_num(peer_c['cpu_ms'])} ms CPU to import drgn and load the same stop + image)") if peer_c else \
+            ("no drgn peer (drgn has no riscv unwinder)" if arch == "riscv" else "not measured")
         met = wall <= TARGET_STARTUP_MS and (peer_c is None or wall <= peer_c["wall_ms"])
         goals.append(Goal(f"warm `unwind replay DUMP`, {arch}", f"≤ {_num(TARGET_STARTUP_MS)} ms wall and ≤ drgn's load",
-                          f"{_num(wall)} ms wall / {_num(cpu)} ms CPU{vs}",
-                          f"{_num(wall / TARGET_STARTUP_MS)}× the budget"
-                          + (f", {_num(wall / peer_c['wall_ms'])}× drgn" if peer_c else ""),
-                          _verdict(met, max(wall / TARGET_STARTUP_MS, wall / peer_c["wall_ms"] if peer_c else 0))))
-    L += _table(("target", "goal", "measured", "ratio", "verdict"),
-                ((g.name, g.goal, g.measured, g.ratio, g.verdict) for g in goals))
-    if rows:
-        L += ["", "### Per frame against drgn, same tasks of the same vmcores", ""]
-        L.append("drgn 0.3.0 `stack_trace` on equal inputs (the debug vmlinux of the same build-id stripped of "
-                 "its CFI: ORC on x86-64, frame pointers on arm64) and, second, with DWARF CFI from the full "
-                 "debug vmlinux (drgn's default); ours with the committed slim image. Warm, the fastest of the "
-                 "passes in each child; each side's time divided by its own frames (drgn's inline frames not "
-                 "counted).")
-        L.append("")
-        L.append("drgn walks on past the kernel's end into user frames where it can, so the frame counts "
-                 "differ where the tasks are the same; the per-task ratios compare the same tasks whole.")
-        L.append("")
-        L += _table(("arch", "tasks ours / drgn", "frames ours / drgn", "ours", "drgn, equal inputs (ORC / FP)",
-                     "drgn, DWARF (full vmlinux)", "drgn equal / ours per frame", "drgn DWARF / ours per frame",
-                     "drgn equal / ours per task", "drgn DWARF / ours per task"), rows)
+                          f"{_num(wall)} ms wall / {_num(cpu)} ms CPU", f"{_num(wall / TARGET_STARTUP_MS)}× the budget",
+                          _verdict(met, max(wall / TARGET_STARTUP_MS, wall / peer_c["wall_ms"] if peer_c else 0)), vs))
+    return goals
+
+
+def speed_goals(folder: Path) -> list[Goal]:
+    """Every issue-14 target with its measured value, from the scripts' JSON in ``folder``."""
+    peer, batch, start = (_load_json(folder / n) for n in ("speed_peer.json", "batch_replay.json", "startup.json"))
+    if peer is None and batch is None and start is None:
+        return []
+    runs = (peer or {}).get("runs", {})
+    archs = peer_archs(peer)
+    goals: list[Goal] = []
+    for arch in ARCH_ORDER:
+        goals += _single_goals(arch, runs.get(f"{arch} corpus", []), archs.get(arch))
+    goals += [_batch_goal(arch, batch) for arch in ARCH_ORDER]
+    return goals + _startup_goals(start)
+
+
+def _load_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _peer_lines(archs: dict[str, PeerArch], rounds: Any) -> list[str]:
+    """The per-frame and per-task comparison with drgn, its validation and a few traces."""
+    L = ["", "### Against drgn, same tasks of the same vmcores", ""]
+    L.append(f"`benches/speed_peer.py`, {rounds} rounds. drgn 0.3.0 `stack_trace` **on equal inputs**: its only "
+             "kernel file is the same slim image ours reads (ELF symbols, ORC on x86-64, no CFI, no DWARF), so "
+             "it unwinds by ORC on x86-64 and by frame pointers on arm64 and looks nothing up per frame; the few "
+             "task layouts `stack_trace` reads are copied in from the debug vmlinux by a type finder "
+             "(`benches/benchkit.py` `DRGN_CHILD`). **drgn with DWARF**: the full debug vmlinux, as a user runs "
+             "it: DWARF CFI, and every frame's inline scopes looked up in `.debug_info`, which is where its "
+             "time goes (with the CFI removed but `.debug_info` kept it costs the same). Ours: "
+             "`Session.replay(task, Options(), symbolize=False)` with the committed slim image. Every side in "
+             "fresh child processes interleaved round by round, warm (one untimed walk first), fastest of the "
+             "passes per child, median over rounds.")
+    L.append("")
+    L.append("Frames are counted alike on both sides: real frames (not drgn's inline ones) before the first pc "
+             "outside the kernel half of the address space. drgn walks on into the user frames of a task that "
+             "entered from user space (on x86-64 through whatever the user stack holds, up to its 1,024-frame "
+             "limit), and that time is inside its `stack_trace`: so the per-frame figures are over the "
+             "**kernel-only tasks** (no side walked a user frame of them), the per-task figures over **every "
+             "task**, user frames included. The tasks are those drgn walks in both modes within 64 kernel "
+             "frames (drgn's DWARF unwinder loops on some arm64 stacks).")
+    L.append("")
+    rows = []
+    for arch in (a for a in ARCH_ORDER if a in archs):
+        p = archs[arch]
+        rows.append((arch, f"{p.first('ours', 'k_tasks')} of {p.first('ours', 'tasks')}",
+                     f"{p.first('ours', 'k_frames')} / {p.first('drgn equal', 'k_frames')}",
+                     _pair(p.frame("ours"), p.frame("ours", True)),
+                     _pair(p.frame("drgn equal"), p.frame("drgn equal", True)),
+                     _pair(p.frame("drgn dwarf"), p.frame("drgn dwarf", True)),
+                     _times(p.frame("drgn equal"), p.frame("ours")), _times(p.frame("drgn dwarf"), p.frame("ours"))))
+    L.append("Per kernel frame, kernel-only tasks:")
+    L.append("")
+    L += _table(("arch", "tasks", "frames ours / drgn", "ours", "drgn, equal inputs (ORC / FP)",
+                 "drgn, DWARF (full vmlinux)", "drgn equal ÷ ours", "drgn DWARF ÷ ours"), rows)
+    rows = []
+    for arch in (a for a in ARCH_ORDER if a in archs):
+        p = archs[arch]
+        rows.append((arch, str(p.first("ours", "tasks")),
+                     f"{p.first('ours', 'frames')} / {p.first('drgn equal', 'frames')} + "
+                     f"{p.first('drgn equal', 'user_frames'):,} user",
+                     *(f"{_num(v)} µs" if v else "–" for v in (p.task("ours"), p.task("drgn equal"), p.task("drgn dwarf"))),
+                     _times(p.task("drgn equal"), p.task("ours")), _times(p.task("drgn dwarf"), p.task("ours"))))
+    L += ["", "Per task (CPU), every task:", ""]
+    L += _table(("arch", "tasks", "kernel frames ours / drgn (+ drgn's user frames)", "ours", "drgn, equal inputs",
+                 "drgn, DWARF", "drgn equal ÷ ours", "drgn DWARF ÷ ours"), rows)
+    L += ["", "Validation: the kernel pcs of each task, ours against drgn's (first round):", ""]
+    for arch in (a for a in ARCH_ORDER if a in archs):
+        for core, c in archs[arch].checks.items():
+            L.append(f"- `{core}`: the same pcs as drgn on equal inputs on {c['drgn equal']['same']} of "
+                     f"{c['drgn equal']['compared']} tasks, as drgn with DWARF on {c['drgn dwarf']['same']} of "
+                     f"{c['drgn dwarf']['compared']}; left out: {_left_out(archs[arch].left_out.get(core))}")
+    for arch in (a for a in ARCH_ORDER if a in archs):
+        for core, c in archs[arch].checks.items():
+            shown = c.get("samples", [])[:1] + c["drgn equal"].get("differ", [])[:1]
+            for s in shown:
+                L += ["", f"`{core}` task {s['task']} (pid, cpu when running): ours | drgn on equal inputs", "", "```"]
+                for i in range(max(len(s["ours"]), len(s["drgn"]))):
+                    L.append(f"{s['ours'][i] if i < len(s['ours']) else '':<50} "
+                             f"{s['drgn'][i] if i < len(s['drgn']) else ''}".rstrip())
+                L.append("```")
+    return L
+
+
+def _left_out(why: Any) -> str:
+    if isinstance(why, dict):
+        parts = [f"{n} ({k})" for k, n in why.items() if n]
+        return ", ".join(parts) or "none"
+    return str(why or "none")
+
+
+def speed_lines(folder: Path) -> list[str]:
+    """The issue-14 headline: targets and the drgn comparison, from the scripts' JSON in ``folder``."""
+    goals = speed_goals(folder)
+    if not goals:
+        return []
+    peer, start, prof = (_load_json(folder / n) for n in ("speed_peer.json", "startup.json", "profile.json"))
+    L = ["## Issue 14: speed against drgn on equal inputs", ""]
+    L.append("Measured by `benches/speed_peer.py`, `benches/batch_replay.py` and `benches/startup.py` (their "
+             "JSON beside this report), each in fresh child processes interleaved round by round, so load "
+             "from other processes falls on every side alike; medians over rounds. CPU time is the "
+             "figure to read on this shared machine; wall time is given beside it. The drgn column is "
+             "measured on the same tasks of the same vmcores, in the same run (below).")
+    L.append("")
+    L += _table(("target", "goal", "measured", "ratio to the goal", "against drgn (equal inputs)", "verdict"),
+                ((g.name, g.goal, g.measured, g.ratio, g.drgn, g.verdict) for g in goals))
+    archs = peer_archs(peer)
+    if archs:
+        L += _peer_lines(archs, (peer or {}).get("rounds"))
     if start:
         L += ["", "### Start-up", ""]
         L.append(f"`benches/startup.py`: {start.get('rounds')} rounds, every command a fresh process with warm "
@@ -584,7 +695,26 @@ def speed_lines(folder: Path) -> list[str]:
                     ((c["arch"], c["name"], _num(c["wall_ms"]) if "wall_ms" in c else "failed",
                       _num(c["cpu_ms"]) if "cpu_ms" in c else str(c.get("failed")))
                      for c in start.get("commands", [])))
+    if prof:
+        L += profile_lines(prof)
     L.append("")
+    return L
+
+
+def profile_lines(prof: dict[str, Any]) -> list[str]:
+    """Where a warm single-task replay spends its time, per arch (benches/profile_replay.py's JSON)."""
+    L = ["", "### Where the time goes: a warm single-task replay, profiled", ""]
+    L.append(f"`benches/profile_replay.py`: cProfile of one warm pass of `Session.replay(task, Options(), "
+             f"symbolize=False)` over every corpus task of the arch (after {prof.get('warm_passes', 1)} untimed "
+             "pass), the functions with the largest cumulative time, as shares of the pass (cProfile's own "
+             "overhead inflates calls that are many and short).")
+    for arch in (a for a in ARCH_ORDER if a in prof.get("arches", {})):
+        p = prof["arches"][arch]
+        L += ["", f"{arch}: {p['tasks']:,} tasks, {p['frames']:,} frames, {_num(p['total'] * 1e3)} ms profiled "
+              f"({_num(p['total'] / p['frames'] * 1e6)} µs/frame under the profiler)", ""]
+        L += _table(("function", "calls", "calls/frame", "cumulative", "own"),
+                    ((f"`{r['function']}`", f"{r['calls']:,}", _num(r['calls'] / p['frames'], 2),
+                      f"{r['cumulative'] / p['total']:.0%}", f"{r['own'] / p['total']:.0%}") for r in p["top"]))
     return L
 
 
@@ -595,9 +725,9 @@ def run_speed_scripts(benches: Path, out: Path, drgn_python: str | None, rounds:
         if not path.is_file():
             print(f"unwind bench: {script} not found: its rows are not measured", file=sys.stderr)
             continue
-        cmd = [sys.executable, str(path), "--rounds", str(rounds), "--json", str((out / name).resolve())]
-        if drgn_python:
-            cmd += ["--drgn-python", drgn_python]
+        cmd = [sys.executable, str(path), "--json", str((out / name).resolve())]
+        if script != "profile_replay.py":  # a profile is one pass, and drgn is not profiled
+            cmd += ["--rounds", str(rounds)] + (["--drgn-python", drgn_python] if drgn_python else [])
         print(f"unwind bench: {' '.join(cmd)}", file=sys.stderr, flush=True)
         subprocess.run(cmd, cwd=benches, stdout=sys.stderr)
 
@@ -983,7 +1113,7 @@ def _bench(args: argparse.Namespace) -> int:
         source = f"`unwind bench --report {args.report}{flags}`"
     path = write_report(results, out, source)
     print(f"unwind bench: wrote {path}", file=sys.stderr)
-    for t in targets(results):
+    for t in speed_goals(out) + targets(results):
         print(f"  {t.name}: {t.measured} [{t.ratio}] {t.verdict}", file=sys.stderr)
     return 1 if status not in (0, 5) else 0
 
