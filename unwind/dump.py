@@ -24,7 +24,7 @@ from elftools.elf.elffile import ELFFile
 
 from . import elfcore, registry
 from .memory import Memory, Segment
-from .note import U64_MAX, Note, NoteError, TaskNote, note_bytes, parse_note, validate_note
+from .note import TASK_KEYS, U64_MAX, Note, NoteError, note_bytes, parse_note, validate_note
 from .stackinfo import StackInfo
 from .target import FgraphEntry, KretprobeInstance, Task
 
@@ -221,13 +221,13 @@ class Dump:
             raise DumpError(f"{self.path}: {e}") from None
         self.meta: dict[str, Any] = parse_note(meta_raw.rstrip(b"\0"))
         self.note: Note = validate_note(self.meta, self.backend.context_keys, self._warn)
-        if self.note.arch != self.arch:
-            raise DumpError(f"{self.path}: note says arch {self.note.arch} but the ELF machine is {self.arch}")
+        if self.note["arch"] != self.arch:
+            raise DumpError(f"{self.path}: note says arch {self.note['arch']} but the ELF machine is {self.arch}")
         from .vmcore.vmcoreinfo import VmcoreInfo  # not at the top: unwind.vmcore imports DumpError from here
 
         self.vmcoreinfo: dict[str, str] = dict(VmcoreInfo.parse(self.vmcoreinfo_text).checked(self._warn))
         self.cpus: list[CpuState] = self._cpus(prstatus)
-        self._tasks: list[Task] = [self._task(t) for t in self.note.tasks]
+        self._tasks: list[Task] = [self._task(t) for t in self.note["tasks"]]
         self._tasks.sort(key=lambda t: (t.cpu is None, t.cpu if t.cpu is not None else 0))
 
     def _elf_header(self, data: bytes) -> ELFFile:
@@ -257,24 +257,24 @@ class Dump:
     def _cpus(self, prstatus: list[bytes]) -> list[CpuState]:
         names = self.backend.prstatus_regs
         layout = elfcore.elf_prstatus(len(names))
-        cpu_meta = {c.cpu: c for c in self.note.cpus}
+        cpu_meta = {c["cpu"]: c for c in self.note["cpus"]}
         cpus = []
         for i, raw in enumerate(prstatus):
             if len(raw) < layout.sizeof():
                 raise DumpError(f"{self.path}: NT_PRSTATUS {i} is {len(raw)} bytes, expected {layout.sizeof()}")
             pr = layout.parse(raw)
-            cm = cpu_meta.get(i)
-            normalised = cm.normalised if cm is not None else None
+            cm = cpu_meta.get(i, {})
+            normalised = cm.get("normalised")
             cpus.append(CpuState(
-                cpu=i, regs=dict(zip(names, pr.pr_reg)), pid=cm.pid if cm else None,
-                mode=cm.mode if cm else "kernel", sysregs=dict(cm.sysregs) if cm and cm.sysregs else None,
+                cpu=i, regs=dict(zip(names, pr.pr_reg)), pid=cm.get("pid"), mode=cm.get("mode", "kernel"),
+                sysregs=dict(cm["sysregs"]) if cm.get("sysregs") else None,
                 normalised=normalised if isinstance(normalised, str) else None))
         return cpus
 
     @property
     def build_id(self) -> str | None:
         """The build-id of the kernel image the dump was taken from."""
-        return self.note.build_id
+        return self.note["build_id"]
 
     @property
     def release(self) -> str | None:
@@ -285,17 +285,17 @@ class Dump:
         """Every task in the dump, running ones first in CPU order (built once, at open)."""
         return [copy.copy(t) for t in self._tasks]
 
-    def _task(self, t: TaskNote) -> Task:
-        pid, cpu = t.pid, t.cpu
+    def _task(self, t: Note) -> Task:
+        pid, cpu, task_struct = t["pid"], t["cpu"], t["task"]
         usable: list[StackInfo] = []
-        for s in self.note.stacks:
-            info = StackInfo(s.low, s.high, s.kind, s.cpu)
-            if s.task is not None and t.task is not None:  # by task_struct: idle tasks share pid 0
-                if s.task == t.task:
+        for s in self.note["stacks"]:
+            info = StackInfo(s["low"], s["high"], s["kind"], s["cpu"])
+            if s["task"] is not None and task_struct is not None:  # by task_struct: idle tasks share pid 0
+                if s["task"] == task_struct:
                     usable.append(info)
-            elif s.pid is not None and s.pid == pid and (s.cpu is None or s.cpu == cpu):
+            elif s["pid"] is not None and s["pid"] == pid and (s["cpu"] is None or s["cpu"] == cpu):
                 usable.append(info)
-            elif cpu is not None and s.pid is None and s.cpu == cpu:
+            elif cpu is not None and s["pid"] is None and s["cpu"] == cpu:
                 usable.append(info)  # per-CPU stacks: only for the task running on that CPU
         regs = None
         if cpu is not None:
@@ -303,12 +303,13 @@ class Dump:
                 raise DumpError(f"{self.path}: task {pid} runs on cpu{cpu}, which has no NT_PRSTATUS")
             regs = dict(self.cpus[cpu].regs)
         return Task(
-            pid=pid, comm=t.comm, state=t.state, cpu=cpu, regs=regs,
-            context=dict(t.context) if t.context else None, stacks=usable,
-            fgraph=[FgraphEntry(e.ret, e.retp, e.func, e.fp) for e in t.fgraph],
-            kretprobes=[KretprobeInstance(e.ret, e.fp) for e in t.kretprobes],
-            user_regs=dict(t.user_regs) if t.user_regs else None,
-            extra={**(t.model_extra or {}), **({"task": f"{t.task:#x}"} if t.task is not None else {})},
+            pid=pid, comm=t["comm"], state=t["state"], cpu=cpu, regs=regs,
+            context=dict(t["context"]) if t["context"] else None, stacks=usable,
+            fgraph=[FgraphEntry(e["ret"], e["retp"], e["func"], e["fp"]) for e in t["fgraph"]],
+            kretprobes=[KretprobeInstance(e["ret"], e["fp"]) for e in t["kretprobes"]],
+            user_regs=dict(t["user_regs"]) if t["user_regs"] else None,
+            extra={**{k: v for k, v in t.items() if k not in TASK_KEYS},
+                   **({"task": f"{task_struct:#x}"} if task_struct is not None else {})},
         )
 
     def task_memory(self, task: Task) -> Memory:

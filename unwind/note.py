@@ -1,7 +1,7 @@
 """The schema of the dump's ``UNWIND`` JSON note, declared once (``docs/dump-format.md``).
 
 The writer (:class:`unwind.dump.DumpWriter`) and the reader (:class:`unwind.dump.Dump`)
-share these pydantic models. The reader validates the whole note when a dump is opened:
+share this schema. The reader validates the whole note when a dump is opened:
 
 - a violation of a key the walk needs (stacks, tasks, their contexts, fgraph and kretprobe
   entries, cpus) is fatal: :func:`validate_note` raises :class:`NoteError` naming the key
@@ -10,19 +10,23 @@ share these pydantic models. The reader validates the whole note when a dump is 
   from the note, with a warning, and validation runs again on what is left.
 
 Addresses and register values are u64 hex strings (``"0x..."``, 1 to 16 digits), as the
-writer stores them, so every consumer of the note may ``int(value, 16)`` them. pydantic was chosen over hand-written checks for
-the key-path errors it reports for the whole note at once and its typed, strict fields.
+writer stores them, so every consumer of the note may ``int(value, 16)`` them.
+
+The schema is pydantic's validation core (``pydantic_core``) declared directly: one object
+schema per part of the note, strict, with the key-path errors of the whole note at once. The
+validated note is plain dicts and lists (addresses as ints, absent optional keys filled in with
+their defaults, undeclared keys kept). pydantic's model classes over the same core cost a warm
+``unwind replay`` 100 ms of imports and class building; this costs 20 (``docs/dump-format.md``).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, Callable, Iterable, Literal, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, \
-    field_validator, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, SchemaValidator, ValidationError
+from pydantic_core import core_schema as cs
 
 U64_MAX = 2**64 - 1
 #: the largest stack range a note may declare: 16x the largest THREAD_SIZE any of the three arches
@@ -39,6 +43,9 @@ MAX_PID = 4 * 1024 * 1024
 MAX_STRUCT_BYTES = 1024 * 1024
 #: a module region (the largest modules' text is a few MiB)
 MAX_MODULE_BYTES = 1 << 30
+
+#: the validated note (and each part of it): JSON objects as dicts, addresses as ints
+Note = dict[str, Any]
 
 
 class NoteError(ValueError):
@@ -65,25 +72,6 @@ def _offset(v: Any) -> int:
     raise PydanticCustomError("offset", "not a struct offset (an integer or hex string below 1 MiB)")
 
 
-U64 = Annotated[int, BeforeValidator(_u64)]
-Int = Annotated[int, Field(strict=True)]
-Cpu = Annotated[int, Field(strict=True, ge=0, le=MAX_CPU)]
-Pid = Annotated[int, Field(strict=True, ge=0, le=MAX_PID)]
-#: names and keys: at most KSYM_NAME_LEN (512) characters, as kallsyms names are
-Name = Annotated[str, Field(strict=True, max_length=512)]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
-
-
-class Kernel(_Model):
-    """``kernel``: the release and an optional generation override."""
-
-    release: Name | None = None
-    generation: Name | None = None
-
-
 def _normalised(v: Any) -> Any:
     """How the capture normalised a CPU's registers: text, or an object of text."""
     if v is None or isinstance(v, str):
@@ -93,186 +81,171 @@ def _normalised(v: Any) -> Any:
     raise PydanticCustomError("normalised", "not a string or an object of strings")
 
 
-class CpuNote(_Model):
-    """``cpus[]``: what the capture knew of one CPU."""
-
-    cpu: Cpu
-    pid: Pid | None = None
-    mode: Literal["kernel", "user", "firmware"] = "kernel"
-    sysregs: dict[Name, U64] | None = None
-    normalised: Annotated[Any, BeforeValidator(_normalised)] = None
-    current: U64 | None = None
-    current_from: Name | None = None
-    hit: bool | None = None
-
-
-class StackNote(_Model):
-    """``stacks[]``: a typed stack range ``[low, high)``."""
-
-    kind: Name
-    low: U64
-    high: U64
-    cpu: Cpu | None = None
-    pid: Pid | None = None
-    #: the task_struct of the task whose stack this is (ties it to its task where pids collide)
-    task: U64 | None = None
-
-    @model_validator(mode="after")
-    def _range(self) -> "StackNote":
-        if not self.low < self.high:
-            raise PydanticCustomError("range", f"low {self.low:#x} is not below high {self.high:#x}")
-        if self.high - self.low > MAX_STACK_BYTES:
-            raise PydanticCustomError("range", f"{self.high - self.low:#x} bytes is larger than any kernel "
-                                      f"stack (at most {MAX_STACK_BYTES:#x})")
-        return self
-
-
-class FgraphNote(_Model):
-    """``tasks[].fgraph[]``: one function-graph return-stack entry."""
-
-    ret: U64
-    retp: U64
-    func: U64 = 0
-    fp: U64 = 0
-
-
-class KretprobeNote(_Model):
-    """``tasks[].kretprobes[]``: one kretprobe/rethook instance."""
-
-    ret: U64
-    fp: U64
-
-
-class TaskNote(_Model):
-    """``tasks[]``: one task; keys not declared here reach the backend as ``Task.extra``."""
-
-    pid: Pid | None = None
-    comm: Annotated[str, Field(strict=True, max_length=64)] = "?"
-    state: Annotated[str, Field(strict=True, max_length=64)] = ""
-    cpu: Cpu | None = None
-    context: dict[Name, U64] | None = None
-    fgraph: list[FgraphNote] = []
-    kretprobes: list[KretprobeNote] = []
-    user_regs: dict[Name, U64] | None = None
-    #: the task_struct address
-    task: U64 | None = None
-
-    @field_validator("context")
-    @classmethod
-    def _context_keys(cls, v: dict[str, int] | None, info: ValidationInfo) -> dict[str, int] | None:
-        """The arch's saved-context keys only; any other key is dropped with a warning."""
-        allowed = (info.context or {}).get("context_keys")
-        if v is None or allowed is None:
-            return v
-        unknown = sorted(k for k in v if k not in allowed)
-        if unknown:
-            (info.context or {}).setdefault("unknown", []).append(unknown)
-            v = {k: x for k, x in v.items() if k in allowed}
-        return v
-
-
-class Trampoline(_Model):
-    """``ftrace_trampolines[]``: a dynamic ftrace trampoline (x86-64 ``orc_ftrace_find``)."""
-
-    addr: U64
-    size: Annotated[int, Field(strict=True, gt=0, le=MAX_TRAMPOLINE_BYTES)]
-    ops: U64 | None = None
-    save_regs: bool = False
-
-
-class PtRegsCrossing(_Model):
-    """``oracles[].pt_regs[]``: a pt_regs the kernel's printout crossed."""
-
-    after: Annotated[int, Field(strict=True, ge=0)]
-    pc: U64
-
-
-class Oracle(_Model):
-    """``oracles[]``: an independent trace of one task."""
-
-    source: Name
-    pid: Pid | None = None
-    cpu: Cpu | None = None
-    frames: list[U64] = []
-    text: str | None = None
-    unreliable: list[U64] = []
-    pt_regs: list[PtRegsCrossing] = []
-
-
-class ExcludedOracle(_Model):
-    """``oracles_excluded[]``: a trace left out of comparison (``stale``, ``why``), kept as the capture
-    read it: a frame the capture could not resolve stays the ``symbol+off`` text the kernel printed."""
-
-    source: Name
-    pid: Pid | None = None
-    cpu: Cpu | None = None
-    frames: list[Name] = []
-    text: str | None = None
-    unreliable: list[Name] = []
-    stale: bool = True
-    why: str | None = None
-
-
-Offset = Annotated[int, BeforeValidator(_offset)]
-
-
-class StructOffsets(_Model):
-    """``offsets.<struct>``: a struct's size and member offsets from BTF (``unwind.layout.dump_layout``)."""
-
-    size: Offset | None = None
-    members: dict[Name, Offset] = {}
-
-
-class ModuleRegion(_Model):
-    """``modules[].regions[]``: one ``mod->mem[]`` (or ``core_layout``) region."""
-
-    kind: Name
-    base: U64
-    size: Annotated[int, Field(strict=True, ge=0, le=MAX_MODULE_BYTES)]
-
-
-class ModuleOrc(_Model):
-    """``modules[].orc``: x86-64 ``mod->arch.orc_unwind_ip/orc_unwind/num_orcs``."""
-
-    orc_unwind_ip: U64
-    orc_unwind: U64
-    num_orcs: Annotated[int, Field(strict=True, ge=0, le=MAX_MODULE_BYTES // 4)]
-    entry_size: Annotated[int, Field(strict=True, ge=1, le=64)]
-
-
 def _pair(v: Any) -> Any:
-    """A JSON ``[a, b]`` as the tuple a strict model wants."""
+    """A JSON ``[a, b]`` as the tuple a strict tuple wants."""
     return tuple(v) if isinstance(v, list) else v
 
 
-class ModuleNote(_Model):
-    """``modules[]``: a loaded module's regions, kallsyms and ORC tables."""
-
-    name: Name
-    addr: U64 | None = None
-    state: Int | None = None
-    regions: list[ModuleRegion] = []
-    symbols: list[Annotated[tuple[U64, Name], BeforeValidator(_pair)]] = []
-    orc: ModuleOrc | None = None
+U64 = cs.no_info_before_validator_function(_u64, cs.int_schema())
+OFFSET = cs.no_info_before_validator_function(_offset, cs.int_schema())
+CPU = cs.int_schema(ge=0, le=MAX_CPU)
+PID = cs.int_schema(ge=0, le=MAX_PID)
+#: names and keys: at most KSYM_NAME_LEN (512) characters, as kallsyms names are
+NAME = cs.str_schema(max_length=512)
 
 
-class Note(_Model):
-    """The whole ``UNWIND`` note."""
+#: every type is strict: ``"1"`` is no integer, ``true`` no integer, ``1`` no string
+_STRICT = cs.CoreConfig(strict=True)
 
-    format: Literal[1]
-    arch: Name
-    kernel: Kernel = Kernel()
-    build_id: Annotated[str, Field(strict=True, pattern=r"^[0-9a-f]{2,128}$")] | None = None
-    capture: dict[str, Any] = {}
-    cpus: list[CpuNote] = []
-    stacks: list[StackNote] = []
-    tasks: list[TaskNote] = []
-    symbols: dict[Name, U64] = {}
-    oracles: list[Oracle] = []
-    oracles_excluded: list[ExcludedOracle] = []
-    ftrace_trampolines: list[Trampoline] = []
-    offsets: dict[Name, StructOffsets] | None = None
-    modules: list[ModuleNote] = []
+
+def _obj(**fields: cs.TypedDictField) -> cs.TypedDictSchema:
+    """A JSON object with these keys (strict types); keys not declared are kept as they are."""
+    return cs.typed_dict_schema(fields, extra_behavior="allow", config=_STRICT)
+
+
+def _required(schema: cs.CoreSchema) -> cs.TypedDictField:
+    return cs.typed_dict_field(schema, required=True)
+
+
+def _default(schema: cs.CoreSchema, default: Any = None, factory: Callable[[], Any] | None = None) -> cs.TypedDictField:
+    """A key that may be absent: then ``default`` (or a new ``factory()``)."""
+    inner = (cs.with_default_schema(schema, default_factory=factory) if factory is not None
+             else cs.with_default_schema(schema, default=default))
+    return cs.typed_dict_field(inner, required=False)
+
+
+def _nullable(schema: cs.CoreSchema) -> cs.TypedDictField:
+    """A key that may be absent or ``null``: then ``None``."""
+    return _default(cs.nullable_schema(schema))
+
+
+def _list(item: cs.CoreSchema) -> cs.TypedDictField:
+    """A key holding an array, absent: empty."""
+    return _default(cs.list_schema(item), factory=list)
+
+
+# --- the parts of the note ----------------------------------------------------------------------
+
+#: ``kernel``: the release and an optional generation override
+KERNEL = _obj(release=_nullable(NAME), generation=_nullable(NAME))
+
+#: ``cpus[]``: what the capture knew of one CPU
+CPU_NOTE = _obj(
+    cpu=_required(CPU),
+    pid=_nullable(PID),
+    mode=_default(cs.literal_schema(["kernel", "user", "firmware"]), "kernel"),
+    sysregs=_nullable(cs.dict_schema(NAME, U64)),
+    normalised=_default(cs.no_info_before_validator_function(_normalised, cs.any_schema())),
+    current=_nullable(U64),
+    current_from=_nullable(NAME),
+    hit=_nullable(cs.bool_schema()),
+)
+
+
+def _stack_range(v: Note) -> Note:
+    """``stacks[]``: ``low < high``, and no larger than any kernel stack."""
+    if not v["low"] < v["high"]:
+        raise PydanticCustomError("range", f"low {v['low']:#x} is not below high {v['high']:#x}")
+    if v["high"] - v["low"] > MAX_STACK_BYTES:
+        raise PydanticCustomError("range", f"{v['high'] - v['low']:#x} bytes is larger than any kernel "
+                                  f"stack (at most {MAX_STACK_BYTES:#x})")
+    return v
+
+
+#: ``stacks[]``: a typed stack range ``[low, high)``; ``task`` is the task_struct of the task whose
+#: stack this is (it ties the stack to its task where pids collide)
+STACK_NOTE = cs.no_info_after_validator_function(_stack_range, _obj(
+    kind=_required(NAME), low=_required(U64), high=_required(U64), cpu=_nullable(CPU), pid=_nullable(PID),
+    task=_nullable(U64)))
+
+#: ``tasks[].fgraph[]``: one function-graph return-stack entry
+FGRAPH_NOTE = _obj(ret=_required(U64), retp=_required(U64), func=_default(U64, 0), fp=_default(U64, 0))
+
+#: ``tasks[].kretprobes[]``: one kretprobe/rethook instance
+KRETPROBE_NOTE = _obj(ret=_required(U64), fp=_required(U64))
+
+
+def _context_keys(v: dict[str, int] | None, info: cs.ValidationInfo) -> dict[str, int] | None:
+    """The arch's saved-context keys only; any other key is dropped with a warning."""
+    allowed = (info.context or {}).get("context_keys")
+    if v is None or allowed is None:
+        return v
+    unknown = sorted(k for k in v if k not in allowed)
+    if unknown:
+        (info.context or {}).setdefault("unknown", []).append(unknown)
+        v = {k: x for k, x in v.items() if k in allowed}
+    return v
+
+
+#: ``tasks[]``: one task (``task`` is its task_struct address); keys not declared here reach the
+#: backend as ``Task.extra``
+TASK_NOTE = _obj(
+    pid=_nullable(PID),
+    comm=_default(cs.str_schema(max_length=64), "?"),
+    state=_default(cs.str_schema(max_length=64), ""),
+    cpu=_nullable(CPU),
+    context=_default(cs.with_info_after_validator_function(_context_keys, cs.nullable_schema(cs.dict_schema(NAME, U64)))),
+    fgraph=_list(FGRAPH_NOTE),
+    kretprobes=_list(KRETPROBE_NOTE),
+    user_regs=_nullable(cs.dict_schema(NAME, U64)),
+    task=_nullable(U64),
+)
+#: the keys :data:`TASK_NOTE` declares
+TASK_KEYS = frozenset(TASK_NOTE["fields"])
+
+#: ``ftrace_trampolines[]``: a dynamic ftrace trampoline (x86-64 ``orc_ftrace_find``)
+TRAMPOLINE = _obj(addr=_required(U64), size=_required(cs.int_schema(gt=0, le=MAX_TRAMPOLINE_BYTES)),
+                  ops=_nullable(U64), save_regs=_default(cs.bool_schema(), False))
+
+#: ``oracles[].pt_regs[]``: a pt_regs the kernel's printout crossed
+PT_REGS_CROSSING = _obj(after=_required(cs.int_schema(ge=0)), pc=_required(U64))
+
+#: ``oracles[]``: an independent trace of one task
+ORACLE = _obj(source=_required(NAME), pid=_nullable(PID), cpu=_nullable(CPU), frames=_list(U64),
+              text=_nullable(cs.str_schema()), unreliable=_list(U64), pt_regs=_list(PT_REGS_CROSSING))
+
+#: ``oracles_excluded[]``: a trace left out of comparison (``stale``, ``why``), kept as the capture read
+#: it: a frame the capture could not resolve stays the ``symbol+off`` text the kernel printed
+EXCLUDED_ORACLE = _obj(source=_required(NAME), pid=_nullable(PID), cpu=_nullable(CPU), frames=_list(NAME),
+                       text=_nullable(cs.str_schema()), unreliable=_list(NAME),
+                       stale=_default(cs.bool_schema(), True), why=_nullable(cs.str_schema()))
+
+#: ``offsets.<struct>``: a struct's size and member offsets from BTF (``unwind.layout.dump_layout``)
+STRUCT_OFFSETS = _obj(size=_nullable(OFFSET), members=_default(cs.dict_schema(NAME, OFFSET), factory=dict))
+
+#: ``modules[].regions[]``: one ``mod->mem[]`` (or ``core_layout``) region
+MODULE_REGION = _obj(kind=_required(NAME), base=_required(U64),
+                     size=_required(cs.int_schema(ge=0, le=MAX_MODULE_BYTES)))
+
+#: ``modules[].orc``: x86-64 ``mod->arch.orc_unwind_ip/orc_unwind/num_orcs``
+MODULE_ORC = _obj(orc_unwind_ip=_required(U64), orc_unwind=_required(U64),
+                  num_orcs=_required(cs.int_schema(ge=0, le=MAX_MODULE_BYTES // 4)),
+                  entry_size=_required(cs.int_schema(ge=1, le=64)))
+
+#: ``modules[]``: a loaded module's regions, kallsyms and ORC tables
+MODULE_NOTE = _obj(name=_required(NAME), addr=_nullable(U64), state=_nullable(cs.int_schema()),
+                   regions=_list(MODULE_REGION),
+                   symbols=_list(cs.no_info_before_validator_function(_pair, cs.tuple_schema([U64, NAME]))),
+                   orc=_nullable(MODULE_ORC))
+
+#: the whole ``UNWIND`` note
+NOTE = _obj(
+    format=_required(cs.literal_schema([1])),
+    arch=_required(NAME),
+    kernel=_default(KERNEL, factory=lambda: {"release": None, "generation": None}),
+    build_id=_nullable(cs.str_schema(pattern=r"^[0-9a-f]{2,128}$")),
+    capture=_default(cs.dict_schema(cs.str_schema(), cs.any_schema()), factory=dict),
+    cpus=_list(CPU_NOTE),
+    stacks=_list(STACK_NOTE),
+    tasks=_list(TASK_NOTE),
+    symbols=_default(cs.dict_schema(NAME, U64), factory=dict),
+    oracles=_list(ORACLE),
+    oracles_excluded=_list(EXCLUDED_ORACLE),
+    ftrace_trampolines=_list(TRAMPOLINE),
+    offsets=_nullable(cs.dict_schema(NAME, STRUCT_OFFSETS)),
+    modules=_list(MODULE_NOTE),
+)
+_VALIDATOR = SchemaValidator(NOTE, _STRICT)
 
 
 # --- what may be dropped ------------------------------------------------------------------------
@@ -312,7 +285,7 @@ DROPPABLE: tuple[tuple[Any, ...], ...] = (
 _PASSES = 4
 
 _MESSAGES = {"int_type": "not an integer", "string_type": "not a string", "bool_type": "not a boolean",
-             "dict_type": "not an object", "model_type": "not an object", "list_type": "not an array",
+             "dict_type": "not an object", "list_type": "not an array",
              "missing": "missing", "none_required": "must be null"}
 
 
@@ -360,7 +333,7 @@ def validate_note(note: Any, context_keys: frozenset[str] | None = None,
     for _ in range(_PASSES):
         ctx: dict[str, Any] = {"context_keys": context_keys}
         try:
-            model = Note.model_validate(note, context=ctx)
+            valid: Note = _VALIDATOR.validate_python(note, context=ctx)
         except ValidationError as e:
             drops: dict[tuple[Any, ...], str] = {}
             for err in e.errors(include_url=False, include_context=False):
@@ -375,13 +348,13 @@ def validate_note(note: Any, context_keys: frozenset[str] | None = None,
             continue
         for keys in ctx.get("unknown", []):
             say(f"dropped saved-context keys {', '.join(keys)}: not this arch's")
-        return model
+        return valid
     raise NoteError("note: still malformed after dropping its malformed optional keys")
 
 
 def note_bytes(note: Mapping[str, Any]) -> bytes:
     """The note's JSON as the writer stores it (validated: the writer writes only good notes)."""
-    Note.model_validate(note)
+    _VALIDATOR.validate_python(note)
     return json.dumps(note, sort_keys=True, separators=(",", ":")).encode()
 
 
