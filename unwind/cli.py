@@ -15,7 +15,6 @@ import importlib
 import json
 import os
 import sys
-from importlib import metadata
 from typing import Callable, Sequence
 
 from .dump import DumpError
@@ -85,6 +84,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def version() -> str:
     """The installed distribution's version (the package's own when run from a checkout)."""
+    from importlib import metadata  # not at the top: it imports zipfile, email, ... (~15 ms)
+
     try:
         return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
