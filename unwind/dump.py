@@ -13,6 +13,7 @@ import copy
 import gzip
 import io
 import lzma
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,15 @@ FORMAT_VERSION = 1
 
 
 class DumpError(Exception):
-    """The dump is unusable; the message is one line for the user."""
+    """The dump is unusable; the message is one line for the user (a control character the dump's
+    own text brings into it is shown escaped: ``\\x0a``)."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", message))
+
+
+#: what would break the message's one line, or the terminal showing it
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class NotADump(DumpError):

@@ -304,3 +304,8 @@ def test_an_excluded_oracle_keeps_its_unresolved_frames_as_printed():
     d = opened(lambda m: m.update(oracles_excluded=[dict(excluded, frames="f+0x1d6")]))
     assert "oracles_excluded" not in d.meta
     assert any("dropped oracles_excluded (oracles_excluded[0].frames: " in w for w in d.warnings)
+
+
+def test_a_control_character_from_the_note_is_escaped_in_the_one_line():
+    text = refused(lambda m: m.update(arch="0x1\n"))
+    assert "note says arch 0x1\\x0a but the ELF machine is" in text
