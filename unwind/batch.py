@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, overload
+import weakref
 from weakref import WeakKeyDictionary
 
 import numpy as np
@@ -59,76 +60,59 @@ class Job:
     options: Options
 
 
-class MemoryWords:
-    """One dump's captured segments as little-endian words, built once per :class:`~unwind.memory.Memory`.
-
-    Each segment is placed so that an 8-aligned address is a whole word: the word of address
-    ``a`` in segment ``s`` is ``bases[s] + (a - origins[s]) // 8``.
-    """
-
-    __slots__ = ("words", "starts", "ends", "origins", "bases", "__weakref__")
-
-    def __init__(self, mem: Memory) -> None:
-        segs = mem.segments
-        self.starts = np.array([seg.start for seg in segs], _U64)
-        self.ends = np.array([seg.end for seg in segs], _U64)
-        sizes = self.ends - self.starts
-        if not ((self.starts | sizes) & _U64(7)).any():  # the usual case: stacks are captured in whole words
-            self.origins = self.starts
-            words = (sizes >> _U64(3)).astype(np.int64)
-            self.bases = np.cumsum(words) - words
-            data = b"".join(seg.data for seg in segs)
-        else:
-            pieces, bases, words = [], [], 0
-            for seg in segs:
-                pad = seg.start & 7
-                tail = -(pad + len(seg.data)) & 7
-                pieces.append(bytes(pad) + seg.data + bytes(tail))
-                bases.append(words)
-                words += (pad + len(seg.data) + tail) >> 3
-            self.origins = self.starts & ~_U64(7)
-            self.bases = np.array(bases, np.int64)
-            data = b"".join(pieces)
-        self.words = np.frombuffer(data, "<u8")
-
-
-_WORDS: "WeakKeyDictionary[Memory, MemoryWords]" = WeakKeyDictionary()
-
-
-def memory_words(mem: Memory) -> MemoryWords:
-    """``mem`` as words (cached with it: a dump's memory does not change)."""
-    got = _WORDS.get(mem)
-    if got is None:
-        got = _WORDS[mem] = MemoryWords(mem)
-    return got
-
-
 #: the most words a batch step reads from one address: arm64's frame_record_meta {fp, lr, type}
 READ_WORDS = 3
 
 
 class FlatMemory:
-    """The memories of a batch in one word array (:class:`MemoryWords` end to end), and all their
-    segments in one table.
+    """The captured segments of a batch's memories as one array of little-endian words, and all the
+    segments in one table (``seg_mem``: each segment's memory, an index into those given).
 
-    A lane reads only from the one segment it was given (:meth:`locate`), and
-    checks ``[start, end)`` before every read: nothing is read outside a segment.
+    Each segment is placed so that an 8-aligned address is a whole word: the word of address ``a``
+    in segment ``s`` is ``bases[s] + (a - origins[s]) // 8``. A lane reads only from the one segment
+    it was given (:meth:`locate`), and checks ``[start, end)`` before every read: nothing is read
+    outside a segment. Built in one pass over all the segments (numpy calls per memory would cost
+    more than the copy).
     """
 
     def __init__(self, memories: Sequence[Memory]) -> None:
-        words, tables = [], []
-        offset = 0
-        for m, mem in enumerate(memories):
-            mw = memory_words(mem)
-            words.append(mw.words)
-            tables.append((np.full(len(mw.starts), m, np.int64), mw.starts, mw.ends, mw.origins, mw.bases + offset))
-            offset += len(mw.words)
+        segs = [seg for mem in memories for seg in mem.segments]
+        owner = [m for m, mem in enumerate(memories) for _ in mem.segments]
+        self.seg_mem = np.array(owner, np.int64)
+        self.starts = np.array([seg.start for seg in segs], _U64)
+        sizes = np.array([len(seg.data) for seg in segs], _U64)
+        self.ends = self.starts + sizes
+        if not ((self.starts | sizes) & _U64(7)).any():  # the usual case: stacks are captured in whole words
+            self.origins = self.starts
+            words = (sizes >> _U64(3)).astype(np.int64)
+            self.bases = np.cumsum(words) - words
+            pieces = [seg.data for seg in segs]
+        else:
+            pieces, bases, words = [], [], 0
+            for seg in segs:
+                pad = seg.start & 7
+                tail = -(pad + len(seg.data)) & 7
+                pieces += [bytes(pad), seg.data, bytes(tail)]
+                bases.append(words)
+                words += (pad + len(seg.data) + tail) >> 3
+            self.origins = self.starts & ~_U64(7)
+            self.bases = np.array(bases, np.int64)
         # never shorter than a record: a refused lane reads (and drops) words 0 to READ_WORDS - 1
-        words.append(np.zeros(READ_WORDS, _U64))
-        self.words = np.concatenate(words)
-        self.seg_mem, self.starts, self.ends, self.origins, self.bases = (
-            np.concatenate([t[i] for t in tables]) if tables else np.zeros(0, np.int64 if i in (0, 4) else _U64)
-            for i in range(5))
+        pieces.append(bytes(8 * READ_WORDS))
+        self.words = np.frombuffer(b"".join(pieces), "<u8")
+
+    @classmethod
+    def of(cls, memories: list[Memory]) -> "FlatMemory":
+        """The flat memory of ``memories``: the last batch's again when it read the same ones (a dump's
+        memory does not change), else a new one."""
+        global _LAST_FLAT
+        last = _LAST_FLAT
+        if last is not None and len(last[0]) == len(memories) and all(
+                ref() is mem for ref, mem in zip(last[0], memories)):
+            return last[1]
+        flat = cls(memories)
+        _LAST_FLAT = ([weakref.ref(mem) for mem in memories], flat)
+        return flat
 
     def locate(self, mem: np.ndarray, addr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The segment of memory ``mem[k]`` (an index into the memories given) holding ``addr[k]``, for each
@@ -154,10 +138,9 @@ class FlatMemory:
         return (np.where(found, self.starts[cand], zero), np.where(found, self.ends[cand], zero),
                 np.where(found, self.origins[cand], zero), np.where(found, self.bases[cand], 0))
 
-    def read(self, valid: np.ndarray, addr: np.ndarray, origin: np.ndarray, base: np.ndarray) -> np.ndarray:
-        """The word at each 8-aligned ``addr`` where ``valid`` (checked to lie in its lane's segment), else 0."""
-        index = np.where(valid, base + ((addr - origin) >> _U64(3)).astype(np.int64), 0)
-        return np.where(valid, self.words[index], _U64(0))
+
+#: the memories of the last batch (weakly) and their flat memory
+_LAST_FLAT: "tuple[list[weakref.ref[Memory]], FlatMemory] | None" = None
 
 
 def locate_lanes(jobs: Sequence[Job], lane_job: np.ndarray, lane_tasks: Sequence[Task], addr: np.ndarray
@@ -188,7 +171,7 @@ def locate_lanes(jobs: Sequence[Job], lane_job: np.ndarray, lane_tasks: Sequence
                 memories.append(mems[0])
             mem_of.extend([index[ids[0]]] * count)
         lo += count
-    flat = FlatMemory(memories)
+    flat = FlatMemory.of(memories)
     return (flat, *flat.locate(np.array(mem_of, np.int64), addr))
 
 
@@ -236,7 +219,9 @@ class Recorder:
         """
         index = self._next[lanes]
         self._next[lanes] = index + 1
-        self._parts.append((lanes, index, pc, sp, sp_known, fp, fp_known, flags, source, stack))
+        self._parts.append((lanes, index, pc, 0 if sp is None else sp,
+                            sp is not None if sp_known is None else sp_known, 0 if fp is None else fp,
+                            fp is not None if fp_known is None else fp_known, flags, source, stack))
 
     def stop(self, lanes: np.ndarray, code: int, *args: np.ndarray) -> None:
         """The walk of ``lanes`` ended: stop kind ``code`` (an index into ``stops``), whose detail is made
@@ -255,22 +240,32 @@ class Recorder:
         """The frames ordered by lane, each lane's in walk order."""
         counts = self._next
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        total = int(offsets[-1])
-        cols = [np.zeros(total, t) for t in (np.int64, _U64, _U64, bool, _U64, bool, np.int64, np.int64, np.int64)]
-        for lanes, index, pc, sp, sp_known, fp, fp_known, flags, source, stack in self._parts:
-            at = offsets[lanes] + index
-            cols[0][at] = lanes
-            cols[1][at] = pc
-            if sp is not None:
-                cols[2][at] = sp
-                cols[3][at] = True if sp_known is None else sp_known
-            if fp is not None:
-                cols[4][at] = fp
-                cols[5][at] = True if fp_known is None else fp_known
-            cols[6][at] = flags
-            cols[7][at] = source
-            cols[8][at] = stack
+        parts = self._parts
+        sizes = [len(part[0]) for part in parts]
+        types = (np.int64, np.int64, _U64, _U64, bool, _U64, bool, np.int64, np.int64, np.int64)
+        # every part's field k end to end (one array per field, not one per part), then each frame put at
+        # its lane's offset plus its index among the lane's frames
+        fields = [_joined([part[k] for part in parts], sizes, t) for k, t in enumerate(types)]
+        at = offsets[fields[0]] + fields[1]
+        cols = []
+        for field, t in zip(fields[:1] + fields[2:], types[:1] + types[2:]):
+            col = np.zeros(int(offsets[-1]), t)
+            col[at] = field
+            cols.append(col)
         return Walked(self, cols, counts, offsets)
+
+
+def _joined(values: list[np.ndarray | int | bool], sizes: list[int], dtype: type) -> np.ndarray:
+    """``values`` (an array, or one value for all, per part of ``sizes`` lanes) end to end."""
+    if all(isinstance(v, np.ndarray) for v in values):
+        return np.concatenate(values).astype(dtype, copy=False) if values else np.zeros(0, dtype)
+    out = np.repeat(np.array([0 if isinstance(v, np.ndarray) else v for v in values], dtype), sizes)
+    pos = 0
+    for v, n in zip(values, sizes):
+        if isinstance(v, np.ndarray):
+            out[pos:pos + n] = v
+        pos += n
+    return out
 
 
 class Lanes(NamedTuple):
@@ -515,6 +510,16 @@ def replay_all(sessions: "Sequence[Session]", options: Options | None = None, *,
 def lane_jobs(group: Sequence[Job]) -> np.ndarray:
     """The job of each lane: a group's lanes are its jobs' tasks, job after job, in task order."""
     return np.repeat(np.arange(len(group), dtype=np.int64), [len(job.tasks) for job in group])
+
+
+def narrowed(state: np.ndarray, go: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A lockstep's state (rows x lanes) for its next step, and which of its lanes go on (``go``): the
+    same array while they are more than half of its lanes (a narrower copy costs every row), else a
+    copy of only theirs."""
+    n = int(np.count_nonzero(go))
+    if 2 * n > len(go):
+        return state, go
+    return state.take(np.flatnonzero(go), axis=1), np.ones(n, bool)
 
 
 def _finish_flags(group: list[Job], walked: Walked) -> None:

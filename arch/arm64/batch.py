@@ -21,7 +21,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from unwind.batch import Job, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes
+from unwind.batch import Job, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes, narrowed
 from unwind.frame import Flag, Source
 from unwind.target import Task
 from unwind.walk import StopReason
@@ -128,18 +128,19 @@ def batch_walk(jobs: list[Job]) -> Walked:
     rec.frames(lanes[keep], pc[keep], sp=sp[keep], fp=fp[keep], source=source[keep],
                stack=np.where(on_task, label_task, label_none)[keep])
     state = np.stack([fp, np.maximum(low, seg_lo), np.minimum(high, seg_hi), final, mask, ~clear_mask, rth, krt,
-                      origin, base.astype(_U64), lanes.astype(_U64), meta.astype(_U64), pc, pc])[:, keep]
+                      origin, base.astype(_U64), lanes.astype(_U64), meta.astype(_U64)])[:, keep]
+    live = np.ones(state.shape[1], bool)
     any_meta = bool(meta.any())
     size, meta_size = _U64(FRAME_RECORD_SIZE), _U64(FRAME_RECORD_META_SIZE)
-    while state.shape[1]:
-        fp, lo, hi, final, mask, keep_mask, rth, krt, origin, base, lanes, meta = state[:12]
+    while True:
+        fp, lo, hi, final, mask, keep_mask, rth, krt, origin, base, lanes, meta = state
         # kunwind_next() up to v6.12: the final frame ends the walk
-        end = (fp == final) & (meta == 0)
+        end = live & (fp == final) & (meta == 0)
         if end.any():
             rec.stop(lanes[end].astype(np.int64), _FINAL_FRAME, fp[end])
         # unwind_next_frame_record() / kunwind_next_frame_record(): an 8-aligned record on the current
         # stack, above what the walk consumed (unwind_find_stack()), in the lane's captured segment
-        plain = ~end & ((fp & _U64(7)) == 0) & (lo <= fp) & (fp < hi) & (hi - fp >= size)
+        plain = live & ~end & ((fp & _U64(7)) == 0) & (lo <= fp) & (fp < hi) & (hi - fp >= size)
         at = np.where(plain, base + ((fp - origin) >> _U64(3)), _U64(0)).astype(np.int64)
         new_fp, raw = flat.words[at], flat.words[at + 1]
         if any_meta:
@@ -156,13 +157,11 @@ def batch_walk(jobs: list[Job]) -> Walked:
         go = plain & (pc != rth) & (pc != krt)
         if not go.any():
             break
+        rec.frames(lanes[go].astype(np.int64), pc[go], fp=new_fp[go], flags=np.where((pc != raw)[go], _PAC_STRIPPED, 0),
+                   source=_FRAME, stack=label_task)
         state[1] = fp + size  # unwind_consume_stack()
         state[0] = new_fp
-        state[12] = pc
-        state[13] = raw
-        state = state[:, go]  # the next step writes these rows again: the frames keep copies
-        rec.frames(state[10].astype(np.int64), state[12].copy(), fp=state[0].copy(),
-                   flags=np.where(state[12] != state[13], _PAC_STRIPPED, 0), source=_FRAME, stack=label_task)
+        state, live = narrowed(state, go)
     return rec.finish()
 
 

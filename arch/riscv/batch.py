@@ -21,7 +21,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from unwind.batch import Job, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes
+from unwind.batch import Job, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes, narrowed
 from unwind.frame import Source
 from unwind.target import Task
 from unwind.walk import StopReason
@@ -83,9 +83,9 @@ _FP_ZERO, _FIRST_FRAME = range(2)
 
 
 # kernel/extable.c __kernel_text_address(), over lanes: core text, init text, the module area
-def kernel_text_lanes(pc: np.ndarray, text: np.ndarray) -> np.ndarray:
-    """Is each pc in one of its lane's ``[lo, hi)`` text ranges (``text``: lanes x ranges x 2)?"""
-    return ((text[:, :, 0] <= pc[:, None]) & (pc[:, None] < text[:, :, 1])).any(axis=1)
+def kernel_text_lanes(pc: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Is each pc in one of its lane's ``[lo, hi)`` text ranges (``lo``, ``hi``: ranges x lanes)?"""
+    return ((lo <= pc) & (pc < hi)).any(axis=0)
 
 
 def batch_walk(jobs: list[Job]) -> Walked:
@@ -109,23 +109,26 @@ def batch_walk(jobs: list[Job]) -> Walked:
     flat, seg_lo, seg_hi, origin, base = locate_lanes(jobs, job_of, tasks, fp - _U64(STACKFRAME_SIZE))
 
     # walk_stackframe(task): pc = thread.ra, fp = thread.s[0], sp = thread.sp; the first pc must be text
-    keep = kernel_text_lanes(pc, text)
+    text_lo, text_hi = text[:, :, 0].T, text[:, :, 1].T
+    keep = kernel_text_lanes(pc, text_lo, text_hi)
     on_task = (low <= sp) & (sp <= high)  # StackSet.kind_of(sp): in [low, high), or at the very top
     label_task, label_none = rec.label("task"), rec.label(None)
     rec.frames(lanes[keep], pc[keep], sp=sp[keep], fp=fp[keep], source=_TASK,
                stack=np.where(on_task, label_task, label_none)[keep])
     # each record must also lie on the task stack, so every frame consumes 16 captured stack bytes
-    state = np.stack([fp, sp, pc, ts, task_pt_regs, np.maximum(low, seg_lo), np.minimum(high, seg_hi), origin,
-                      base.astype(_U64), lanes.astype(_U64), rth, exc[:, 0], exc[:, 1]])[:, keep]
-    text = text[keep]
+    ts1 = ts - _U64(1)
+    state = np.vstack([np.stack([fp, sp, pc, ~_U64(0) - ts, ts1, ~ts1, task_pt_regs, np.maximum(low, seg_lo),
+                                 np.minimum(high, seg_hi), origin, base.astype(_U64), lanes.astype(_U64), rth,
+                                 exc[:, 0], exc[:, 1]]), text_lo, text_hi])[:, keep]
+    live = np.ones(state.shape[1], bool)
     size = _U64(STACKFRAME_SIZE)
     fp_word, ra_word = STACKFRAME_FP // 8, STACKFRAME_RA // 8
-    while state.shape[1]:
-        fp, sp, pc, ts, task_pt_regs, lo, hi, origin, base, lanes, rth, exc_lo, exc_hi = state
+    while True:
+        fp, sp, pc, top, ts1, align_mask, task_pt_regs, lo, hi, origin, base, lanes, rth, exc_lo, exc_hi = state[:15]
         # fp_is_valid(fp, sp): sp + 16 <= fp <= ALIGN(sp, THREAD_SIZE), 8-aligned (a sum that would wrap:
         # the scalar walk)
-        room = sp <= ~_U64(0) - ts
-        valid = room & (fp >= sp + size) & (fp <= ((sp + ts - _U64(1)) & ~(ts - _U64(1)))) & ((fp & _U64(7)) == 0)
+        room = live & (sp <= top)
+        valid = room & (fp >= sp + size) & (fp <= ((sp + ts1) & align_mask)) & ((fp & _U64(7)) == 0)
         # its natural ends: a zero fp, and the first frame of the task (the record's fp, now sp, is task_pt_regs)
         zero = room & ~valid & (fp == 0)
         if zero.any():
@@ -139,16 +142,15 @@ def batch_walk(jobs: list[Job]) -> Walked:
         word = np.where(plain, base + ((at - origin) >> _U64(3)), _U64(0)).astype(np.int64)
         new_fp, ra = flat.words[word + fp_word], flat.words[word + ra_word]
         # ftrace_graph_ret_addr() and the exception frame need the scalar walk; the pc must be kernel text
-        go = plain & (ra != rth) & ~((exc_lo <= ra) & (ra < exc_hi)) & kernel_text_lanes(ra, text)
+        go = (plain & (ra != rth) & ~((exc_lo <= ra) & (ra < exc_hi))
+              & kernel_text_lanes(ra, state[15:15 + _TEXT_RANGES], state[15 + _TEXT_RANGES:]))
         if not go.any():
             break
+        rec.frames(lanes[go].astype(np.int64), ra[go], sp=fp[go], fp=new_fp[go], source=_FRAME, stack=label_task)
         state[1] = fp  # sp = fp
         state[0] = new_fp
         state[2] = ra
-        state = state[:, go]  # the next step writes these rows again: the frames keep copies
-        text = text[go]
-        rec.frames(state[9].astype(np.int64), state[2].copy(), sp=state[1].copy(), fp=state[0].copy(),
-                   source=_FRAME, stack=label_task)
+        state, live = narrowed(state, go)
     return rec.finish()
 
 

@@ -23,7 +23,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from unwind.batch import Job, Memo, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes
+from unwind.batch import Job, Memo, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes, narrowed
 from unwind.frame import Source
 from unwind.target import Task
 from unwind.walk import StopReason
@@ -188,11 +188,12 @@ def batch_walk(jobs: list[Job]) -> Walked:
     state = np.stack([ip, sp, bp, signal.astype(_U64), np.maximum(low, seg_lo), np.minimum(high, seg_hi), origin,
                       base.astype(_U64), lanes.astype(_U64), table_of.astype(_U64), rth, rethook,
                       text[:, 0, 0], text[:, 0, 1]])[:, keep]
-    while state.shape[1]:
+    live = np.ones(state.shape[1], bool)
+    while True:
         ip, sp, bp, signal, lo, hi, origin, base, lanes, table_of, rth, rethook, stext, etext = state
         # unwind_next_frame(): orc_find(signal ? ip : ip - 1); END_OF_STACK ends the walk (unwind_orc.c:485-510)
         look = np.where(signal != 0, ip, ip - _U64(1))
-        found = orc.orc_find(table_of.astype(np.int64), look)
+        found = np.where(live, orc.orc_find(table_of.astype(np.int64), look), -1)
         entry = np.where(found >= 0, found, 0)
         found = found >= 0
         kind = orc.type[entry]
@@ -221,13 +222,13 @@ def batch_walk(jobs: list[Job]) -> Walked:
         go = call & (cfa > sp) & (cfa - sp >= _U64(8)) & (stext <= new_ip) & (new_ip < etext)
         if not go.any():
             break
+        rec.frames(lanes[go].astype(np.int64), new_ip[go], sp=cfa[go], fp=new_bp[go], source=_ORC_CALL,
+                   stack=label_task)
         state[0] = new_ip
         state[1] = cfa
         state[2] = new_bp
         state[3] = orc.signal[entry]
-        state = state[:, go]  # the next step writes these rows again: the frames keep copies
-        rec.frames(state[8].astype(np.int64), state[0].copy(), sp=state[1].copy(), fp=state[2].copy(),
-                   source=_ORC_CALL, stack=label_task)
+        state, live = narrowed(state, go)
     return rec.finish()
 
 
