@@ -1,7 +1,5 @@
 """``python -m unwind`` runs the ``unwind`` command."""
 
-import sys
+from .cli import console
 
-from .cli import main
-
-sys.exit(main())
+console()

@@ -11,6 +11,7 @@ subcommand) shows the traceback. A reader that closes the pipe early
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -211,5 +212,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def console() -> None:
+    """The ``unwind`` program (console script and ``python -m unwind``): :func:`main`, then exit.
+
+    Every object is frozen out of the cyclic garbage collector before the interpreter's exit, whose
+    collections would otherwise walk all of them once more for nothing (~30 ms of a replay).
+    """
+    status = main()
+    gc.freeze()
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
