@@ -7,13 +7,14 @@ Text bytes come from the image; without them the answer is "unknown".
 Verdicts are cached per image (an image opened by :func:`unwind.image.open_image`
 lives for the process, so every session of a corpus shares them). Each arch's
 backend may recognise its common call encodings from the bytes
-(:meth:`~unwind.registry.ArchBackend.call_site_length`) before capstone is asked;
+(:meth:`~unwind.registry.ArchBackend.call_site_length`), or settle from them that no call
+ends there (:meth:`~unwind.registry.ArchBackend.no_call_site`), before capstone is asked;
 the instruction text is decoded by capstone only when it is read.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 from weakref import WeakKeyDictionary
 
 from .frame import FLAGS as _FLAGS
@@ -45,26 +46,41 @@ def _decoder(backend: ArchBackend) -> Any:
 class CallSite:
     """``status`` is "ok", "bad" or "unknown"; ``insn`` the call found (or what ends there).
 
-    ``insn`` is decoded from the stored bytes the first time it is read.
+    ``insn`` is decoded from the stored bytes the first time it is read; a site made with
+    ``later`` (a "bad" one the bytes settled) takes ``insn`` and ``addr`` from ``later()`` then.
     """
 
-    __slots__ = ("status", "addr", "flag", "_code", "_backend", "_insn")
+    __slots__ = ("status", "flag", "_addr", "_code", "_backend", "_insn", "_later")
 
     def __init__(self, status: str, insn: str | None = None, addr: int | None = None, *,
-                 code: bytes | None = None, backend: ArchBackend | None = None) -> None:
+                 code: bytes | None = None, backend: ArchBackend | None = None,
+                 later: "Callable[[], CallSite] | None" = None) -> None:
         self.status = status
         #: the :class:`~unwind.frame.Flag` value a checked frame gets: call-ok, call-bad, or none (unknown)
         self.flag = _CALLSITE_OK if status == "ok" else _CALLSITE_BAD if status == "bad" else 0
-        self.addr = addr
+        self._addr = addr
         self._insn = insn
         self._code = code
         self._backend = backend
+        self._later = later
+
+    def _settle(self) -> None:
+        if self._later is not None:
+            site, self._later = self._later(), None
+            self._insn, self._addr = site.insn, site.addr
+
+    @property
+    def addr(self) -> int | None:
+        """Where the instruction that ends at the return address starts, if one does."""
+        self._settle()
+        return self._addr
 
     @property
     def insn(self) -> str | None:
         """``mnemonic operands`` of the instruction that ends at the return address, if one does."""
+        self._settle()
         if self._insn is None and self._code is not None and self._backend is not None:
-            insn = next(_decoder(self._backend).disasm(self._code, self.addr))
+            insn = next(_decoder(self._backend).disasm(self._code, self._addr))
             self._insn = f"{insn.mnemonic} {insn.op_str}".strip()
             self._code = None
         return self._insn
@@ -87,6 +103,25 @@ class CallSite:
         where = f" at {self.addr:#x}" if self.addr is not None else ""
         what = self.insn or "no instruction ends there"
         return f"call site: {'ok' if self.status == 'ok' else 'NOT a call'}{where}: {what}"
+
+
+def _decoded(backend: ArchBackend, ret: int, windows: list[tuple[int, bytes | None]], text_before: bool) -> CallSite:
+    """The call site of ``ret`` as capstone reads the bytes of each call length before it."""
+    seen = None
+    for length, code in windows:
+        if code is None:
+            continue  # outside the image's text (a module, a trampoline): capstone is not needed
+        insns = list(_decoder(backend).disasm(code, ret - length))
+        if len(insns) != 1 or insns[0].size != length:
+            continue
+        insn = insns[0]
+        text = f"{insn.mnemonic} {insn.op_str}".strip()
+        if backend.is_call(insn.mnemonic, insn.op_str):
+            return CallSite("ok", text, insn.address)
+        seen = seen or CallSite("bad", text, insn.address)
+    if seen is None and not text_before:
+        return CallSite("unknown")
+    return seen or CallSite("bad")
 
 
 class CallSiteChecker:
@@ -119,27 +154,21 @@ class CallSiteChecker:
         if length is not None:
             return CallSite("ok", addr=ret - length, code=self.image.text(ret - length, length),
                             backend=self.backend)
-        return self.decode(ret)
+        windows = self._windows(ret)
+        if self.backend.no_call_site(self.image.text, ret):
+            backend = self.backend  # the bytes are read now: the site keeps no reference to the image
+            return CallSite("bad", later=lambda: _decoded(backend, ret, *windows))
+        return _decoded(self.backend, ret, *windows)
+
+    def _windows(self, ret: int) -> tuple[list[tuple[int, bytes | None]], bool]:
+        """The bytes of each call length before ``ret``, and whether any byte before it is text."""
+        assert self.image is not None
+        return ([(n, self.image.text(ret - n, n)) for n in self.backend.call_lengths],
+                self.image.text(ret - 1, 1) is not None)
 
     def decode(self, ret: int) -> CallSite:
         """The call site of ``ret`` as capstone reads it: each call length, shortest first."""
-        assert self.image is not None
-        seen = None
-        for length in self.backend.call_lengths:
-            code = self.image.text(ret - length, length)
-            if code is None:
-                continue  # outside the image's text (a module, a trampoline): capstone is not needed
-            insns = list(_decoder(self.backend).disasm(code, ret - length))
-            if len(insns) != 1 or insns[0].size != length:
-                continue
-            insn = insns[0]
-            text = f"{insn.mnemonic} {insn.op_str}".strip()
-            if self.backend.is_call(insn.mnemonic, insn.op_str):
-                return CallSite("ok", text, insn.address)
-            seen = seen or CallSite("bad", text, insn.address)
-        if seen is None and self.image.text(ret - 1, 1) is None:
-            return CallSite("unknown")
-        return seen or CallSite("bad")
+        return _decoded(self.backend, ret, *self._windows(ret))
 
     def annotate(self, frame: Frame) -> CallSite | None:
         """Flag ``frame`` with its call-site result; a pc from exception registers is not checked."""

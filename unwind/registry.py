@@ -97,6 +97,12 @@ class ArchBackend(ABC):
         find a call of that length; ``None`` to ask capstone. ``text(addr, size)`` reads the image."""
         return None
 
+    def no_call_site(self, text: Callable[[int, int], bytes | None], ret: int) -> bool:
+        """True when the bytes before ``ret`` alone settle that capstone's reading (each of
+        :attr:`call_lengths`, judged by :meth:`is_call`) finds no call ending there; False to ask
+        capstone. The instruction that does end there is then decoded only when it is read."""
+        return False
+
     @abstractmethod
     def format_trace(self, frames: "list[Frame]", stop: "Stop", target: "Target") -> "list[TraceLine]":
         """The trace as the kernel of ``target.release`` prints it.

@@ -45,6 +45,13 @@ CATEGORIES = {
 }
 
 
+def _is_call_word(word: int) -> bool:
+    """BL, BLR, BLRAA/BLRAB, BLRAAZ/BLRABZ: the encodings of a call (Arm ARM C6.2 BL, BLR, BLRAA...)."""
+    return (word & 0xFC000000 == 0x94000000                                   # BL imm26
+            or word & 0xFFFFFC1F == 0xD63F0000                                # BLR Xn
+            or word & 0xFFFFF800 == 0xD73F0800                                # BLRAA/BLRAB Xn, Xm
+            or word & 0xFFFFF81F == 0xD63F081F)                               # BLRAAZ/BLRABZ Xn
+
 class Arm64Backend(ArchBackend):
     """arm64: frame records at x29, PAC stripping, exception boundaries."""
 
@@ -69,15 +76,12 @@ class Arm64Backend(ArchBackend):
     def call_site_length(self, text: Callable[[int, int], bytes | None], ret: int) -> int | None:
         """BL, BLR and the pointer-authenticating BLRAA/BLRAB/BLRAAZ/BLRABZ, from their encodings."""
         code = text(ret - 4, 4)
-        if code is None:
-            return None
-        word = int.from_bytes(code, "little")
-        if (word & 0xFC000000 == 0x94000000                                   # BL imm26
-                or word & 0xFFFFFC1F == 0xD63F0000                            # BLR Xn
-                or word & 0xFFFFF800 == 0xD73F0800                            # BLRAA/BLRAB Xn, Xm
-                or word & 0xFFFFF81F == 0xD63F081F):                          # BLRAAZ/BLRABZ Xn
-            return 4
-        return None
+        return 4 if code is not None and _is_call_word(int.from_bytes(code, "little")) else None
+
+    def no_call_site(self, text: Callable[[int, int], bytes | None], ret: int) -> bool:
+        """Every instruction is 4 bytes: the word before ``ret`` is no call encoding, so none ends there."""
+        code = text(ret - 4, 4)
+        return code is not None and not _is_call_word(int.from_bytes(code, "little"))
 
     def unwinder(self, target: Target) -> Unwinder:
         """``kunwind_stack_walk()`` of the dumped kernel's generation (v6.12 or v6.13+)."""

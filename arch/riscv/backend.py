@@ -48,6 +48,15 @@ _COMPLETE_WHY = {
 }
 
 
+def _is_c_jalr(h: int) -> bool:
+    """``c.jalr rs1``: funct4 1001, rs1 != 0, rs2 == 0, op 10 (rs1 == 0 is c.ebreak)."""
+    return h & 0xF07F == 0x9002 and bool(h & 0x0F80)
+
+
+def _is_link_jump(word: int) -> bool:
+    """``jal rd, off`` or ``jalr rd, off(rs1)`` with rd != zero (rd == zero is a jump, not a call)."""
+    return bool(word & 0xF80) and (word & 0x7F == 0x6F or word & 0x707F == 0x67)
+
 class RiscvBackend(ArchBackend):
     """RISC-V 64: s0 frame records, exception frames, IRQ stacks."""
 
@@ -83,18 +92,17 @@ class RiscvBackend(ArchBackend):
         half = text(ret - 2, 2)
         if half is None:
             return None
-        h = int.from_bytes(half, "little")
-        if h & 0xF07F == 0x9002 and h & 0x0F80:                  # c.jalr rs1 (rs1 != 0, rs2 == 0)
+        if _is_c_jalr(int.from_bytes(half, "little")):
             return 2
         code = text(ret - 4, 4)
-        if code is None:
-            return None
-        word = int.from_bytes(code, "little")
-        if word & 0xF80 == 0:                                    # rd == zero: a jump, not a call
-            return None
-        if word & 0x7F == 0x6F or word & 0x707F == 0x67:         # jal rd / jalr rd, imm(rs1)
-            return 4
-        return None
+        return 4 if code is not None and _is_link_jump(int.from_bytes(code, "little")) else None
+
+    def no_call_site(self, text: Callable[[int, int], bytes | None], ret: int) -> bool:
+        """Neither the halfword before ``ret`` is a C.JALR nor the word before it a JAL/JALR with a
+        link register: no call (RV64 has no C.JAL) ends there."""
+        half, code = text(ret - 2, 2), text(ret - 4, 4)
+        return (half is not None and code is not None and not _is_c_jalr(int.from_bytes(half, "little"))
+                and not _is_link_jump(int.from_bytes(code, "little")))
 
     def unwinder(self, target: Target) -> Unwinder:
         """``walk_stackframe()`` of the task, or ``arch_stack_walk_user()`` with ``options.user``."""
