@@ -157,7 +157,9 @@ _PER_DUMP: "weakref.WeakKeyDictionary[Memory, dict[Any, Any]]" = weakref.WeakKey
 
 def segment_starts(mem: Memory) -> list[int]:
     """The start address of every captured segment, for bisecting (cached per dump)."""
-    per_dump = _PER_DUMP.setdefault(mem, {})
+    per_dump = _PER_DUMP.get(mem)
+    if per_dump is None:
+        per_dump = _PER_DUMP[mem] = {}
     starts = per_dump.get("starts")
     if starts is None:
         starts = per_dump["starts"] = [seg.start for seg in mem.segments]
@@ -373,9 +375,12 @@ class RiscvUnwinder(Unwinder):
         self.sp_from_record = False
         gen = self.generation = layout.generation
         self.fgraph_search = ftrace_graph_ret_addr if gen.fgraph_idx else ftrace_graph_ret_addr_v6_1
-        top = next((st.high for st in target.task.stacks if st.kind == "task"), None)
         #: task_pt_regs(tsk): the frame pointer of the task's first kernel frame
-        self.task_pt_regs = top - align(self.pt.size, STACK_ALIGN) if top is not None else None
+        self.task_pt_regs: int | None = None
+        for st in target.task.stacks:
+            if st.kind == "task":
+                self.task_pt_regs = st.high - align(self.pt.size, STACK_ALIGN)
+                break
         self.return_to_handler = layout.return_to_handler
         self.rethook_trampolines = layout.rethook_trampolines
         self.pc = self.fp = self.sp = 0
