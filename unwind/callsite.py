@@ -185,6 +185,6 @@ class CallSiteChecker:
             site = cache.get(frame.pc) or self.check(frame.pc)
             frame.flags = _FLAGS[flags | site.flag]
             if frame.provenance is not None:
-                frame.provenance.note(site.describe())
+                frame.provenance.note(site.describe)  # the line is made when the notes are read
             out.append(site)
         return out

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum, IntFlag
-from typing import Any
+from typing import Any, Callable
 
 
 class Source(str, Enum):
@@ -81,25 +81,73 @@ class Read:
         return {"addr": hex(self.addr), "size": self.size, "value": hex(self.value), "what": self.what}
 
 
-@dataclass(slots=True)
 class Provenance:
-    """Why a frame is believed: the rule applied, the words read, free-form notes."""
+    """Why a frame is believed: the rule applied, the words read, free-form notes.
 
-    rule: str
-    reads: list[Read] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    A walk stores numbers and formats nothing until it is read: the rule and each note may be given
+    as a function of no arguments (called the first time it is read), each read is kept as a tuple
+    and becomes a :class:`Read` when :attr:`reads` is read.
+    """
+
+    __slots__ = ("_rule", "_reads", "_notes")
+
+    def __init__(self, rule: "str | Callable[[], str]", reads: list[Read] | None = None,
+                 notes: "list[str] | None" = None) -> None:
+        self._rule = rule
+        self._reads: list[Read | tuple[int, int, int, str]] = list(reads) if reads else []
+        self._notes: list[str | Callable[[], str]] = list(notes) if notes else []
+
+    @property
+    def rule(self) -> str:
+        """The rule applied."""
+        r = self._rule
+        if not isinstance(r, str):
+            r = self._rule = r()
+        return r
+
+    @rule.setter
+    def rule(self, value: "str | Callable[[], str]") -> None:
+        self._rule = value
+
+    @property
+    def reads(self) -> list[Read]:
+        """The memory reads, in order."""
+        reads = self._reads
+        for i, r in enumerate(reads):
+            if type(r) is tuple:
+                reads[i] = Read(*r)
+        return reads  # type: ignore[return-value]
+
+    @property
+    def notes(self) -> list[str]:
+        """The notes, in order."""
+        notes = self._notes
+        for i, n in enumerate(notes):
+            if not isinstance(n, str):
+                notes[i] = n()
+        return notes  # type: ignore[return-value]
 
     def read(self, addr: int, size: int, value: int, what: str) -> None:
         """Record a read."""
-        self.reads.append(Read(addr, size, value, what))
+        self._reads.append((addr, size, value, what))
 
-    def note(self, text: str) -> None:
-        """Record a note."""
-        self.notes.append(text)
+    def note(self, text: "str | Callable[[], str]") -> None:
+        """Record a note (a function of no arguments is called when the notes are read)."""
+        self._notes.append(text)
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
         return {"rule": self.rule, "reads": [r.to_json() for r in self.reads], "notes": list(self.notes)}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Provenance):
+            return NotImplemented
+        return (self.rule, self.reads, self.notes) == (other.rule, other.reads, other.notes)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it replaces
+
+    def __repr__(self) -> str:
+        return f"Provenance(rule={self.rule!r}, reads={self.reads!r}, notes={self.notes!r})"
 
 
 @dataclass(slots=True)

@@ -747,12 +747,14 @@ class Arm64Unwinder(Unwinder):
         task = self.target.task
         self._begin()
         if state.record:
-            state.prov = Provenance(_RULES[state.source])
-            state.prov.note(f"generation: {self.generation.name} ({self.generation.why})")
-            state.prov.note(f"PAC mask {state.pac_mask:#x} from {self.consts.pac_why}")
-            if state.final_fp is not None:
-                state.prov.note(f"final record expected at {state.final_fp:#x} "
-                                f"(task_pt_regs(tsk)->stackframe, {state.layout.source})")
+            state.prov = Provenance(_RULES[state.source])  # the notes are written when read
+            gen, mask, why, final, layout = self.generation, state.pac_mask, self.consts.pac_why, state.final_fp, \
+                state.layout
+            state.prov.note(lambda: f"generation: {gen.name} ({gen.why})")
+            state.prov.note(lambda: f"PAC mask {mask:#x} from {why}")
+            if final is not None:
+                state.prov.note(lambda: f"final record expected at {final:#x} "
+                                        f"(task_pt_regs(tsk)->stackframe, {layout.source})")
         if state.first_pc_recovered:  # v6.1-v6.3's unwind() hands the first pc over as it is
             kunwind_recover_return_address(state)
         regs = task.regs if task.regs is not None else task.context or {}
@@ -793,10 +795,9 @@ class Arm64Unwinder(Unwinder):
             raise stop
         state = self.state
         record_at = state.fp
-        if state.record:
-            state.prov = Provenance(f"frame record {{fp, lr}} at fp {record_at:#x}"
-                                    + (" (kunwind_next_frame_record)" if state.meta_records
-                                       else " (unwind_next_frame_record)"))
+        if state.record:  # the rule and the note are written when read
+            which = "kunwind_next_frame_record" if state.meta_records else "unwind_next_frame_record"
+            state.prov = Provenance(lambda: f"frame record {{fp, lr}} at fp {record_at:#x} ({which})")
         kunwind_next(state)
         flags = state.flags
         source = state.source
@@ -808,7 +809,8 @@ class Arm64Unwinder(Unwinder):
             self._stack_label = cur.kind
         frame = Frame(state.pc, None, state.fp, source, self._stack_label, flags, state.prov)
         if state.prov is not None:
-            state.prov.note(f"record at {record_at:#x} on the {frame.stack} stack")
+            stack = frame.stack
+            state.prov.note(lambda: f"record at {record_at:#x} on the {stack} stack")
             state.prov = None
         if self.completer is not None:
             extra = self.completer.after_record(frame, record_at)

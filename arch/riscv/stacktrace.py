@@ -598,7 +598,7 @@ class RiscvUnwinder(Unwinder):
             prov = Provenance("frame record {fp, ra} at fp - 16")
             prov.read(rec + STACKFRAME_FP, 8, new_fp, "frame->fp")
             prov.read(rec + STACKFRAME_RA, 8, ra, "frame->ra")
-            prov.note(self._bounds_note(fp, sp))
+            prov.note(lambda: self._bounds_note(fp, sp))
             if switch_note:
                 prov.note(switch_note)
         pc = ra

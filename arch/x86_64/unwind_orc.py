@@ -550,8 +550,9 @@ class OrcUnwinder(Unwinder):
                                f"{self.undefined_why(ip)}", ip)
         if orc.type == ORC_TYPE_END_OF_STACK:
             raise UnwindStop(StopReason.END_OF_STACK, orc_end_detail(ip))
-        if prov is not None:
-            prov.rule = f"ORC at {ip:#x} ({'ip' if self.signal else 'ip-1'}): {orc}"
+        if prov is not None:  # the rule is written when read
+            which = "ip" if self.signal else "ip-1"
+            prov.rule = lambda: f"ORC at {ip:#x} ({which}): {orc}"
         return orc, Source.ORC_CALL
 
     def undefined_why(self, ip: int) -> str:
