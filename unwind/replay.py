@@ -13,7 +13,6 @@ from .dump import Dump, DumpError, NotADump
 from .frame import Frame
 from .image import IMAGE_PATH_ENV, Image, ImageError, find_image, image_search_places
 from .kaslr import RelocatedImage, relocate_symbols
-from .stackinfo import StackInfo
 from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from .target import Options, Target, Task, kernel_version
 from .vmcore import VmcoreError, detect_format, is_vmcore
@@ -30,8 +29,8 @@ class ReplayError(Exception):
     """Unusable input for a replay (exit status 2)."""
 
 
-#: frame limits a session keeps (a dump's tasks share theirs; more come only from tasks made elsewhere)
-_MAX_LIMITS = 1 << 16
+#: tasks a session keeps the memory and frame limit of (a vmcore task's memory holds its stacks' bytes)
+_MAX_TASKS = 1 << 12
 #: :class:`Options` fields every backend acts on
 COMMON_OPTIONS = frozenset({"complete", "record", "generation"})
 
@@ -76,8 +75,9 @@ class Session:
         self._shared: dict[tuple[object, ...], tuple[object, object, dict[str, object]]] = {}
         #: per options as given (and image and symbols, kept with it): the options a walk reads, its shared dict
         self._walks: dict[tuple[object, ...], tuple[object, object, Options, dict[str, object]]] = {}
-        #: per task's stacks list (by id; the list is kept alive with its limit): the default frame limit
-        self._limits: dict[int, tuple[list[StackInfo], int]] = {}
+        #: per task's stacks list (by id; the list is kept alive with them): [the list, the memory its walks
+        #: read, the default frame limit or None until asked]
+        self._per_task: dict[int, list] = {}
 
     @property
     def callsites(self) -> CallSiteChecker:
@@ -211,7 +211,7 @@ class Session:
             walk = replace(options, generation=str(pinned)) if options.generation is None and pinned else \
                 replace(options)
             hit = self._walks[key] = (image, symbols, walk, self._shared_for(walk))
-        return Target(self.backend.name, dump.task_memory(task), task, dump.release, dump.vmcoreinfo, symbols,
+        return Target(self.backend.name, self._task(task)[1], task, dump.release, dump.vmcoreinfo, symbols,
                       image, dump.meta, hit[2], hit[3])
 
     def _shared_for(self, options: Options) -> dict[str, object]:
@@ -223,16 +223,24 @@ class Session:
             hit = self._shared[key] = (self.image, self.symbols, {})
         return hit[2]
 
-    def _frame_limit(self, task: Task, target: Target) -> int:
-        """:func:`unwind.walk.frame_limit` of ``task``, worked out once per task (the copies
-        :meth:`Dump.tasks` hands out share their ``stacks`` list)."""
+    def _task(self, task: Task) -> list:
+        """What every walk of ``task`` reads alike, worked out once per task (the copies :meth:`Dump.tasks`
+        hands out share their ``stacks`` list): ``[stacks, memory, frame limit or None]``. A vmcore's
+        task memory is a snapshot of its stacks (:meth:`Dump.task_memory`), read once, not per walk."""
         stacks = task.stacks
-        hit = self._limits.get(id(stacks))
+        hit = self._per_task.get(id(stacks))
         if hit is None or hit[0] is not stacks:
-            if len(self._limits) >= _MAX_LIMITS:  # tasks made by the caller, each with a list of its own
-                self._limits.clear()
-            hit = self._limits[id(stacks)] = (stacks, frame_limit(stacks, target.mem, self.backend.min_frame_bytes))
-        return hit[1]
+            if len(self._per_task) >= _MAX_TASKS:  # tasks made by the caller, each with a list of its own
+                self._per_task.clear()
+            hit = self._per_task[id(stacks)] = [stacks, self.dump.task_memory(task), None]
+        return hit
+
+    def _frame_limit(self, task: Task, target: Target) -> int:
+        """:func:`unwind.walk.frame_limit` of ``task``, worked out once per task."""
+        hit = self._task(task)
+        if hit[2] is None:
+            hit[2] = frame_limit(task.stacks, hit[1], self.backend.min_frame_bytes)
+        return hit[2]
 
     def unwinder(self, task: Task, options: Options | None = None) -> Unwinder:
         """An unwinder for ``task``, to drive with :func:`~unwind.walk.kunwind_stack_walk` and the kernel's
