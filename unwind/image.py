@@ -178,7 +178,7 @@ class Image:
             self.btf_problem = "the image has no .BTF"
             return None
         try:
-            return Btf(sec[1])
+            return Btf.cached(sec[1])
         except BtfError as e:
             self.btf_problem = f"the image's .BTF is unreadable: {e}"
             return None

@@ -179,7 +179,7 @@ class VmcoreDump:
         if self.memory is None:
             self.memory = self._virtual_memory(symbol)
         try:
-            return Btf(self.memory.read(lo, hi - lo))
+            return Btf.cached(self.memory.read(lo, hi - lo))
         except (MemoryFault, BtfError) as e:
             raise DumpError(f"{self.path}: the kernel's BTF in memory is unusable: {e}") from None
 

@@ -178,3 +178,25 @@ def test_types_end_is_where_each_prefix_of_the_records_ends() -> None:
     assert [b.types_end(n) for n in range(5)] == [0, 16, 52, 64, 64]
     with pytest.raises(BtfError, match="negative"):
         b.types_end(-1)
+
+
+def test_the_cached_scan_answers_as_the_scan_and_a_damaged_entry_is_rebuilt(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("UNWIND_CACHE", str(tmp_path))
+    blob = _blob()
+    scanned = Btf(blob)
+    first = Btf.cached(blob)  # scanned, then written
+    [entry] = (tmp_path / "btf").iterdir()
+    again = Btf.cached(blob)  # read back
+    for b in (first, again):
+        assert len(b) == len(scanned) == 12
+        assert [b.find(n) for n in ("int", "inner", "outer", "outer_t", "colour", "big")] == [1, 3, 6, 7, 10, 11]
+        assert b.find("outer_t", "typedef") == 7 and not b.has("nothing")
+        assert b.offsetof("outer_t", "in.a") == 4 and b.enum_value("BLUE") == 7
+        assert [b.type(i) for i in range(len(b))] == [scanned.type(i) for i in range(len(b))]
+    data = bytearray(entry.read_bytes())
+    data[-1] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    assert Btf.cached(blob).find("outer") == 6      # the CRC refused it: scanned again, and rewritten
+    assert entry.read_bytes() != bytes(data)
+    other = blob_of(t(s("long"), 1, 0, 8, 0x01000040))
+    assert Btf.cached(other).find("long") == 1 and len(list((tmp_path / "btf").iterdir())) == 2
