@@ -596,10 +596,10 @@ def _load_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _peer_lines(archs: dict[str, PeerArch], rounds: Any) -> list[str]:
+def _peer_lines(archs: dict[str, PeerArch], rounds: Any, corpus: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The per-frame and per-task comparison with drgn, its validation and a few traces."""
     L = ["", "### Against drgn, same tasks of the same vmcores", ""]
-    L.append(f"`benches/speed_peer.py`, {rounds} rounds. drgn 0.3.0 `stack_trace` **on equal inputs**: its only "
+    L.append(f"`benches/speed_peer.py`, rounds: {rounds}. drgn 0.3.0 `stack_trace` **on equal inputs**: its only "
              "kernel file is the same slim image ours reads (ELF symbols, ORC on x86-64, no CFI, no DWARF), so "
              "it unwinds by ORC on x86-64 and by frame pointers on arm64 and looks nothing up per frame; the few "
              "task layouts `stack_trace` reads are copied in from the debug vmlinux by a type finder "
@@ -626,11 +626,14 @@ def _peer_lines(archs: dict[str, PeerArch], rounds: Any) -> list[str]:
                      _pair(p.frame("ours"), p.frame("ours", True)),
                      _pair(p.frame("drgn equal"), p.frame("drgn equal", True)),
                      _pair(p.frame("drgn dwarf"), p.frame("drgn dwarf", True)),
-                     _times(p.frame("drgn equal"), p.frame("ours")), _times(p.frame("drgn dwarf"), p.frame("ours"))))
-    L.append("Per kernel frame, kernel-only tasks:")
+                     _times(p.frame("drgn equal"), p.frame("ours")), _times(p.frame("drgn dwarf"), p.frame("ours")),
+                     _pair(_per(corpus.get(f"{arch} corpus", []), "warm"), _per(corpus.get(f"{arch} corpus", []),
+                                                                                  "warm_wall"))))
+    L.append("Per kernel frame, kernel-only tasks (the last column: ours warm on the committed dumps, as in the "
+             "targets, for how much reading a vmcore adds to ours):")
     L.append("")
     L += _table(("arch", "tasks", "frames ours / drgn", "ours", "drgn, equal inputs (ORC / FP)",
-                 "drgn, DWARF (full vmlinux)", "drgn equal ÷ ours", "drgn DWARF ÷ ours"), rows)
+                 "drgn, DWARF (full vmlinux)", "drgn equal ÷ ours", "drgn DWARF ÷ ours", "ours on the dumps"), rows)
     rows = []
     for arch in (a for a in ARCH_ORDER if a in archs):
         p = archs[arch]
@@ -684,7 +687,7 @@ def speed_lines(folder: Path) -> list[str]:
                 ((g.name, g.goal, g.measured, g.ratio, g.drgn, g.verdict) for g in goals))
     archs = peer_archs(peer)
     if archs:
-        L += _peer_lines(archs, (peer or {}).get("rounds"))
+        L += _peer_lines(archs, (peer or {}).get("rounds"), (peer or {}).get("runs", {}))
     if start:
         L += ["", "### Start-up", ""]
         L.append(f"`benches/startup.py`: {start.get('rounds')} rounds, every command a fresh process with warm "
@@ -1109,7 +1112,10 @@ def _bench(args: argparse.Namespace) -> int:
         if not json_out.exists():
             raise BenchError(f"the suite wrote no results (pytest exit status {status})")
         results = load_results(json_out, args.stat)
-        flags = "".join(f" {f}" for f, on in (("--quick", args.quick), ("--cpu-time", args.cpu_time)) if on)
+        flags = "".join(f" {f}" for f, on in (("--quick", args.quick), ("--cpu-time", args.cpu_time),
+                                               ("--speed", args.speed)) if on)
+        if args.speed:
+            flags += f" --speed-rounds {args.speed_rounds}" + (" --drgn-python PY" if args.drgn_python else "")
         source = f"`unwind bench --report {args.report}{flags}`"
     path = write_report(results, out, source)
     print(f"unwind bench: wrote {path}", file=sys.stderr)
