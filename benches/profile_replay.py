@@ -3,7 +3,8 @@
 For each arch, a fresh child process opens every committed dump of ``corpora/<arch>/``, replays every
 task once untimed (``--warm-passes``; images decoded, call-site verdicts made), then profiles one pass
 of ``Session.replay(task, Options(), symbolize=False)`` over every task, as ``speed_peer.py`` times it.
-The JSON keeps the ``--top`` functions by cumulative time: calls, cumulative and own seconds. cProfile
+The JSON keeps the ``--top`` functions by cumulative time (calls, cumulative and own seconds) and
+the six with the most time of their own. cProfile
 adds a fixed cost to every call, so many short calls look dearer than they are; the shares say where
 the time goes, not what a pass costs (``speed_peer.py`` says that)::
 
@@ -45,8 +46,10 @@ def label(func):
 rows = sorted(stats.stats.items(), key=lambda kv: kv[1][3], reverse=True)
 top = [{"function": label(f), "calls": nc, "own": tt, "cumulative": ct} for f, (cc, nc, tt, ct, _) in rows
        if f[2] != "one_pass"][:int(sys.argv[5])]
+own = [{"function": label(f), "calls": nc, "own": tt, "cumulative": ct}
+       for f, (cc, nc, tt, ct, _) in sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)][:6]
 total = next(ct for f, (cc, nc, tt, ct, _) in rows if f[2] == "one_pass")
-print(json.dumps({"tasks": len(todo), "frames": frames, "total": total, "top": top}))
+print(json.dumps({"tasks": len(todo), "frames": frames, "total": total, "top": top, "top_own": own}))
 """
 
 

@@ -690,7 +690,7 @@ def speed_lines(folder: Path) -> list[str]:
         L += _peer_lines(archs, (peer or {}).get("rounds"), (peer or {}).get("runs", {}))
     if start:
         L += ["", "### Start-up", ""]
-        L.append(f"`benches/startup.py`: {start.get('rounds')} rounds, every command a fresh process with warm "
+        L.append(f"`benches/startup.py`, rounds: {start.get('rounds')}; every command a fresh process with warm "
                  "caches; median ms, wall / CPU (user + system of the child). 1-minute load "
                  f"{_num(start['load'][0], 2)} → {_num(start['load'][1], 2)} on {start.get('cores')} cores.")
         L.append("")
@@ -718,6 +718,9 @@ def profile_lines(prof: dict[str, Any]) -> list[str]:
         L += _table(("function", "calls", "calls/frame", "cumulative", "own"),
                     ((f"`{r['function']}`", f"{r['calls']:,}", _num(r['calls'] / p['frames'], 2),
                       f"{r['cumulative'] / p['total']:.0%}", f"{r['own'] / p['total']:.0%}") for r in p["top"]))
+        if p.get("top_own"):
+            L += ["", "Most time of their own: " + "; ".join(f"`{r['function']}` {r['own'] / p['total']:.0%}"
+                                                         for r in p["top_own"]) + "."]
     return L
 
 
