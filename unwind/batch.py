@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, overload
 import weakref
+from array import array
 from weakref import WeakKeyDictionary
 
 import numpy as np
@@ -274,7 +275,7 @@ class Lanes(NamedTuple):
     recorder: Recorder
     #: each job's per-dump constants (``None``: all its tasks go to the scalar walk)
     constants: list[Any]
-    #: one list per register column the arch's ``lanes_of`` fills
+    #: one list per register column the arch's ``lanes_of`` fills (:func:`u64_columns` reads them)
     cols: list[list[int]]
     #: per task of the batch, in job order: does a lane walk it
     taken: list[bool]
@@ -298,6 +299,16 @@ def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence
             rec.dump(n, c.basis, c)  # type: ignore[attr-defined]
             lanes_of(job, taken, cols, tasks)
     return Lanes(rec, consts, cols, taken, tasks)
+
+
+def u64_columns(cols: list[list[int]]) -> list[np.ndarray] | None:
+    """Each of the lane columns as ``uint64`` (through ``array('Q')``: half the cost of ``np.array`` from
+    a list of big ints); ``None`` when a value is no u64 (the note allows none: then the batch hands every
+    lane to the scalar walk, which says what it is)."""
+    try:
+        return [np.frombuffer(array("Q", col), _U64) if col else np.zeros(0, _U64) for col in cols]
+    except (OverflowError, TypeError):
+        return None
 
 
 @dataclass(slots=True)

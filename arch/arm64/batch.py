@@ -21,7 +21,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from unwind.batch import Job, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes, narrowed
+from unwind.batch import Job, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes, narrowed, u64_columns
 from unwind.frame import Flag, Source
 from unwind.target import Task
 from unwind.walk import StopReason
@@ -98,11 +98,11 @@ def batch_walk(jobs: list[Job]) -> Walked:
     rec, consts, cols, taken, tasks = gather_lanes(jobs, SOURCES, STOPS, DumpConstants.of, _lanes_of, 6)
     if not tasks:
         return rec.finish()
-    try:
-        fp, pc, sp, source, low, high = (np.array(col, t) for col, t in zip(cols, (_U64, _U64, _U64, np.int64,
-                                                                                _U64, _U64)))
-    except OverflowError:  # a register value that is no u64 (the note allows none): the scalar walk says so
+    words = u64_columns(cols)
+    if words is None:
         return Recorder(rec.lanes, SOURCES, STOPS).finish()
+    fp, pc, sp, source, low, high = words
+    source = source.astype(np.int64)
     lanes = np.flatnonzero(taken)
     job_of = lane_jobs(jobs)[lanes]
 

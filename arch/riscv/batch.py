@@ -21,7 +21,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from unwind.batch import Job, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes, narrowed
+from unwind.batch import Job, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes, narrowed, u64_columns
 from unwind.frame import Source
 from unwind.target import Task
 from unwind.walk import StopReason
@@ -93,10 +93,10 @@ def batch_walk(jobs: list[Job]) -> Walked:
     rec, consts, cols, taken, tasks = gather_lanes(jobs, SOURCES, STOPS, DumpConstants.of, _lanes_of, 5)
     if not tasks:
         return rec.finish()
-    try:
-        pc, fp, sp, low, high = (np.array(col, _U64) for col in cols)
-    except OverflowError:  # a register value that is no u64 (the note allows none): the scalar walk says so
+    words = u64_columns(cols)
+    if words is None:
         return Recorder(rec.lanes, SOURCES, STOPS).finish()
+    pc, fp, sp, low, high = words
     lanes = np.flatnonzero(taken)
     job_of = lane_jobs(jobs)[lanes]
     text = np.array([c.text if c is not None else [(0, 0)] * _TEXT_RANGES for c in consts], _U64)[job_of]

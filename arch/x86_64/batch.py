@@ -23,7 +23,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from unwind.batch import Job, Memo, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes, narrowed
+from unwind.batch import Job, Memo, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes, narrowed, u64_columns
 from unwind.frame import Source
 from unwind.target import Task
 from unwind.walk import StopReason
@@ -142,10 +142,10 @@ def batch_walk(jobs: list[Job]) -> Walked:
     rec, consts, cols, taken, tasks = gather_lanes(jobs, SOURCES, STOPS, DumpConstants.of, _lanes_of, 3)
     if not tasks:
         return rec.finish()
-    try:
-        tsp, low, high = (np.array(col, _U64) for col in cols)
-    except OverflowError:  # a value that is no u64 (the note allows none): the scalar walk says so
+    words = u64_columns(cols)
+    if words is None:
         return Recorder(rec.lanes, SOURCES, STOPS).finish()
+    tsp, low, high = words
     lanes = np.flatnonzero(taken)
     job_of = lane_jobs(jobs)[lanes]
     tables: list[OrcTable] = []
