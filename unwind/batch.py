@@ -214,7 +214,7 @@ class Recorder:
                fp: np.ndarray | None = None, flags: np.ndarray | int = 0, source: np.ndarray | int = 0,
                stack: np.ndarray | int = 0, sp_known: np.ndarray | None = None,
                fp_known: np.ndarray | None = None) -> None:
-        """The next frame of each of ``lanes`` (each lane at most once per call).
+        """The next frame of each of ``lanes`` (lane numbers, any integer type; each lane at most once per call).
 
         ``sp``/``fp`` are ``None`` where the unwinder does not know them; ``*_known`` says so per lane.
         """
@@ -259,7 +259,7 @@ class Recorder:
 def _joined(values: list[np.ndarray | int | bool], sizes: list[int], dtype: type) -> np.ndarray:
     """``values`` (an array, or one value for all, per part of ``sizes`` lanes) end to end."""
     if all(isinstance(v, np.ndarray) for v in values):
-        return np.concatenate(values).astype(dtype, copy=False) if values else np.zeros(0, dtype)
+        return np.concatenate(values, dtype=dtype, casting="unsafe") if values else np.zeros(0, dtype)
     out = np.repeat(np.array([0 if isinstance(v, np.ndarray) else v for v in values], dtype), sizes)
     pos = 0
     for v, n in zip(values, sizes):

@@ -137,7 +137,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
         # kunwind_next() up to v6.12: the final frame ends the walk
         end = live & (fp == final) & (meta == 0)
         if end.any():
-            rec.stop(lanes[end].astype(np.int64), _FINAL_FRAME, fp[end])
+            rec.stop(lanes[end], _FINAL_FRAME, fp[end])
         # unwind_next_frame_record() / kunwind_next_frame_record(): an 8-aligned record on the current
         # stack, above what the walk consumed (unwind_find_stack()), in the lane's captured segment
         plain = live & ~end & ((fp & _U64(7)) == 0) & (lo <= fp) & (fp < hi) & (hi - fp >= size)
@@ -150,14 +150,14 @@ def batch_walk(jobs: list[Job]) -> Walked:
                 typed = is_meta & (hi - fp >= meta_size)
                 kind = flat.words[np.where(typed, at + 2, 0)]
                 final_end = typed & (kind == FRAME_META_TYPE_FINAL) & (fp == final)
-                rec.stop(lanes[final_end].astype(np.int64), _FINAL_RECORD, fp[final_end])
+                rec.stop(lanes[final_end], _FINAL_RECORD, fp[final_end])
                 plain &= ~is_meta  # any other meta record: the scalar walk
         # kunwind_next(): strip the PAC; return_to_handler and the kretprobe trampoline need the scalar walk
         pc = ptrauth_strip_lanes(raw, mask, keep_mask)
         go = plain & (pc != rth) & (pc != krt)
         if not go.any():
             break
-        rec.frames(lanes[go].astype(np.int64), pc[go], fp=new_fp[go], flags=np.where((pc != raw)[go], _PAC_STRIPPED, 0),
+        rec.frames(lanes[go], pc[go], fp=new_fp[go], flags=np.where((pc != raw)[go], _PAC_STRIPPED, 0),
                    source=_FRAME, stack=label_task)
         state[1] = fp + size  # unwind_consume_stack()
         state[0] = new_fp

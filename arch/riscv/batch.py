@@ -132,10 +132,10 @@ def batch_walk(jobs: list[Job]) -> Walked:
         # its natural ends: a zero fp, and the first frame of the task (the record's fp, now sp, is task_pt_regs)
         zero = room & ~valid & (fp == 0)
         if zero.any():
-            rec.stop(lanes[zero].astype(np.int64), _FP_ZERO)
+            rec.stop(lanes[zero], _FP_ZERO)
         first = room & ~valid & ~zero & (sp == task_pt_regs)
         if first.any():
-            rec.stop(lanes[first].astype(np.int64), _FIRST_FRAME, fp[first], sp[first], pc[first])
+            rec.stop(lanes[first], _FIRST_FRAME, fp[first], sp[first], pc[first])
         # the record {fp, ra} at fp - 16, on the task stack and in the lane's captured segment
         at = fp - size
         plain = valid & (lo <= at) & (at < hi) & (hi - at >= size)
@@ -146,7 +146,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
               & kernel_text_lanes(ra, state[15:15 + _TEXT_RANGES], state[15 + _TEXT_RANGES:]))
         if not go.any():
             break
-        rec.frames(lanes[go].astype(np.int64), ra[go], sp=fp[go], fp=new_fp[go], source=_FRAME, stack=label_task)
+        rec.frames(lanes[go], ra[go], sp=fp[go], fp=new_fp[go], source=_FRAME, stack=label_task)
         state[1] = fp  # sp = fp
         state[0] = new_fp
         state[2] = ra

@@ -199,7 +199,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
         kind = orc.type[entry]
         end = found & (kind == ORC_TYPE_END_OF_STACK)
         if end.any():
-            rec.stop(lanes[end].astype(np.int64), _ORC_END, look[end])
+            rec.stop(lanes[end], _ORC_END, look[end])
         call = found & (kind == ORC_TYPE_CALL)
         # the CFA: sp or bp plus sp_offset (unwind_orc.c:514-578)
         sp_reg = orc.sp_reg[entry]
@@ -222,7 +222,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
         go = call & (cfa > sp) & (cfa - sp >= _U64(8)) & (stext <= new_ip) & (new_ip < etext)
         if not go.any():
             break
-        rec.frames(lanes[go].astype(np.int64), new_ip[go], sp=cfa[go], fp=new_bp[go], source=_ORC_CALL,
+        rec.frames(lanes[go], new_ip[go], sp=cfa[go], fp=new_bp[go], source=_ORC_CALL,
                    stack=label_task)
         state[0] = new_ip
         state[1] = cfa
