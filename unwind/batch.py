@@ -322,11 +322,26 @@ class Walked:
     counts: np.ndarray
     offsets: np.ndarray
     _lists: list[list] | None = None
+    _stop_codes: list[int] | None = None
+
+    def stop_codes(self) -> list[int]:
+        """Each lane's stop code (-1: walked by the scalar path) as a list (made once, when first read)."""
+        if self._stop_codes is None:
+            self._stop_codes = self.recorder.stop_code.tolist()
+        return self._stop_codes
 
     def lists(self) -> list[list]:
-        """``cols`` as Python lists (made once, when the first replay is built)."""
+        """What the replays read, as Python lists (made once, when the first replay is built): per frame its
+        pc, sp (``None``: unknown), fp (likewise), source, stack label and flags; per lane its first frame's
+        index (and the end's) and stop arguments."""
         if self._lists is None:
-            self._lists = [c.tolist() for c in self.cols]
+            rec = self.recorder
+            _, pc, sp, sp_k, fp, fp_k, flags, source, stack = (c.tolist() for c in self.cols)
+            sources, labels = rec.sources, rec.labels
+            self._lists = [pc, [v if k else None for v, k in zip(sp, sp_k)],
+                           [v if k else None for v, k in zip(fp, fp_k)], [sources[v] for v in source],
+                           [labels[v] for v in stack], [_FLAGS[v] for v in flags], self.offsets.tolist(),
+                           rec.stop_args.tolist()]
         return self._lists
 
 
@@ -417,7 +432,7 @@ class BatchReplay(Sequence["Replay"]):
 
     def batched(self, i: int) -> bool:
         """Was task ``i`` walked by the batch (``False``: by the scalar path)?"""
-        return self._walked is not None and bool(self._walked.recorder.stop_code[self._first + i] >= 0)
+        return self._walked is not None and self._walked.stop_codes()[self._first + i] >= 0
 
     @property
     def batched_frames(self) -> int:
@@ -465,19 +480,16 @@ class BatchReplay(Sequence["Replay"]):
         assert walked is not None
         rec = walked.recorder
         lane = self._first + i
-        lanes, pc, sp, sp_k, fp, fp_k, flags, source, stack = walked.lists()
+        pc, sp, fp, source, stack, flags, offsets, stop_args = walked.lists()
         target = session.target(task, job.options)
-        frames = []
-        sources, labels = rec.sources, rec.labels
-        for k in range(int(walked.offsets[lane]), int(walked.offsets[lane + 1])):
-            frame = Frame(pc[k], sp[k] if sp_k[k] else None, fp[k] if fp_k[k] else None, sources[source[k]],
-                          labels[stack[k]], _FLAGS[flags[k]])
-            if self._symbolize:
+        lo, hi = offsets[lane], offsets[lane + 1]
+        frames = list(map(Frame, pc[lo:hi], sp[lo:hi], fp[lo:hi], source[lo:hi], stack[lo:hi], flags[lo:hi]))
+        if self._symbolize:
+            for frame in frames:
                 frame.symbol = session.backend.symbolize(frame, target)
-            frames.append(frame)
-        reason, detail = rec.stop_kinds[int(rec.stop_code[lane])]
+        reason, detail = rec.stop_kinds[walked.stop_codes()[lane]]
         constants = rec.constants.get(self._job_index)
-        stop = Stop(reason, detail(target, constants, *rec.stop_args[lane].tolist()), len(frames))
+        stop = Stop(reason, detail(target, constants, *stop_args[lane]), len(frames))
         return Replay(target, frames, stop, None, dict(rec.bases.get(self._job_index, {})))
 
 
