@@ -164,3 +164,42 @@ def test_a_memo_answers_each_key_once_and_starts_over_past_its_limit(monkeypatch
     monkeypatch.setattr(Memo, "LIMIT", 4)
     assert memo.lookup(np.array([7], np.uint64), square).tolist() == [49]
     assert memo.keys.tolist() == [7] and memo.lookup(np.array([3], np.uint64), square).tolist() == [9]
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["whole-words", "unaligned"])
+def test_flat_memory_words_are_the_memories_bytes(aligned: bool) -> None:
+    """Every whole 8-aligned word of every segment reads back at ``bases[s] + (a - origins[s]) // 8``, and
+    ``locate`` finds each address's segment in its own memory only (by construction: random bytes)."""
+    from unwind.batch import FlatMemory
+
+    rng = random.Random(3 if aligned else 4)
+    memories = []
+    for _ in range(3):
+        segs, at = [], 0x1000 * rng.randrange(1, 8)
+        for _ in range(rng.randrange(1, 5)):
+            start = at + (0 if aligned else rng.randrange(8))
+            size = 8 * rng.randrange(1, 9) + (0 if aligned else rng.randrange(8))
+            segs.append(Segment(start, rng.randbytes(size)))
+            at = start + size + 8 * rng.randrange(0, 4)
+        memories.append(Memory(segs))
+    flat = FlatMemory(memories)
+    mems, addrs, want = [], [], []
+    for m, mem in enumerate(memories):
+        for seg in mem.segments:
+            for a in range((seg.start + 7) & ~7, seg.end - 7, 8):
+                s = int(np.flatnonzero((flat.seg_mem == m) & (flat.starts == seg.start))[0])
+                got = int(flat.words[int(flat.bases[s]) + (a - int(flat.origins[s])) // 8])
+                assert got == int.from_bytes(seg.data[a - seg.start:a - seg.start + 8], "little")
+                mems.append(m)
+                addrs.append(a)
+                want.append(seg.start)
+            mems.append((m + 1) % len(memories))  # the same address in another memory: none of its segments
+            addrs.append(seg.start)
+            want.append(None)
+    start, end, origin, base = flat.locate(np.array(mems, np.int64), np.array(addrs, np.uint64))
+    for k, w in enumerate(want):
+        if w is None:  # found only where the other memory has a segment holding the address
+            holding = [seg.start for seg in memories[mems[k]].segments if seg.start <= addrs[k] < seg.end]
+            assert (start[k], end[k]) == (0, 0) if not holding else start[k] == holding[0]
+        else:
+            assert start[k] == w
