@@ -73,8 +73,9 @@ class Session:
         self._checked: set[tuple[object, ...]] = set()
         #: per options: the :attr:`Target.shared` of walks with those options
         self._shared: dict[tuple[object, ...], tuple[object, object, dict[str, object]]] = {}
-        #: per options as given (and image and symbols, kept with it): the options a walk reads, its shared dict
-        self._walks: dict[tuple[object, ...], tuple[object, object, Options, dict[str, object]]] = {}
+        #: per options as given (and image and symbols, kept with it): the options a walk reads, its shared dict,
+        #: the dump's release
+        self._walks: dict[tuple[object, ...], tuple[object, object, Options, dict[str, object], str | None]] = {}
         #: per task's stacks list (by id; the list is kept alive with them): [the list, the memory its walks
         #: read, the default frame limit or None until asked]
         self._per_task: dict[int, list] = {}
@@ -210,8 +211,8 @@ class Session:
             pinned = dump.meta.get("kernel", {}).get("generation")
             walk = replace(options, generation=str(pinned)) if options.generation is None and pinned else \
                 replace(options)
-            hit = self._walks[key] = (image, symbols, walk, self._shared_for(walk))
-        return Target(self.backend.name, self._task(task)[1], task, dump.release, dump.vmcoreinfo, symbols,
+            hit = self._walks[key] = (image, symbols, walk, self._shared_for(walk), dump.release)
+        return Target(self.backend.name, self._task(task)[1], task, hit[4], dump.vmcoreinfo, symbols,
                       image, dump.meta, hit[2], hit[3])
 
     def _shared_for(self, options: Options) -> dict[str, object]:

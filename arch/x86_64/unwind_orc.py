@@ -148,10 +148,6 @@ _SP_REG_MEMBERS = {ORC_REG_R10: ("r10", "R10"), ORC_REG_R13: ("r13", "R13"), ORC
                    ORC_REG_DX: ("dx", "DX"), ORC_REG_AX: ("ax", "AX")}
 
 
-#: decoded module ORC tables: (meta id, module addr, version) -> (name, table, ips)
-_MODULE_ORC: dict[tuple[int, str, int], tuple[str, OrcTable, list[int]] | None] = {}
-
-
 def module_orc(target: Target, ip: int, version: int) -> tuple[str, OrcTable, list[int]] | None:
     """``__module_address(ip)`` and its ``mod->arch.orc_unwind_ip``/``orc_unwind``, decoded once per dump."""
     for m in target.meta.get("modules", []):
@@ -164,10 +160,13 @@ def module_orc(target: Target, ip: int, version: int) -> tuple[str, OrcTable, li
             continue  # a malformed entry of the dump's note: no module there
         if not inside:
             continue
-        key = (id(target.meta), str(m.get("addr")), version)
-        if key not in _MODULE_ORC:
-            _MODULE_ORC[key] = _read_module_orc(target, m, orc, version)
-        return _MODULE_ORC[key]
+        # per dump (not by the meta's id, which a later dump may reuse): (module addr, version) -> table
+        decoded: dict[tuple[str, int], tuple[str, OrcTable, list[int]] | None] = \
+            target.per_dump("x86_64 module orc", lambda t: {})
+        key = (str(m.get("addr")), version)
+        if key not in decoded:
+            decoded[key] = _read_module_orc(target, m, orc, version)
+        return decoded[key]
     return None
 
 
@@ -214,6 +213,14 @@ class Regs:
     def describe(self) -> str:
         """``pt_regs at 0x...`` or ``CPU registers``."""
         return "CPU registers" if self.addr is None else f"pt_regs at {self.addr:#x}"
+
+
+def ftrace_trampolines(target: Target) -> tuple[list[tuple[int, int, bool]], int | None, int | None]:
+    """The dump's dynamic ftrace trampolines as ``(ops->trampoline, trampoline_size, SAVE_REGS)``, with
+    ``ftrace_caller`` and ``ftrace_regs_caller`` (the code they copy)."""
+    found = [(_int(t["addr"]), _int(t["size"]), bool(t.get("save_regs")))
+             for t in target.meta.get("ftrace_trampolines", [])]
+    return found, target.symbol_address("ftrace_caller"), target.symbol_address("ftrace_regs_caller")
 
 
 class DumpConstants:
@@ -598,11 +605,9 @@ class OrcUnwinder(Unwinder):
     # orc_ftrace_find() (unwind_orc.c:143-167)
     def orc_ftrace_find(self, ip: int, prov: Provenance | None) -> OrcEntry | None:
         """An ip in a dynamic ftrace trampoline takes the entry of the code it copies."""
-        if self._ftrace is None:  # the dump's list: (ops->trampoline, trampoline_size, SAVE_REGS)
-            self._ftrace = [(_int(t["addr"]), _int(t["size"]), bool(t.get("save_regs")))
-                            for t in self.target.meta.get("ftrace_trampolines", [])]
-            sym = self.target.symbol_address
-            self.ftrace_caller, self.ftrace_regs_caller = sym("ftrace_caller"), sym("ftrace_regs_caller")
+        if self._ftrace is None:  # read at the first ORC miss of the dump's walks
+            self._ftrace, self.ftrace_caller, self.ftrace_regs_caller = \
+                self.target.per_dump("x86_64 ftrace", ftrace_trampolines)
         for start, size, save_regs in self._ftrace:
             if start <= ip < start + size:  # ftrace_ops_trampoline()
                 base = self.ftrace_regs_caller if save_regs else self.ftrace_caller
