@@ -212,8 +212,9 @@ class Session:
             walk = replace(options, generation=str(pinned)) if options.generation is None and pinned else \
                 replace(options)
             hit = self._walks[key] = (image, symbols, walk, self._shared_for(walk), dump.release)
-        return Target(self.backend.name, self._task(task)[1], task, hit[4], dump.vmcoreinfo, symbols,
-                      image, dump.meta, hit[2], hit[3])
+        per_task = self._task(task)
+        return Target(self.backend.name, per_task[1], task, hit[4], dump.vmcoreinfo, symbols,
+                      image, dump.meta, hit[2], hit[3], per_task[3])
 
     def _shared_for(self, options: Options) -> dict[str, object]:
         """The :attr:`Target.shared` of walks with ``options`` over this session's image and symbols."""
@@ -226,14 +227,14 @@ class Session:
 
     def _task(self, task: Task) -> list:
         """What every walk of ``task`` reads alike, worked out once per task (the copies :meth:`Dump.tasks`
-        hands out share their ``stacks`` list): ``[stacks, memory, frame limit or None]``. A vmcore's
+        hands out share their ``stacks`` list): ``[stacks, memory, frame limit or None, Target.task_shared]``. A vmcore's
         task memory is a snapshot of its stacks (:meth:`Dump.task_memory`), read once, not per walk."""
         stacks = task.stacks
         hit = self._per_task.get(id(stacks))
         if hit is None or hit[0] is not stacks:
             if len(self._per_task) >= _MAX_TASKS:  # tasks made by the caller, each with a list of its own
                 self._per_task.clear()
-            hit = self._per_task[id(stacks)] = [stacks, self.dump.task_memory(task), None]
+            hit = self._per_task[id(stacks)] = [stacks, self.dump.task_memory(task), None, {}]
         return hit
 
     def _frame_limit(self, task: Task, target: Target) -> int:
