@@ -227,14 +227,15 @@ class Session:
 
     def _task(self, task: Task) -> list:
         """What every walk of ``task`` reads alike, worked out once per task (the copies :meth:`Dump.tasks`
-        hands out share their ``stacks`` list): ``[stacks, memory, frame limit or None, Target.task_shared]``. A vmcore's
+        hands out share their ``stacks`` list): ``[stacks, memory, frame limit or None, Target.task_shared,
+        the dump's memory they were made from]``. A vmcore's
         task memory is a snapshot of its stacks (:meth:`Dump.task_memory`), read once, not per walk."""
-        stacks = task.stacks
+        stacks, memory = task.stacks, self.dump.memory
         hit = self._per_task.get(id(stacks))
-        if hit is None or hit[0] is not stacks:
+        if hit is None or hit[0] is not stacks or hit[4] is not memory:  # (a caller may give the dump new memory)
             if len(self._per_task) >= _MAX_TASKS:  # tasks made by the caller, each with a list of its own
                 self._per_task.clear()
-            hit = self._per_task[id(stacks)] = [stacks, self.dump.task_memory(task), None, {}]
+            hit = self._per_task[id(stacks)] = [stacks, self.dump.task_memory(task), None, {}, memory]
         return hit
 
     def _frame_limit(self, task: Task, target: Target) -> int:
