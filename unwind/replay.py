@@ -228,14 +228,15 @@ class Session:
     def _task(self, task: Task) -> list:
         """What every walk of ``task`` reads alike, worked out once per task (the copies :meth:`Dump.tasks`
         hands out share their ``stacks`` list): ``[stacks, memory, frame limit or None, Target.task_shared,
-        the dump's memory they were made from]``. A vmcore's
+        the dump's memory and task_memory they were made with]``. A vmcore's
         task memory is a snapshot of its stacks (:meth:`Dump.task_memory`), read once, not per walk."""
-        stacks, memory = task.stacks, self.dump.memory
+        stacks, memory, make = task.stacks, self.dump.memory, self.dump.task_memory
         hit = self._per_task.get(id(stacks))
-        if hit is None or hit[0] is not stacks or hit[4] is not memory:  # (a caller may give the dump new memory)
+        # made again when a caller gave the dump new memory or a task_memory of its own
+        if hit is None or hit[0] is not stacks or hit[4] is not memory or hit[5] != make:
             if len(self._per_task) >= _MAX_TASKS:  # tasks made by the caller, each with a list of its own
                 self._per_task.clear()
-            hit = self._per_task[id(stacks)] = [stacks, self.dump.task_memory(task), None, {}, memory]
+            hit = self._per_task[id(stacks)] = [stacks, make(task), None, {}, memory, make]
         return hit
 
     def _frame_limit(self, task: Task, target: Target) -> int:
