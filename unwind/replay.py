@@ -212,9 +212,8 @@ class Session:
             walk = replace(options, generation=str(pinned)) if options.generation is None and pinned else \
                 replace(options)
             hit = self._walks[key] = (image, symbols, walk, self._shared_for(walk), dump.release)
-        per_task = self._task(task)
-        return Target(self.backend.name, per_task[1], task, hit[4], dump.vmcoreinfo, symbols,
-                      image, dump.meta, hit[2], hit[3], per_task[3])
+        return Target(self.backend.name, self._task(task)[1], task, hit[4], dump.vmcoreinfo, symbols,
+                      image, dump.meta, hit[2], hit[3])
 
     def _shared_for(self, options: Options) -> dict[str, object]:
         """The :attr:`Target.shared` of walks with ``options`` over this session's image and symbols."""
@@ -227,16 +226,17 @@ class Session:
 
     def _task(self, task: Task) -> list:
         """What every walk of ``task`` reads alike, worked out once per task (the copies :meth:`Dump.tasks`
-        hands out share their ``stacks`` list): ``[stacks, memory, frame limit or None, Target.task_shared,
-        the dump's memory and task_memory they were made with]``. A vmcore's
+        hands out share their ``stacks`` list): ``[stacks, memory, frame limit or None, the dump's memory and
+        task_memory function they were made with]``. A vmcore's
         task memory is a snapshot of its stacks (:meth:`Dump.task_memory`), read once, not per walk."""
         stacks, memory, make = task.stacks, self.dump.memory, self.dump.task_memory
+        made_by = getattr(make, "__func__", make)  # the function, not a bound method made for this call
         hit = self._per_task.get(id(stacks))
         # made again when a caller gave the dump new memory or a task_memory of its own
-        if hit is None or hit[0] is not stacks or hit[4] is not memory or hit[5] != make:
+        if hit is None or hit[0] is not stacks or hit[3] is not memory or hit[4] is not made_by:
             if len(self._per_task) >= _MAX_TASKS:  # tasks made by the caller, each with a list of its own
                 self._per_task.clear()
-            hit = self._per_task[id(stacks)] = [stacks, make(task), None, {}, memory, make]
+            hit = self._per_task[id(stacks)] = [stacks, make(task), None, memory, made_by]
         return hit
 
     def _frame_limit(self, task: Task, target: Target) -> int:

@@ -105,9 +105,6 @@ class Target:
     #: :meth:`unwind.replay.Session.target` hands the same dict to every walk with equal options; a
     #: Target made on its own gets a dict of its own, so nothing is shared wrongly
     shared: dict[str, Any] = field(default_factory=dict)
-    #: what a backend derives once per task (from its stacks): :meth:`unwind.replay.Session.target` hands
-    #: every walk of one task the same dict; a Target made on its own gets a dict of its own
-    task_shared: dict[str, Any] = field(default_factory=dict)
 
     def per_dump(self, key: str, make: "Callable[[Target], Any]") -> Any:
         """``make(self)`` the first time ``key`` is asked for among the walks sharing :attr:`shared`."""
@@ -115,14 +112,6 @@ class Target:
             return self.shared[key]
         except KeyError:
             value = self.shared[key] = make(self)
-            return value
-
-    def per_task(self, key: str, make: "Callable[[Target], Any]") -> Any:
-        """``make(self)`` the first time ``key`` is asked for among the walks sharing :attr:`task_shared`."""
-        try:
-            return self.task_shared[key]
-        except KeyError:
-            value = self.task_shared[key] = make(self)
             return value
 
     def symbol_address(self, name: str) -> int | None:

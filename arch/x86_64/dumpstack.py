@@ -75,21 +75,14 @@ UNKNOWN = StackInfo(STACK_TYPE_UNKNOWN, 0, 0, None, "unknown")
 class StackFinder:
     """``get_stack_info()`` over the stacks one walk may use."""
 
-    def __init__(self, stacks: Sequence[CoreStackInfo], mem: Memory,
-                 known: "tuple[list[CoreStackInfo], dict[int, StackInfo]] | None" = None) -> None:
-        """``known`` is what :meth:`usable` gave for these stacks before (every walk of a task finds
-        its stacks alike), else it is worked out here."""
-        self.stacks, self._infos = known if known is not None else self.usable(stacks)
+    def __init__(self, stacks: Sequence[CoreStackInfo], mem: Memory) -> None:
+        usable = [s for s in stacks if s.kind in KIND_TYPES and s.low < s.high]
+        self.stacks = usable if len(usable) < 2 else sorted(usable, key=lambda s: _KIND_ORDER[s.kind])
         self.mem = mem
         #: why the last get_stack_info() failed
         self.why = ""
-
-    @staticmethod
-    def usable(stacks: Sequence[CoreStackInfo]) -> "tuple[list[CoreStackInfo], dict[int, StackInfo]]":
-        """The stacks a walk may use in the kernel's search order, and a dict for the stack_info of each
-        (made when first found)."""
-        usable = [s for s in stacks if s.kind in KIND_TYPES and s.low < s.high]
-        return (usable if len(usable) < 2 else sorted(usable, key=lambda s: _KIND_ORDER[s.kind])), {}
+        #: the stack_info of each stack, made when first found
+        self._infos: dict[int, StackInfo] = {}
 
     # get_stack_info() (dumpstack_64.c:191-221) over get_stack_info_noinstr() (170-189)
     def get_stack_info(self, addr: int, visit_mask: list[int]) -> StackInfo | None:

@@ -295,8 +295,7 @@ class OrcUnwinder(Unwinder):
         self._seg_data = b""
         self.table = table
         self.find = table.orc_find
-        self.stacks = StackFinder(target.task.stacks, target.mem,
-                                  target.per_task("x86_64 stacks", lambda t: StackFinder.usable(t.task.stacks)))
+        self.stacks = StackFinder(target.task.stacks, target.mem)
         self.record = target.options.record
         consts: DumpConstants = target.per_dump("x86_64", lambda t: DumpConstants(t, table))
         per_table = target.shared.get("x86_64 table")
