@@ -207,8 +207,9 @@ class Dump:
             if end > len(data):
                 raise DumpError(f"{self.path}: truncated: segment at {seg['p_vaddr']:#x} ends past the file")
             if seg["p_type"] == "PT_LOAD":
-                if seg["p_vaddr"] + seg["p_filesz"] > U64_MAX + 1:
-                    raise DumpError(f"{self.path}: PT_LOAD at {seg['p_vaddr']:#x} runs past the 64-bit address space")
+                if seg["p_vaddr"] + seg["p_filesz"] > U64_MAX:  # every segment's end is a u64 address
+                    raise DumpError(f"{self.path}: PT_LOAD at {seg['p_vaddr']:#x} runs to the end of the 64-bit "
+                                    "address space")
                 segments.append(Segment(seg["p_vaddr"], data[seg["p_offset"]:end]))
             elif seg["p_type"] == "PT_NOTE":
                 for note in seg.iter_notes():

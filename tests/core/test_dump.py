@@ -109,11 +109,17 @@ def _corrupt(raw: bytes, case: str) -> bytes:
         b[i] = ord("[")
     elif case == "truncated-note":
         struct.pack_into("<Q", b, phoff + 32, 0x10_0000)   # PT_NOTE p_filesz past the file
+    elif case == "top-of-memory":
+        # the first PT_LOAD ends at 2**64 (found by the campaign, seed 2030 case 372509: the batch's
+        # segment ends, u64 columns, wrapped)
+        first = phoff + 56
+        size = struct.unpack_from("<Q", b, first + 32)[0]
+        struct.pack_into("<Q", b, first + 16, (1 << 64) - size)
     return bytes(b)
 
 
 CASES = ["not-elf", "elf32", "big-endian", "not-core", "unknown-machine", "truncated", "truncated-header",
-         "overlap", "missing-note", "malformed-note", "truncated-note"]
+         "overlap", "missing-note", "malformed-note", "truncated-note", "top-of-memory"]
 
 
 @pytest.mark.parametrize("case", CASES)
