@@ -26,7 +26,7 @@ from unwind.frame import Source
 from unwind.target import Task
 from unwind.walk import StopReason
 
-from .stacktrace import FP_ZERO_DETAIL, RiscvUnwinder, align, first_frame_detail
+from .stacktrace import FP_ZERO_DETAIL, MASK64, RiscvUnwinder, align, first_frame_detail
 from .structs import STACK_ALIGN, STACKFRAME_FP, STACKFRAME_RA, STACKFRAME_SIZE
 
 if TYPE_CHECKING:
@@ -65,6 +65,8 @@ class DumpConstants:
         c = cls()
         c.text = list(unwinder.k.text) + [(0, 0)] * (_TEXT_RANGES - len(unwinder.k.text))
         lo, hi = unwinder.exc_frame  # -1: no such symbol (an empty range, or one from 0)
+        if hi > MASK64:
+            return None  # ret_from_exception at the last address: a range no u64 column holds
         c.exc_frame = (max(lo, 0), max(hi, 0))
         # no symbol (-1): 0, which is never kernel text, so such a pc goes to the scalar walk anyway
         c.return_to_handler = max(unwinder.return_to_handler, 0)
