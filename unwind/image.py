@@ -221,8 +221,9 @@ class Image:
             return None
         for sec in self._sections:
             if sec["sh_type"] == "SHT_PROGBITS" and sec["sh_addr"] <= sym < sec["sh_addr"] + sec["sh_size"]:
-                with self._malformed():
-                    data = sec.data()[sym - sec["sh_addr"]:sym - sec["sh_addr"] + 256]
+                with self._malformed():  # the banner's bytes only, not the whole section
+                    data = self._read_at(sec["sh_offset"] + sym - sec["sh_addr"],
+                                         min(256, sec["sh_addr"] + sec["sh_size"] - sym))
                 parts = data.split(b"\0", 1)[0].split()
                 if len(parts) >= 3 and parts[0] == b"Linux" and parts[1] == b"version":
                     return parts[2].decode("ascii", "replace")
