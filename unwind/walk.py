@@ -25,6 +25,30 @@ DEFAULT_MAX_FRAMES = 4096
 FRAME_LIMIT_SLACK = 4
 
 
+class _Detail:
+    """A stop's ``detail`` sentence, kept as given; given as a function of no arguments, it is made
+    the first time it is read."""
+
+    __slots__ = ()
+    reason: StopReason
+    _detail: "str | Callable[[], str]"
+
+    @property
+    def detail(self) -> str:
+        """The sentence: what the walk saw where it stopped."""
+        d = self._detail
+        if not isinstance(d, str):
+            d = self._detail = d()
+        return d
+
+    @detail.setter
+    def detail(self, value: str) -> None:
+        self._detail = value
+
+    def __str__(self) -> str:
+        return f"{self.reason.text}: {self.detail}" if self.detail else self.reason.text
+
+
 class StopReason(Enum):
     """Why a walk ended. ``clean`` tells a normal end from an error."""
 
@@ -51,7 +75,7 @@ class StopReason(Enum):
         self.clean = clean
 
 
-class Stop:
+class Stop(_Detail):
     """The end of a walk: the reason, a sentence of detail, frames consumed.
 
     ``detail`` may be given as a function of no arguments: it is called the first time the
@@ -64,18 +88,6 @@ class Stop:
         self.reason = reason
         self._detail = detail
         self.frames = frames
-
-    @property
-    def detail(self) -> str:
-        """The sentence: what the walk saw where it stopped."""
-        d = self._detail
-        if not isinstance(d, str):
-            d = self._detail = d()
-        return d
-
-    @detail.setter
-    def detail(self, value: str) -> None:
-        self._detail = value
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Stop):
@@ -97,11 +109,8 @@ class Stop:
         """A clean stop where the kernel's unwinder gives up before the stack's end (``--complete`` may go on)."""
         return self.reason is StopReason.KERNEL_LIMIT
 
-    def __str__(self) -> str:
-        return f"{self.reason.text}: {self.detail}" if self.detail else self.reason.text
 
-
-class UnwindStop(Exception):
+class UnwindStop(_Detail, Exception):
     """Raised by a backend step to end the walk (``-ENOENT`` or an error); ``detail`` as in :class:`Stop`."""
 
     def __init__(self, reason: StopReason, detail: "str | Callable[[], str]" = "") -> None:
@@ -109,20 +118,6 @@ class UnwindStop(Exception):
         self.reason = reason
         self._detail = detail
 
-    @property
-    def detail(self) -> str:
-        """The sentence (made now if it was given as a function)."""
-        d = self._detail
-        if not isinstance(d, str):
-            d = self._detail = d()
-        return d
-
-    @detail.setter
-    def detail(self, value: str) -> None:
-        self._detail = value
-
-    def __str__(self) -> str:
-        return f"{self.reason.text}: {self.detail}" if self.detail else self.reason.text
 
 
 class Unwinder(ABC):
