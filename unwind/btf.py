@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
+import zlib
 from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from typing import Any, Iterator
 from construct import Array, Const, Int16ul, Int32sl, Int32ul, Int8ul, Struct
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
+
+from .elfcore import section_data
 
 BTF_MAGIC = 0xEB9F
 
@@ -167,10 +170,10 @@ class Btf:
                 sec = ELFFile(f).get_section_by_name(".BTF")
                 if sec is None or sec["sh_type"] == "SHT_NOBITS":
                     raise BtfError(f"{path} has no .BTF section (kernel built without DEBUG_INFO_BTF?)")
-                return cls(sec.data())
+                return cls(section_data(sec))
         except OSError as e:
             raise BtfError(f"cannot read {path}: {e.strerror}") from None
-        except (ELFError, ValueError) as e:
+        except (ELFError, ValueError, zlib.error) as e:
             raise BtfError(f"{path}: not a readable ELF file ({e})") from None
 
     # -- the blob ------------------------------------------------------------------------------

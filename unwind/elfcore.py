@@ -1,7 +1,8 @@
 """ELF core structures the dump writer builds, declared once with construct.
 
 Layouts follow ``include/uapi/linux/elf.h`` and ``include/linux/elfcore.h``
-(64-bit, little-endian). pyelftools reads them back.
+(64-bit, little-endian). pyelftools reads them back; :func:`section_data` reads
+a section of any ELF file it opened, bounded by that file.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from construct import Array, Const, Int16ul, Int32sl, Int32ul, Int64ul, Padding, Struct
+from elftools.common.exceptions import ELFError
+from elftools.elf.sections import Section
 
 ET_EXEC = 2
 ET_CORE = 4
@@ -23,6 +26,8 @@ VMCOREINFO_NOTE_TYPE = 0
 NT_UNWIND_META = 0x534A5755
 UNWIND_NOTE_NAME = "UNWIND"
 VMCOREINFO_NOTE_NAME = "VMCOREINFO"
+#: deflate's greatest expansion: no zlib stream inflates more than 1032 times its own size
+ZLIB_MAX_RATIO = 1032
 
 Elf64_Ehdr = Struct(
     "e_ident" / Const(b"\x7fELF\x02\x01\x01" + bytes(9)),
@@ -116,3 +121,19 @@ def prstatus_bytes(nregs: int, regs: list[int], pid: int) -> bytes:
         pr_utime=zero_tv, pr_stime=zero_tv, pr_cutime=zero_tv, pr_cstime=zero_tv,
         pr_reg=regs, pr_fpvalid=0))
 
+
+def section_data(sec: Section) -> bytes:
+    """A section's bytes, read by pyelftools once its header is shown to fit the file.
+
+    ``sh_offset``, ``sh_size`` and a compressed section's stated size come from the file itself:
+    unchecked, a huge one has pyelftools ask for that many bytes (a ``MemoryError``). Raises
+    :class:`ELFError` naming the section instead.
+    """
+    size = sec.stream.seek(0, 2)
+    if sec["sh_offset"] + sec["sh_size"] > size:
+        raise ELFError(f"section {sec.name} ({sec['sh_size']:#x} bytes at {sec['sh_offset']:#x}) runs past "
+                       f"the end of the file ({size:#x} bytes)")
+    if sec.compressed and sec.data_size > ZLIB_MAX_RATIO * sec["sh_size"]:
+        raise ELFError(f"compressed section {sec.name} claims {sec.data_size:#x} bytes, more than "
+                       f"{sec['sh_size']:#x} compressed bytes can hold")
+    return sec.data()

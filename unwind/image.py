@@ -15,6 +15,7 @@ import json
 import lzma
 import os
 import re
+import zlib
 from dataclasses import dataclass
 from contextlib import contextmanager
 from functools import cached_property, lru_cache
@@ -29,15 +30,18 @@ from elftools.elf.elffile import ELFFile
 
 from .btf import Btf, BtfError
 from .cachefile import CACHE_ENV, CacheFileError, cache_dir, cache_root, read_arrays, write_arrays, write_atomically
+from .elfcore import section_data
 from .symbols import SymbolError, SymbolTable
 
 NT_GNU_BUILD_ID = "NT_GNU_BUILD_ID"
 IMAGE_PATH_ENV = "UNWIND_IMAGE_PATH"
 _SYMBOL_CACHE_VERSION = 3
 _BUILD_ID_IN_NAME = re.compile(r"[0-9a-f]{40}")
-#: what pyelftools, construct and numpy raise on a malformed image (a symbol table of a size that
-#: is no multiple of its entries is numpy's ValueError)
-_ELF_ERRORS = (ELFError, ConstructError, ElftoolsConstructError, ValueError, OverflowError, UnicodeDecodeError)
+#: what pyelftools, construct, zlib and numpy raise on a malformed image (a symbol table of a size
+#: that is no multiple of its entries is numpy's ValueError; a compressed section that is not
+#: deflate data is zlib's error)
+_ELF_ERRORS = (ELFError, ConstructError, ElftoolsConstructError, ValueError, OverflowError, UnicodeDecodeError,
+               zlib.error)
 
 # Elf64_Sym as numpy sees it, to decode .symtab in one pass (numpy is imported there: a cached
 # table needs none).
@@ -139,8 +143,8 @@ class Image:
             raise ImageError(f"{self.path}: no .symtab (use a System.map)")
         if not 0 <= symtab["sh_link"] < len(self._sections):
             raise ImageError(f"{self.path}: .symtab names string table {symtab['sh_link']}, which does not exist")
-        strtab = self._sections[symtab["sh_link"]].data()
-        raw = np.frombuffer(symtab.data(), dtype=np.dtype(_ELF64_SYM))
+        strtab = section_data(self._sections[symtab["sh_link"]])
+        raw = np.frombuffer(section_data(symtab), dtype=np.dtype(_ELF64_SYM))
         exec_sections = np.array([bool(sec["sh_flags"] & SH_FLAGS.SHF_EXECINSTR)
                                   for sec in self._sections] + [False])
         stt, stb, shndx = raw["info"] & 0xF, raw["info"] >> 4, raw["shndx"]
@@ -189,7 +193,7 @@ class Image:
             sec = self._by_name.get(name)
             if sec is None or sec["sh_type"] == "SHT_NOBITS":
                 return None
-            return sec["sh_addr"], sec.data()
+            return sec["sh_addr"], section_data(sec)
 
     def _read_at(self, offset: int, size: int) -> bytes:
         """``size`` bytes of the file at ``offset`` (``pread``: no shared file position to race on)."""

@@ -37,7 +37,7 @@ def slim_bytes(image: Image, with_text: bool) -> bytes:
                                  "sh_addralign", "sh_entsize")}
         hdr["sh_type"] = _section_type(sec["sh_type"])
         if keep and sec["sh_type"] != "SHT_NOBITS" and sec["sh_type"] != "SHT_NULL":
-            data = sec.data()
+            data = elfcore.section_data(sec)
             pad = -offset % max(1, min(sec["sh_addralign"], 4096))
             blobs.append(bytes(pad))
             offset += pad
