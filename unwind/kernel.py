@@ -27,6 +27,8 @@ MAX_CPUS = 8192
 MAX_FGRAPH_WORDS = 1 << 14
 MAX_KRETPROBES = 1024
 MAX_MODULE_ORCS = 1 << 20
+#: include/linux/threads.h: pid_max is at most PID_MAX_LIMIT (4M on 64-bit), so no pid is above it
+PID_MAX_LIMIT = 4 * 1024 * 1024
 
 # include/linux/sched.h: the task state bits task_state_index() reads (stable 5.14 .. 7.x)
 TASK_REPORT = 0x7F
@@ -324,6 +326,8 @@ class Kernel:
         comm = data[comm_m.offset:comm_m.offset + comm_m.size].split(b"\0")[0].decode("utf-8", "replace")
         state = u("__state") if self.has("task_struct", "__state") else u("state")
         cpu_path = "thread_info.cpu" if self.has("task_struct", "thread_info.cpu") else "cpu"
+        if u("pid") > PID_MAX_LIMIT:  # alloc_pid() hands out pids below pid_max only
+            raise KernelError(f"pid {u('pid')} is past PID_MAX_LIMIT ({PID_MAX_LIMIT}): not a task")
         return KernelTask(addr=addr, pid=u("pid"), tgid=u("tgid"), comm=comm,
                           state=task_state_char(state & 0xFFFFFFFF, u("exit_state")), stack=u("stack"),
                           on_cpu=u("on_cpu"), cpu=u(cpu_path) if self.has("task_struct", cpu_path) else 0,

@@ -298,6 +298,10 @@ class VmcoreDump:
         if t.running_on is not None and cpu is None:
             extra["note"] = f"current on cpu{t.running_on}, which saved no registers: its saved context is stale"
         stacks = [StackInfo(t.stack, t.stack + k.thread_size, "task", cpu)] if t.stack else []
+        if t.stack + k.thread_size >= 2**64:  # task_stack_page() + THREAD_SIZE: the end is an address too
+            stacks = []
+            why = f"task->stack {t.stack:#x} + THREAD_SIZE runs past the address space: no stack"
+            extra["note"] = f"{extra['note']}; {why}" if "note" in extra else why
         context = None
         regs = None
         if cpu is not None:
