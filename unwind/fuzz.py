@@ -21,6 +21,10 @@ Each case applies one mutation family to one seed, in memory:
            headers, and bytes of .symtab, .strtab, .notes, .BTF and the ORC sections; then it
            is opened, its symbols, BTF and text read, and every task replayed with it
            (:data:`IMAGE_SHARE` of the cases)
+``vmmem``  a committed vmcore slice's memory: 1..8 of the words a clean load read (task_structs,
+           lists, runqueues, per-CPU data, page-table entries, stacks, module data); then it is
+           loaded as ``Session.load(VMCORE, vmlinux=IMAGE)``, listed (``ps``), converted, and every
+           task replayed (:data:`VMMEM_SHARE` of the cases, under :data:`VMMEM_CPU_LIMIT`)
 
 and checks, for every task, in faithful, complete, explain (provenance) and reliable mode,
 with the trace printed and the oracles compared: no exception but a one-line input error at
@@ -35,6 +39,7 @@ Cases are numbered and reproducible: case ``i`` of seed ``S`` is the same everyw
 from __future__ import annotations
 
 import argparse
+import bisect
 import copy
 import json
 import lzma
@@ -65,11 +70,15 @@ from .target import Options
 from .walk import frame_limit
 
 U64 = 2**64
-FAMILIES = ("stack", "regs", "json", "vmcoreinfo", "elf", "orc", "btf", "vmcore", "image")
+FAMILIES = ("stack", "regs", "json", "vmcoreinfo", "elf", "orc", "btf", "vmcore", "image", "vmmem")
 #: the share of cases in the ``image`` family (a case parses a whole image: ~100x a dump case)
 IMAGE_SHARE = 0.003
+#: the share of cases in the ``vmmem`` family (a case loads a whole vmcore slice: ~50 dump cases)
+VMMEM_SHARE = 0.004
 #: CPU seconds one case may take (every task, every mode); over it the case is a hang
 CASE_CPU_LIMIT = 5.0
+#: CPU seconds a ``vmmem`` case may take: a clean seed's load, listing and replays take 0.4-0.9 s
+VMMEM_CPU_LIMIT = 4.0
 MODES: dict[str, tuple[Options, bool]] = {
     "faithful": (Options(), False),
     "complete": (Options(complete=True), False),
@@ -104,8 +113,8 @@ class CheckedBytes(bytes):
 
 
 def instrument(mem: Memory) -> Memory:
-    """The same memory with every segment's bytes :class:`CheckedBytes`."""
-    return Memory([Segment(s.start, CheckedBytes(s.data)) for s in mem.segments])
+    """The same memory (and holes) with every segment's bytes :class:`CheckedBytes`."""
+    return Memory([Segment(s.start, CheckedBytes(s.data)) for s in mem.segments], mem.holes)
 
 
 # --- seeds --------------------------------------------------------------------------------------
@@ -657,6 +666,189 @@ def _mutate_symbol(rng: random.Random, data: bytearray, start: int, size: int) -
     data[entry + off:entry + off + width] = (value % 2**(8 * width)).to_bytes(width, "little")
 
 
+# vmcore memory: a real vmcore's words, where the reader read them ---------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ReadWord:
+    """A word a clean load of a vmcore seed read: its file ``offset``, ``width`` in bytes, physical
+    address, and the kernel virtual address it was read at (``None``: a page-table entry, or read
+    by physical address)."""
+
+    offset: int
+    width: int
+    paddr: int
+    vaddr: int | None
+
+
+@dataclass
+class VmmemSeed:
+    """A committed vmcore slice (``corpora/<arch>/<release>/vmcore/*.elf.xz``) and its slim image.
+
+    What a clean load read is recorded once, on first use (:func:`record_reads`): ``words``, the
+    words of reads of up to 64 bytes (task_struct members, list pointers, per-CPU data, page-table
+    entries); ``bulk``, the larger reads (stacks, strings, ORC tables) as (offset, size, vaddr).
+    """
+
+    name: str
+    path: Path
+    image_path: Path
+    _raw: bytes | None = field(default=None, repr=False)
+    words: list[ReadWord] = field(default_factory=list, repr=False)
+    bulk: list[tuple[int, int, int | None]] = field(default_factory=list, repr=False)
+    #: (physical start, end, file offset) of each PT_LOAD's bytes
+    extents: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
+    #: the commonest ``vaddr - paddr`` of the recorded reads (the direct map, the kernel image map)
+    deltas: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def raw(self) -> bytes:
+        """The decompressed ELF (read once)."""
+        if self._raw is None:
+            self._raw = lzma.decompress(self.path.read_bytes())
+        return self._raw
+
+    def recorded(self, scratch: Path) -> "VmmemSeed":
+        """The seed with what a clean load read (recorded on the first call)."""
+        if not self.extents:
+            path = scratch / f"unwind-fuzz-{os.getpid()}-clean.elf"
+            path.write_bytes(self.raw)
+            try:
+                record_reads(self, path)
+            finally:
+                path.unlink(missing_ok=True)
+        return self
+
+
+def load_vmmem_seeds(corpus: Path) -> list[VmmemSeed]:
+    """The committed vmcore slices of ``corpus``, each with the slim image of its build."""
+    out = []
+    for path in sorted(corpus.glob("*/*/vmcore/*.elf.xz")):
+        image = next(path.parents[1].glob("vmlinux-*.slim*"), None)
+        if image is not None:
+            out.append(VmmemSeed(f"{path.parts[-3]}/vmcore/{path.name.split('.')[0]}", path, image))
+    return out
+
+
+def record_reads(seed: VmmemSeed, path: Path) -> None:
+    """Load ``path`` (the seed's clean ELF) as a user does, every task's memory snapshotted, and keep
+    every physical read: the reader's own code is wrapped here, for this one load."""
+    from .vmcore.physmem import PhysicalMemory
+    from .vmcore.virtual import VirtualMemory
+
+    reads: list[tuple[int, int, int | None]] = []
+    read_phys, read_chunk = PhysicalMemory.read_phys, VirtualMemory._read_chunk
+
+    def phys(self: Any, paddr: int, size: int) -> bytes:
+        data = read_phys(self, paddr, size)
+        reads.append((paddr, size, None))
+        return data
+
+    def chunk(self: Any, addr: int, size: int) -> bytes:
+        data = read_chunk(self, addr, size)
+        reads.append((self.page_phys(addr), size, addr))
+        return data
+
+    PhysicalMemory.read_phys, VirtualMemory._read_chunk = phys, chunk  # type: ignore[method-assign]
+    try:
+        session = Session.load(path, vmlinux=seed.image_path)
+        for task in session.select(every=True):
+            session.dump.task_memory(task)
+        extents = [(e.start, e.end, e.offset) for e in session.dump.phys._extents]
+        session.dump.phys.close()
+    finally:
+        PhysicalMemory.read_phys, VirtualMemory._read_chunk = read_phys, read_chunk  # type: ignore[method-assign]
+    starts = [e[0] for e in extents]
+
+    def offset(paddr: int) -> int | None:
+        i = bisect.bisect_right(starts, paddr) - 1
+        return extents[i][2] + paddr - extents[i][0] if i >= 0 and paddr < extents[i][1] else None
+
+    words: dict[int, ReadWord] = {}
+    bulk: dict[int, tuple[int, int, int | None]] = {}
+    deltas: Counter[int] = Counter()
+    for paddr, size, vaddr in sorted(reads, key=lambda r: r[2] is not None):  # a virtual read wins
+        off = offset(paddr)
+        if off is None or size <= 0:
+            continue
+        if vaddr is not None:
+            deltas[vaddr - paddr] += 1
+        if size > 64:
+            bulk[off] = (off, size, vaddr)
+            continue
+        width = 8 if size >= 8 else size
+        for k in range(0, max(size - width, 0) + 1, width):
+            words[off + k] = ReadWord(off + k, width, paddr + k, None if vaddr is None else vaddr + k)
+    seed.words, seed.bulk = list(words.values()), list(bulk.values())
+    seed.extents, seed.deltas = extents, [d for d, _ in deltas.most_common(8)]
+
+
+def _vmmem_value(rng: random.Random, seed: VmmemSeed, word: ReadWord, old: int) -> int:
+    """A value a broken kernel's word plausibly holds, for ``word`` (which held ``old``)."""
+    kind = rng.randrange(12)
+    delta = rng.choice(seed.deltas) if seed.deltas else 0
+    if kind == 0:
+        return 0
+    if kind == 1:
+        return U64 - 1
+    if kind == 2:  # itself: a list head pointing to itself, a page-table entry naming its own table
+        return word.vaddr if word.vaddr is not None else (word.paddr & ~0xFFF) | (old & 0xFFF)
+    if kind == 3 and seed.words:  # another word the reader read
+        other = rng.choice(seed.words)
+        return other.vaddr if other.vaddr is not None else (other.paddr & ~0xFFF) | (old & 0xFFF)
+    if kind == 4:
+        return old + rng.choice((-8, 8, -0x1000, 0x1000))
+    if kind == 5 and seed.extents:  # into another segment
+        start, end, _ = rng.choice(seed.extents)
+        return start + (rng.randrange(end - start) & ~7) + delta
+    if kind == 6 and seed.extents:  # past every segment
+        return max(e[1] for e in seed.extents) + rng.choice((0, 8, 0x1000, 1 << 30)) + delta
+    if kind == 7:  # high (PAC-like, tag, sign) bits changed
+        return old ^ (rng.getrandbits(16) << 48) if rng.random() < 0.5 else old | (0xFF80 << 48)
+    if kind == 8:
+        return rng.choice((1, 2, 3, 4, 7, 8, 16, 63, 64, 255, 4096, -1, -2))
+    if kind == 9:  # sizes and counts
+        return rng.choice((2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40, 2**63 - 1, 2**63, U64 - 8, 1 << 20))
+    if kind == 10:
+        return old ^ (1 << rng.randrange(8 * word.width))
+    return rng.getrandbits(64)
+
+
+def mutate_vmmem(rng: random.Random, seed: VmmemSeed) -> list[tuple[int, int, int]]:
+    """1..8 edits ``(file offset, width, value)`` of words the reader read: most in its small reads
+    (structs, lists, page tables), some in its large ones (stacks), a few anywhere in a segment."""
+    edits = []
+    raw = seed.raw
+    for _ in range(rng.randint(1, 8)):
+        roll = rng.random()
+        if roll < 0.75 and seed.words:
+            word = rng.choice(seed.words)
+        elif roll < 0.92 and seed.bulk:
+            off, size, vaddr = rng.choice(seed.bulk)
+            k = 8 * rng.randrange(max(1, size // 8))
+            paddr = next((s + off + k - o for s, e, o in seed.extents if o <= off + k < o + e - s), None)
+            if paddr is None:
+                continue
+            word = ReadWord(off + k, 8, paddr, None if vaddr is None else vaddr + k)
+        else:
+            start, end, off = rng.choice(seed.extents)
+            k = 8 * rng.randrange(max(1, (end - start) // 8))
+            word = ReadWord(off + k, 8, start + k, None)
+        if word.offset + word.width > len(raw):
+            continue
+        old = int.from_bytes(raw[word.offset:word.offset + word.width], "little")
+        value = _vmmem_value(rng, seed, word, old) % 2**(8 * word.width)
+        edits.append((word.offset, word.width, value))
+    return edits
+
+
+def apply_edits(raw: bytes, edits: list[tuple[int, int, int]]) -> bytearray:
+    """``raw`` with each ``(offset, width, value)`` written little-endian."""
+    data = bytearray(raw)
+    for off, width, value in edits:
+        data[off:off + width] = value.to_bytes(width, "little")
+    return data
+
+
 # --- running a case -----------------------------------------------------------------------------
 
 @dataclass
@@ -675,7 +867,7 @@ class Fuzzer:
 
     def __init__(self, seeds: list[Seed], cpu_limit: float = CASE_CPU_LIMIT,
                  vmcore_seeds: list[tuple[str, bytes]] | None = None, scratch: Path | None = None,
-                 btf_blobs: list[bytes] | None = None) -> None:
+                 btf_blobs: list[bytes] | None = None, vmmem_seeds: list[VmmemSeed] | None = None) -> None:
         self.seeds = seeds
         self.cpu_limit = cpu_limit
         self.images: dict[Path, Image] = {}
@@ -697,6 +889,11 @@ class Fuzzer:
         self._image_bytes: dict[Path, bytes] = {}
         #: the share of cases in the ``image`` family
         self.image_share = IMAGE_SHARE
+        #: the vmcore slices the ``vmmem`` family mutates, the share of cases it gets (0: a campaign's
+        #: cases as they ran before the family existed) and its CPU bound
+        self.vmmem_seeds = vmmem_seeds or []
+        self.vmmem_share = VMMEM_SHARE
+        self.vmmem_cpu_limit = VMMEM_CPU_LIMIT
 
     def families(self, seed: Seed) -> tuple[str, ...]:
         """The families that apply to ``seed``: ``orc`` where its arch mutates its image, ``btf``
@@ -713,7 +910,13 @@ class Fuzzer:
 
     def case(self, index: int, seed_value: int, family: str | None = None, seed_name: str | None = None) -> Outcome:
         """Run case ``index`` of the campaign seeded ``seed_value`` (on the seed named ``seed_name``
-        if given: the case as it ran on a corpus whose seeds were numbered otherwise)."""
+        if given: the case as it ran on a corpus whose seeds were numbered otherwise).
+
+        A ``vmmem`` case is chosen by a draw of its own (``"{seed_value}:{index}:vmmem"``), so the
+        other cases are drawn as they were before the family existed."""
+        if family == "vmmem" or (family is None and self.vmmem_seeds and self.vmmem_share
+                                 and random.Random(f"{seed_value}:{index}:vmmem").random() < self.vmmem_share):
+            return self._vmmem(index, seed_value, seed_name)
         rng = random.Random(f"{seed_value}:{index}")
         seed = self.seeds[rng.randrange(len(self.seeds))]
         if seed_name is not None:
@@ -726,7 +929,54 @@ class Fuzzer:
             self.keep_case(out, seed, f"{fam}-{seed_value}-{index}")
         return out
 
-    def keep_case(self, out: Outcome, seed: Seed, name: str) -> Path:
+    def _vmmem(self, index: int, seed_value: int, seed_name: str | None) -> Outcome:
+        """Case ``index`` as a ``vmmem`` case: a vmcore slice with 1..8 words it read changed."""
+        rng = random.Random(f"{seed_value}:{index}:vmmem")
+        rng.random()  # the draw that chose the family
+        seed = self.vmmem_seeds[rng.randrange(len(self.vmmem_seeds))]
+        if seed_name is not None:
+            seed = next(s for s in self.vmmem_seeds if s.name == seed_name)
+        seed.recorded(self.scratch)  # once per seed, outside the case's CPU bound
+        label = f"{seed.name} case {seed_value}:{index}"
+        out = self.guarded("vmmem", label, lambda: self._vmmem_case(rng, seed), self.vmmem_cpu_limit)
+        if self.keep is not None and out.kind not in ("ok", "rejected"):
+            self.keep_case(out, seed, f"vmmem-{seed_value}-{index}")
+        return out
+
+    def _vmmem_case(self, rng: random.Random, seed: VmmemSeed) -> Outcome:
+        edits = mutate_vmmem(rng, seed)
+        self.last = json.dumps({"seed": seed.name, "edits": edits}).encode()  # kept: the edits, not 10 MB
+        return self.check_vmcore(apply_edits(seed.raw, edits), seed)
+
+    def check_vmcore(self, data: bytes | bytearray, seed: VmmemSeed, fam: str = "vmmem") -> Outcome:
+        """Load ``data`` as the vmcore ``Session.load(VMCORE, vmlinux=IMAGE)`` opens, list its tasks
+        (``ps``), convert them, and replay every task in every mode, with every check."""
+        from .vmtools import convert, ps_lines
+
+        path = self.scratch / f"unwind-fuzz-{id(self)}-{Path(seed.name).name}.elf"
+        path.write_bytes(data)
+        session: Session | None = None
+        try:
+            try:
+                session = Session.load(path, vmlinux=seed.image_path)
+                tasks = session.select(every=True)
+            except (DumpError, ReplayError, ImageError) as e:
+                return _one_line(fam, e)
+            dump: Any = session.dump
+            snapshot = dump.task_memory
+            dump.task_memory = lambda task: instrument(snapshot(task))
+            ps_lines(session)
+            convert(session, tasks).to_bytes()
+            bad = self._replay_all(session, tasks)
+        finally:
+            if session is not None and getattr(session.dump, "phys", None) is not None:
+                session.dump.phys.close()  # type: ignore[attr-defined]
+            path.unlink(missing_ok=True)
+        if bad is not None:
+            return Outcome(fam, bad[0], f"{seed.name}: {bad[1]}", len(tasks))
+        return Outcome(fam, "ok", "", len(tasks))
+
+    def keep_case(self, out: Outcome, seed: Seed | VmmemSeed, name: str) -> Path:
         """Write the case's input (``.bin.xz``) and what went wrong (``.txt``) into :attr:`keep`."""
         assert self.keep is not None
         self.keep.mkdir(parents=True, exist_ok=True)
@@ -737,14 +987,16 @@ class Fuzzer:
             f"outcome: {out.kind}\n{out.detail}\n")
         return path
 
-    def guarded(self, fam: str, label: str, run: Callable[[], Outcome]) -> Outcome:
-        """``run()`` under the CPU bound, any exception turned into the outcome that names it."""
+    def guarded(self, fam: str, label: str, run: Callable[[], Outcome], limit: float | None = None) -> Outcome:
+        """``run()`` under the CPU bound (``limit``, else :attr:`cpu_limit`), any exception turned into
+        the outcome that names it."""
+        limit = self.cpu_limit if limit is None else limit
         signal.signal(signal.SIGVTALRM, _on_timer)
-        signal.setitimer(signal.ITIMER_VIRTUAL, self.cpu_limit)
+        signal.setitimer(signal.ITIMER_VIRTUAL, limit)
         try:
             return run()
         except CaseTimeout:
-            return Outcome(fam, "hang", f"{label}: over {self.cpu_limit} s CPU")
+            return Outcome(fam, "hang", f"{label}: over {limit} s CPU")
         except OutOfDump as e:
             return Outcome(fam, "out-of-dump", f"{label}: {e}\n{_where()}")
         except Exception as e:  # noqa: BLE001 -- the fuzzer's job is to catch exactly these
@@ -1011,12 +1263,12 @@ class Summary:
 
 
 def run_cases(fuzzer: Fuzzer, seed_value: int, indices: range,
-              progress: Callable[[int, Summary], None] | None = None) -> Summary:
-    """Run cases ``indices`` of campaign ``seed_value`` in this process."""
+              progress: Callable[[int, Summary], None] | None = None, family: str | None = None) -> Summary:
+    """Run cases ``indices`` of campaign ``seed_value`` in this process (all of ``family`` if given)."""
     summary = Summary()
     t0 = time.process_time()
     for n, i in enumerate(indices):
-        summary.add(fuzzer.case(i, seed_value))
+        summary.add(fuzzer.case(i, seed_value, family))
         if progress is not None and n % 1000 == 999:
             summary.cpu_seconds = time.process_time() - t0
             progress(n + 1, summary)
@@ -1036,8 +1288,10 @@ def _fuzzer(args: argparse.Namespace) -> Fuzzer:
             raise OSError(f"{path} has no .BTF section")
         blobs.append(sec[1])
     vmcores = load_vmcore_seeds(Path(args.vmcore_seeds)) if args.vmcore_seeds else None
-    fuzzer = Fuzzer(load_seeds(Path(args.corpus)), args.cpu_limit, vmcores, btf_blobs=blobs)
+    fuzzer = Fuzzer(load_seeds(Path(args.corpus)), args.cpu_limit, vmcores, btf_blobs=blobs,
+                    vmmem_seeds=load_vmmem_seeds(Path(args.corpus)))
     fuzzer.keep = Path(args.keep) if args.keep else None
+    fuzzer.vmmem_cpu_limit = getattr(args, "vmmem_cpu_limit", VMMEM_CPU_LIMIT)
     return fuzzer
 
 
@@ -1046,10 +1300,10 @@ def _worker_init(args: argparse.Namespace) -> None:
     _WORKER = _fuzzer(args)
 
 
-def _worker_run(args: tuple[int, int, int]) -> Summary:
-    seed_value, start, stop = args
+def _worker_run(args: tuple[int, int, int, str | None]) -> Summary:
+    seed_value, start, stop, family = args
     assert _WORKER is not None
-    return run_cases(_WORKER, seed_value, range(start, stop))
+    return run_cases(_WORKER, seed_value, range(start, stop), family=family)
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
@@ -1068,7 +1322,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     summary = Summary()
     out = Path(args.report) if args.report else None
     chunk, first, end = args.chunk, args.start, args.start + args.cases
-    jobs = [(args.seed, a, min(a + chunk, end)) for a in range(first, end, chunk)]
+    jobs = [(args.seed, a, min(a + chunk, end), args.family) for a in range(first, end, chunk)]
     span = f" (cases {first} to {end - 1} of campaign {args.seed})" if first else ""
 
     def report(done: int) -> None:
@@ -1088,7 +1342,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if args.jobs <= 1:
         fuzzer = _fuzzer(args)
         for job in jobs:
-            summary.merge(run_cases(fuzzer, *job[:1], range(job[1], job[2])))
+            summary.merge(run_cases(fuzzer, job[0], range(job[1], job[2]), family=job[3]))
             done = job[2] - first
             report(done)
     else:
@@ -1121,6 +1375,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     f.add_argument("--chunk", type=int, default=5000, help="cases per progress report (default 5000)")
     f.add_argument("--cpu-limit", type=float, default=CASE_CPU_LIMIT,
                    help=f"CPU seconds a case may take before it counts as a hang (default {CASE_CPU_LIMIT})")
+    f.add_argument("--vmmem-cpu-limit", type=float, default=VMMEM_CPU_LIMIT,
+                   help=f"the same for a vmmem case, which loads a whole vmcore (default {VMMEM_CPU_LIMIT})")
+    f.add_argument("--family", choices=FAMILIES,
+                   help="run only this family's cases (case i is then family's case i of the campaign)")
     f.add_argument("--vmcore-seeds", metavar="DIR",
                    help="small vmcore files for the vmcore family (python -m tests.fuzz.vmcore_seeds DIR writes some)")
     f.add_argument("--btf", metavar="ELF", action="append",
