@@ -290,7 +290,6 @@ class OrcUnwinder(Unwinder):
         self.target = target
         self.task = target.task
         self.mem = target.mem
-        self.read = self.read_word
         self._seg_lo = self._seg_hi = 0
         self._seg_data = b""
         self.table = table
@@ -334,6 +333,10 @@ class OrcUnwinder(Unwinder):
         seg = self.mem.segment(addr, 8)
         self._seg_lo, self._seg_hi, self._seg_data = seg.start, seg.end, seg.data
         return _U64(seg.data, addr - seg.start)[0]
+
+    #: the reader handed to :class:`Regs` (a class attribute: a bound method kept on the walk would make a
+    #: reference cycle, and every walk garbage for the cyclic collector)
+    read = read_word
 
     # --- stack access (unwind_orc.c:387-437) ---
 
