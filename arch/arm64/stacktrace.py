@@ -791,8 +791,10 @@ class Arm64Unwinder(Unwinder):
         if self._pending:
             return self._pending.pop(0)
         if self._deferred is not None:
-            stop, self._deferred = self._deferred, None
-            raise stop
+            try:  # no local names the stop: its traceback holds this frame, which would make a cycle
+                raise self._deferred
+            finally:
+                self._deferred = None
         state = self.state
         record_at = state.fp
         if state.record:  # the rule and the note are written when read
