@@ -78,6 +78,10 @@ def _ignored(name: str, typ: str) -> bool:
     return _MKSYSMAP_DROPPED.search(name) is not None
 
 
+#: names :meth:`SymbolTable.address` keeps the answer of at most
+_ASKED_MAX = 1 << 12
+
+
 def _blob(parts: Iterable[bytes]) -> tuple[bytes, array]:
     """``parts`` joined, and the start offset of each (plus the end)."""
     chunks = list(parts)
@@ -146,6 +150,8 @@ class SymbolTable:
         self.addrs: array = addrs
         self._blob, self._offsets, self._last_end = blob, offsets, last_end
         self._index, self._index_addrs = index, index_addrs
+        #: :meth:`address`'s answers so far, by the name asked (a walk asks the same few names of every dump)
+        self._asked: dict[str, int | None] = {}
 
     def to_arrays(self) -> dict[str, array]:
         """The table as flat arrays, for a cache file (:meth:`from_arrays` reads them back)."""
@@ -219,6 +225,20 @@ class SymbolTable:
 
     def address(self, name: str) -> int | None:
         """The address of a symbol by name (any alias; a name at several addresses: the lowest)."""
+        asked = self._asked
+        try:
+            return asked[name]
+        except KeyError:
+            pass
+        except TypeError:  # not hashable, so no name
+            return None
+        if len(asked) >= _ASKED_MAX:  # a caller asking ever new names: the memo stays small
+            asked.clear()
+        addr = asked[name] = self._address(name)
+        return addr
+
+    def _address(self, name: str) -> int | None:
+        """:meth:`address` by bisection of the by-name index."""
         try:
             key = name.encode()
         except (AttributeError, UnicodeEncodeError):

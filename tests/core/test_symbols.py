@@ -52,3 +52,19 @@ def test_system_map(tmp_path):
     p.write_text("zzzz T broken\n")
     with pytest.raises(SymbolError):
         SymbolTable.from_system_map(p)
+
+
+def test_address_by_name_asked_again_and_past_the_memo(monkeypatch):
+    # the answers by construction: each alias's address as given, the lowest for a name given twice
+    entries = [(0x1000 + 0x10 * i, "T", f"f{i}") for i in range(40)] + [(0x2000, "T", "f3"), (0x1000, "W", "alias")]
+    want = {f"f{i}": 0x1000 + 0x10 * i for i in range(40)} | {"alias": 0x1000}
+    monkeypatch.setattr("unwind.symbols._ASKED_MAX", 8)  # the memo is emptied several times below
+    t = SymbolTable(entries)
+    for _ in range(3):
+        for name, addr in want.items():
+            assert t.address(name) == addr and name in t
+        assert t.address("missing") is None and "missing" not in t
+        assert t.address(["not", "hashable"]) is None and t.address(None) is None and t.address("\udc80") is None
+    assert len(t._asked) <= 8
+    again = SymbolTable.from_arrays(t.to_arrays())
+    assert all(again.address(n) == a for n, a in want.items())
