@@ -69,8 +69,8 @@ class Session:
                 raise ReplayError(f"{dump.path}: malformed modules or bpf_symbols list: {e}") from None
         self.warnings: list[str] = []
         self._callsites = CallSiteChecker(self.backend, image)
-        #: the options :meth:`check_options` accepted, as tuples
-        self._checked: set[tuple[object, ...]] = set()
+        #: the :attr:`_walks` entries of the options :meth:`replay` has checked (:meth:`check_options`)
+        self._checked: dict[tuple[object, ...], tuple[object, object, Options, dict[str, object], str | None]] = {}
         #: per options: the :attr:`Target.shared` of walks with those options
         self._shared: dict[tuple[object, ...], tuple[object, object, dict[str, object]]] = {}
         #: per options as given (and image and symbols, kept with it): the options a walk reads, its shared dict,
@@ -203,17 +203,28 @@ class Session:
         """Everything a walk of ``task`` reads; a dump's ``kernel.generation`` applies unless overridden.
 
         Walks with equal options share one :attr:`Target.shared` (what the backend derives once per dump)."""
-        image, symbols, dump = self.image, self.symbols, self.dump
         key = (options.complete, options.record, options.user, options.generation, options.orc_version,
-               id(image), id(symbols))
-        hit = self._walks.get(key)
-        if hit is None:  # the options a walk reads (a copy: the caller's may change) and its shared dict
-            pinned = dump.meta.get("kernel", {}).get("generation")
-            walk = replace(options, generation=str(pinned)) if options.generation is None and pinned else \
-                replace(options)
-            hit = self._walks[key] = (image, symbols, walk, self._shared_for(walk), dump.release)
-        return Target(self.backend.name, self._task(task)[1], task, hit[4], dump.vmcoreinfo, symbols,
-                      image, dump.meta, hit[2], hit[3])
+               id(self.image), id(self.symbols))
+        walk = self._walks.get(key) or self._walk(options, key)
+        return self._target(task, walk, self._task(task))
+
+    def _walk(self, options: Options, key: tuple[object, ...]) -> tuple[object, object, Options, dict[str, object],
+                                                                        str | None]:
+        """The :attr:`_walks` entry of ``options`` (``key``): the options a walk reads (a copy: the caller's
+        may change), with the image and symbols, the shared dict and the dump's release."""
+        dump = self.dump
+        pinned = dump.meta.get("kernel", {}).get("generation")
+        walk = replace(options, generation=str(pinned)) if options.generation is None and pinned else \
+            replace(options)
+        hit = self._walks[key] = (self.image, self.symbols, walk, self._shared_for(walk), dump.release)
+        return hit
+
+    def _target(self, task: Task, walk: tuple[object, object, Options, dict[str, object], str | None],
+                per_task: list) -> Target:
+        """The :class:`Target` of ``task`` from its :meth:`_walk` entry and :meth:`_task` entry."""
+        dump = self.dump
+        return Target(self.backend.name, per_task[1], task, walk[4], dump.vmcoreinfo, walk[1],  # type: ignore[arg-type]
+                      walk[0], dump.meta, walk[2], walk[3])  # type: ignore[arg-type]
 
     def _shared_for(self, options: Options) -> dict[str, object]:
         """The :attr:`Target.shared` of walks with ``options`` over this session's image and symbols."""
@@ -239,13 +250,6 @@ class Session:
             hit = self._per_task[id(stacks)] = [stacks, make(task), None, memory, made_by]
         return hit
 
-    def _frame_limit(self, task: Task, target: Target) -> int:
-        """:func:`unwind.walk.frame_limit` of ``task``, worked out once per task."""
-        hit = self._task(task)
-        if hit[2] is None:
-            hit[2] = frame_limit(task.stacks, hit[1], self.backend.min_frame_bytes)
-        return hit[2]
-
     def unwinder(self, task: Task, options: Options | None = None) -> Unwinder:
         """An unwinder for ``task``, to drive with :func:`~unwind.walk.kunwind_stack_walk` and the kernel's
         adapters; its frames carry the symbol the kernel prints."""
@@ -262,18 +266,23 @@ class Session:
         stack bytes allow (one frame per ``backend.min_frame_bytes``).
         """
         options = options or Options()
-        checked = (options.complete, options.record, options.user, options.generation, options.orc_version)
-        if checked not in self._checked:
+        key = (options.complete, options.record, options.user, options.generation, options.orc_version,
+               id(self.image), id(self.symbols))
+        walk = self._checked.get(key)
+        if walk is None:  # options not replayed with this image and symbols yet: checked once
             self.check_options(options)
-            self._checked.add(checked)
-        target = self.target(task, options)
+            walk = self._checked[key] = self._walks.get(key) or self._walk(options, key)
+        per_task = self._task(task)
+        target = self._target(task, walk, per_task)
         if task_stack_freed(task):
             stop = Stop(StopReason.TASK_EXITED, f"task->stack is NULL (state {task.state or '?'}): "
                                                 "try_get_task_stack() fails and the kernel prints nothing")
             verdict = ReliableResult(False, stop, "try_get_task_stack() fails (-EINVAL)") if reliable else None
             return Replay(target, [], stop, verdict)
         if max_frames is None:
-            max_frames = self._frame_limit(task, target)
+            max_frames = per_task[2]
+            if max_frames is None:
+                max_frames = per_task[2] = frame_limit(task.stacks, per_task[1], self.backend.min_frame_bytes)
         unwinder = self.backend.unwinder(target)
         frames, stop = collect(unwinder, max_frames)
         verdict = None
@@ -366,7 +375,12 @@ class SymbolizingUnwinder(Unwinder):
 # try_get_task_stack() (sched_show_task(), stack_trace_save_tsk()): an exited task's stack is freed
 def task_stack_freed(task: Task) -> bool:
     """A blocked task whose task stack the dump records as NULL: it has exited (its stack went at the last switch)."""
-    return not task.running and any(s.kind == "task" and not s.low for s in task.stacks)
+    if task.regs is not None:  # running
+        return False
+    for s in task.stacks:
+        if s.kind == "task" and not s.low:
+            return True
+    return False
 
 
 def load_session(dump_path: str | Path, **kw: object) -> Session:

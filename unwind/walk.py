@@ -155,7 +155,8 @@ def frame_limit(stacks: Iterable[StackInfo], mem: Memory, min_frame_bytes: int =
     stacks are consumed one way, so no honest walk reports more."""
     total = 0
     for s in stacks:
-        total += sum(end - start for start, end in mem.captured(s.low, s.high))
+        for start, end in mem.captured(s.low, s.high):
+            total += end - start
     return total // min_frame_bytes + FRAME_LIMIT_SLACK
 
 
