@@ -22,9 +22,7 @@ prove; it never changes the frames the kernel reports.
 
 from __future__ import annotations
 
-import bisect
 import struct
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -48,8 +46,6 @@ if TYPE_CHECKING:
 
 _U64 = (1 << 64) - 1
 _RECORD = struct.Struct("<QQ")  # struct frame_record {fp, lr} (structs.frame_record), decoded in one call
-#: segment start addresses of each dump's memory, computed once per dump
-_SEGMENT_STARTS: "weakref.WeakKeyDictionary[Memory, list[int]]" = weakref.WeakKeyDictionary()
 _BIT55 = 1 << 55
 # Enum members looked up once: a class attribute lookup costs more than a frame's arithmetic.
 _NO_FLAGS = Flag.NONE
@@ -293,6 +289,8 @@ class DumpConstants:
     pac_why: str
     return_to_handler: int | None
     kretprobe_trampoline: int | None
+    #: :meth:`Arm64Unwinder.basis` of every walk, when ``generation`` and ``layout`` are the dump's
+    basis: dict[str, str] | None = None
 
     @classmethod
     def of(cls, target: Target) -> "DumpConstants":
@@ -306,7 +304,13 @@ class DumpConstants:
         pac_mask, pac_why = kernel_pac_mask(target.vmcoreinfo)
         # is_kretprobe_trampoline(): __kretprobe_trampoline, or the rethook trampoline with KRETPROBE_ON_RETHOOK
         tramp = target.symbol_address("__kretprobe_trampoline") or target.symbol_address("arch_rethook_trampoline")
-        return cls(gen, layout, pac_mask, pac_why, target.symbol_address("return_to_handler"), tramp)
+        basis = walk_basis(gen, layout) if gen is not None and layout is not None else None
+        return cls(gen, layout, pac_mask, pac_why, target.symbol_address("return_to_handler"), tramp, basis)
+
+
+def walk_basis(gen: Generation, layout: PtRegsLayout) -> dict[str, str]:
+    """The generation followed and the layouts read, and why (``--explain``, the JSON)."""
+    return {"generation": gen.name, "generation_why": gen.why, "pt_regs": layout.describe()}
 
 
 # ---------------------------------------------------------------------------
@@ -365,16 +369,12 @@ class KunwindState:
     def read_bytes(self, addr: int, size: int, what: str) -> bytes:
         """Captured bytes at ``addr``; the segment holding them is kept for the next record reads."""
         try:
-            data = self.mem.read(addr, size)
+            seg = self.mem.segment(addr, size)
         except MemoryFault as e:
             raise UnwindStop(StopReason.MEMORY_FAULT, f"{what} at {addr:#x}: {e}") from None
-        starts = _SEGMENT_STARTS.get(self.mem)
-        if starts is None:
-            starts = _SEGMENT_STARTS[self.mem] = [seg.start for seg in self.mem.segments]
-        i = bisect.bisect_right(starts, addr) - 1
-        seg = self.mem.segments[i]
-        self.seg_start, self.seg_data, self.seg_last = seg.start, seg.data, len(seg.data) - FRAME_RECORD_SIZE
-        return data
+        start, data = seg.start, seg.data
+        self.seg_start, self.seg_data, self.seg_last = start, data, len(data) - FRAME_RECORD_SIZE
+        return data[addr - start:addr - start + size]
 
     def note(self, text: str) -> None:
         """Add a provenance note to the frame being built (record mode only)."""
@@ -715,8 +715,8 @@ class Arm64Unwinder(Unwinder):
 
     def basis(self) -> dict[str, str]:
         """The generation followed and the layouts read, and why (``--explain``, the JSON)."""
-        gen = self.generation
-        return {"generation": gen.name, "generation_why": gen.why, "pt_regs": self.state.layout.describe()}
+        basis = self.consts.basis
+        return dict(basis) if basis is not None else walk_basis(self.generation, self.state.layout)
 
     # kunwind_stack_walk() and dump_backtrace()'s user_mode() check
     def _begin(self) -> None:
