@@ -111,6 +111,9 @@ class KernelLayout:
     pt_regs: StructLayout
     generation: Generation
 
+    #: :meth:`RiscvUnwinder.basis` of every walk
+    basis: dict[str, str]
+
     @classmethod
     def of(cls, target: Target) -> "KernelLayout":
         """Symbols from the image (or the dump's hints); THREAD_SIZE from the dump's task stack.
@@ -136,6 +139,9 @@ class KernelLayout:
                            if a is not None)
         exc = sym("handle_exception")
         exc_end = sym("ret_from_exception_end")
+        pt_regs = resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE,
+                                 lambda: derived_pt_regs(target, PT_REGS_TABLE))
+        gen = walk_generation(target)
         return cls(
             text=tuple(text),
             thread_size=thread_size(target),
@@ -145,9 +151,9 @@ class KernelLayout:
             rethook_trampolines=tramps,
             call_on_irq_stack=_symbol_range(target, "call_on_irq_stack"),
             ret_from_exception=_or_none(sym("ret_from_exception")) if exc_end is None else -1,
-            pt_regs=resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE,
-                                   lambda: derived_pt_regs(target, PT_REGS_TABLE)),
-            generation=walk_generation(target),
+            pt_regs=pt_regs,
+            generation=gen,
+            basis={"generation": gen.name, "generation_why": gen.why, "pt_regs": pt_regs.describe()},
         )
 
 
@@ -349,8 +355,7 @@ class RiscvUnwinder(Unwinder):
 
     def basis(self) -> dict[str, str]:
         """The generation followed and the pt_regs layout read, and why."""
-        gen = self.generation
-        return {"generation": gen.name, "generation_why": gen.why, "pt_regs": self.pt.describe()}
+        return dict(self.k.basis)
 
     def __init__(self, target: Target, layout: KernelLayout, prover: LiveRaProver | None) -> None:
         self.t = target
