@@ -93,6 +93,8 @@ def walk_generation(target: Target) -> Generation:
 _BOUNDARY = Flag.BOUNDARY
 _COMPLETE = Flag.COMPLETE
 _NONE = Flag.NONE
+#: looked up once: an Enum member's class-attribute lookup costs more than a frame's arithmetic
+_SRC_FRAME = Source.FRAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -622,7 +624,7 @@ class RiscvUnwinder(Unwinder):
         lo, hi, kind = self._kind_cache
         if not lo <= rec < hi:
             kind = self._kind(rec)
-        frame = Frame(pc, fp, new_fp, Source.STACK_SWITCH if switch_note else Source.FRAME, kind, flags, prov)
+        frame = Frame(pc, fp, new_fp, Source.STACK_SWITCH if switch_note else _SRC_FRAME, kind, flags, prov)
         if self.inflight:
             return self._inflight_frame(frame)
         return frame
