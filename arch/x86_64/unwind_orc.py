@@ -465,6 +465,8 @@ class OrcUnwinder(Unwinder):
                 try:
                     orc, source = self.find_orc(ip, orc, prov)
                 except UndefinedOrc as stop:
+                    if not self.target.options.complete:
+                        raise  # re-raised here: a function holding the stop while raising it makes a cycle
                     return self.complete_undefined(stop, error, prov)
             self.signal = orc.signal  # unwind_orc.c:512
             # unwind_orc.c:514-578: the previous frame's stack pointer (the CFA) by sp_reg
@@ -580,8 +582,6 @@ class OrcUnwinder(Unwinder):
 
     def complete_undefined(self, stop: UndefinedOrc, error: bool, prov: Provenance | None) -> Frame:
         """Complete mode past an UNDEFINED entry: the caller proven by its call (:mod:`.complete`)."""
-        if not self.target.options.complete:
-            raise stop
         frame = proven_caller(self, stop.ip, prov)
         if frame is None:
             why = "no return address above sp follows a call to the function holding it" \
