@@ -287,10 +287,17 @@ class VmcoreDump:
 
     def _percpu_stacks(self, k: Kernel, cpu: int) -> list[StackInfo]:
         try:
-            return [StackInfo(lo, hi, kind, cpu) for kind, lo, hi in self.backend.kernel.percpu_stacks(k, cpu)]
+            ranges = self.backend.kernel.percpu_stacks(k, cpu)
         except (MemoryFault, BtfError, KernelError) as e:
             self.warnings.append(f"cpu{cpu}: per-CPU stacks unreadable: {e}")
             return []
+        out = []
+        for kind, lo, hi in ranges:  # from per-CPU pointers: a corrupt one gives no address range
+            if 0 <= lo < hi < 2**64:
+                out.append(StackInfo(lo, hi, kind, cpu))
+            else:
+                self.warnings.append(f"cpu{cpu}: {kind} stack [{lo:#x}, {hi:#x}) is no address range: not read")
+        return out
 
     def _task(self, k: Kernel, t: KernelTask, cpus: dict[int, CpuState], percpu: dict[int, list[StackInfo]]) -> Task:
         extra: dict[str, Any] = {"task": f"{t.addr:#x}", "switches": t.switches, "last_cpu": t.cpu}
