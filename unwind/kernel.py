@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from .btf import Btf, BtfError
 from .memory import MemoryFault
+from .note import MAX_MODULE_BYTES, MAX_TRAMPOLINE_BYTES
 from .target import FgraphEntry, KretprobeInstance
 
 #: most tasks, threads, modules or list nodes any one walk accepts
@@ -29,6 +30,8 @@ MAX_KRETPROBES = 1024
 MAX_MODULE_ORCS = 1 << 20
 #: include/linux/threads.h: pid_max is at most PID_MAX_LIMIT (4M on 64-bit), so no pid is above it
 PID_MAX_LIMIT = 4 * 1024 * 1024
+#: include/linux/kallsyms.h: a symbol name and its NUL
+KSYM_NAME_LEN = 512
 
 # include/linux/sched.h: the task state bits task_state_index() reads (stable 5.14 .. 7.x)
 TASK_REPORT = 0x7F
@@ -556,7 +559,7 @@ class Kernel:
         b = self.btf
         name_m = b.member("module", "name")
         name = data[name_m.offset:name_m.offset + name_m.size].split(b"\0")[0].decode("utf-8", "replace")
-        mod = KernelModule(addr, name, field_int(b, data, "module", "state"), self._module_regions(data))
+        mod = KernelModule(addr, name, field_int(b, data, "module", "state"), self._module_regions(data, name))
         mod.symbols = self._module_symbols(data, mod)
         if self.has("module", "arch.orc_unwind_ip"):
             orc = {k: field_int(b, data, "module", f"arch.{k}") for k in ("orc_unwind_ip", "orc_unwind", "num_orcs")}
@@ -567,26 +570,23 @@ class Kernel:
                 mod.orc = orc
         return mod
 
-    def _module_regions(self, data: bytes) -> list[tuple[str, int, int]]:
+    def _module_regions(self, data: bytes, name: str) -> list[tuple[str, int, int]]:
         """``mem[type].{base,size}`` (6.4+), else ``core_layout``/``init_layout`` (4.5-6.3)."""
         b = self.btf
+        fields = []
         if self.has("module", "mem"):
             names = self._mod_mem_names()
             count = b.member("module", "mem").size // max(1, self._sizeof("module_memory"))
-            out = []
-            for i in range(count):
-                base = field_int(b, data, "module", f"mem[{i}].base")
-                size = field_int(b, data, "module", f"mem[{i}].size")
-                if base and size:
-                    out.append((names.get(i, f"mem{i}"), base, size))
-            return out
+            fields = [(names.get(i, f"mem{i}"), f"mem[{i}]") for i in range(count)]
+        else:
+            fields = [(kind, layout) for layout, kind in (("core_layout", "text"), ("init_layout", "init_text"))
+                      if self.has("module", f"{layout}.base")]
         out = []
-        for layout, kind in (("core_layout", "text"), ("init_layout", "init_text")):
-            if self.has("module", f"{layout}.base"):
-                base = field_int(b, data, "module", f"{layout}.base")
-                size = field_int(b, data, "module", f"{layout}.size")
-                if base and size:
-                    out.append((kind, base, size))
+        for kind, path in fields:
+            base = field_int(b, data, "module", f"{path}.base")
+            size = field_int(b, data, "module", f"{path}.size")
+            if base and size:
+                out.append((kind, base, module_region(name, kind, base, size)))
         return out
 
     def _mod_mem_names(self) -> dict[int, str]:
@@ -636,7 +636,7 @@ class Kernel:
             name = blob[off:blob.find(b"\0", off) if blob.find(b"\0", off) >= 0 else len(blob)].decode(
                 "utf-8", "replace")
             if name and not _is_mapping_symbol(name):
-                out.append((value, name))
+                out.append((value, name[:KSYM_NAME_LEN - 1]))  # kallsyms_lookup(): strscpy(.., KSYM_NAME_LEN)
         out.sort()
         return out
 
@@ -654,6 +654,14 @@ class Kernel:
 
     def _has_type(self, name: str) -> bool:
         return self.btf.has(name)
+
+
+# module_alloc_size() places a region in the module area (MODULES_VADDR..MODULES_END: at most 2 GiB)
+def module_region(name: str, kind: str, base: int, size: int) -> int:
+    """``size``, for a region that fits the address space and no larger than :data:`MAX_MODULE_BYTES`."""
+    if size > MAX_MODULE_BYTES or base + size >= 2**64:
+        raise KernelError(f"module {name}: its {kind} region of {size:#x} bytes at {base:#x} is no module region")
+    return size
 
 
 # is_mapping_symbol() (include/linux/module_symbol.h)
@@ -679,7 +687,8 @@ def ftrace_trampolines(k: KernelReader, limit: int = 64) -> list[dict[str, Any]]
         seen.add(ops)
         data = k.read(ops, max(offs.values()) + 8)
         v = {n: int.from_bytes(data[o:o + 8], "little") for n, o in offs.items()}
-        if v["trampoline"]:
+        # create_trampoline() copies ftrace_caller: a size of 0 or past MAX_TRAMPOLINE_BYTES is no trampoline
+        if v["trampoline"] and 0 < v["trampoline_size"] <= MAX_TRAMPOLINE_BYTES:
             out.append({"ops": f"{ops:#x}", "addr": f"{v['trampoline']:#x}", "size": v["trampoline_size"],
                         "save_regs": bool(v["flags"] & save_regs)})
         ops = v["next"]

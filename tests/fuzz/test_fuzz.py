@@ -327,3 +327,51 @@ def test_vmmem_a_task_stack_running_past_the_address_space_is_no_stack(fuzzer, v
     (tmp_path / "v.elf").write_bytes(data)
     task = next(t for t in Session.load(tmp_path / "v.elf", vmlinux=vmseed.image_path).dump.tasks() if t.pid == 1)
     assert not [s for s in task.stacks if s.kind == "task"] and "runs past the address space" in task.extra["note"]
+
+
+def test_vmmem_a_module_region_larger_than_any_module_leaves_the_module_out(fuzzer, tmp_path):
+    # found by a directed vmmem sweep of the x86-64 slice's struct module words: mod->mem[].size of
+    # 2**31 or more went into the note convert writes, whose schema refuses it (a ValidationError)
+    from unwind.replay import Session
+
+    seed = next(s for s in fuzzer.vmmem_seeds if s.name.endswith("amd64/vmcore/stop-001-random")).recorded(fuzzer.scratch)
+    (tmp_path / "clean.elf").write_bytes(seed.raw)
+    clean = Session.load(tmp_path / "clean.elf", vmlinux=seed.image_path)
+    k = clean.dump.kernel
+    mod = clean.dump.modules[0]
+    addr = mod.addr + k.btf.member("module", "mem[0].size").offset
+    off, size, vaddr = next(b for b in seed.bulk if b[2] is not None and b[2] <= addr < b[2] + b[1])
+    data = F.apply_edits(seed.raw, [(off + addr - vaddr, 4, 2**31)])
+    assert fuzzer.guarded("vmmem", "module", lambda: fuzzer.check_vmcore(data, seed), fuzzer.vmmem_cpu_limit).kind == "ok"
+    (tmp_path / "v.elf").write_bytes(data)
+    s = Session.load(tmp_path / "v.elf", vmlinux=seed.image_path)
+    assert [m.name for m in s.dump.modules] == [m.name for m in clean.dump.modules[1:]]
+    assert any(f"module {mod.name}: its text region of 0x80000000 bytes" in w for w in s.warnings)
+
+
+def test_a_dynamic_ftrace_trampoline_of_no_size_or_a_huge_one_is_left_out():
+    """create_trampoline() copies ftrace_caller (a few hundred bytes): ops whose trampoline_size is 0
+    or past MAX_TRAMPOLINE_BYTES hold no trampoline the walk could be in."""
+    from unwind.btf import Btf
+    from unwind.kernel import ftrace_trampolines
+
+    b = BtfBuilder()
+    u64, u32 = b.int("unsigned long", 8), b.int("unsigned int", 4)
+    b.struct("ftrace_ops", 32, [("next", u64, 0), ("flags", u64, 8), ("trampoline", u64, 16),
+                                ("trampoline_size", u32, 24)])
+    head, end, base = 0x1000, 0x2000, 0x3000
+    words = {head: base}
+    for i, size in enumerate((0x150, 0, 2**32 - 1)):
+        ops = base + 0x40 * i
+        words.update({ops: ops + 0x40 if i < 2 else end, ops + 16: 0xFFFFFFFFC0000000 + 0x1000 * i, ops + 24: size})
+    mem = Memory([Segment(0x1000, b"".join(words.get(a, 0).to_bytes(8, "little") for a in range(0x1000, 0x4000, 8)))])
+
+    class Reader:
+        btf = Btf(b.blob())
+        read, read_u64 = mem.read, mem.read_u64
+
+        @staticmethod
+        def symbol(name: str) -> int | None:
+            return {"ftrace_ops_list": head, "ftrace_list_end": end}.get(name)
+    got = ftrace_trampolines(Reader())  # type: ignore[arg-type]
+    assert [(t["addr"], t["size"]) for t in got] == [("0xffffffffc0000000", 0x150)]
