@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from . import elfcore, registry
 from .dump import CpuState, DumpError
-from .kernel import MAX_CPUS, Kernel, KernelError, KernelModule, KernelTask, ftrace_trampolines
+from .kernel import MAX_CPUS, PID_MAX_LIMIT, Kernel, KernelError, KernelModule, KernelTask, ftrace_trampolines
 from .btf import Btf, BtfError
 from .memory import Memory, MemoryFault
 from .stackinfo import StackInfo
@@ -237,7 +237,9 @@ class VmcoreDump:
                 raise DumpError(f"{self.path}: NT_PRSTATUS of cpu{cpu} is {len(raw)} bytes, "
                                 f"expected {layout.sizeof()}")
             regs = dict(zip(names, layout.parse(raw).pr_reg))
-            out.append(CpuState(cpu=cpu, regs=regs, pid=_prstatus_pid(raw), mode=hooks.cpu_mode(regs)))
+            pid = _prstatus_pid(raw)  # a pid_t: past PID_MAX_LIMIT (or below 0) it is none (a corrupt note)
+            out.append(CpuState(cpu=cpu, regs=regs, pid=pid if 0 <= pid <= PID_MAX_LIMIT else None,
+                                mode=hooks.cpu_mode(regs)))
         return out
 
     def _currents(self, k: Kernel) -> dict[int, int]:

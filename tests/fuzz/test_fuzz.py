@@ -375,3 +375,20 @@ def test_a_dynamic_ftrace_trampoline_of_no_size_or_a_huge_one_is_left_out():
             return {"ftrace_ops_list": head, "ftrace_list_end": end}.get(name)
     got = ftrace_trampolines(Reader())  # type: ignore[arg-type]
     assert [(t["addr"], t["size"]) for t in got] == [("0xffffffffc0000000", 0x150)]
+
+
+def test_vmmem_a_crash_note_whose_pid_is_no_pid_gives_the_cpu_no_pid(fuzzer, vmseed, clean_kdump, tmp_path):
+    """kdump's CPUs saved their registers in crash_notes (crash_save_cpu()), in memory: a pr_pid past
+    PID_MAX_LIMIT there is no pid (convert wrote it into a note its schema refuses)."""
+    from unwind.replay import Session
+
+    k = clean_kdump.dump.kernel
+    note = (k.read_u64(k.symbol("crash_notes")) + k.per_cpu_offset[0]) % 2**64
+    pid = note + 12 + 8 + 32  # Elf64_Nhdr, "CORE\0" padded, elf_prstatus.pr_pid
+    off, size, vaddr = next(b for b in vmseed.bulk if b[2] is not None and b[2] <= pid < b[2] + b[1])
+    data = F.apply_edits(vmseed.raw, [(off + pid - vaddr, 4, 2**31 + 5)])
+    assert fuzzer.guarded("vmmem", "crash note", lambda: fuzzer.check_vmcore(data, vmseed),
+                          fuzzer.vmmem_cpu_limit).kind == "ok"
+    (tmp_path / "v.elf").write_bytes(data)
+    cpus = Session.load(tmp_path / "v.elf", vmlinux=vmseed.image_path).dump.cpus
+    assert [c.pid for c in cpus] == [None] + [c.pid for c in clean_kdump.dump.cpus[1:]]
