@@ -28,20 +28,23 @@ the blob or in a query, raises :class:`BtfError` with a one-line message.
 from __future__ import annotations
 
 import hashlib
+import operator
 import re
 import struct
 import zlib
 from array import array
 from bisect import bisect_left, bisect_right
+from collections import namedtuple
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable
 
-from construct import Array, Const, Int16ul, Int32sl, Int32ul, Int8ul, Struct
+from construct import Const, Construct, Int16ul, Int32sl, Int32ul, Int8ul, Struct
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from .elfcore import section_data
+from .packed import packed
 
 BTF_MAGIC = 0xEB9F
 
@@ -81,8 +84,23 @@ _HDR_SIZE = Header.sizeof()
 _TYPE_HDR = TypeHeader.sizeof()
 _ONCE_SIZE = {k: c.sizeof() for k, c in EXTRA_ONCE.items()}
 _EACH_SIZE = {k: c.sizeof() for k, c in EXTRA_EACH.items()}
+
+
+def _decoder(layout: Construct) -> tuple[struct.Struct, Callable[[tuple[int, ...]], Any]]:
+    """A record layout declared above, as a ``struct`` format and what makes its value from the
+    unpacked fields: an int for one integer, a named tuple of the fields for a struct of integers."""
+    if isinstance(layout, Struct):
+        return packed(layout), namedtuple("BtfRecord", [sc.name for sc in layout.subcons])._make  # type: ignore[misc]
+    return struct.Struct(layout.fmtstr), operator.itemgetter(0)
+
+
+_DECODE_HDR = _decoder(TypeHeader)
+_DECODE_ONCE = {k: _decoder(c) for k, c in EXTRA_ONCE.items()}
+_DECODE_EACH = {k: _decoder(c) for k, c in EXTRA_EACH.items()}
 #: typedef, volatile, const, restrict, type_tag: resolved through
 _MODIFIERS = frozenset({8, 9, 10, 11, 18})
+#: enum, enum64: their enumerators are indexed by name
+_ENUM_KINDS = frozenset({6, 19})
 #: how many modifier/array/anonymous-member hops a query follows (the kernel's MAX_RESOLVE_DEPTH)
 MAX_RESOLVE_DEPTH = 32
 #: the kinds a bare name means, most wanted first
@@ -121,17 +139,18 @@ class Type:
 
 _VOID = Type(0, "void", "void", 0, 0, 0, None)
 #: the layout of ``$UNWIND_CACHE/btf`` files (:meth:`Btf.cached`)
-_INDEX_VERSION = 1
+_INDEX_VERSION = 2
+#: the scan's arrays and their ``array`` typecodes
+_INDEX_TYPES = {"offsets": "I", "kinds": "B", "named_offs": "I", "named_ids": "I", "enum_offs": "I", "enum_ids": "I"}
 
 
 def _index_fits(index: dict[str, array]) -> bool:
-    """A cached scan whose arrays fit together (one kind per type, one id per name offset)."""
+    """A cached scan whose arrays fit together (one kind per type, one type id per name)."""
     try:
         return (len(index["offsets"]) == len(index["kinds"]) > 0
-                and len(index["named_offs"]) == len(index["named_ids"])
-                and all(index[k].typecode == t for k, t in (("offsets", "I"), ("kinds", "B"),
-                                                            ("named_offs", "I"), ("named_ids", "I")))
-                and (not index["named_ids"] or max(index["named_ids"]) < len(index["offsets"])))
+                and all(len(index[f"{k}_offs"]) == len(index[f"{k}_ids"]) for k in ("named", "enum"))
+                and all(index[k].typecode == t for k, t in _INDEX_TYPES.items())
+                and all(not index[k] or max(index[k]) < len(index["offsets"]) for k in ("named_ids", "enum_ids")))
     except KeyError:
         return False
 
@@ -155,12 +174,15 @@ class Btf:
         #: type id -> offset in the type section (id 0 is void), and its kind
         self._offsets: array = index["offsets"]
         self._kinds: array = index["kinds"]
-        #: the ids of named types ordered by name offset, beside their name offsets
+        #: the name offsets of named types and their ids, ordered by name (then id)
         self._named_offs: array = index["named_offs"]
         self._named_ids: array = index["named_ids"]
+        #: the name offsets of every enumerator and its enum's id, ordered by name (then id)
+        self._enum_offs: array = index["enum_offs"]
+        self._enum_ids: array = index["enum_ids"]
         self._decoded: dict[int, Type] = {0: _VOID}
-        self._name_offs: dict[str, tuple[int, ...]] = {}
-        self._members: dict[tuple[int, str], Member] = {}
+        #: member paths resolved, and the messages of those that are not there
+        self._members: dict[tuple[str | int, str], Member | str] = {}
 
     @classmethod
     def from_elf(cls, path: str | Path) -> "Btf":
@@ -195,7 +217,8 @@ class Btf:
     @classmethod
     def cached(cls, blob: bytes) -> "Btf":
         """``Btf(blob)``, its record scan kept in ``$UNWIND_CACHE/btf`` per blob (SHA-1): a kernel's
-        ~100k types take ~120 ms to scan, ~10 ms (hash included) to read back. A damaged entry is rebuilt."""
+        ~100k types take ~150 ms to scan and order by name, ~10 ms (hash included) to read back. A damaged
+        entry is rebuilt."""
         from .cachefile import CacheFileError, cache_dir, read_arrays, write_arrays, write_atomically
 
         digest = hashlib.sha1(blob).hexdigest()
@@ -211,15 +234,17 @@ class Btf:
         btf = cls(blob)
         if path is not None:
             index = {"offsets": btf._offsets, "kinds": btf._kinds, "named_offs": btf._named_offs,
-                     "named_ids": btf._named_ids}
+                     "named_ids": btf._named_ids, "enum_offs": btf._enum_offs, "enum_ids": btf._enum_ids}
             write_atomically(path, lambda f: write_arrays(f, {"sha1": digest}, index))
         return btf
 
     def _scan(self) -> dict[str, array]:
-        """One pass over the record headers: where each type starts, its kind and name offset."""
+        """One pass over the record headers: where each type starts, its kind and name offset, and
+        the name offset of every enumerator; the names are then put in order for bisection."""
         data, end, pos = self._types, len(self._types), 0
-        offsets, kinds, by_name = [0], bytearray(1), []
+        offsets, kinds, named, enums = [0], bytearray(1), ([], []), ([], [])
         unpack = struct.Struct("<II").unpack_from
+        unpack_name = struct.Struct("<I").unpack_from
         once, each = _ONCE_SIZE, _EACH_SIZE
         while pos < end:
             if pos + _TYPE_HDR > end:
@@ -232,13 +257,40 @@ class Btf:
             if pos + size > end:
                 raise BtfError(f"truncated BTF type {len(offsets)}")
             if name_off:
-                by_name.append((name_off, len(offsets)))
+                named[0].append(name_off)
+                named[1].append(len(offsets))
+            if kind in _ENUM_KINDS:
+                for (off,) in (unpack_name(data, e) for e in range(pos + _TYPE_HDR, pos + size, each[kind])):
+                    if off:
+                        enums[0].append(off)
+                        enums[1].append(len(offsets))
             offsets.append(pos)
             kinds.append(kind)
             pos += size
-        by_name.sort()
         return {"offsets": array("I", offsets), "kinds": array("B", kinds),
-                "named_offs": array("I", [off for off, _ in by_name]), "named_ids": array("I", [i for _, i in by_name])}
+                **self._by_name("named", *named), **self._by_name("enum", *enums)}
+
+    def _by_name(self, what: str, offs: list[int], ids: list[int]) -> dict[str, array]:
+        """``offs`` and ``ids`` (in id order) ordered by name, then id: ``{what}_offs``, ``{what}_ids``."""
+        keys = [self._name_key(off) for off in offs]
+        order = sorted(range(len(offs)), key=keys.__getitem__)  # stable: equal names stay in id order
+        return {f"{what}_offs": array("I", [offs[i] for i in order]), f"{what}_ids": array("I", [ids[i] for i in order])}
+
+    def _name_key(self, off: int) -> bytes:
+        """The bytes of the string at ``off`` (the names' sort key; past the section: empty)."""
+        end = self.strings.find(b"\0", off)
+        return self.strings[off:end] if end >= 0 else self.strings[off:]
+
+    def _named(self, off: int, key: bytes) -> bool:
+        """Is the string at ``off`` ``key`` (a name's bytes and its NUL)?"""
+        return self.strings.startswith(key, off)
+
+    def _ids_by_name(self, offs: array, ids: array, name: str) -> array:
+        """The ids beside the name offsets in ``offs`` (ordered by name) whose string is ``name``."""
+        key = name.encode()
+        lo = bisect_left(offs, key, key=self._name_key)
+        hi = bisect_right(offs, key, lo, key=self._name_key)
+        return ids[lo:hi]
 
     def name(self, off: int) -> str:
         """The string at ``off`` in the string section."""
@@ -267,14 +319,16 @@ class Btf:
         if not 0 < tid < len(self._offsets):
             raise BtfError(f"BTF type id {tid} out of range")
         pos, kind = self._offsets[tid], self._kinds[tid]
-        hdr = TypeHeader.parse(bytes(self._types[pos:pos + _TYPE_HDR]))
+        fmt, make = _DECODE_HDR
+        hdr = make(fmt.unpack_from(self._types, pos))
         vlen = hdr.info & 0xFFFF
         start = pos + _TYPE_HDR
-        body = bytes(self._types[start:start + _ONCE_SIZE.get(kind, 0) + vlen * _EACH_SIZE.get(kind, 0)])
-        if kind in EXTRA_ONCE:
-            extra: Any = EXTRA_ONCE[kind].parse(body)
-        elif kind in EXTRA_EACH:
-            extra = Array(vlen, EXTRA_EACH[kind]).parse(body)
+        if kind in _DECODE_ONCE:
+            fmt, make = _DECODE_ONCE[kind]
+            extra: Any = make(fmt.unpack_from(self._types, start))
+        elif kind in _DECODE_EACH:
+            fmt, make = _DECODE_EACH[kind]
+            extra = [make(fields) for fields in fmt.iter_unpack(self._types[start:start + vlen * fmt.size])]
         else:
             extra = None
         got = Type(tid, KIND[kind], self.name(hdr.name_off) if hdr.name_off else "", hdr.size_or_type,
@@ -345,29 +399,12 @@ class Btf:
 
     # -- types by name -------------------------------------------------------------------------
 
-    def _offsets_of(self, name: str) -> tuple[int, ...]:
-        """Every string-section offset where ``name`` is stored."""
-        got = self._name_offs.get(name)
-        if got is None:
-            key, found = b"\0" + name.encode() + b"\0", []
-            i = self.strings.find(key)
-            while i >= 0:
-                found.append(i + 1)
-                i = self.strings.find(key, i + 1)
-            got = self._name_offs[name] = tuple(found)
-        return got
-
-    def _ids_named(self, name: str) -> Iterator[int]:
-        for off in self._offsets_of(name):
-            lo = bisect_left(self._named_offs, off)
-            yield from self._named_ids[lo:bisect_right(self._named_offs, off, lo)]
-
     def find(self, name: str, kind: str | None = None) -> int:
         """Type id of the named type (struct/union/typedef/enum/int... or the given ``kind``)."""
         if kind is not None and kind not in _KIND_ID:
             raise BtfError(f"no BTF kind {kind!r}")
         wanted = (_KIND_ID[kind],) if kind else _DEFAULT_KINDS
-        ids = sorted(self._ids_named(name))
+        ids = self._ids_by_name(self._named_offs, self._named_ids, name)
         for k in wanted:
             for tid in ids:
                 if self._kinds[tid] == k:
@@ -411,9 +448,9 @@ class Btf:
         t = self.type(self.resolve(tid))
         if t.kind not in ("struct", "union"):
             return None
-        key = self._offsets_of(name)
+        key = name.encode() + b"\0"
         for m in t.extra:
-            if m.name_off and m.name_off in key:
+            if m.name_off and self._named(m.name_off, key):
                 return self._member_at(t, m)
             if not m.name_off:
                 inner = self._field(m.type, name, depth + 1)
@@ -425,10 +462,15 @@ class Btf:
 
     def member(self, type_: str | int, path: str) -> Member:
         """Resolve ``a.b[2].c`` inside ``type_`` (a name or a type id) to its offset from the start."""
-        tid = self._tid(type_)
-        got = self._members.get((tid, path))
+        got = self._members.get((type_, path))
         if got is None:
-            got = self._members[(tid, path)] = self._walk_path(tid, type_, path)
+            try:
+                got = self._walk_path(self._tid(type_), type_, path)
+            except BtfError as e:
+                got = str(e)
+            self._members[(type_, path)] = got
+        if isinstance(got, str):
+            raise BtfError(got)
         return got
 
     def _walk_path(self, tid: int, what: str | int, path: str) -> Member:
@@ -484,12 +526,10 @@ class Btf:
 
     def enum_value(self, name: str) -> int:
         """Value of the enumerator ``name`` (searched in every enum)."""
-        key = self._offsets_of(name)
-        if key:
-            for tid, kind in enumerate(self._kinds):
-                if kind in (6, 19):
-                    t = self.type(tid)
-                    for e in t.extra:
-                        if e.name_off in key:
-                            return self._enum_value(t, e)
+        key = name.encode() + b"\0"
+        for tid in self._ids_by_name(self._enum_offs, self._enum_ids, name):
+            t = self.type(tid)
+            for e in t.extra:
+                if self._named(e.name_off, key):
+                    return self._enum_value(t, e)
         raise BtfError(f"no enumerator {name!r}")

@@ -25,7 +25,7 @@ from construct import Bytes, ConstructError, Int32sl, Int32ul, Int64sl, Int64ul,
 from ..memory import MemoryFault
 from . import codecs
 from .errors import CorruptPageFault, ExcludedPageFault, VmcoreError
-from .packed import packed
+from ..packed import packed
 from .notes import Note, parse_notes, prstatus_notes, vmcoreinfo_text
 from .physmem import DEFAULT_CACHE_BYTES, PhysicalMemory, PhysRange
 from .source import Source

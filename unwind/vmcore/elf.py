@@ -24,7 +24,7 @@ from elftools.elf.elffile import ELFFile
 from .. import elfcore
 from ..memory import MemoryFault
 from .errors import ExcludedPageFault, VmcoreError
-from .packed import packed
+from ..packed import packed
 from .notes import Note, parse_notes, prstatus_notes, vmcoreinfo_text
 from .physmem import DEFAULT_CACHE_BYTES, PhysicalMemory, PhysRange, VirtualLoad
 from .source import Source

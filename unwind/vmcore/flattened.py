@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from construct import Bytes, Int64sb, Padding, Struct
 
-from .packed import packed
+from ..packed import packed
 from .source import FileSource, Source
 
 if TYPE_CHECKING:

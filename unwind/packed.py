@@ -1,6 +1,6 @@
-"""A construct declaration of fixed-size fields as a ``struct.Struct``, for tables read entry by entry.
+"""A construct declaration of fixed-size fields as a ``struct.Struct``, for records read entry by entry.
 
-Program-header tables and page descriptors are read thousands of times; the
+Program-header tables, page descriptors and BTF records are read thousands of times; the
 ``struct`` format is derived from the one construct declaration, so the
 layout is still written once.
 """
