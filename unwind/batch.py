@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, overload
 import weakref
 from array import array
+from itertools import chain, compress
 from weakref import WeakKeyDictionary
 
 import numpy as np
@@ -102,6 +103,12 @@ class FlatMemory:
         pieces.append(bytes(8 * READ_WORDS))
         self.words = np.frombuffer(b"".join(pieces), "<u8")
 
+    @staticmethod
+    def word_delta(origin: np.ndarray, base: np.ndarray) -> np.ndarray:
+        """Per lane, what turns an 8-aligned address of its segment into its word's index: the word of
+        ``a`` is ``(a >> 3) - delta`` (as int64; :func:`word_index`)."""
+        return (origin >> _U64(3)).view(np.int64) - base
+
     @classmethod
     def of(cls, memories: list[Memory]) -> "FlatMemory":
         """The flat memory of ``memories``: the last batch's again when it read the same ones (a dump's
@@ -138,6 +145,13 @@ class FlatMemory:
             return np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, np.int64)
         return (np.where(found, self.starts[cand], zero), np.where(found, self.ends[cand], zero),
                 np.where(found, self.origins[cand], zero), np.where(found, self.bases[cand], 0))
+
+
+def word_index(addr: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    """The word index of each lane's 8-aligned ``addr`` (:meth:`FlatMemory.word_delta`). A lane whose read
+    is refused gets some index, which ``words.take(index, mode="clip")`` keeps inside the words: its value is
+    dropped."""
+    return (addr >> _U64(3)).view(np.int64) - delta
 
 
 #: the memories of the last batch (weakly) and their flat memory
@@ -196,7 +210,6 @@ class Recorder:
         self.labels: list[str | None] = []
         self._label_index: dict[str | None, int] = {}
         self._parts: list[tuple] = []
-        self._next = np.zeros(lanes, np.int64)  # each lane's frames reported so far
         self.stop_code = np.full(lanes, -1, np.int64)  # -1: walked by the scalar path
         self.stop_args = np.zeros((lanes, STOP_ARGS), _U64)
         self.bases: dict[int, dict[str, str]] = {}
@@ -210,19 +223,18 @@ class Recorder:
             self.labels.append(text)
         return i
 
-    def frames(self, lanes: np.ndarray, pc: np.ndarray, *, sp: np.ndarray | None = None,
+    def frames(self, index: int, lanes: np.ndarray, go: np.ndarray, pc: np.ndarray, *, sp: np.ndarray | None = None,
                fp: np.ndarray | None = None, flags: np.ndarray | int = 0, source: np.ndarray | int = 0,
-               stack: np.ndarray | int = 0, sp_known: np.ndarray | None = None,
-               fp_known: np.ndarray | None = None) -> None:
-        """The next frame of each of ``lanes`` (lane numbers, any integer type; each lane at most once per call).
+               stack: np.ndarray | int = 0) -> None:
+        """Frame ``index`` (each lane's first is 0) of each of ``lanes`` where ``go``: a lockstep step, in
+        which every lane walked so far has as many frames. ``sp``/``fp`` are ``None`` where the unwinder
+        does not know them.
 
-        ``sp``/``fp`` are ``None`` where the unwinder does not know them; ``*_known`` says so per lane.
+        The arrays are kept as they are, to be read at :meth:`finish`: a walk makes new ones each step
+        (it never writes into one it gave here).
         """
-        index = self._next[lanes]
-        self._next[lanes] = index + 1
-        self._parts.append((lanes, index, pc, 0 if sp is None else sp,
-                            sp is not None if sp_known is None else sp_known, 0 if fp is None else fp,
-                            fp is not None if fp_known is None else fp_known, flags, source, stack))
+        self._parts.append((go, index, lanes, pc, 0 if sp is None else sp, sp is not None, 0 if fp is None else fp,
+                            fp is not None, flags, source, stack))
 
     def stop(self, lanes: np.ndarray, code: int, *args: np.ndarray) -> None:
         """The walk of ``lanes`` ended: stop kind ``code`` (an index into ``stops``), whose detail is made
@@ -239,19 +251,22 @@ class Recorder:
 
     def finish(self) -> "Walked":
         """The frames ordered by lane, each lane's in walk order."""
-        counts = self._next
-        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         parts = self._parts
         sizes = [len(part[0]) for part in parts]
-        types = (np.int64, np.int64, _U64, _U64, bool, _U64, bool, np.int64, np.int64, np.int64)
-        # every part's field k end to end (one array per field, not one per part), then each frame put at
-        # its lane's offset plus its index among the lane's frames
-        fields = [_joined([part[k] for part in parts], sizes, t) for k, t in enumerate(types)]
-        at = offsets[fields[0]] + fields[1]
-        cols = []
-        for field, t in zip(fields[:1] + fields[2:], types[:1] + types[2:]):
-            col = np.zeros(int(offsets[-1]), t)
-            col[at] = field
+        # every part's field k end to end (one array per field, not one per part), the frames of every part
+        # selected at once, then each put at its lane's offset plus its index among the lane's frames
+        go = _joined([part[0] for part in parts], sizes, bool)
+        index = np.repeat(np.array([part[1] for part in parts], np.int64), sizes)[go]
+        lane = _joined([part[2] for part in parts], sizes, np.int64)[go]
+        counts = np.bincount(lane, minlength=self.lanes)
+        offsets = np.zeros(self.lanes + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        at = offsets[lane] + index
+        cols = [np.zeros(len(at), np.int64)]
+        cols[0][at] = lane
+        for k, t in zip(range(3, 11), (_U64, _U64, bool, _U64, bool, np.int64, np.int64, np.int64)):
+            col = np.zeros(len(at), t)
+            col[at] = _joined([part[k] for part in parts], sizes, t)[go]
             cols.append(col)
         return Walked(self, cols, counts, offsets)
 
@@ -269,46 +284,87 @@ def _joined(values: list[np.ndarray | int | bool], sizes: list[int], dtype: type
     return out
 
 
+class DumpConstants:
+    """What every batch walk of one dump shares (an arch subclasses it with its own fields and
+    :meth:`read`); :meth:`of` reads them once per session and option key."""
+
+    __slots__ = ("basis",)
+
+    #: what the walk followed (:meth:`~unwind.walk.Unwinder.basis`), the same for every task of the dump
+    basis: dict[str, str]
+
+    @classmethod
+    def of(cls, job: Job) -> "DumpConstants | None":
+        """The constants of ``job``'s dump under its options (kept with the session); ``None``: the batch
+        cannot take the dump, all its tasks go to the scalar walk."""
+        known = _CONSTANTS.setdefault(job.session, {})
+        key = (cls, cls.key(job.options))
+        if key not in known:
+            known[key] = cls.read(job)
+        return known[key]
+
+    @staticmethod
+    def key(options: Options) -> object:
+        """What of ``options`` the constants depend on."""
+        return options.generation
+
+    @classmethod
+    def read(cls, job: Job) -> "DumpConstants | None":
+        """The constants, read from a scalar unwinder of ``job``'s first task."""
+        raise NotImplementedError
+
+
+_CONSTANTS: "WeakKeyDictionary[Session, dict[tuple, DumpConstants | None]]" = WeakKeyDictionary()
+
+
 class Lanes(NamedTuple):
-    """The tasks of a batch an arch's plain step takes, gathered by :func:`gather_lanes`."""
+    """The tasks of a batch an arch's plain step takes (:func:`gather_lanes`)."""
 
     recorder: Recorder
     #: each job's per-dump constants (``None``: all its tasks go to the scalar walk)
     constants: list[Any]
-    #: one list per register column the arch's ``lanes_of`` fills (:func:`u64_columns` reads them)
-    cols: list[list[int]]
-    #: per task of the batch, in job order: does a lane walk it
-    taken: list[bool]
+    #: the arch's lane columns (``lane_of``'s words) as ``uint64``, one row per column; ``None``: no lane
+    columns: np.ndarray | None
+    #: each lane's number (its task's place in the batch) and its job
+    lanes: np.ndarray
+    job_of: np.ndarray
     #: the tasks the lanes walk, in lane order
     tasks: list[Task]
 
+    def per_lane(self, values: Callable[[Any], object], dtype: type = _U64) -> np.ndarray:
+        """``values(constants)`` of each lane's job, as one array over the lanes."""
+        return np.array([values(c) if c is not None else 0 for c in self.constants], dtype)[self.job_of]
+
 
 def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence[StopKind],
-                 constants_of: Callable[[Job], object], lanes_of: Callable[..., None], columns: int) -> Lanes:
-    """The recorder of every task of ``jobs``, each job's per-dump constants, and the lanes
-    ``lanes_of(job, taken, cols, tasks)`` takes from the jobs that have constants."""
+                 constants: type[DumpConstants], lane_of: Callable[[Task], "tuple[int, ...] | None"],
+                 columns: int) -> Lanes:
+    """The recorder of every task of ``jobs``, each job's per-dump constants, and the lanes: the tasks of
+    jobs with constants for which ``lane_of(task)`` gives the arch's ``columns`` words.
+
+    The words of all lanes become one ``uint64`` array at once (through ``array('Q')``); a value that is no
+    u64 (the note allows none) leaves no lane: the scalar walk says what it is.
+    """
     rec = Recorder(sum(len(job.tasks) for job in jobs), sources, stops)
-    consts = [constants_of(job) if job.tasks else None for job in jobs]
-    cols: list[list[int]] = [[] for _ in range(columns)]
-    taken: list[bool] = []
-    tasks: list[Task] = []
+    consts = [constants.of(job) if job.tasks else None for job in jobs]
+    rows: list[tuple[int, ...] | None] = []
     for n, (job, c) in enumerate(zip(jobs, consts)):
         if c is None:
-            taken.extend([False] * len(job.tasks))
+            rows.extend([None] * len(job.tasks))
         else:
-            rec.dump(n, c.basis, c)  # type: ignore[attr-defined]
-            lanes_of(job, taken, cols, tasks)
-    return Lanes(rec, consts, cols, taken, tasks)
-
-
-def u64_columns(cols: list[list[int]]) -> list[np.ndarray] | None:
-    """Each of the lane columns as ``uint64`` (through ``array('Q')``: half the cost of ``np.array`` from
-    a list of big ints); ``None`` when a value is no u64 (the note allows none: then the batch hands every
-    lane to the scalar walk, which says what it is)."""
-    try:
-        return [np.frombuffer(array("Q", col), _U64) if col else np.zeros(0, _U64) for col in cols]
-    except (OverflowError, TypeError):
-        return None
+            rec.dump(n, c.basis, c)
+            rows.extend(map(lane_of, job.tasks))
+    # a lane's row is a non-empty tuple (true), no lane's None
+    tasks = list(compress([t for job in jobs for t in job.tasks], rows))
+    cols = None
+    if tasks:
+        try:
+            flat = np.frombuffer(array("Q", list(chain.from_iterable(filter(None, rows)))), _U64)
+            cols = flat.reshape(len(tasks), columns).T
+        except (OverflowError, TypeError):
+            tasks = []
+    lanes = np.flatnonzero(np.fromiter(map(bool, rows), bool, len(rows))) if tasks else np.zeros(0, np.int64)
+    return Lanes(rec, consts, cols, lanes, lane_jobs(jobs)[lanes], tasks)
 
 
 @dataclass(slots=True)
@@ -535,14 +591,14 @@ def lane_jobs(group: Sequence[Job]) -> np.ndarray:
     return np.repeat(np.arange(len(group), dtype=np.int64), [len(job.tasks) for job in group])
 
 
-def narrowed(state: np.ndarray, go: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A lockstep's state (rows x lanes) for its next step, and which of its lanes go on (``go``): the
-    same array while they are more than half of its lanes (a narrower copy costs every row), else a
-    copy of only theirs."""
-    n = int(np.count_nonzero(go))
+def narrowed(go: np.ndarray, n: int, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """A lockstep's lanes for its next step: which of them go on (``go``, ``n`` of them) and its arrays
+    (lanes along the last axis); the same arrays while more than half of their lanes go on (a narrower
+    copy costs every array), else copies of only theirs (and ``go`` all true)."""
     if 2 * n > len(go):
-        return state, go
-    return state.take(np.flatnonzero(go), axis=1), np.ones(n, bool)
+        return (go, *arrays)
+    keep = np.flatnonzero(go)
+    return (np.ones(n, bool), *(a.take(keep, axis=-1) for a in arrays))
 
 
 def _finish_flags(group: list[Job], walked: Walked) -> None:

@@ -18,22 +18,19 @@ The per-dump constants (the ORC table, the layouts) are the scalar unwinder's ow
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from unwind.batch import Job, Memo, Recorder, Walked, gather_lanes, lane_jobs, locate_lanes, narrowed, u64_columns
+from unwind import batch
+from unwind.batch import Job, Memo, Walked, gather_lanes, locate_lanes, narrowed, word_index
 from unwind.frame import Source
-from unwind.target import Task
+from unwind.target import Options, Task
 from unwind.walk import StopReason
 
 from .orc import (ORC_REG_BP, ORC_REG_PREV_SP, ORC_REG_SP, ORC_REG_UNDEFINED, ORC_TYPE_CALL, ORC_TYPE_END_OF_STACK,
                   OrcTable)
 from .unwind_orc import OrcUnwinder, orc_end_detail
-
-if TYPE_CHECKING:
-    from unwind.replay import Session
 
 _U64 = np.uint64
 #: the frame sources a batch walk reports, by index
@@ -44,23 +41,18 @@ STOPS = ((StopReason.END_OF_STACK, lambda target, constants, ip, *_: orc_end_det
 _ORC_END = 0
 
 
-class DumpConstants:
+class DumpConstants(batch.DumpConstants):
     """What every walk of one dump shares, read from a scalar unwinder of its first task."""
 
     __slots__ = ("table", "text", "itf_size", "itf_bp", "itf_ret_addr", "return_to_handler", "rethook_trampoline",
-                 "ret_from_fork_asm", "basis")
+                 "ret_from_fork_asm")
+
+    @staticmethod
+    def key(options: Options) -> object:
+        return options.generation, options.orc_version
 
     @classmethod
-    def of(cls, job: Job) -> "DumpConstants":
-        """The constants of ``job``'s dump under its options (kept with the session)."""
-        known = _CONSTANTS.setdefault(job.session, {})
-        key = (job.options.generation, job.options.orc_version)
-        if key not in known:
-            known[key] = cls._read(job)
-        return known[key]
-
-    @classmethod
-    def _read(cls, job: Job) -> "DumpConstants":
+    def read(cls, job: Job) -> "DumpConstants":
         target = job.session.target(job.tasks[0], job.options)
         unwinder = job.session.backend.unwinder(target)
         assert isinstance(unwinder, OrcUnwinder)
@@ -76,9 +68,6 @@ class DumpConstants:
         c.ret_from_fork_asm = unwinder.ret_from_fork_asm or 0
         c.basis = unwinder.basis()
         return c
-
-
-_CONSTANTS: "WeakKeyDictionary[Session, dict[tuple, DumpConstants]]" = WeakKeyDictionary()
 
 
 class Tables:
@@ -139,15 +128,12 @@ def add_offset(value: np.ndarray, offset: np.ndarray) -> tuple[np.ndarray, np.nd
 
 def batch_walk(jobs: list[Job]) -> Walked:
     """``unwind_next_frame()`` of every blocked task of ``jobs`` that the plain step can take, in lockstep."""
-    rec, consts, cols, taken, tasks = gather_lanes(jobs, SOURCES, STOPS, DumpConstants.of, _lanes_of, 3)
-    if not tasks:
+    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lane_of, 3)
+    rec, per_lane, consts = lanes_in.recorder, lanes_in.per_lane, lanes_in.constants
+    if lanes_in.columns is None:
         return rec.finish()
-    words = u64_columns(cols)
-    if words is None:
-        return Recorder(rec.lanes, SOURCES, STOPS).finish()
-    tsp, low, high = words
-    lanes = np.flatnonzero(taken)
-    job_of = lane_jobs(jobs)[lanes]
+    tsp, low, high = lanes_in.columns
+    lanes = lanes_in.lanes.astype(_U64)
     tables: list[OrcTable] = []
     table_index: dict[int, int] = {}
     for c in consts:
@@ -155,45 +141,42 @@ def batch_walk(jobs: list[Job]) -> Walked:
             table_index[id(c.table)] = len(tables)
             tables.append(c.table)
     orc = Tables(tables)
-
-    def per_job(get, dtype=_U64) -> np.ndarray:  # type: ignore[no-untyped-def]
-        return np.array([get(c) if c is not None else 0 for c in consts], dtype)[job_of]
-
-    table_of = per_job(lambda c: table_index[id(c.table)], np.int64)
-    text = np.array([c.text if c is not None else [(0, 0)] * 3 for c in consts], _U64)[job_of]
-    rth, rethook = per_job(lambda c: c.return_to_handler), per_job(lambda c: c.rethook_trampoline)
-    flat, seg_lo, seg_hi, origin, base = locate_lanes(jobs, job_of, tasks, tsp)
+    table_of = per_lane(lambda c: table_index[id(c.table)], np.int64)
+    text = np.array([c.text if c is not None else [(0, 0)] * 3 for c in consts], _U64)[lanes_in.job_of]
+    rth, rethook = per_lane(lambda c: c.return_to_handler), per_lane(lambda c: c.rethook_trampoline)
+    flat, seg_lo, seg_hi, origin, base = locate_lanes(jobs, lanes_in.job_of, lanes_in.tasks, tsp)
+    words = flat.words
 
     # __unwind_start(): a blocked task's inactive_task_frame at thread.sp
-    at_bp, ok_bp = add_offset(tsp, per_job(lambda c: c.itf_bp, np.int64))
-    at_ret, ok_ret = add_offset(tsp, per_job(lambda c: c.itf_ret_addr, np.int64))
-    sp, ok_sp = add_offset(tsp, per_job(lambda c: c.itf_size, np.int64))
+    at_bp, ok_bp = add_offset(tsp, per_lane(lambda c: c.itf_bp, np.int64))
+    at_ret, ok_ret = add_offset(tsp, per_lane(lambda c: c.itf_ret_addr, np.int64))
+    sp, ok_sp = add_offset(tsp, per_lane(lambda c: c.itf_size, np.int64))
 
     def captured(addr: np.ndarray, ok: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """8-aligned words in ``[lo, hi)`` (the lane's segment, or its stack and segment)."""
         return ok & ((addr & _U64(7)) == 0) & (lo <= addr) & (addr < hi) & (hi - addr >= _U64(8))
 
-    def read(addr: np.ndarray, ok: np.ndarray, origin: np.ndarray, base: np.ndarray) -> np.ndarray:
-        return flat.words[np.where(ok, base + ((addr - origin) >> _U64(3)), _U64(0)).astype(np.int64)]
-
+    delta = flat.word_delta(origin, base)
     ok_bp = captured(at_bp, ok_bp, seg_lo, seg_hi)
     ok_ret = captured(at_ret, ok_ret, seg_lo, seg_hi)
-    bp, ip = read(at_bp, ok_bp, origin, base), read(at_ret, ok_ret, origin, base)
-    signal = ip == per_job(lambda c: c.ret_from_fork_asm)
+    bp, ip = words.take(word_index(at_bp, delta), mode="clip"), words.take(word_index(at_ret, delta), mode="clip")
+    signal = ip == per_lane(lambda c: c.ret_from_fork_asm)
     # get_stack_info(sp): the task stack, begin <= sp < end; then check_text(ip)
     keep = ok_bp & ok_ret & ok_sp & (sp != 0) & (low <= sp) & (sp < high) & kernel_text_lanes(ip, text)
     label_task = rec.label("task")
-    rec.frames(lanes[keep], ip[keep], sp=sp[keep], fp=bp[keep], source=_TASK, stack=label_task)
+    rec.frames(0, lanes, keep, ip, sp=sp, fp=bp, source=_TASK, stack=label_task)
     # a word read must lie on the task stack and in the lane's captured segment: one window [lo, hi)
-    state = np.stack([ip, sp, bp, signal.astype(_U64), np.maximum(low, seg_lo), np.minimum(high, seg_hi), origin,
-                      base.astype(_U64), lanes.astype(_U64), table_of.astype(_U64), rth, rethook,
-                      text[:, 0, 0], text[:, 0, 1]])[:, keep]
-    live = np.ones(state.shape[1], bool)
+    state = np.stack([np.maximum(low, seg_lo), np.minimum(high, seg_hi), delta.view(_U64), lanes,
+                      table_of.astype(_U64), rth, rethook, text[:, 0, 0], text[:, 0, 1]])[:, keep]
+    ip, sp, bp, signal = ip[keep], sp[keep], bp[keep], signal[keep]
+    live = np.ones(len(ip), bool)
+    step = 1
     while True:
-        ip, sp, bp, signal, lo, hi, origin, base, lanes, table_of, rth, rethook, stext, etext = state
+        lo, hi, delta, lanes, table_of, rth, rethook, stext, etext = state
+        delta = delta.view(np.int64)
         # unwind_next_frame(): orc_find(signal ? ip : ip - 1); END_OF_STACK ends the walk (unwind_orc.c:485-510)
-        look = np.where(signal != 0, ip, ip - _U64(1))
-        found = np.where(live, orc.orc_find(table_of.astype(np.int64), look), -1)
+        look = np.where(signal, ip, ip - _U64(1))
+        found = np.where(live, orc.orc_find(table_of.view(np.int64), look), -1)
         entry = np.where(found >= 0, found, 0)
         found = found >= 0
         kind = orc.type[entry]
@@ -208,27 +191,24 @@ def batch_walk(jobs: list[Job]) -> Walked:
         # ORC_TYPE_CALL: the return address below the CFA, deref_stack_reg() on the stack walked (582-593)
         ip_p = cfa - _U64(8)
         call &= captured(ip_p, call, lo, hi)
-        new_ip = read(ip_p, call, origin, base)
+        new_ip = words.take(word_index(ip_p, delta), mode="clip")
         call &= (new_ip != rth) & (new_ip != rethook)
         # bp: undefined (no regs: unchanged), or saved at prev_sp or bp plus bp_offset (640-661)
         bp_reg = orc.bp_reg[entry]
         saved = (bp_reg == ORC_REG_PREV_SP) | (bp_reg == ORC_REG_BP)
         at, no_wrap = add_offset(np.where(bp_reg == ORC_REG_BP, bp, cfa), orc.bp_offset[entry])
         call &= (bp_reg == ORC_REG_UNDEFINED) | (saved & captured(at, no_wrap, lo, hi))
-        new_bp = np.where(saved, read(at, call & saved, origin, base), bp)
+        new_bp = np.where(saved, words.take(word_index(at, delta), mode="clip"), bp)
         # the kernel refuses an sp that did not grow on the stack (663-670); the batch takes only an sp that
         # grew by a word at least (so each frame consumes a stack word of its own); then the ip must be core
         # kernel text (check_text())
         go = call & (cfa > sp) & (cfa - sp >= _U64(8)) & (stext <= new_ip) & (new_ip < etext)
-        if not go.any():
+        n = int(np.count_nonzero(go))
+        if not n:
             break
-        rec.frames(lanes[go], new_ip[go], sp=cfa[go], fp=new_bp[go], source=_ORC_CALL,
-                   stack=label_task)
-        state[0] = new_ip
-        state[1] = cfa
-        state[2] = new_bp
-        state[3] = orc.signal[entry]
-        state, live = narrowed(state, go)
+        rec.frames(step, lanes, go, new_ip, sp=cfa, fp=new_bp, source=_ORC_CALL, stack=label_task)
+        step += 1
+        live, state, ip, sp, bp, signal = narrowed(go, n, state, new_ip, cfa, new_bp, orc.signal[entry] != 0)
     return rec.finish()
 
 
@@ -238,23 +218,13 @@ def kernel_text_lanes(ip: np.ndarray, text: np.ndarray) -> np.ndarray:
     return ((text[:, :, 0] <= ip[:, None]) & (ip[:, None] < text[:, :, 1])).any(axis=1)
 
 
-def _lanes_of(job: Job, taken: list[bool], cols: list[list[int]], tasks: list[Task]) -> None:
-    """The lanes of ``job`` the batch takes: blocked tasks with a saved ``thread.sp`` and one task stack.
-    ``taken`` gets a bool per task; ``cols`` each lane's ``thread.sp, stack low, stack high``, ``tasks``
-    its task."""
-    take = taken.append
-    sp_, low_, high_ = (col.append for col in cols)
-    for task in job.tasks:
-        ctx = task.context
-        if task.regs is None and ctx is not None and len(task.stacks) == 1:
-            stack = task.stacks[0]
-            tsp = ctx.get("sp")
-            if stack.kind == "task" and stack.low < stack.high and tsp is not None:
-                take(True)
-                sp_(tsp)
-                low_(stack.low)
-                high_(stack.high)
-                tasks.append(task)
-                continue
-        take(False)
-
+def lane_of(task: Task) -> tuple[int, ...] | None:
+    """A lane's words for ``task`` when the batch takes it: a blocked task with a saved ``thread.sp`` and one
+    task stack; its ``thread.sp, stack low, stack high``."""
+    ctx = task.context
+    if task.regs is None and ctx is not None and len(task.stacks) == 1:
+        stack = task.stacks[0]
+        tsp = ctx.get("sp")
+        if stack.kind == "task" and stack.low < stack.high and tsp is not None:
+            return tsp, stack.low, stack.high
+    return None
