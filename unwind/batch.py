@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, overload
 import weakref
 from array import array
 from itertools import chain, compress
+from operator import attrgetter
 from weakref import WeakKeyDictionary
 
 import numpy as np
@@ -64,6 +65,7 @@ class Job:
 
 #: the most words a batch step reads from one address: arm64's frame_record_meta {fp, lr, type}
 READ_WORDS = 3
+_START, _DATA = attrgetter("start"), attrgetter("data")
 
 
 class FlatMemory:
@@ -78,17 +80,16 @@ class FlatMemory:
     """
 
     def __init__(self, memories: Sequence[Memory]) -> None:
-        segs = [seg for mem in memories for seg in mem.segments]
-        owner = [m for m, mem in enumerate(memories) for _ in mem.segments]
-        self.seg_mem = np.array(owner, np.int64)
-        self.starts = np.array([seg.start for seg in segs], _U64)
-        sizes = np.array([len(seg.data) for seg in segs], _U64)
+        segs = list(chain.from_iterable(mem.segments for mem in memories))
+        self.seg_mem = np.repeat(np.arange(len(memories), dtype=np.int64), [len(mem.segments) for mem in memories])
+        self.starts = np.fromiter(map(_START, segs), _U64, len(segs))
+        sizes = np.fromiter(map(len, map(_DATA, segs)), _U64, len(segs))
         self.ends = self.starts + sizes
         if not ((self.starts | sizes) & _U64(7)).any():  # the usual case: stacks are captured in whole words
             self.origins = self.starts
             words = (sizes >> _U64(3)).astype(np.int64)
             self.bases = np.cumsum(words) - words
-            pieces = [seg.data for seg in segs]
+            pieces = list(map(_DATA, segs))
         else:
             pieces, bases, words = [], [], 0
             for seg in segs:
@@ -99,7 +100,7 @@ class FlatMemory:
                 words += (pad + len(seg.data) + tail) >> 3
             self.origins = self.starts & ~_U64(7)
             self.bases = np.array(bases, np.int64)
-        # never shorter than a record: a refused lane reads (and drops) words 0 to READ_WORDS - 1
+        # never empty: a refused lane reads (and drops) a word somewhere in it (:func:`word_index`)
         pieces.append(bytes(8 * READ_WORDS))
         self.words = np.frombuffer(b"".join(pieces), "<u8")
 
