@@ -72,7 +72,11 @@ class DumpConstants(batch.DumpConstants):
 
 class Tables:
     """The ORC tables of a batch: each table's rows index its few hundred distinct entries, and the
-    entries of all tables are one set of short columns (table ``t``'s start at ``entry_base[t]``)."""
+    entries of all tables are one set of short columns (table ``t``'s start at ``entry_base[t]``).
+
+    What a step asks of an entry is decided once per entry, not once per lane: the columns are the
+    entry's tests, and one more entry at the end (index -1, where ``orc_find()`` finds none) passes none.
+    """
 
     def __init__(self, tables: list[OrcTable]) -> None:
         self.tables = tables
@@ -80,11 +84,25 @@ class Tables:
         columns = [t.entry_columns for t in tables]
         self.entry_base = np.cumsum([0] + [len(c["type"]) for c in columns[:-1]]).astype(np.int64)
 
-        def joined(name: str) -> np.ndarray:
-            return columns[0][name] if len(columns) == 1 else np.concatenate([c[name] for c in columns])
-        self.type, self.sp_reg, self.bp_reg, self.signal = (joined(n) for n in ("type", "sp_reg", "bp_reg", "signal"))
-        # offsets as int64, added to words with a wrap check (add_offset())
-        self.sp_offset, self.bp_offset = (joined(n).astype(np.int64) for n in ("sp_offset", "bp_offset"))
+        def joined(name: str, none: int) -> np.ndarray:
+            return np.concatenate([c[name] for c in columns] + [np.array([none], columns[0][name].dtype)])
+        # the sentinel: a type that is no ORC type, undefined registers, no offsets
+        kind, sp_reg, bp_reg = joined("type", 255), joined("sp_reg", ORC_REG_UNDEFINED), joined("bp_reg", ORC_REG_UNDEFINED)
+        sp_offset, bp_offset = joined("sp_offset", 0).astype(np.int64), joined("bp_offset", 0).astype(np.int64)
+        #: ORC_TYPE_END_OF_STACK: the walk's end (unwind_orc.c:503-510)
+        self.end = kind == ORC_TYPE_END_OF_STACK
+        #: ORC_TYPE_CALL with a CFA the batch takes (sp or bp plus sp_offset) and a bp it takes (undefined,
+        #: or saved at prev_sp or bp plus bp_offset)
+        self.call = ((kind == ORC_TYPE_CALL) & ((sp_reg == ORC_REG_SP) | (sp_reg == ORC_REG_BP))
+                     & ((bp_reg == ORC_REG_UNDEFINED) | (bp_reg == ORC_REG_PREV_SP) | (bp_reg == ORC_REG_BP)))
+        self.cfa_from_bp = sp_reg == ORC_REG_BP
+        self.bp_saved = (bp_reg == ORC_REG_PREV_SP) | (bp_reg == ORC_REG_BP)
+        self.bp_from_bp = bp_reg == ORC_REG_BP
+        # offsets as u64 added to words, with their sign for the wrap check (add_offset())
+        self.sp_offset, self.sp_negative = sp_offset.astype(_U64), sp_offset < 0
+        self.bp_offset, self.bp_negative = bp_offset.astype(_U64), bp_offset < 0
+        #: not a signal frame: orc_find() looks up ip - 1 next (the sentinel's value is never read)
+        self.not_signal = (joined("signal", 0) == 0).astype(_U64)
 
     # orc_find() (unwind_orc.c), over lanes: the entry (an index into the joined columns), or -1 where
     # it finds nothing
@@ -106,7 +124,7 @@ class Tables:
             row = table.orc_find_batch(ips)
             return np.where(row >= 0, rows[np.maximum(row, 0)].astype(np.int64), -1)
         entry = _memo(table).lookup(ip, entry_of)
-        return np.where(entry >= 0, entry + self.entry_base[t], -1)
+        return entry if t == 0 else np.where(entry >= 0, entry + self.entry_base[t], -1)
 
 
 #: per ORC table: the entry orc_find() gave each ip looked up so far (a batch's lanes share their ips)
@@ -120,10 +138,11 @@ def _memo(table: OrcTable) -> Memo:
     return memo
 
 
-def add_offset(value: np.ndarray, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``value + offset`` as the scalar walk's unbounded sum, and where that sum is a u64 (no wrap)."""
-    total = value + offset.astype(_U64)
-    return total, np.where(offset >= 0, total >= value, total < value)
+def add_offset(value: np.ndarray, offset: np.ndarray, negative: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``value + offset`` (``offset`` as u64, ``negative`` where it is below zero) as the scalar walk's
+    unbounded sum, and where that sum is a u64 (no wrap: a sum below ``value`` only for a negative offset)."""
+    total = value + offset
+    return total, (total < value) == negative
 
 
 def batch_walk(jobs: list[Job]) -> Walked:
@@ -148,68 +167,75 @@ def batch_walk(jobs: list[Job]) -> Walked:
     words = flat.words
 
     # __unwind_start(): a blocked task's inactive_task_frame at thread.sp
-    at_bp, ok_bp = add_offset(tsp, per_lane(lambda c: c.itf_bp, np.int64))
-    at_ret, ok_ret = add_offset(tsp, per_lane(lambda c: c.itf_ret_addr, np.int64))
-    sp, ok_sp = add_offset(tsp, per_lane(lambda c: c.itf_size, np.int64))
+    def at_offset(get):  # type: ignore[no-untyped-def]
+        offset = per_lane(get, np.int64)
+        return add_offset(tsp, offset.astype(_U64), offset < 0)
+    at_bp, ok_bp = at_offset(lambda c: c.itf_bp)
+    at_ret, ok_ret = at_offset(lambda c: c.itf_ret_addr)
+    sp, ok_sp = at_offset(lambda c: c.itf_size)
 
-    def captured(addr: np.ndarray, ok: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """8-aligned words in ``[lo, hi)`` (the lane's segment, or its stack and segment)."""
-        return ok & ((addr & _U64(7)) == 0) & (lo <= addr) & (addr < hi) & (hi - addr >= _U64(8))
+    def captured(addr: np.ndarray, ok: np.ndarray, lo: np.ndarray, top: np.ndarray) -> np.ndarray:
+        """8-aligned words in ``[lo, top + 8)`` (the lane's segment, or its stack and segment; :func:`window`)."""
+        return ok & ((addr & _U64(7)) == 0) & (lo <= addr) & (addr <= top)
 
     delta = flat.word_delta(origin, base)
-    ok_bp = captured(at_bp, ok_bp, seg_lo, seg_hi)
-    ok_ret = captured(at_ret, ok_ret, seg_lo, seg_hi)
+    seg_lo, seg_top = window(seg_lo, seg_hi)
+    ok_bp = captured(at_bp, ok_bp, seg_lo, seg_top)
+    ok_ret = captured(at_ret, ok_ret, seg_lo, seg_top)
     bp, ip = words.take(word_index(at_bp, delta), mode="clip"), words.take(word_index(at_ret, delta), mode="clip")
     signal = ip == per_lane(lambda c: c.ret_from_fork_asm)
     # get_stack_info(sp): the task stack, begin <= sp < end; then check_text(ip)
     keep = ok_bp & ok_ret & ok_sp & (sp != 0) & (low <= sp) & (sp < high) & kernel_text_lanes(ip, text)
     label_task = rec.label("task")
     rec.frames(0, lanes, keep, ip, sp=sp, fp=bp, source=_TASK, stack=label_task)
-    # a word read must lie on the task stack and in the lane's captured segment: one window [lo, hi)
-    state = np.stack([np.maximum(low, seg_lo), np.minimum(high, seg_hi), delta.view(_U64), lanes,
-                      table_of.astype(_U64), rth, rethook, text[:, 0, 0], text[:, 0, 1]])[:, keep]
-    ip, sp, bp, signal = ip[keep], sp[keep], bp[keep], signal[keep]
+    # a word read must lie on the task stack and in the lane's captured segment: one window
+    lo, top = window(np.maximum(low, seg_lo), np.minimum(high, seg_hi))
+    stext = text[:, 0, 0]
+    state = np.stack([lo, top, delta.view(_U64), lanes, table_of.astype(_U64), rth, rethook, stext,
+                      np.where(text[:, 0, 1] > stext, text[:, 0, 1] - stext, _U64(0))])[:, keep]
+    ip, sp, bp, not_signal = ip[keep], sp[keep], bp[keep], (~signal[keep]).astype(_U64)
     live = np.ones(len(ip), bool)
     step = 1
     while True:
-        lo, hi, delta, lanes, table_of, rth, rethook, stext, etext = state
+        lo, top, delta, lanes, table_of, rth, rethook, stext, text_span = state
         delta = delta.view(np.int64)
         # unwind_next_frame(): orc_find(signal ? ip : ip - 1); END_OF_STACK ends the walk (unwind_orc.c:485-510)
-        look = np.where(signal, ip, ip - _U64(1))
-        found = np.where(live, orc.orc_find(table_of.view(np.int64), look), -1)
-        entry = np.where(found >= 0, found, 0)
-        found = found >= 0
-        kind = orc.type[entry]
-        end = found & (kind == ORC_TYPE_END_OF_STACK)
+        look = ip - not_signal
+        entry = np.where(live, orc.orc_find(table_of.view(np.int64), look), -1)
+        end = orc.end[entry]
         if end.any():
             rec.stop(lanes[end], _ORC_END, look[end])
-        call = found & (kind == ORC_TYPE_CALL)
-        # the CFA: sp or bp plus sp_offset (unwind_orc.c:514-578)
-        sp_reg = orc.sp_reg[entry]
-        cfa, no_wrap = add_offset(np.where(sp_reg == ORC_REG_BP, bp, sp), orc.sp_offset[entry])
-        call &= no_wrap & ((sp_reg == ORC_REG_SP) | (sp_reg == ORC_REG_BP)) & (cfa >= _U64(8))
-        # ORC_TYPE_CALL: the return address below the CFA, deref_stack_reg() on the stack walked (582-593)
+        # ORC_TYPE_CALL, the CFA: sp or bp plus sp_offset (unwind_orc.c:514-578)
+        cfa, call = add_offset(np.where(orc.cfa_from_bp[entry], bp, sp), orc.sp_offset[entry], orc.sp_negative[entry])
+        call &= orc.call[entry] & (cfa >= _U64(8))
+        # the return address below the CFA, deref_stack_reg() on the stack walked (582-593)
         ip_p = cfa - _U64(8)
-        call &= captured(ip_p, call, lo, hi)
+        call = captured(ip_p, call, lo, top)
         new_ip = words.take(word_index(ip_p, delta), mode="clip")
         call &= (new_ip != rth) & (new_ip != rethook)
         # bp: undefined (no regs: unchanged), or saved at prev_sp or bp plus bp_offset (640-661)
-        bp_reg = orc.bp_reg[entry]
-        saved = (bp_reg == ORC_REG_PREV_SP) | (bp_reg == ORC_REG_BP)
-        at, no_wrap = add_offset(np.where(bp_reg == ORC_REG_BP, bp, cfa), orc.bp_offset[entry])
-        call &= (bp_reg == ORC_REG_UNDEFINED) | (saved & captured(at, no_wrap, lo, hi))
+        saved = orc.bp_saved[entry]
+        at, no_wrap = add_offset(np.where(orc.bp_from_bp[entry], bp, cfa), orc.bp_offset[entry], orc.bp_negative[entry])
+        call &= ~saved | captured(at, no_wrap, lo, top)
         new_bp = np.where(saved, words.take(word_index(at, delta), mode="clip"), bp)
         # the kernel refuses an sp that did not grow on the stack (663-670); the batch takes only an sp that
         # grew by a word at least (so each frame consumes a stack word of its own); then the ip must be core
         # kernel text (check_text())
-        go = call & (cfa > sp) & (cfa - sp >= _U64(8)) & (stext <= new_ip) & (new_ip < etext)
+        go = call & (cfa > sp) & (cfa - sp >= _U64(8)) & ((new_ip - stext) < text_span)
         n = int(np.count_nonzero(go))
         if not n:
             break
         rec.frames(step, lanes, go, new_ip, sp=cfa, fp=new_bp, source=_ORC_CALL, stack=label_task)
         step += 1
-        live, state, ip, sp, bp, signal = narrowed(go, n, state, new_ip, cfa, new_bp, orc.signal[entry] != 0)
+        live, state, ip, sp, bp, not_signal = narrowed(go, n, state, new_ip, cfa, new_bp, orc.not_signal[entry])
     return rec.finish()
+
+
+def window(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A lane's window ``[lo, hi)`` for word reads as ``(lo, top)``: a word at ``a`` lies in it when ``lo <= a
+    <= top`` (``top = hi - 8``); a window shorter than a word takes none (``(1, 0)``)."""
+    short = hi < _U64(8)
+    return np.where(short, _U64(1), lo), np.where(short, _U64(0), hi - _U64(8))
 
 
 # check_text() over lanes: core text, the module area, init text
