@@ -262,15 +262,18 @@ def found_per_table(table: OrcTable) -> dict[int, OrcEntry | None]:
 
 
 class TableConstants:
-    """What every walk of one dump over one ORC table reads alike: the kernel text, the basis, and
-    ``orc_find()``'s answers kept for the table (:func:`found_per_table`)."""
+    """What every walk of one dump over one ORC table reads alike: the dump's constants, the kernel text,
+    the basis, and ``orc_find()``'s answers kept for the table (:func:`found_per_table`). A walk reads
+    them through this one object (:attr:`OrcUnwinder.c`), not copied per walk."""
 
-    __slots__ = ("table", "text", "basis", "found")
+    __slots__ = ("table", "consts", "text", "stext", "etext", "basis", "found")
 
     def __init__(self, table: OrcTable, consts: DumpConstants) -> None:
         self.table = table
+        self.consts = consts
         # __kernel_text_address(): core (and init) text, and the module area
         self.text = ((table.stext, table.etext), MODULES_RANGE) + ((table.inittext,) if table.inittext else ())
+        self.stext, self.etext = table.stext, table.etext
         self.basis = {"generation": f"ORC v{table.version}", "generation_why": table.how,
                       "pt_regs": consts.pt.describe(), "inactive_task_frame": consts.itf.describe()}
         self.found = found_per_table(table)
@@ -284,46 +287,68 @@ class OrcUnwinder(Unwinder):
 
     def basis(self) -> dict[str, str]:
         """The ORC format generation followed and the layouts read, and why."""
-        return dict(self.per_table.basis)
+        return dict(self.c.basis)
+
+    # struct unwind_state as __unwind_start() zeroes it (memset): class-level defaults, set per walk when
+    # they change, so a walk's set-up copies nothing it does not change
+    ip = sp = bp = 0
+    signal = error = full_regs = False
+    regs: Regs | None = None
+    prev_regs: Regs | None = None
+    stack_info: StackInfo = UNKNOWN
+    graph_idx = 0
+    kr_cur = -1
+    #: the FGRAPH/KRETPROBE bits (``Flag`` values) when this step's ip was recovered
+    recovered = 0
+    last: Frame | None = None
+    #: the captured segment of the last read: ``[_seg_lo, _seg_hi)`` holds ``_seg_data``
+    _seg_lo = _seg_hi = 0
+    _seg_data = b""
 
     def __init__(self, target: Target, table: OrcTable) -> None:
         self.target = target
         self.task = target.task
         self.mem = target.mem
-        self._seg_lo = self._seg_hi = 0
-        self._seg_data = b""
-        self.table = table
-        self.find = table.orc_find
-        self.stacks = StackFinder(target.task.stacks, target.mem)
         self.record = target.options.record
-        consts: DumpConstants = target.per_dump("x86_64", lambda t: DumpConstants(t, table))
-        per_table = target.shared.get("x86_64 table")
-        if per_table is None or per_table.table is not table:
-            per_table = target.shared["x86_64 table"] = TableConstants(table, consts)
-        self.per_table: TableConstants = per_table
-        self.found = per_table.found
-        self.pt, self.itf, self.off = consts.pt, consts.itf, consts.off
-        self.pt_size, self.iret_offset, self.iret_size = consts.pt_size, consts.iret_offset, consts.iret_size
-        self.return_to_handler = consts.return_to_handler
-        self.rethook_trampoline = consts.rethook_trampoline
-        self.ret_from_fork_asm = consts.ret_from_fork_asm
-        self._ftrace: list[tuple[int, int, bool]] | None = None  # read at the first ORC miss
-        self.ftrace_caller: int | None = None
-        self.ftrace_regs_caller: int | None = None
-        self.stext, self.etext = table.stext, table.etext
-        self.text = per_table.text
-        # struct unwind_state
-        self.ip = self.sp = self.bp = 0
-        self.signal = self.error = self.full_regs = False
-        self.regs: Regs | None = None
-        self.prev_regs: Regs | None = None
-        self.stack_info: StackInfo = UNKNOWN
+        c = target.shared.get("x86_64 table")
+        if c is None or c.table is not table:
+            c = target.shared["x86_64 table"] = TableConstants(
+                table, target.per_dump("x86_64", lambda t: DumpConstants(t, table)))
+        #: what every walk of the dump over ``table`` reads alike
+        self.c: TableConstants = c
+        # the per-frame path's own copies
+        self.found = c.found
+        self.stext, self.etext = c.stext, c.etext
+        consts = c.consts
+        self.return_to_handler, self.rethook_trampoline = consts.return_to_handler, consts.rethook_trampoline
+        self.stacks = StackFinder(target.task.stacks, target.mem)
         self.stack_mask = [0]
-        self.graph_idx = 0
-        self.kr_cur = -1
-        #: the FGRAPH/KRETPROBE bits (``Flag`` values) when this step's ip was recovered
-        self.recovered = 0
-        self.last: Frame | None = None
+
+    # the dump's constants by their unwind_state names (read once per walk or less)
+    @property
+    def table(self) -> OrcTable:
+        """The ORC table walked."""
+        return self.c.table
+
+    @property
+    def text(self) -> tuple[tuple[int, int], ...]:
+        """``__kernel_text_address()``'s ranges."""
+        return self.c.text
+
+    @property
+    def itf(self) -> StructLayout:
+        """``struct inactive_task_frame``."""
+        return self.c.consts.itf
+
+    @property
+    def pt(self) -> StructLayout:
+        """``struct pt_regs``."""
+        return self.c.consts.pt
+
+    @property
+    def ret_from_fork_asm(self) -> int | None:
+        """``ret_from_fork_asm``'s address."""
+        return self.c.consts.ret_from_fork_asm
 
     # READ_ONCE_NOCHECK(): a word of captured memory (the segment of the last read is kept)
     def read_word(self, addr: int) -> int:
@@ -396,7 +421,7 @@ class OrcUnwinder(Unwinder):
         task = self.task
         prov = Provenance("") if self.record else None
         if task.regs is not None:  # unwind_orc.c:702-711
-            regs = Regs(None, task.regs, self.off)
+            regs = Regs(None, task.regs, self.c.consts.off)
             if regs.user_mode(self.read):
                 raise UnwindStop(StopReason.USER_MODE, f"cs {task.regs.get('cs', 0):#x}: the CPU is in user mode")
             self.ip, self.sp, self.bp = task.regs["rip"], task.regs["rsp"], task.regs["rbp"]
@@ -406,11 +431,12 @@ class OrcUnwinder(Unwinder):
                 prov.rule = "the CPU's registers (rip, rsp, rbp); signal frame"
         elif task.context is not None and "sp" in task.context:  # unwind_orc.c:720-727
             tsp = task.context["sp"]
-            itf = self.itf
+            consts = self.c.consts
+            itf = consts.itf
             self.sp = tsp + itf.size
             self.bp = self.read(tsp + itf["bp"])
             self.ip = self.read(tsp + itf["ret_addr"])
-            self.signal = self.ip == self.ret_from_fork_asm
+            self.signal = self.ip == consts.ret_from_fork_asm
             source, flags = Source.TASK, Flag.NONE
             if prov is not None:
                 prov.rule = f"inactive_task_frame at thread.sp {tsp:#x}"
@@ -458,7 +484,7 @@ class OrcUnwinder(Unwinder):
             ip = orig_ip if self.signal else orig_ip - 1
             orc = self.found.get(ip, _UNSEEN)
             if orc is _UNSEEN:  # each ip's answer is kept for the table's other walks
-                orc = self.found[ip] = self.find(ip)
+                orc = self.found[ip] = self.c.table.orc_find(ip)
             if orc is not None and orc.type >= ORC_TYPE_CALL and prov is None:
                 source = _SRC_ORC_CALL
             else:
@@ -608,18 +634,17 @@ class OrcUnwinder(Unwinder):
     # orc_ftrace_find() (unwind_orc.c:143-167)
     def orc_ftrace_find(self, ip: int, prov: Provenance | None) -> OrcEntry | None:
         """An ip in a dynamic ftrace trampoline takes the entry of the code it copies."""
-        if self._ftrace is None:  # read at the first ORC miss of the dump's walks
-            self._ftrace, self.ftrace_caller, self.ftrace_regs_caller = \
-                self.target.per_dump("x86_64 ftrace", ftrace_trampolines)
-        for start, size, save_regs in self._ftrace:
+        # read at the first ORC miss of the dump's walks
+        trampolines, ftrace_caller, ftrace_regs_caller = self.target.per_dump("x86_64 ftrace", ftrace_trampolines)
+        for start, size, save_regs in trampolines:
             if start <= ip < start + size:  # ftrace_ops_trampoline()
-                base = self.ftrace_regs_caller if save_regs else self.ftrace_caller
+                base = ftrace_regs_caller if save_regs else ftrace_caller
                 if base is None or base + (ip - start) == ip:
                     return None
                 if prov is not None:
                     prov.note(f"{ip:#x} is in the ftrace trampoline at {start:#x}: the entry of "
                               f"{'ftrace_regs_caller' if save_regs else 'ftrace_caller'}+{ip - start:#x}")
-                return self.find(base + (ip - start))
+                return self.c.table.orc_find(base + (ip - start))
         return None
 
     # unwind_orc.c:514-578: the sp_reg cases past SP and BP
@@ -645,10 +670,11 @@ class OrcUnwinder(Unwinder):
     # unwind_orc.c:595-616
     def step_regs(self, sp: int, orig_ip: int, prov: Provenance | None) -> str:
         """REGS: ``sp`` points to a full ``struct pt_regs``."""
-        if not self.stack_access_ok(sp, self.pt_size):
-            self.fail_access(sp, self.pt_size, f"can't access registers at {orig_ip:#x}: pt_regs")
+        consts = self.c.consts
+        if not self.stack_access_ok(sp, consts.pt_size):
+            self.fail_access(sp, consts.pt_size, f"can't access registers at {orig_ip:#x}: pt_regs")
         stack = self.stack_info.kind
-        off = self.off
+        off = consts.off
         ip, new_sp = self.read(sp + off["ip"]), self.read(sp + off["sp"])
         if prov is not None:
             prov.read(sp + off["ip"], 8, ip, "pt_regs->ip")
@@ -661,11 +687,12 @@ class OrcUnwinder(Unwinder):
     # unwind_orc.c:618-632
     def step_regs_partial(self, sp: int, orig_ip: int, prov: Provenance | None) -> str:
         """REGS_PARTIAL: ``sp`` points to an IRET frame (``pt_regs`` from ``ip`` on)."""
-        if not self.stack_access_ok(sp, self.iret_size):
-            self.fail_access(sp, self.iret_size, f"can't access iret registers at {orig_ip:#x}: iret frame")
+        consts = self.c.consts
+        if not self.stack_access_ok(sp, consts.iret_size):
+            self.fail_access(sp, consts.iret_size, f"can't access iret registers at {orig_ip:#x}: iret frame")
         stack = self.stack_info.kind
-        base = sp - self.iret_offset
-        off = self.off
+        base = sp - consts.iret_offset
+        off = consts.off
         ip, new_sp = self.read(base + off["ip"]), self.read(base + off["sp"])
         if prov is not None:
             prov.read(base + off["ip"], 8, ip, "iret->ip")
