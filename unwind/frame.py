@@ -63,6 +63,29 @@ _FLAG_TEXT = {
 }
 
 
+class LazyText:
+    """A text attribute that may be given as a function of no arguments: the function is called, and the
+    text it makes kept, the first time the attribute is read (a walk formats nothing no one reads).
+
+    The value lives in the attribute named ``private`` (a slot of the owner's)."""
+
+    def __init__(self, private: str, doc: str) -> None:
+        self.private = private
+        self.__doc__ = doc
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        text = getattr(obj, self.private)
+        if not isinstance(text, str):
+            text = text()
+            setattr(obj, self.private, text)
+        return text
+
+    def __set__(self, obj: object, value: "str | Callable[[], str]") -> None:
+        setattr(obj, self.private, value)
+
+
 def _hex(v: int | None) -> str | None:
     return None if v is None else hex(v)
 
@@ -97,17 +120,7 @@ class Provenance:
         self._reads: list[Read | tuple[int, int, int, str]] = list(reads) if reads else []
         self._notes: list[str | Callable[[], str]] = list(notes) if notes else []
 
-    @property
-    def rule(self) -> str:
-        """The rule applied."""
-        r = self._rule
-        if not isinstance(r, str):
-            r = self._rule = r()
-        return r
-
-    @rule.setter
-    def rule(self, value: "str | Callable[[], str]") -> None:
-        self._rule = value
+    rule = LazyText("_rule", "The rule applied.")
 
     @property
     def reads(self) -> list[Read]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Iterable, Iterator
 
-from .frame import Flag, Frame
+from .frame import Flag, Frame, LazyText
 from .memory import Memory
 from .stackinfo import StackInfo
 
@@ -33,17 +33,7 @@ class _Detail:
     reason: StopReason
     _detail: "str | Callable[[], str]"
 
-    @property
-    def detail(self) -> str:
-        """The sentence: what the walk saw where it stopped."""
-        d = self._detail
-        if not isinstance(d, str):
-            d = self._detail = d()
-        return d
-
-    @detail.setter
-    def detail(self, value: str) -> None:
-        self._detail = value
+    detail = LazyText("_detail", "The sentence: what the walk saw where it stopped.")
 
     def __str__(self) -> str:
         return f"{self.reason.text}: {self.detail}" if self.detail else self.reason.text
@@ -167,13 +157,14 @@ def kunwind_stack_walk(unwinder: Unwinder, consume: Consumer,
     count = 0
     try:
         frame = unwinder.start()
+        step = unwinder.next
         while True:
             if not consume(frame):
                 return Stop(StopReason.CONSUMER_STOPPED, frames=count + 1)
             count += 1
             if count >= max_frames:
                 return Stop(StopReason.FRAME_LIMIT, f"{max_frames} frames", count)
-            frame = unwinder.next()
+            frame = step()
     except UnwindStop as stop:
         return Stop(stop.reason, stop._detail, count)
 
