@@ -13,6 +13,7 @@ from .dump import Dump, DumpError, NotADump
 from .frame import Frame
 from .image import IMAGE_PATH_ENV, Image, ImageError, find_image, image_search_places
 from .kaslr import RelocatedImage, relocate_symbols
+from .stackinfo import StackInfo
 from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from .target import Options, Target, Task, kernel_version
 from .vmcore import VmcoreError, detect_format, is_vmcore
@@ -238,8 +239,8 @@ class Session:
     def _task(self, task: Task) -> list:
         """What every walk of ``task`` reads alike, worked out once per task (the copies :meth:`Dump.tasks`
         hands out share their ``stacks`` list): ``[stacks, memory, frame limit or None, the dump's memory and
-        task_memory function they were made with]``. A vmcore's
-        task memory is a snapshot of its stacks (:meth:`Dump.task_memory`), read once, not per walk."""
+        task_memory function they were made with, whether the stacks record a freed task stack]``. A
+        vmcore's task memory is a snapshot of its stacks (:meth:`Dump.task_memory`), read once, not per walk."""
         stacks, memory, make = task.stacks, self.dump.memory, self.dump.task_memory
         made_by = getattr(make, "__func__", make)  # the function, not a bound method made for this call
         hit = self._per_task.get(id(stacks))
@@ -247,7 +248,8 @@ class Session:
         if hit is None or hit[0] is not stacks or hit[3] is not memory or hit[4] is not made_by:
             if len(self._per_task) >= _MAX_TASKS:  # tasks made by the caller, each with a list of its own
                 self._per_task.clear()
-            hit = self._per_task[id(stacks)] = [stacks, make(task), None, memory, made_by]
+            hit = self._per_task[id(stacks)] = [stacks, make(task), None, memory, made_by,
+                                                task_stack_null(stacks)]
         return hit
 
     def unwinder(self, task: Task, options: Options | None = None) -> Unwinder:
@@ -274,7 +276,7 @@ class Session:
             walk = self._checked[key] = self._walks.get(key) or self._walk(options, key)
         per_task = self._task(task)
         target = self._target(task, walk, per_task)
-        if task_stack_freed(task):
+        if per_task[5] and task.regs is None:  # task_stack_freed(task)
             stop = Stop(StopReason.TASK_EXITED, f"task->stack is NULL (state {task.state or '?'}): "
                                                 "try_get_task_stack() fails and the kernel prints nothing")
             verdict = ReliableResult(False, stop, "try_get_task_stack() fails (-EINVAL)") if reliable else None
@@ -375,9 +377,12 @@ class SymbolizingUnwinder(Unwinder):
 # try_get_task_stack() (sched_show_task(), stack_trace_save_tsk()): an exited task's stack is freed
 def task_stack_freed(task: Task) -> bool:
     """A blocked task whose task stack the dump records as NULL: it has exited (its stack went at the last switch)."""
-    if task.regs is not None:  # running
-        return False
-    for s in task.stacks:
+    return task.regs is None and task_stack_null(task.stacks)  # a running task has its stack
+
+
+def task_stack_null(stacks: Sequence[StackInfo]) -> bool:
+    """Do ``stacks`` record the task stack as NULL (``task->stack``)?"""
+    for s in stacks:
         if s.kind == "task" and not s.low:
             return True
     return False
