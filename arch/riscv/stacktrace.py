@@ -30,11 +30,9 @@ source and provenance.
 
 from __future__ import annotations
 
-import bisect
 import struct
-import weakref
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from unwind.frame import Flag, Frame, Provenance, Source
 from unwind.memory import Memory, MemoryFault
@@ -115,6 +113,12 @@ class KernelLayout:
 
     #: :meth:`RiscvUnwinder.basis` of every walk
     basis: dict[str, str]
+    #: the first text range (core text), tested before the others
+    text0: tuple[int, int]
+    #: the exception-frame test: [handle_exception, ret_from_exception_end), or v6.1's pc == ret_from_exception
+    exc_frame: tuple[int, int]
+    #: task_pt_regs(tsk) below the task stack's top: sizeof(struct pt_regs) aligned to STACK_ALIGN
+    pt_regs_space: int
 
     @classmethod
     def of(cls, target: Target) -> "KernelLayout":
@@ -144,6 +148,7 @@ class KernelLayout:
         pt_regs = resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE,
                                  lambda: derived_pt_regs(target, PT_REGS_TABLE))
         gen = walk_generation(target)
+        rfe = _or_none(sym("ret_from_exception")) if exc_end is None else -1
         return cls(
             text=tuple(text),
             thread_size=thread_size(target),
@@ -152,26 +157,15 @@ class KernelLayout:
             return_to_handler=_or_none(sym("return_to_handler")),
             rethook_trampolines=tramps,
             call_on_irq_stack=_symbol_range(target, "call_on_irq_stack"),
-            ret_from_exception=_or_none(sym("ret_from_exception")) if exc_end is None else -1,
+            ret_from_exception=rfe,
             pt_regs=pt_regs,
             generation=gen,
             basis={"generation": gen.name, "generation_why": gen.why, "pt_regs": pt_regs.describe()},
+            text0=text[0] if text else (0, 0),
+            exc_frame=(rfe, rfe + 1) if rfe >= 0 else (exc if exc is not None else -1,
+                                                       exc_end if exc_end is not None else -1),
+            pt_regs_space=align(pt_regs.size, STACK_ALIGN),
         )
-
-
-#: per captured memory (one dump): the start of every segment
-_PER_DUMP: "weakref.WeakKeyDictionary[Memory, dict[Any, Any]]" = weakref.WeakKeyDictionary()
-
-
-def segment_starts(mem: Memory) -> list[int]:
-    """The start address of every captured segment, for bisecting (cached per dump)."""
-    per_dump = _PER_DUMP.get(mem)
-    if per_dump is None:
-        per_dump = _PER_DUMP[mem] = {}
-    starts = per_dump.get("starts")
-    if starts is None:
-        starts = per_dump["starts"] = [seg.start for seg in mem.segments]
-    return starts
 
 
 def _or_none(addr: int | None) -> int:
@@ -359,6 +353,34 @@ class RiscvUnwinder(Unwinder):
         """The generation followed and the pt_regs layout read, and why."""
         return dict(self.k.basis)
 
+    # the walk's state as it starts: class-level defaults, set per walk when they change, so a walk's
+    # set-up copies nothing it does not change
+    pc = fp = sp = 0
+    #: sp is the fp of a record the walk read (not the registers' or the saved context's sp)
+    sp_from_record = False
+    #: regs->epc/ra of the starting pt_regs (the leaf rule), None for a blocked task
+    regs_epc: int | None = None
+    regs_ra = 0
+    graph_idx = 0
+    #: pt_regs whose epc is the next pc to print (after an exception frame)
+    pending_regs: int | None = None
+    #: complete mode: (pc, ra, what) of a pc taken from registers whose caller may sit in ra
+    live: tuple[int, int, str] | None = None
+    #: complete mode: a frame to print next, and a hijacked return in flight found on the way
+    pending_frame: Frame | None = None
+    inflight = 0
+    #: complete mode: (sepc, sstatus) of a CPU stopped in the trap entry, printed after its pc
+    trap_entry: tuple[int, int] | None = None
+    #: complete mode: flags every frame beyond what the kernel prints carries
+    beyond = _NONE
+    #: complete mode, a CPU in firmware: the ra the walk started from (its record may repeat it)
+    firmware_ra: int | None = None
+    kr_cursor = 0
+    #: ``(low, high, kind)`` of the stack the last label came from
+    _kind_cache: tuple[int, int, str | None] = (0, 0, None)
+    #: ``(start, end, data)`` of the captured segment the last record came from
+    _seg: tuple[int, int, bytes] = (0, 0, b"")
+
     def __init__(self, target: Target, layout: KernelLayout, prover: LiveRaProver | None) -> None:
         self.t = target
         self.k = layout
@@ -368,52 +390,49 @@ class RiscvUnwinder(Unwinder):
         self.complete = target.options.complete
         self.prover = prover
         self.stacks = StackSet(target.task.stacks)
-        self._kind_cache: tuple[int, int, str | None] = (0, 0, None)
-        self._seg: tuple[int, int, bytes] = (0, 0, b"")
-        self._seg_starts = segment_starts(self.mem)
         # hot-path copies of the layout
-        self.text0 = layout.text[0] if layout.text else (0, 0)
-        self.exc_lo, self.exc_hi = layout.handle_exception, layout.ret_from_exception_end
-        # the exception-frame test: [handle_exception, ret_from_exception_end), or v6.1's pc == ret_from_exception
-        rfe = layout.ret_from_exception
-        self.exc_frame = (rfe, rfe + 1) if rfe >= 0 else (self.exc_lo, self.exc_hi)
-        self.pt = layout.pt_regs
-        #: sp is the fp of a record the walk read (not the registers' or the saved context's sp)
-        self.sp_from_record = False
-        gen = self.generation = layout.generation
-        self.fgraph_search = ftrace_graph_ret_addr if gen.fgraph_idx else ftrace_graph_ret_addr_v6_1
+        self.text0 = layout.text0
+        self.exc_frame = layout.exc_frame
+        self.return_to_handler = layout.return_to_handler
+        self.rethook_trampolines = layout.rethook_trampolines
+        gen = layout.generation
         #: task_pt_regs(tsk): the frame pointer of the task's first kernel frame
         self.task_pt_regs: int | None = None
         for st in target.task.stacks:
             if st.kind == "task":
-                self.task_pt_regs = st.high - align(self.pt.size, STACK_ALIGN)
+                self.task_pt_regs = st.high - layout.pt_regs_space
                 break
-        self.return_to_handler = layout.return_to_handler
-        self.rethook_trampolines = layout.rethook_trampolines
-        self.pc = self.fp = self.sp = 0
-        #: regs->epc/ra of the starting pt_regs (the leaf rule), None for a blocked task
-        self.regs_epc: int | None = None
-        self.regs_ra = 0
-        self.graph_idx = 0
-        #: pt_regs whose epc is the next pc to print (after an exception frame)
-        self.pending_regs: int | None = None
-        #: complete mode: (pc, ra, what) of a pc taken from registers whose caller may sit in ra
-        self.live: tuple[int, int, str] | None = None
-        #: complete mode: a frame to print next, and a hijacked return in flight found on the way
-        self.pending_frame: Frame | None = None
-        self.inflight = 0
-        #: complete mode: (sepc, sstatus) of a CPU stopped in the trap entry, printed after its pc
-        self.trap_entry: tuple[int, int] | None = None
-        #: complete mode: flags every frame beyond what the kernel prints carries
-        self.beyond = _NONE
-        #: complete mode, a CPU in firmware: the ra the walk started from (its record may repeat it)
-        self.firmware_ra: int | None = None
         # the kernel passes current: a blocked task's ret_stack is never consulted
         # 6.12 passes current: a blocked task's ret_stack is never consulted; 7.x passes the task
-        self.fgraph_kernel = target.task.fgraph if target.task.running or gen.fgraph_of_task else []
-        self.fgraph_all = target.task.fgraph
-        self.fg_cursor = len(self.fgraph_all) - 1
-        self.kr_cursor = 0
+        fgraph = self.fgraph_all = target.task.fgraph
+        self.fgraph_kernel = fgraph if target.task.running or gen.fgraph_of_task else []
+        self.fg_cursor = len(fgraph) - 1
+
+    # the layout's values by the names the steps use
+    @property
+    def generation(self) -> Generation:
+        """The kernel generation followed."""
+        return self.k.generation
+
+    @property
+    def pt(self) -> StructLayout:
+        """``struct pt_regs``."""
+        return self.k.pt_regs
+
+    @property
+    def exc_lo(self) -> int:
+        """``handle_exception`` (-1: no such symbol)."""
+        return self.k.handle_exception
+
+    @property
+    def exc_hi(self) -> int:
+        """``ret_from_exception_end`` (-1: no such symbol)."""
+        return self.k.ret_from_exception_end
+
+    @property
+    def fgraph_search(self) -> Callable[[Sequence[FgraphEntry], int, int, int, int], tuple[int, int]]:
+        """The generation's ``ftrace_graph_ret_addr()``."""
+        return ftrace_graph_ret_addr if self.k.generation.fgraph_idx else ftrace_graph_ret_addr_v6_1
 
     # --- labels -----------------------------------------------------------------------------
 
@@ -644,13 +663,14 @@ class RiscvUnwinder(Unwinder):
 
     def _read_record(self, rec: int) -> tuple[int, int]:
         """``{frame->fp, frame->ra}`` at ``rec``, remembering the captured segment that holds it."""
-        segs = self.mem.segments
-        i = bisect.bisect_right(self._seg_starts, rec) - 1
-        if i >= 0 and rec + STACKFRAME_SIZE <= segs[i].end:
-            seg = segs[i]
+        try:
+            seg = self.mem.segment(rec, STACKFRAME_SIZE)
+        except MemoryFault:
+            pass
+        else:
             self._seg = (seg.start, seg.end, seg.data)
             return _STACKFRAME.unpack_from(seg.data, rec - seg.start)
-        try:  # not captured: Memory's read says why (excluded from the dump, not mapped, or absent)
+        try:  # not captured in one segment: Memory's read says why (excluded, not mapped, or absent)
             data = self.mem.read(rec, STACKFRAME_SIZE)
         except MemoryFault as e:
             raise UnwindStop(StopReason.MEMORY_FAULT, f"frame record at {rec:#x}: {e}") from None
