@@ -36,7 +36,7 @@ _MAX_TASKS = 1 << 12
 COMMON_OPTIONS = frozenset({"complete", "record", "generation"})
 
 
-@dataclass
+@dataclass(slots=True)
 class Replay:
     """The outcome of one task's walk."""
 

@@ -239,9 +239,13 @@ def kernel_pac_mask(vmcoreinfo: dict[str, str]) -> tuple[int, str]:
 
 
 # ptrauth_clear_pac() (v6.1 asm/compiler.h), behind v6.1's ptrauth_strip_insn_pac()
+#: GENMASK_ULL(54, 0): the bits below 55 (ptrauth_clear_pac()'s user mask is the PAC mask within them)
+_GENMASK_54_0 = genmask_ull(54, 0)
+
+
 def ptrauth_clear_pac(ptr: int, mask: int) -> int:
     """v6.1: bit 55 set ORs the kernel mask in; clear, it clears the user mask ``GENMASK(54, vabits)``."""
-    return (ptr | mask) if ptr & _BIT55 else (ptr & ~(mask & genmask_ull(54, 0)))
+    return (ptr | mask) if ptr & _BIT55 else (ptr & ~(mask & _GENMASK_54_0))
 
 
 # ptrauth_strip_kernel_insn_pac() (asm/compiler.h: xpaclri), offline form

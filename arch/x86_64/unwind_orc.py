@@ -226,8 +226,8 @@ def ftrace_trampolines(target: Target) -> tuple[list[tuple[int, int, bool]], int
 class DumpConstants:
     """What every ORC walk of one dump (with the same options) reads alike, worked out once."""
 
-    __slots__ = ("pt", "itf", "off", "pt_size", "iret_offset", "iret_size", "return_to_handler",
-                 "rethook_trampoline", "ret_from_fork_asm")
+    __slots__ = ("pt", "itf", "itf_bp", "itf_ret_addr", "off", "pt_size", "iret_offset", "iret_size",
+                 "return_to_handler", "rethook_trampoline", "ret_from_fork_asm")
 
     def __init__(self, target: Target, table: OrcTable) -> None:
         # struct pt_regs and struct inactive_task_frame: BTF, the dump's offsets, derived (pt_regs), the table
@@ -235,6 +235,7 @@ class DumpConstants:
                                  lambda: derived_pt_regs(target, table))
         self.itf = resolve_layout(target, "inactive_task_frame", INACTIVE_TASK_FRAME_MEMBERS,
                                   INACTIVE_TASK_FRAME_TABLE)
+        self.itf_bp, self.itf_ret_addr = self.itf["bp"], self.itf["ret_addr"]
         self.off = dict(self.pt.offsets)
         self.pt_size, self.iret_offset = self.pt.size, self.pt["ip"]
         self.iret_size = self.pt_size - self.iret_offset
@@ -432,16 +433,15 @@ class OrcUnwinder(Unwinder):
         elif task.context is not None and "sp" in task.context:  # unwind_orc.c:720-727
             tsp = task.context["sp"]
             consts = self.c.consts
-            itf = consts.itf
-            self.sp = tsp + itf.size
-            self.bp = self.read(tsp + itf["bp"])
-            self.ip = self.read(tsp + itf["ret_addr"])
+            self.sp = tsp + consts.itf.size
+            self.bp = self.read(tsp + consts.itf_bp)
+            self.ip = self.read(tsp + consts.itf_ret_addr)
             self.signal = self.ip == consts.ret_from_fork_asm
             source, flags = Source.TASK, Flag.NONE
             if prov is not None:
                 prov.rule = f"inactive_task_frame at thread.sp {tsp:#x}"
-                prov.read(tsp + itf["bp"], 8, self.bp, "frame->bp")
-                prov.read(tsp + itf["ret_addr"], 8, self.ip, "frame->ret_addr")
+                prov.read(tsp + consts.itf_bp, 8, self.bp, "frame->bp")
+                prov.read(tsp + consts.itf_ret_addr, 8, self.ip, "frame->ret_addr")
                 if self.signal:
                     prov.note("ret_from_fork_asm: a signal frame (look up ip, not ip-1)")
         else:
@@ -586,8 +586,8 @@ class OrcUnwinder(Unwinder):
             self.error = True
             raise UndefinedOrc(StopReason.UNKNOWN_METADATA, f"ORC entry for {ip:#x} is UNDEFINED"
                                f"{self.undefined_why(ip)}", ip)
-        if orc.type == ORC_TYPE_END_OF_STACK:
-            raise UnwindStop(StopReason.END_OF_STACK, orc_end_detail(ip))
+        if orc.type == ORC_TYPE_END_OF_STACK:  # every walk of a blocked task ends here: the detail is made when read
+            raise UnwindStop(StopReason.END_OF_STACK, lambda: orc_end_detail(ip))
         if prov is not None:  # the rule is written when read
             which = "ip" if self.signal else "ip-1"
             prov.rule = lambda: f"ORC at {ip:#x} ({which}): {orc}"
