@@ -9,6 +9,7 @@ past a captured segment: a read that is not wholly inside one raises
 from __future__ import annotations
 
 import bisect
+import itertools
 import struct
 from dataclasses import dataclass
 from typing import Iterable
@@ -72,6 +73,8 @@ class Memory:
                 raise ValueError(f"overlapping segments at {a.start:#x} and {b.start:#x}")
         self.segments: list[Segment] = segs
         self._starts = [s.start for s in segs]
+        #: ``_sizes[k]``: the bytes of the first ``k`` segments (for :meth:`captured_size`)
+        self._sizes = list(itertools.accumulate((len(s.data) for s in segs), initial=0))
         # The last segment hit: stack walks read many words from one stack.
         self._hit: Segment | None = segs[0] if segs else None
 
@@ -112,6 +115,22 @@ class Memory:
             if start < end:
                 out.append((start, end))
         return out
+
+    def captured_size(self, lo: int, hi: int) -> int:
+        """How many bytes of ``[lo, hi)`` are captured: the sum of :meth:`captured`, without the list."""
+        starts, segs = self._starts, self.segments
+        i = max(bisect.bisect_right(starts, lo) - 1, 0)  # the segment holding lo, or the first one
+        j = bisect.bisect_left(starts, hi)  # segments [i, j) start below hi
+        if i >= j or hi <= lo:
+            return 0
+        total = self._sizes[j] - self._sizes[i]
+        first, last = segs[i], segs[j - 1]
+        if first.start < lo:  # its bytes below lo (all of them when it ends there)
+            total -= min(lo - first.start, len(first.data))
+        end = last.start + len(last.data)
+        if end > hi:  # its bytes from hi on (never below lo: then it is the first and ends below lo)
+            total -= end - hi
+        return total
 
     def contains(self, addr: int, size: int = 1) -> bool:
         """True when ``[addr, addr + size)`` is captured in one segment."""

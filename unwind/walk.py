@@ -145,8 +145,7 @@ def frame_limit(stacks: Iterable[StackInfo], mem: Memory, min_frame_bytes: int =
     stacks are consumed one way, so no honest walk reports more."""
     total = 0
     for s in stacks:
-        for start, end in mem.captured(s.low, s.high):
-            total += end - start
+        total += mem.captured_size(s.low, s.high)
     return total // min_frame_bytes + FRAME_LIMIT_SLACK
 
 
