@@ -104,7 +104,9 @@ class UnwindStop(_Detail, Exception):
     """Raised by a backend step to end the walk (``-ENOENT`` or an error); ``detail`` as in :class:`Stop`."""
 
     def __init__(self, reason: StopReason, detail: "str | Callable[[], str]" = "") -> None:
-        super().__init__(reason)  # every walk ends in one: the message is made when read
+        # every walk ends in one: the message is made when read, and Exception.__init__ is not called
+        # (BaseException.__new__ keeps the arguments as ``args``; a super() call through the mixin costs
+        # as much as the rest of the raise)
         self.reason = reason
         self._detail = detail
 
