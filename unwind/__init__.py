@@ -7,15 +7,36 @@ Library use::
     for task in s.select(every=True):
         r = s.replay(task, Options())
         print(task.describe(), [f.symbol for f in r.frames], r.stop)
+
+The names below are imported from their modules when first used, so that ``import unwind``
+(and the ``unwind`` program, which imports only what its command uses) costs no more than it must.
 """
 
-from .dump import Dump, DumpError, DumpWriter
-from .frame import Flag, Frame, Provenance, Source
-from .replay import Replay, ReplayError, Session
-from .stackinfo import StackInfo, StackSet
-from .target import Options, Target, Task
-from .walk import (Stop, StopReason, Unwinder, UnwindStop, bpf_stack_walk, collect, iter_frames,
-                   kunwind_stack_walk, stack_walk, stack_walk_reliable)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .dump import Dump, DumpError, DumpWriter
+    from .frame import Flag, Frame, Provenance, Source
+    from .replay import Replay, ReplayError, Session
+    from .stackinfo import StackInfo, StackSet
+    from .target import Options, Target, Task
+    from .walk import (Stop, StopReason, Unwinder, UnwindStop, bpf_stack_walk, collect, iter_frames,
+                       kunwind_stack_walk, stack_walk, stack_walk_reliable)
+
+#: each public name and the module that defines it
+_FROM = {
+    "dump": ("Dump", "DumpError", "DumpWriter"),
+    "frame": ("Flag", "Frame", "Provenance", "Source"),
+    "replay": ("Replay", "ReplayError", "Session"),
+    "stackinfo": ("StackInfo", "StackSet"),
+    "target": ("Options", "Target", "Task"),
+    "walk": ("Stop", "StopReason", "Unwinder", "UnwindStop", "bpf_stack_walk", "collect", "iter_frames",
+             "kunwind_stack_walk", "stack_walk", "stack_walk_reliable"),
+}
+_MODULE = {name: module for module, names in _FROM.items() for name in names}
 
 __all__ = [
     "Dump", "DumpError", "DumpWriter", "Flag", "Frame", "Provenance", "Source", "Replay", "ReplayError",
@@ -24,3 +45,17 @@ __all__ = [
     "stack_walk_reliable",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (PEP 562)."""
+    module = _MODULE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

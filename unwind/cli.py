@@ -11,7 +11,6 @@ subcommand) shows the traceback. A reader that closes the pipe early
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import json
 import os
@@ -186,7 +185,7 @@ def _quiet_stdout() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``unwind`` console script and ``python -m unwind``."""
+    """The ``unwind`` command line (the program is :func:`unwind.__main__.console`); the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)
@@ -212,16 +211,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def console() -> None:
-    """The ``unwind`` program (console script and ``python -m unwind``): :func:`main`, then exit.
-
-    Every object is frozen out of the cyclic garbage collector before the interpreter's exit, whose
-    collections would otherwise walk all of them once more for nothing (~30 ms of a replay).
-    """
-    status = main()
-    gc.freeze()
-    sys.exit(status)
-
-
 if __name__ == "__main__":
-    console()
+    sys.exit(main())
