@@ -153,6 +153,24 @@ class DumpWriter:
         Path(path).write_bytes(data)
 
 
+def written_by_unwind(path: str | Path) -> bool:
+    """Does ``path`` start as :class:`DumpWriter` writes a dump: an uncompressed ELF file whose first program
+    header is a ``PT_NOTE`` holding the ``UNWIND`` note? Reads that header and its notes only; ``False``
+    settles nothing (another file, or a dump written otherwise)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                return False
+            elf = ELFFile(f)
+            if elf.num_segments() == 0:
+                return False
+            first = elf.get_segment(0)
+            return first["p_type"] == "PT_NOTE" and any(note["n_name"] == elfcore.UNWIND_NOTE_NAME
+                                                         for note in first.iter_notes())
+    except Exception:  # noqa: BLE001 - any trouble reading it: not settled here, the full checks decide
+        return False
+
+
 def _decompress(raw: bytes, path: str) -> bytes:
     try:
         if raw.startswith(b"\xfd7zXZ\x00"):

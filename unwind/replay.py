@@ -9,17 +9,13 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from . import registry
 from .callsite import CallSiteChecker
-from .dump import Dump, DumpError, NotADump
+from .dump import Dump, DumpError, NotADump, written_by_unwind
 from .frame import Frame
 from .image import IMAGE_PATH_ENV, Image, ImageError, find_image, image_search_places
 from .kaslr import RelocatedImage, relocate_symbols
 from .stackinfo import StackInfo
 from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from .target import Options, Target, Task, kernel_version
-from .vmcore import VmcoreError, detect_format, is_vmcore
-from .vmcore.diskdump import KDUMP_SIGNATURE
-from .vmcore.flattened import is_flattened
-from .vmcore.source import XZ_MAGIC, xz_head
 from .walk import ReliableResult, Stop, StopReason, Unwinder, collect, frame_limit, stack_walk_reliable
 
 if TYPE_CHECKING:
@@ -315,7 +311,15 @@ class Session:
 
 def _vmcore_format(path: str | Path) -> bool:
     """Is ``path`` a vmcore? kdump-compressed and flattened files are, by magic; an ELF core is unless it
-    carries the ``UNWIND`` note of the project's own dumps."""
+    carries the ``UNWIND`` note of the project's own dumps (a dump as the project writes it is told at once,
+    without the vmcore readers)."""
+    if written_by_unwind(path):
+        return False
+    from .vmcore import VmcoreError, detect_format, is_vmcore
+    from .vmcore.diskdump import KDUMP_SIGNATURE
+    from .vmcore.flattened import is_flattened
+    from .vmcore.source import XZ_MAGIC, xz_head
+
     head = b""
     with contextlib.suppress(OSError), open(path, "rb") as f:
         head = f.read(len(XZ_MAGIC))
