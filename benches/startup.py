@@ -20,7 +20,7 @@ folder) and the release's committed slim image:
   lab's fetched kernels), then ``stack_trace`` of each CPU's running task, as a drgn user starts;
 - floors: ``python -c pass``, ``import unwind``, ``import drgn``.
 
-``--base DIR`` adds ``unwind replay DUMP`` of another source tree (importable with
+``--base DIR`` adds ``unwind replay DUMP`` and ``VMCORE`` of another source tree (importable with
 ``PYTHONPATH=DIR``: ``git archive REV | tar -x -C DIR; ln -s ../arch DIR/unwind/arch``), so a
 change is measured against the code before it in the same rounds::
 
@@ -170,6 +170,9 @@ def commands(stop_list: list[Stop], python: str, drgn_python: str | None, base: 
             cmds.append(Command("base: unwind replay DUMP", s.arch, [*ours, "replay", str(s.dump)], _env(base)))
         cmds.append(Command("unwind replay VMCORE", s.arch,
                             [*ours, "replay", str(s.vmcore), "--vmlinux", str(s.slim)], _env()))
+        if base:
+            cmds.append(Command("base: unwind replay VMCORE", s.arch,
+                                [*ours, "replay", str(s.vmcore), "--vmlinux", str(s.slim)], _env(base)))
         if drgn_python and s.arch in DRGN_ARCHES:
             cmds.append(Command("drgn load (same vmcore + slim image)", s.arch,
                                 [drgn_python, "-c", DRGN_LOAD, str(s.vmcore), str(s.slim)], _env()))

@@ -16,6 +16,7 @@ holes.
 from __future__ import annotations
 
 import bisect
+import contextlib
 from dataclasses import dataclass
 from typing import Hashable
 
@@ -27,7 +28,7 @@ from .errors import ExcludedPageFault, VmcoreError
 from ..packed import packed
 from .notes import Note, parse_notes, prstatus_notes, vmcoreinfo_text
 from .physmem import DEFAULT_CACHE_BYTES, PhysicalMemory, PhysRange, VirtualLoad
-from .source import Source
+from .source import Source, SourceTruncated
 
 #: bytes per cached chunk of an ELF segment
 ELF_CHUNK = 4096
@@ -93,6 +94,17 @@ class ElfVmcore(PhysicalMemory):
             else:
                 out.append(PhysRange(e.start, e.end))
         return out
+
+    def read_phys(self, paddr: int, size: int) -> bytes:
+        """``size`` bytes at physical ``paddr``: a read of more than a chunk that one file extent holds
+        is one read of the file (the chunk cache is for the many small reads of a walk)."""
+        if size > ELF_CHUNK and paddr >= 0:
+            i = bisect.bisect_right(self._starts, paddr) - 1
+            if i >= 0 and paddr + size <= self._extents[i].end:
+                ext = self._extents[i]
+                with contextlib.suppress(SourceTruncated, OSError):  # read again by chunks, which say what failed
+                    return self._src.pread(ext.offset + (paddr - ext.start), size)
+        return super().read_phys(paddr, size)
 
     def _locate(self, paddr: int, addr: int, size: int) -> tuple[Hashable, int]:
         i = bisect.bisect_right(self._starts, paddr) - 1

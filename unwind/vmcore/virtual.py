@@ -114,13 +114,43 @@ class VirtualMemory:
             raise MemoryFault(addr, size) from None
 
     def read(self, addr: int, size: int) -> bytes:
-        """Return ``size`` bytes at virtual ``addr``."""
+        """Return ``size`` bytes at virtual ``addr``: pages that follow each other in physical memory
+        too are read together (the kernel image's BTF is a few MB of them)."""
         self._check(addr, size)
         mask = self.page_size - 1
         if (addr & mask) + size <= self.page_size:
             return self._read_chunk(addr, size)
-        out = []
+        out: list[bytes] = []
         end = addr + size
+        run_addr = run_phys = run_size = 0
+        while addr < end:
+            n = min(end, (addr | mask) + 1) - addr
+            try:
+                paddr = self.page_phys(addr)
+            except NotMapped:
+                paddr = -1
+            if run_size and paddr == run_phys + run_size:
+                run_size += n
+            else:
+                if run_size:
+                    out.append(self._read_run(run_addr, run_phys, run_size))
+                run_addr, run_phys, run_size = addr, paddr, n
+                if paddr < 0:  # not mapped: the page's own read raises its fault
+                    out.append(self._read_chunk(addr, n))
+                    run_size = 0
+            addr += n
+        if run_size:
+            out.append(self._read_run(run_addr, run_phys, run_size))
+        return b"".join(out)
+
+    def _read_run(self, addr: int, paddr: int, size: int) -> bytes:
+        """Bytes of pages that are contiguous in physical memory; a fault is found again page by page,
+        so that it names the page it is in."""
+        try:
+            return self.phys.read_phys(paddr, size)
+        except MemoryFault:
+            pass
+        out, end, mask = [], addr + size, self.page_size - 1
         while addr < end:
             n = min(end, (addr | mask) + 1) - addr
             out.append(self._read_chunk(addr, n))
