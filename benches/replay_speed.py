@@ -15,7 +15,9 @@ from other processes falls on all of them alike. Figures are medians over rounds
 - **fresh**: the first replay of every task of a new :class:`Session` of each dump, its image already
   open (as in a batch over many dumps of one kernel: the image's tables and verdicts are shared);
 - **warm**: every task of every dump replayed again, ``--passes`` times; the fastest pass counts (the
-  least disturbed by other processes).
+  least disturbed by other processes);
+- **per task** / **per further frame**: the warm passes again with ``max_frames=1`` (set-up, first frame,
+  stop, call-site check and ``Replay`` of every task), and what each frame past the first adds.
 
 The drgn peer walks the committed vmcores (``corpora/<arch>/<release>/vmcore/*.elf.xz``, decompressed
 to a temporary folder, or the lab's full vmcore of the same stop where it is at hand): ours opens each with
@@ -66,6 +68,13 @@ for _ in range(int(sys.argv[4])):
         for t in todo:
             s.replay(t, Options(), symbolize=False)
     warm = min(warm or 1e9, time.process_time() - t0)
+one = None
+for _ in range(int(sys.argv[4])):  # the per-task part: each walk cut after its first frame
+    t0 = time.process_time()
+    for s, todo in sessions:
+        for t in todo:
+            s.replay(t, Options(), symbolize=False, max_frames=1)
+    one = min(one or 1e9, time.process_time() - t0)
 again = 0.0
 for path in paths_under(sys.argv[3]):  # a new Session of each dump, its image already open
     s = load_session(path)
@@ -74,7 +83,7 @@ for path in paths_under(sys.argv[3]):  # a new Session of each dump, its image a
     for t in todo:
         s.replay(t, Options(), symbolize=False)
     again += time.process_time() - t0
-print(json.dumps({"frames": frames, "tasks": tasks, "first": fresh, "fresh": again, "warm": warm}))
+print(json.dumps({"frames": frames, "tasks": tasks, "first": fresh, "fresh": again, "warm": warm, "one": one}))
 """
 
 
@@ -127,6 +136,18 @@ def main() -> int:
         cells = [f"{_med(runs[n], k):.2f}" for n in roots for k in KINDS]
         ratio = [f"{_med(runs['new'], 'warm') / _med(runs['base'], 'warm'):.2f}"] if a.base else []
         print(f"| {arch} | {r0['tasks']} | {r0['frames']} | " + " | ".join(cells + ratio) + " |")
+    print("\nWarm, split: CPU us per task of walks cut after their first frame (max_frames=1), and us per "
+          "further frame ((warm - that) / (frames - tasks)), median of rounds\n")
+    print("| arch | " + " | ".join(f"per task {n} | per further frame {n}" for n in roots) + " |")
+    print("|---" * (1 + 2 * len(roots)) + "|")
+    for arch in arches:
+        cells = []
+        for n in roots:
+            rs = [r for r in ours[(arch, n)] if r.get("one") is not None]  # an older checkout has no split
+            cells += [f"{statistics.median(r['one'] / r['tasks'] * 1e6 for r in rs):.2f}",
+                      f"{statistics.median((r['warm'] - r['one']) / (r['frames'] - r['tasks']) * 1e6 for r in rs):.2f}"] \
+                if rs else ["-", "-"]
+        print(f"| {arch} | " + " | ".join(cells) + " |")
     if peer:
         print("\nEqual inputs: the committed vmcores, the kernel-only tasks both drgn modes walk; warm CPU us per "
               "kernel frame (drgn with the slim image: ORC on x86-64, frame pointers on arm64)\n")
