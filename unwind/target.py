@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 from .memory import Memory
 from .stackinfo import StackInfo
@@ -104,9 +104,9 @@ class Target:
     #: what a backend derives once per dump, image and options (symbol addresses, layouts, the generation):
     #: :meth:`unwind.replay.Session.target` hands the same dict to every walk with equal options; a
     #: Target made on its own gets a dict of its own, so nothing is shared wrongly
-    shared: dict[str, Any] = field(default_factory=dict)
+    shared: dict[Hashable, Any] = field(default_factory=dict)
 
-    def per_dump(self, key: str, make: "Callable[[Target], Any]") -> Any:
+    def per_dump(self, key: Hashable, make: "Callable[[Target], Any]") -> Any:
         """``make(self)`` the first time ``key`` is asked for among the walks sharing :attr:`shared`."""
         try:
             return self.shared[key]

@@ -127,7 +127,7 @@ class KernelLayout:
         Resolved once per dump, image and options (:meth:`Target.per_dump`) and THREAD_SIZE: short
         real traces would otherwise spend most of their time here.
         """
-        return target.per_dump(f"riscv THREAD_SIZE {thread_size(target):#x}", cls._resolve)
+        return target.per_dump(("riscv THREAD_SIZE", thread_size(target)), cls._resolve)
 
     @classmethod
     def _resolve(cls, target: Target) -> "KernelLayout":
