@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from unwind.frame import Flag, Frame, Provenance, Source
 from unwind.memory import Memory, MemoryFault
@@ -419,21 +419,6 @@ class RiscvUnwinder(Unwinder):
         """``struct pt_regs``."""
         return self.k.pt_regs
 
-    @property
-    def exc_lo(self) -> int:
-        """``handle_exception`` (-1: no such symbol)."""
-        return self.k.handle_exception
-
-    @property
-    def exc_hi(self) -> int:
-        """``ret_from_exception_end`` (-1: no such symbol)."""
-        return self.k.ret_from_exception_end
-
-    @property
-    def fgraph_search(self) -> Callable[[Sequence[FgraphEntry], int, int, int, int], tuple[int, int]]:
-        """The generation's ``ftrace_graph_ret_addr()``."""
-        return ftrace_graph_ret_addr if self.k.generation.fgraph_idx else ftrace_graph_ret_addr_v6_1
-
     # --- labels -----------------------------------------------------------------------------
 
     def _kind(self, addr: int) -> str | None:
@@ -487,7 +472,7 @@ class RiscvUnwinder(Unwinder):
                       f"sp {self.sp:#x}, ra {self.regs_ra:#x}")
         if self.complete:
             self.live = (self.pc, self.regs_ra, f"the ra register of cpu{self.t.task.cpu}")
-            if self.exc_lo <= self.pc < self.exc_hi:
+            if self.k.handle_exception <= self.pc < self.k.ret_from_exception_end:
                 self.trap_entry = self._trap_entry_sepc()
         return Frame(self.pc, self.sp, self.fp, Source.REGS_PC, self._kind(self.sp), _BOUNDARY, prov)
 
@@ -526,7 +511,7 @@ class RiscvUnwinder(Unwinder):
         """Complete mode: ``(sepc, sstatus)`` when the CPU stopped in handle_exception before it wrote s0."""
         if self.prover is None:
             return None
-        limit = self.prover.first_write(self.exc_lo, "s0")
+        limit = self.prover.first_write(self.k.handle_exception, "s0")
         if limit is None or self.pc >= limit:
             return None
         cpu = self.t.task.cpu
@@ -752,7 +737,7 @@ class RiscvUnwinder(Unwinder):
         if not kernel_text_address(ra, self.k.text):
             return None
         self.pc = ra
-        if self.exc_lo <= ra < self.exc_hi and proof.sp_at_entry:
+        if self.k.handle_exception <= ra < self.k.ret_from_exception_end and proof.sp_at_entry:
             # called from the trap entry (do_trap_ecall_u+0): the pt_regs is at the unmoved sp
             self.pending_regs = self.sp
             if prov is not None:
@@ -792,7 +777,8 @@ class RiscvUnwinder(Unwinder):
         handler = self.k.return_to_handler
         kernel_pc = ra
         if retp is not None:
-            kernel_pc, idx = self.fgraph_search(self.fgraph_kernel, self.graph_idx, ra, retp, handler)
+            search = ftrace_graph_ret_addr if self.k.generation.fgraph_idx else ftrace_graph_ret_addr_v6_1
+            kernel_pc, idx = search(self.fgraph_kernel, self.graph_idx, ra, retp, handler)
             if kernel_pc != handler:
                 self.graph_idx = idx
                 if prov is not None:
