@@ -251,25 +251,23 @@ class Recorder:
         self.constants[job] = constants
 
     def finish(self) -> "Walked":
-        """The frames ordered by lane, each lane's in walk order."""
+        """The frames of every step, each lane's count, and the pcs and flags the call-site check reads;
+        the frames are put in task order when the replays are read (:meth:`Walked.lists`)."""
         parts = self._parts
         sizes = [len(part[0]) for part in parts]
-        # every part's field k end to end (one array per field, not one per part), the frames of every part
-        # selected at once, then each put at its lane's offset plus its index among the lane's frames
-        go = _joined([part[0] for part in parts], sizes, bool)
-        index = np.repeat(np.array([part[1] for part in parts], np.int64), sizes)[go]
-        lane = _joined([part[2] for part in parts], sizes, np.int64)[go]
+        # every part's field end to end (one array per field, not one per part), the frames of every part
+        # selected at once
+        go = np.flatnonzero(_joined([part[0] for part in parts], sizes, bool))
+        lane = _joined([part[2] for part in parts], sizes, np.int64).take(go)
         counts = np.bincount(lane, minlength=self.lanes)
         offsets = np.zeros(self.lanes + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
-        at = offsets[lane] + index
-        cols = [np.zeros(len(at), np.int64)]
-        cols[0][at] = lane
-        for k, t in zip(range(3, 11), (_U64, _U64, bool, _U64, bool, np.int64, np.int64, np.int64)):
-            col = np.zeros(len(at), t)
-            col[at] = _joined([part[k] for part in parts], sizes, t)[go]
-            cols.append(col)
-        return Walked(self, cols, counts, offsets)
+        return Walked(self, sizes, go, lane, self.field(3, _U64, go, sizes),
+                      self.field(8, np.int64, go, sizes), counts, offsets)
+
+    def field(self, k: int, dtype: type, go: np.ndarray, sizes: list[int]) -> np.ndarray:
+        """Field ``k`` of the frames reported (the parts' ``k``-th item, ``go`` selecting), in step order."""
+        return _joined([part[k] for part in self._parts], sizes, dtype).take(go)
 
 
 def _joined(values: list[np.ndarray | int | bool], sizes: list[int], dtype: type) -> np.ndarray:
@@ -370,12 +368,18 @@ def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence
 
 @dataclass(slots=True)
 class Walked:
-    """A finished batch walk: frame columns ordered by lane, and per lane its frame count."""
+    """A finished batch walk: the frames in step order (each step's in lane order), and per lane its frame
+    count and where its frames start once in task order."""
 
     recorder: Recorder
-    #: per frame: lane, pc, sp, sp known, fp, fp known, flags, source, stack label
-    cols: list[np.ndarray]
-    #: per lane: frames reported, and where they start in ``cols``
+    _sizes: list[int]
+    #: which of the parts' lanes reported a frame
+    _go: np.ndarray
+    #: per frame, in step order: its lane, pc and flags (the call-site check adds its bits to these)
+    lanes: np.ndarray
+    pcs: np.ndarray
+    flags: np.ndarray
+    #: per lane: frames reported, and where they start in task order
     counts: np.ndarray
     offsets: np.ndarray
     _lists: list[list] | None = None
@@ -388,12 +392,22 @@ class Walked:
         return self._stop_codes
 
     def lists(self) -> list[list]:
-        """What the replays read, as Python lists (made once, when the first replay is built): per frame its
-        pc, sp (``None``: unknown), fp (likewise), source, stack label and flags; per lane its first frame's
-        index (and the end's) and stop arguments."""
+        """What the replays read, as Python lists (made once, when the first replay is built): per frame in
+        task order its pc, sp (``None``: unknown), fp (likewise), source, stack label and flags; per lane its
+        first frame's index (and the end's) and stop arguments."""
         if self._lists is None:
-            rec = self.recorder
-            _, pc, sp, sp_k, fp, fp_k, flags, source, stack = (c.tolist() for c in self.cols)
+            rec, go, sizes = self.recorder, self._go, self._sizes
+            # each frame at its lane's offset plus its index among the lane's frames
+            index = np.repeat(np.array([part[1] for part in rec._parts], np.int64), sizes).take(go)
+            at = self.offsets[self.lanes] + index
+
+            def ordered(values: np.ndarray) -> list:
+                col = np.zeros(len(at), values.dtype)
+                col[at] = values
+                return col.tolist()
+            pc, flags = ordered(self.pcs), ordered(self.flags)
+            sp, sp_k, fp, fp_k, source, stack = (ordered(rec.field(k, t, go, sizes)) for k, t in zip(
+                range(4, 11), (_U64, bool, _U64, bool, np.int64, np.int64, np.int64)) if k != 8)
             sources, labels = rec.sources, rec.labels
             self._lists = [pc, [v if k else None for v, k in zip(sp, sp_k)],
                            [v if k else None for v, k in zip(fp, fp_k)], [sources[v] for v in source],
@@ -604,8 +618,8 @@ def narrowed(go: np.ndarray, n: int, *arrays: np.ndarray) -> tuple[np.ndarray, .
 
 def _finish_flags(group: list[Job], walked: Walked) -> None:
     """The call-site flags of every batched frame, once per image (sessions of one image share its verdicts)."""
-    flags = walked.cols[6].astype(np.int64)
-    lanes, pcs = walked.cols[0], walked.cols[1]
+    flags = walked.flags
+    lanes, pcs = walked.lanes, walked.pcs
     groups: dict[int, int] = {}
     checkers: list["CallSiteChecker"] = []
     image_of_job = []
@@ -623,4 +637,4 @@ def _finish_flags(group: list[Job], walked: Walked) -> None:
         for g, checker in enumerate(checkers):
             sel = image_of_frame == g
             flags[sel] = apply_call_sites(checker, pcs[sel], flags[sel])
-    walked.cols[6] = flags
+    walked.flags = flags
