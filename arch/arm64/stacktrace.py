@@ -698,26 +698,22 @@ class Arm64Unwinder(Unwinder):
 
     reliable_refuses_boundary = True
 
-    # what a walk starts with: class-level defaults, set per walk when they change
-    #: complete mode's extra frames (None: faithful)
-    completer: "Completer | None" = None
-    #: frames to report before the next step (complete mode; empty in a faithful walk)
-    _pending: "list[Frame] | tuple[()]" = ()
-    #: a stop complete mode keeps until its pending frames are reported
-    _deferred: UnwindStop | None = None
-    #: the stack the last frame's label came from, and the label
-    _stack_obj: object = None
-    _stack_label: str | None = None
-
     def __init__(self, target: Target) -> None:
         self.target = target
         self.consts = consts = target.per_dump("arm64", DumpConstants.of)
         self.generation = gen = consts.generation or walk_generation(target)
         self.state = KunwindState(target, gen, consts.layout or pt_regs_layout(target, gen), consts)
+        # read on every step: set here (an instance attribute reads faster than a class-level default)
+        self.completer: Completer | None = None
+        #: frames to report before the next step (complete mode; an empty tuple in a faithful walk)
+        self._pending: list[Frame] | tuple[()] = ()
         if target.options.complete:
             from . import complete
             self.completer = complete.Completer(target, self.state)
             self._pending = []
+        self._deferred: UnwindStop | None = None
+        self._stack_obj: object = None
+        self._stack_label: str | None = None
 
     @property
     def meta_records(self) -> bool:

@@ -324,6 +324,7 @@ class OrcUnwinder(Unwinder):
         self.return_to_handler, self.rethook_trampoline = consts.return_to_handler, consts.rethook_trampoline
         self.stacks = StackFinder(target.task.stacks, target.mem)
         self.stack_mask = [0]
+        self.error = False  # read on every step (an instance attribute reads faster than a class-level default)
 
     # the dump's constants by their unwind_state names (read once per walk or less)
     @property
