@@ -14,8 +14,9 @@ The names below are imported from their modules when first used, so that ``impor
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .dump import Dump, DumpError, DumpWriter
@@ -36,7 +37,6 @@ _FROM = {
     "walk": ("Stop", "StopReason", "Unwinder", "UnwindStop", "bpf_stack_walk", "collect", "iter_frames",
              "kunwind_stack_walk", "stack_walk", "stack_walk_reliable"),
 }
-_MODULE = {name: module for module, names in _FROM.items() for name in names}
 
 __all__ = [
     "Dump", "DumpError", "DumpWriter", "Flag", "Frame", "Provenance", "Source", "Replay", "ReplayError",
@@ -46,16 +46,4 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (PEP 562)."""
-    module = _MODULE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _FROM)

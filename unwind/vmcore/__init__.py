@@ -17,8 +17,9 @@ pages are read when asked for. Kernel virtual memory over it is
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .diskdump import DiskDump
@@ -42,18 +43,5 @@ _FROM = {
     "elf": ("ElfVmcore",),
     "diskdump": ("DiskDump",),
 }
-_MODULE = {name: module for module, names in _FROM.items() for name in names}
 
-
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use."""
-    module = _MODULE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _FROM)
