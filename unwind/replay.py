@@ -200,10 +200,15 @@ class Session:
         """Everything a walk of ``task`` reads; a dump's ``kernel.generation`` applies unless overridden.
 
         Walks with equal options share one :attr:`Target.shared` (what the backend derives once per dump)."""
-        key = (options.complete, options.record, options.user, options.generation, options.orc_version,
-               id(self.image), id(self.symbols))
+        key = self._options_key(options)
         walk = self._walks.get(key) or self._walk(options, key)
         return self._target(task, walk, self._task(task))
+
+    def _options_key(self, options: Options) -> tuple[object, ...]:
+        """What keys ``options`` in :attr:`_walks`, :attr:`_shared` and :attr:`_checked`: the fields a walk
+        reads, and this session's image and symbols (kept with each entry, so their ids stay theirs)."""
+        return (options.complete, options.record, options.user, options.generation, options.orc_version,
+                id(self.image), id(self.symbols))
 
     def _walk(self, options: Options, key: tuple[object, ...]) -> tuple[object, object, Options, dict[str, object],
                                                                         str | None]:
@@ -225,8 +230,7 @@ class Session:
 
     def _shared_for(self, options: Options) -> dict[str, object]:
         """The :attr:`Target.shared` of walks with ``options`` over this session's image and symbols."""
-        key = (options.complete, options.record, options.user, options.generation, options.orc_version,
-               id(self.image), id(self.symbols))
+        key = self._options_key(options)
         hit = self._shared.get(key)
         if hit is None:  # the image and symbols are kept with it, so their ids stay theirs
             hit = self._shared[key] = (self.image, self.symbols, {})
@@ -264,15 +268,14 @@ class Session:
         stack bytes allow (one frame per ``backend.min_frame_bytes``).
         """
         options = options or Options()
-        key = (options.complete, options.record, options.user, options.generation, options.orc_version,
-               id(self.image), id(self.symbols))
+        key = self._options_key(options)
         walk = self._checked.get(key)
         if walk is None:  # options not replayed with this image and symbols yet: checked once
             self.check_options(options)
             walk = self._checked[key] = self._walks.get(key) or self._walk(options, key)
         per_task = self._task(task)
         target = self._target(task, walk, per_task)
-        if per_task[5] and task.regs is None:  # task_stack_freed(task)
+        if task_stack_freed(task, per_task[5]):
             stop = Stop(StopReason.TASK_EXITED, f"task->stack is NULL (state {task.state or '?'}): "
                                                 "try_get_task_stack() fails and the kernel prints nothing")
             verdict = ReliableResult(False, stop, "try_get_task_stack() fails (-EINVAL)") if reliable else None
@@ -379,9 +382,10 @@ class SymbolizingUnwinder(Unwinder):
 
 
 # try_get_task_stack() (sched_show_task(), stack_trace_save_tsk()): an exited task's stack is freed
-def task_stack_freed(task: Task) -> bool:
-    """A blocked task whose task stack the dump records as NULL: it has exited (its stack went at the last switch)."""
-    return task.regs is None and task_stack_null(task.stacks)  # a running task has its stack
+def task_stack_freed(task: Task, stack_null: bool) -> bool:
+    """A blocked task whose task stack the dump records as NULL (``stack_null``: :func:`task_stack_null` of
+    its stacks, kept per task): it has exited (its stack went at the last switch)."""
+    return stack_null and task.regs is None  # a running task has its stack
 
 
 def task_stack_null(stacks: Sequence[StackInfo]) -> bool:
