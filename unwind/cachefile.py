@@ -7,12 +7,18 @@ bytes, with a CRC-32 of them in the header (a damaged file is refused, never
 half-read). Reading is one file read and one ``array.frombytes`` per array, so a warm
 start-up needs neither numpy nor a decode; numpy views of the same buffers are
 made only by the code that wants them (``numpy.frombuffer``).
+
+Each folder of the cache is bounded: writing a file removes the older layouts of the same
+entry (``<key>-v<N>.*`` for a smaller ``N``), then the least recently used files until the
+folder holds at most its limit (:data:`FOLDER_LIMITS`, or ``$UNWIND_CACHE_MAX_MB`` for every
+folder). A hit marks its file used (:func:`mark_used`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import sys
 import zlib
@@ -26,6 +32,13 @@ MAGIC = b"unwind-arrays 1\n"
 _LEN = struct.Struct("<I")
 #: what a header or a length field may not exceed (a damaged file is refused, not read)
 _MAX_HEADER = 1 << 20
+#: the environment variable bounding every cache folder, in MiB (default: FOLDER_LIMITS)
+LIMIT_ENV = "UNWIND_CACHE_MAX_MB"
+#: the most each folder may hold, in bytes: a few dozen kernels' worth of each entry
+#: (a symbol table ~7 MiB, a BTF index ~1 MiB, an unpacked slim image ~10 MiB)
+FOLDER_LIMITS = {"symbols": 512 << 20, "orc": 256 << 20, "btf": 256 << 20, "images": 2 << 30}
+_DEFAULT_LIMIT = 256 << 20
+_VERSIONED = re.compile(r"(?P<key>.+)-v(?P<version>\d+)\.[^.]+")
 
 
 class CacheFileError(ValueError):
@@ -94,6 +107,60 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
         os.replace(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)
+        return
+    prune(path)
+
+
+def mark_used(path: Path) -> None:
+    """Mark a cache hit, so that :func:`prune` removes the least recently used files first."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def folder_limit(folder: Path) -> int:
+    """The most ``folder`` of the cache may hold, in bytes."""
+    mb = os.environ.get(LIMIT_ENV, "")
+    if mb.isdigit():
+        return int(mb) << 20
+    return FOLDER_LIMITS.get(folder.name, _DEFAULT_LIMIT)
+
+
+def prune(written: Path) -> None:
+    """Bound the folder ``written`` was just written to: older layouts of the same entry go, then the
+    least recently used files until the folder fits its limit. ``written`` itself is always kept;
+    a file another process removes first is skipped."""
+    folder = written.parent
+    entries: list[tuple[float, int, Path]] = []
+    mine = _VERSIONED.fullmatch(written.name)
+    try:
+        with os.scandir(folder) as it:
+            for e in it:
+                if e.name == written.name or not e.is_file(follow_symlinks=False):
+                    continue
+                old = _VERSIONED.fullmatch(e.name)
+                try:
+                    if (mine and old and old["key"] == mine["key"]
+                            and int(old["version"]) < int(mine["version"])):
+                        os.unlink(e.path)
+                        continue
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                entries.append((st.st_mtime, st.st_size, Path(e.path)))
+        total = written.stat().st_size + sum(size for _, size, _ in entries)
+    except OSError:
+        return
+    limit = folder_limit(folder)
+    for _, size, path in sorted(entries):
+        if total <= limit:
+            break
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            continue
+        total -= size
 
 
 def cache_root() -> Path:

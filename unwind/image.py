@@ -29,7 +29,8 @@ from elftools.elf.constants import SH_FLAGS
 from elftools.elf.elffile import ELFFile
 
 from .btf import Btf, BtfError
-from .cachefile import CACHE_ENV, CacheFileError, cache_dir, cache_root, read_arrays, write_arrays, write_atomically
+from .cachefile import (CACHE_ENV, CacheFileError, cache_dir, cache_root, mark_used, read_arrays, write_arrays,
+                        write_atomically)
 from .elfcore import section_data
 from .symbols import SymbolError, SymbolTable
 
@@ -122,7 +123,9 @@ class Image:
         path = cache / f"{self.build_id}-v{_SYMBOL_CACHE_VERSION}.arrays" if cache and self.build_id else None
         if path is not None and path.exists():
             try:
-                return SymbolTable.from_arrays(read_arrays(path)[1])
+                table = SymbolTable.from_arrays(read_arrays(path)[1])
+                mark_used(path)
+                return table
             except (OSError, CacheFileError, SymbolError):
                 pass  # a damaged cache entry is rebuilt below
         table = self._read_symbols()
@@ -246,8 +249,14 @@ def _open_maybe_compressed(path: Path) -> BinaryIO:
     cache = cache_dir("images")
     unpacked = cache / f"{key}.elf" if cache else None
     try:
-        if unpacked is not None and unpacked.exists():
-            return open(unpacked, "rb")
+        if unpacked is not None:
+            try:
+                cached = open(unpacked, "rb")
+            except OSError:
+                pass  # not unpacked yet, or pruned since: unpack it
+            else:
+                mark_used(unpacked)
+                return cached
         data = lzma.decompress(f.read())
     except lzma.LZMAError as e:
         raise ImageError(f"{path}: corrupt xz image: {e}") from None
