@@ -53,11 +53,12 @@ class SynthImage:
     """ORC sections, ``.orc_header`` and symbols with the surface of :class:`unwind.image.Image`."""
 
     machine = "EM_X86_64"
-    has_text = False
 
     def __init__(self, rows: list[tuple[int, OrcEntry]], version: int, symbols: list[tuple[int, str]],
-                 header: bytes | None | bool = True) -> None:
+                 header: bytes | None | bool = True, text: dict[int, bytes] | None = None) -> None:
         ips = [ip for ip, _ in rows]
+        self._text = text
+        self.has_text = text is not None
         self._sections: dict[str, tuple[int, bytes]] = {
             ".orc_unwind_ip": (ORC_IP_ADDR, encode_ips(ips, ORC_IP_ADDR)),
             ".orc_unwind": (ORC_IP_ADDR + 4 * len(ips), encode_entries([e for _, e in rows], version)),
@@ -76,8 +77,16 @@ class SynthImage:
         return self._sections.get(name)
 
     def text(self, addr: int, size: int) -> bytes | None:
-        """No instruction bytes."""
-        return None
+        """Instruction bytes at ``addr``: the pieces written with :meth:`OrcBuilder.code`, zero between
+        them, inside the fake text; ``None`` without any (an image made without text)."""
+        if self._text is None or not TEXT <= addr <= addr + size <= TEXT + TEXT_SIZE:
+            return None
+        out = bytearray(size)
+        for at, code in self._text.items():
+            lo, hi = max(at, addr), min(at + len(code), addr + size)
+            if lo < hi:
+                out[lo - addr:hi - addr] = code[lo - at:hi - at]
+        return bytes(out)
 
 
 class OrcBuilder:
@@ -89,6 +98,7 @@ class OrcBuilder:
                                            (INIT_TEXT, "_sinittext"), (INIT_TEXT + 0x1000, "_einittext")]
         self._next = TEXT + 0x1000
         self.addr: dict[str, int] = {}
+        self.text: dict[int, bytes] | None = None
 
     def func(self, name: str, size: int, *rows: tuple[int, OrcEntry]) -> int:
         """A function of ``size`` bytes with ``(offset, entry)`` rows; a terminator row follows it."""
@@ -101,11 +111,23 @@ class OrcBuilder:
         self.rows.append((start + size, UNDEFINED))  # the section-terminator style gap filler
         return start
 
+    def code(self, addr: int, code: bytes) -> None:
+        """Instruction bytes at ``addr``: the image then has text (``has_text``), zero elsewhere."""
+        if self.text is None:
+            self.text = {}
+        self.text[addr] = code
+
+    def call_rel32(self, site: int, dest: int) -> int:
+        """A ``call rel32`` at ``site`` to ``dest``; returns its return address."""
+        ret = site + 5
+        self.code(site, b"\xe8" + ((dest - ret) & 0xFFFFFFFF).to_bytes(4, "little"))
+        return ret
+
     def image(self, version: int = 3, header: bytes | None | bool = True) -> SynthImage:
         """The table encoded in ``version`` with its ``.orc_header`` (``header=None``: none)."""
         # a symbol after the last function, so kallsyms-style sizes end where the function does
         syms = self.syms + [(self._next, "__synth_text_end")]
-        return SynthImage(sorted(self.rows, key=lambda r: r[0]), version, syms, header)
+        return SynthImage(sorted(self.rows, key=lambda r: r[0]), version, syms, header, self.text)
 
 
 def put_pt_regs(stack: SynthStack, addr: int, **values: int) -> int:
