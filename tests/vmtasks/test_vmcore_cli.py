@@ -105,3 +105,42 @@ def test_riscv_vmcoreinfo_found_in_memory_is_taken(tmp_path, monkeypatch) -> Non
     assert dump.find_vmcoreinfo(image) == "found it"
     assert dump.release == "6.12.0" and dump.build_id == image.build_id
     assert dump.vmcoreinfo.get("NUMBER(VA_BITS)") == "57"
+
+
+def test_a_release_or_build_id_not_in_the_kernels_form_is_dropped_with_a_warning() -> None:
+    """OSRELEASE is utsname's release (at most 64 characters), BUILD-ID 40 hex digits (%20phN)."""
+    from unwind.vmcore.vmcoreinfo import VmcoreInfo
+
+    warnings: list[str] = []
+    good = VmcoreInfo.parse("OSRELEASE=6.12.0-1-amd64\nBUILD-ID=" + "0a" * 20 + "\n").checked(warnings.append)
+    assert dict(good) == {"OSRELEASE": "6.12.0-1-amd64", "BUILD-ID": "0a" * 20} and not warnings
+    for text in ("OSRELEASE=" + "6" * 65, "BUILD-ID=" + "0a" * 21, "BUILD-ID=" + "0A" * 20, "BUILD-ID=zz"):
+        warnings.clear()
+        assert dict(VmcoreInfo.parse(text + "\nPAGESIZE=4096\n").checked(warnings.append)) == {"PAGESIZE": "4096"}
+        assert len(warnings) == 1 and "dropped" in warnings[0] and len(warnings[0]) < 200
+
+
+def test_a_riscv_vmcoreinfo_with_an_overlong_release_still_converts(tmp_path, capsys, monkeypatch) -> None:
+    """The kernel's VMCOREINFO found in riscv memory is whatever memory holds: a release longer than
+    utsname allows is left out of the converted dump, not written into a note that cannot be read."""
+    import lzma
+
+    from unwind.vmcore.vmcoreinfo import VmcoreInfo
+
+    committed = next((CORPORA / "riscv").glob("*/vmcore/*.elf.xz"))
+    image = str(next(committed.parent.parent.glob("vmlinux-*.slim.xz")))
+    vmcore = tmp_path / "vmcore"
+    vmcore.write_bytes(lzma.decompress(committed.read_bytes()))
+    parse = VmcoreInfo.parse.__func__  # type: ignore[attr-defined]
+
+    def overlong_release(cls, text):
+        if isinstance(text, str):
+            text = text.replace("OSRELEASE=", "OSRELEASE=" + "x" * 600, 1)
+        return parse(cls, text)
+    monkeypatch.setattr(VmcoreInfo, "parse", classmethod(overlong_release))
+    out = tmp_path / "out.bin"
+    rc = main(["convert", str(vmcore), "--vmlinux", image, "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 0 and out.exists(), err
+    assert "OSRELEASE='xxx" in err and "dropped" in err
+    assert main(["replay", str(out), "--vmlinux", image]) == 0

@@ -44,6 +44,10 @@ _DEFAULT_BOUND = (-(1 << 63), _U64_MAX)
 _HEX_KEYS = ("SYMBOL(", "KERNELOFFSET")
 #: keys whose value is a number (the rest, ``OSRELEASE``, ``BUILD-ID``, ``CRASHTIME``..., are text)
 _NUMBER_KEYS = ("NUMBER(", "OFFSET(", "SIZE(", "LENGTH(", "PAGESIZE", *_HEX_KEYS)
+#: the text entries a dump is found and named by, in the form the kernel prints them:
+#: ``OSRELEASE=%s`` of utsname's release (at most __NEW_UTS_LEN, 64, characters) and
+#: ``BUILD-ID=%20phN`` (VMCOREINFO_BUILD_ID(): 20 bytes as 40 lower-case hex digits)
+_TEXT_FORMATS = {"OSRELEASE": re.compile(r".{1,64}"), "BUILD-ID": re.compile(r"[0-9a-f]{40}")}
 
 
 class VmcoreInfo(Mapping[str, str]):
@@ -67,10 +71,16 @@ class VmcoreInfo(Mapping[str, str]):
         return cls(entries)
 
     def checked(self, warn: Callable[[str], None]) -> "VmcoreInfo":
-        """A copy without the numeric entries that do not parse within their bound, each one
-        reported through ``warn``: what is left never makes :meth:`bounded` fail."""
+        """A copy without the numeric entries that do not parse within their bound, nor the release
+        and build-id when not in the kernel's form, each one reported through ``warn``: what is
+        left never makes :meth:`bounded` fail."""
         kept: dict[str, str] = {}
         for key, value in self._entries.items():
+            form = _TEXT_FORMATS.get(key)
+            if form is not None and not form.fullmatch(value):
+                shown = value if len(value) <= 2 * _MAX_DIGITS else value[:2 * _MAX_DIGITS] + "..."
+                warn(f"VMCOREINFO {key}={shown!r} is not in the form the kernel prints: dropped")
+                continue
             if key.startswith(_NUMBER_KEYS):
                 try:
                     self._bounded(key)
