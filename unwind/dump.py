@@ -25,7 +25,7 @@ from elftools.elf.elffile import ELFFile
 
 from . import elfcore, registry
 from .memory import Memory, Segment
-from .note import TASK_KEYS, U64_MAX, Note, NoteError, note_bytes, parse_note, validate_note
+from .note import U64_MAX, Note, NoteError, note_bytes, read_note
 from .stackinfo import StackInfo
 from .target import FgraphEntry, KretprobeInstance, Task
 
@@ -191,8 +191,11 @@ def _decompress(raw: bytes, path: str) -> bytes:
 class Dump:
     """A dump opened for replay: its container checked, its note validated (:mod:`unwind.note`)."""
 
-    def __init__(self, data: bytes, path: str = "<bytes>") -> None:
+    def __init__(self, data: bytes, path: str = "<bytes>", note_cache: bool = False) -> None:
+        """``note_cache``: read the note from the cache of validated notes when it was validated before
+        (:func:`unwind.note.read_note`; :meth:`open` uses it)."""
         self.path = path
+        self._note_cache = note_cache
         #: malformed optional parts dropped at open (the walk goes on without them)
         self.warnings: list[str] = []
         try:
@@ -209,7 +212,7 @@ class Dump:
             raw = Path(path).read_bytes()
         except OSError as e:
             raise DumpError(f"cannot read {path}: {e.strerror}") from None
-        return cls(_decompress(raw, str(path)), str(path))
+        return cls(_decompress(raw, str(path)), str(path), note_cache=True)
 
     def _warn(self, msg: str) -> None:
         self.warnings.append(f"{self.path}: {msg}")
@@ -247,8 +250,10 @@ class Dump:
             self.memory = Memory(segments)
         except ValueError as e:
             raise DumpError(f"{self.path}: {e}") from None
-        self.meta: dict[str, Any] = parse_note(meta_raw.rstrip(b"\0"))
-        self.note: Note = validate_note(self.meta, self.backend.context_keys, self._warn)
+        self.meta: dict[str, Any]
+        self.note: Note
+        self.meta, self.note, self._task_keys = read_note(meta_raw.rstrip(b"\0"), self.backend.context_keys,
+                                                           self._warn, self._note_cache)
         if self.note["arch"] != self.arch:
             raise DumpError(f"{self.path}: note says arch {self.note['arch']} but the ELF machine is {self.arch}")
         from .vmcore.vmcoreinfo import VmcoreInfo  # not at the top: unwind.vmcore imports DumpError from here
@@ -336,7 +341,7 @@ class Dump:
             fgraph=[FgraphEntry(e["ret"], e["retp"], e["func"], e["fp"]) for e in t["fgraph"]],
             kretprobes=[KretprobeInstance(e["ret"], e["fp"]) for e in t["kretprobes"]],
             user_regs=dict(t["user_regs"]) if t["user_regs"] else None,
-            extra={**{k: v for k, v in t.items() if k not in TASK_KEYS},
+            extra={**{k: v for k, v in t.items() if k not in self._task_keys},
                    **({"task": f"{task_struct:#x}"} if task_struct is not None else {})},
         )
 
