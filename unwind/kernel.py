@@ -617,25 +617,27 @@ class Kernel:
             raise KernelError(f"module {mod.name}: {num} symbols")
         sym_size = self._sizeof("elf64_sym") if self._has_type("elf64_sym") else 24
         raw = self.read(symtab, num * sym_size) if num else b""
-        names_needed = []
-        for i in range(1, num):
-            rec = raw[i * sym_size:(i + 1) * sym_size]
-            st_name = int.from_bytes(rec[0:4], "little")
-            shndx = int.from_bytes(rec[6:8], "little")
-            value = int.from_bytes(rec[8:16], "little")
-            if shndx != 0:  # SHN_UNDEF
-                names_needed.append((value, st_name))
+        if sym_size < ELF64_SYM_HEAD or sym_size % 8:
+            raise KernelError(f"module {mod.name}: elf64_sym is {sym_size} bytes")
+        # st_name (u32 at 0), st_shndx (u16 at 6), st_value (u64 at 8) of entries 1.. (0 is the null symbol),
+        # each field read as a column; an SHN_UNDEF (0) entry is no candidate
+        view = memoryview(raw)
+        st_name = view.cast("I")[sym_size // 4::sym_size // 4].tolist()
+        st_shndx = view.cast("H")[sym_size // 2 + 3::sym_size // 2].tolist()
+        st_value = view.cast("Q")[sym_size // 8 + 1::sym_size // 8].tolist()
+        names_needed = [(value, name) for name, shndx, value in zip(st_name, st_shndx, st_value) if shndx]
         if not names_needed:
             return []
         end = max(off for _, off in names_needed) + 1
         blob = self._read_string_table(strtab, end)
         out = []
+        size = len(blob)
         for value, off in names_needed:
-            if off >= len(blob):
+            if off >= size or blob.startswith(_MAPPING_SYMBOL, off):
                 continue
-            name = blob[off:blob.find(b"\0", off) if blob.find(b"\0", off) >= 0 else len(blob)].decode(
-                "utf-8", "replace")
-            if name and not _is_mapping_symbol(name):
+            nul = blob.find(b"\0", off)
+            name = blob[off:nul if nul >= 0 else size].decode("utf-8", "replace")
+            if name:
                 out.append((value, name[:KSYM_NAME_LEN - 1]))  # kallsyms_lookup(): strscpy(.., KSYM_NAME_LEN)
         out.sort()
         return out
@@ -665,8 +667,12 @@ def module_region(name: str, kind: str, base: int, size: int) -> int:
 
 
 # is_mapping_symbol() (include/linux/module_symbol.h)
-def _is_mapping_symbol(name: str) -> bool:
-    return name.startswith(("$", ".L", "L0"))
+#: the bytes of ``struct elf64_sym`` (``include/uapi/linux/elf.h``) up to ``st_value``'s end
+ELF64_SYM_HEAD = 16
+
+
+#: how the names of mapping symbols and local labels start: never a kallsyms name
+_MAPPING_SYMBOL = (b"$", b".L", b"L0")
 
 
 # ftrace_ops_list (kernel/trace/ftrace.c): the ops with a dynamically allocated trampoline
