@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import copy
 import gzip
-import io
 import lzma
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from construct import ConstructError
-from elftools.common.exceptions import ELFError, ELFParseError
-from elftools.construct import ConstructError as ElftoolsConstructError
-from elftools.elf.elffile import ELFFile
 
 from . import elfcore, registry
 from .memory import Memory, Segment
 from .note import U64_MAX, Note, NoteError, note_bytes, read_note
+from .vmcore.notes import NoteError as ElfNoteError
+from .vmcore.notes import parse_notes
 from .stackinfo import StackInfo
 from .target import FgraphEntry, KretprobeInstance, Task
 
@@ -159,14 +158,18 @@ def written_by_unwind(path: str | Path) -> bool:
     settles nothing (another file, or a dump written otherwise)."""
     try:
         with open(path, "rb") as f:
-            if f.read(4) != b"\x7fELF":
+            head = f.read(elfcore.Elf64_Ehdr.sizeof())
+            if head[:4] != b"\x7fELF" or len(head) < elfcore.Elf64_Ehdr.sizeof() or head[4:6] != b"\x02\x01":
                 return False
-            elf = ELFFile(f)
-            if elf.num_segments() == 0:
+            elf = elfcore.file_header(head)
+            if elf["e_phnum"] == 0 or elf["e_phentsize"] != elfcore.Elf64_Phdr.sizeof():
                 return False
-            first = elf.get_segment(0)
-            return first["p_type"] == "PT_NOTE" and any(note["n_name"] == elfcore.UNWIND_NOTE_NAME
-                                                         for note in first.iter_notes())
+            f.seek(elf["e_phoff"])
+            first = elfcore.program_headers(f.read(elfcore.Elf64_Phdr.sizeof()), 0, 1)[0]
+            if first["p_type"] != elfcore.PT_NOTE or first["p_offset"] + first["p_filesz"] > os.fstat(f.fileno()).st_size:
+                return False
+            f.seek(first["p_offset"])
+            return any(note.name == elfcore.UNWIND_NOTE_NAME for note in parse_notes(f.read(first["p_filesz"])))
     except Exception:  # noqa: BLE001 - any trouble reading it: not settled here, the full checks decide
         return False
 
@@ -202,7 +205,7 @@ class Dump:
             self._parse(data)
         except NoteError as e:
             raise DumpError(f"{path}: malformed UNWIND note: {e}") from None
-        except (ELFError, ConstructError, ElftoolsConstructError, UnicodeDecodeError) as e:
+        except (ElfNoteError, ConstructError, UnicodeDecodeError) as e:
             raise DumpError(f"{path}: malformed ELF container: {_error_text(e)}") from None
 
     @classmethod
@@ -223,24 +226,23 @@ class Dump:
         prstatus: list[bytes] = []
         self.vmcoreinfo_text = ""
         meta_raw: bytes | None = None
-        for seg in elf.iter_segments():
+        for seg in elfcore.program_headers(data, elf["e_phoff"], elf["e_phnum"]):
             end = seg["p_offset"] + seg["p_filesz"]
             if end > len(data):
                 raise DumpError(f"{self.path}: truncated: segment at {seg['p_vaddr']:#x} ends past the file")
-            if seg["p_type"] == "PT_LOAD":
+            if seg["p_type"] == elfcore.PT_LOAD:
                 if seg["p_vaddr"] + seg["p_filesz"] > U64_MAX:  # every segment's end is a u64 address
                     raise DumpError(f"{self.path}: PT_LOAD at {seg['p_vaddr']:#x} runs to the end of the 64-bit "
                                     "address space")
                 segments.append(Segment(seg["p_vaddr"], data[seg["p_offset"]:end]))
-            elif seg["p_type"] == "PT_NOTE":
-                for note in seg.iter_notes():
-                    name = note["n_name"]
-                    if note["n_type"] in ("NT_PRSTATUS", elfcore.NT_PRSTATUS) and name == "CORE":
-                        prstatus.append(_desc_bytes(note))
-                    elif name == elfcore.VMCOREINFO_NOTE_NAME:
-                        self.vmcoreinfo_text = _desc_bytes(note).split(b"\0", 1)[0].decode("ascii", "replace")
-                    elif name == elfcore.UNWIND_NOTE_NAME:
-                        meta_raw = _desc_bytes(note)
+            elif seg["p_type"] == elfcore.PT_NOTE:
+                for note in parse_notes(data[seg["p_offset"]:end]):
+                    if note.type == elfcore.NT_PRSTATUS and note.name == "CORE":
+                        prstatus.append(note.desc)
+                    elif note.name == elfcore.VMCOREINFO_NOTE_NAME:
+                        self.vmcoreinfo_text = note.desc.split(b"\0", 1)[0].decode("ascii", "replace")
+                    elif note.name == elfcore.UNWIND_NOTE_NAME:
+                        meta_raw = note.desc
         if meta_raw is None:
             if self.vmcoreinfo_text or prstatus:
                 raise NotADump(f"{self.path}: a vmcore without the UNWIND note (give it to Session.load or the "
@@ -263,8 +265,8 @@ class Dump:
         self._tasks: list[Task] = [self._task(t) for t in self.note["tasks"]]
         self._tasks.sort(key=lambda t: (t.cpu is None, t.cpu if t.cpu is not None else 0))
 
-    def _elf_header(self, data: bytes) -> ELFFile:
-        """The ELF header checks, before pyelftools reads any further."""
+    def _elf_header(self, data: bytes) -> dict[str, int]:
+        """The ELF header's fields, checked before the program headers are read."""
         if data[:4] != b"\x7fELF":
             raise DumpError(f"{self.path}: not an ELF file")
         if len(data) < elfcore.Elf64_Ehdr.sizeof():
@@ -273,11 +275,11 @@ class Dump:
             raise DumpError(f"{self.path}: not a 64-bit ELF (class {data[4]})")
         if data[5] != 1:
             raise DumpError(f"{self.path}: not little-endian")
-        elf = ELFFile(io.BytesIO(data))
-        if elf["e_type"] != "ET_CORE":
-            raise DumpError(f"{self.path}: not an ELF core file ({elf['e_type']})")
+        elf = elfcore.file_header(data)
+        if elf["e_type"] != elfcore.ET_CORE:
+            raise DumpError(f"{self.path}: not an ELF core file (e_type {elf['e_type']})")
         try:
-            self.backend = registry.for_machine(elf["e_machine"])
+            self.backend = registry.for_e_machine(elf["e_machine"])
         except registry.ArchError:
             raise DumpError(f"{self.path}: unknown machine {elf['e_machine']}") from None
         self.arch = self.backend.name
@@ -355,16 +357,6 @@ class Dump:
 
 
 def _error_text(e: Exception) -> str:
-    """One line for a pyelftools or construct error (their texts may be tuples or span lines)."""
-    if isinstance(e, ElftoolsConstructError) and e.args and isinstance(e.args[0], str):
-        return f"{type(e).__name__}: {e.args[0]}"
+    """One line for a construct or note error (their texts may span lines)."""
     text = str(e).splitlines()[0] if str(e) else ""
     return text[:200] or type(e).__name__
-
-
-def _desc_bytes(note: Any) -> bytes:
-    """The raw descriptor of a note (pyelftools decodes some descriptors)."""
-    raw = bytes(note["n_descdata"])
-    if len(raw) != note["n_descsz"]:
-        raise ELFParseError(f"note {note['n_name']!r} is truncated")
-    return raw

@@ -1,17 +1,23 @@
 """ELF core structures the dump writer builds, declared once with construct.
 
 Layouts follow ``include/uapi/linux/elf.h`` and ``include/linux/elfcore.h``
-(64-bit, little-endian). pyelftools reads them back; :func:`section_data` reads
-a section of any ELF file it opened, bounded by that file.
+(64-bit, little-endian). :func:`file_header` and :func:`program_headers` read a dump's
+headers back with ``struct`` formats derived from the same declarations (a dump's notes:
+:func:`unwind.vmcore.notes.parse_notes`); :func:`section_data` reads a section of any ELF
+file pyelftools opened, bounded by that file.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from construct import Array, Const, Int16ul, Int32sl, Int32ul, Int64ul, Padding, Struct
-from elftools.common.exceptions import ELFError
-from elftools.elf.sections import Section
+
+from .packed import packed
+
+if TYPE_CHECKING:
+    from elftools.elf.sections import Section
 
 ET_EXEC = 2
 ET_CORE = 4
@@ -76,6 +82,23 @@ Elf64_Nhdr = Struct(
     "n_type" / Int32ul,
 )
 
+#: the headers as ``struct`` formats, and their field names, for reading a dump
+_EHDR, _PHDR = packed(Elf64_Ehdr), packed(Elf64_Phdr)
+_EHDR_FIELDS = tuple(sub.name for sub in Elf64_Ehdr.subcons)
+_PHDR_FIELDS = tuple(sub.name for sub in Elf64_Phdr.subcons)
+
+
+def file_header(data: bytes) -> dict[str, int]:
+    """The ``Elf64_Ehdr`` fields of a little-endian ELF64 file's first 64 bytes (``e_ident``, as bytes,
+    unchecked: the caller tells the class and byte order from it)."""
+    return dict(zip(_EHDR_FIELDS, _EHDR.unpack_from(data)))
+
+
+def program_headers(data: bytes, phoff: int, phnum: int) -> list[dict[str, int]]:
+    """The ``Elf64_Phdr`` fields of the ``phnum`` program headers at ``data[phoff:]`` (which must hold them)."""
+    return [dict(zip(_PHDR_FIELDS, _PHDR.unpack_from(data, phoff + i * _PHDR.size))) for i in range(phnum)]
+
+
 Timeval = Struct("tv_sec" / Int64ul, "tv_usec" / Int64ul)
 
 
@@ -122,17 +145,26 @@ def prstatus_bytes(nregs: int, regs: list[int], pid: int) -> bytes:
         pr_reg=regs, pr_fpvalid=0))
 
 
-def section_data(sec: Section) -> bytes:
+def check_section_fits(name: str, offset: int, size: int, file_size: int) -> None:
+    """A section's ``sh_offset`` and ``sh_size`` come from the file itself: :class:`ELFError` naming the
+    section when they run past the file's ``file_size`` bytes."""
+    if offset + size > file_size:
+        from elftools.common.exceptions import ELFError
+
+        raise ELFError(f"section {name} ({size:#x} bytes at {offset:#x}) runs past the end of the file "
+                       f"({file_size:#x} bytes)")
+
+
+def section_data(sec: "Section") -> bytes:
     """A section's bytes, read by pyelftools once its header is shown to fit the file.
 
     ``sh_offset``, ``sh_size`` and a compressed section's stated size come from the file itself:
     unchecked, a huge one has pyelftools ask for that many bytes (a ``MemoryError``). Raises
     :class:`ELFError` naming the section instead.
     """
-    size = sec.stream.seek(0, 2)
-    if sec["sh_offset"] + sec["sh_size"] > size:
-        raise ELFError(f"section {sec.name} ({sec['sh_size']:#x} bytes at {sec['sh_offset']:#x}) runs past "
-                       f"the end of the file ({size:#x} bytes)")
+    from elftools.common.exceptions import ELFError
+
+    check_section_fits(sec.name, sec["sh_offset"], sec["sh_size"], sec.stream.seek(0, 2))
     if sec.compressed and sec.data_size > ZLIB_MAX_RATIO * sec["sh_size"]:
         raise ELFError(f"compressed section {sec.name} claims {sec.data_size:#x} bytes, more than "
                        f"{sec['sh_size']:#x} compressed bytes can hold")

@@ -172,16 +172,20 @@ _loaded = False
 class Pending:
     """An arch package's backend before its modules are imported: what picks it, and where it is."""
 
-    def __init__(self, name: str, aliases: tuple[str, ...], elf_machine: str, where: str) -> None:
+    def __init__(self, name: str, aliases: tuple[str, ...], elf_machine: str, where: str,
+                 e_machine: int | None = None) -> None:
         self.name, self.aliases, self.elf_machine, self.where = name, aliases, elf_machine, where
+        self.e_machine = e_machine
 
     def load(self) -> ArchBackend:
         """Import the backend's module, make the backend and register it in this entry's place."""
         module, _, cls = self.where.partition(":")
         backend: ArchBackend = getattr(importlib.import_module(module), cls)()
-        if (backend.name, tuple(backend.aliases), backend.elf_machine) != (self.name, self.aliases, self.elf_machine):
-            raise ArchError(f"{self.where} is {backend.name} {backend.aliases} {backend.elf_machine}, "
-                            f"registered as {self.name} {self.aliases} {self.elf_machine}")
+        if ((backend.name, tuple(backend.aliases), backend.elf_machine) != (self.name, self.aliases, self.elf_machine)
+                or self.e_machine not in (None, getattr(backend, "e_machine", None))):
+            raise ArchError(f"{self.where} is {backend.name} {backend.aliases} {backend.elf_machine} "
+                            f"({getattr(backend, 'e_machine', None)}), registered as {self.name} {self.aliases} {self.elf_machine} "
+                            f"({self.e_machine})")
         return register(backend)
 
 
@@ -195,11 +199,13 @@ def register(backend: ArchBackend) -> ArchBackend:
     return backend
 
 
-def register_lazy(name: str, aliases: tuple[str, ...], elf_machine: str, where: str) -> None:
-    """Register the backend ``where`` (``"module:Class"``) by its name, aliases and ELF machine; its
-    module is imported when the backend is first asked for, so a dump of one arch loads only that arch."""
+def register_lazy(name: str, aliases: tuple[str, ...], elf_machine: str, where: str,
+                  e_machine: int | None = None) -> None:
+    """Register the backend ``where`` (``"module:Class"``) by its name, aliases and ELF machine (its name and,
+    optionally, its ``e_machine`` number); its module is imported when the backend is first asked for, so a
+    dump of one arch loads only that arch."""
     if name not in _BACKENDS:
-        _PENDING[name] = Pending(name, aliases, elf_machine, where)
+        _PENDING[name] = Pending(name, aliases, elf_machine, where, e_machine)
 
 
 def _load_all() -> None:
@@ -250,3 +256,16 @@ def for_machine(machine: str) -> ArchBackend:
         if b.elf_machine == machine:
             return _loaded_backend(b)
     raise ArchError(f"no backend for ELF machine {machine}")
+
+
+def for_e_machine(number: int) -> ArchBackend:
+    """The backend for an ELF header's ``e_machine`` number (a backend registered without its number is
+    imported to be asked)."""
+    entries = _entries()
+    for b in entries:
+        if getattr(b, "e_machine", None) == number:
+            return _loaded_backend(b)
+    for b in entries:
+        if isinstance(b, Pending) and b.e_machine is None and getattr(b.load(), "e_machine", None) == number:
+            return _BACKENDS[b.name]
+    raise ArchError(f"no backend for ELF machine {number}")

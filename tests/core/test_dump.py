@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from unwind.cli import main
-from unwind.dump import Dump, DumpError, DumpWriter
+from unwind import registry
+from unwind.dump import Dump, DumpError, DumpWriter, written_by_unwind
 from unwind.synth import SynthDump
 
 from .toy import BACKEND
@@ -109,6 +110,9 @@ def _corrupt(raw: bytes, case: str) -> bytes:
         b[i] = ord("[")
     elif case == "truncated-note":
         struct.pack_into("<Q", b, phoff + 32, 0x10_0000)   # PT_NOTE p_filesz past the file
+    elif case == "note-past-segment":
+        i = b.find(b"UNWIND\0")
+        struct.pack_into("<I", b, i - 8, 0x7FFF_FFFF)  # the UNWIND note's n_descsz: past its PT_NOTE
     elif case == "top-of-memory":
         # the first PT_LOAD ends at 2**64 (found by the campaign, seed 2030 case 372509: the batch's
         # segment ends, u64 columns, wrapped)
@@ -119,7 +123,7 @@ def _corrupt(raw: bytes, case: str) -> bytes:
 
 
 CASES = ["not-elf", "elf32", "big-endian", "not-core", "unknown-machine", "truncated", "truncated-header",
-         "overlap", "missing-note", "malformed-note", "truncated-note", "top-of-memory"]
+         "overlap", "missing-note", "malformed-note", "truncated-note", "note-past-segment", "top-of-memory"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -169,3 +173,23 @@ def test_a_compressed_vmcore_is_not_a_dump_but_loads_as_a_vmcore(capsys) -> None
             assert main(["ps", str(path), "--vmlinux", slim]) == 0
             outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1] and len(outs[0].splitlines()) > 50
+
+
+def test_the_machine_number_picks_the_backend():
+    for name in ("x86_64", "arm64", "riscv"):
+        backend = registry.get(name)
+        assert registry.for_e_machine(backend.e_machine) is backend
+    with pytest.raises(registry.ArchError):
+        registry.for_e_machine(0x1234)
+
+
+def test_written_by_unwind_reads_the_first_note_segment_only(tmp_path):
+    dump, other = tmp_path / "d.bin", tmp_path / "v.elf"
+    dump.write_bytes(sample().to_bytes())
+    other.write_bytes(_corrupt(sample().to_bytes(), "missing-note"))
+    assert written_by_unwind(dump)
+    assert not written_by_unwind(other)
+    for case in ("truncated-header", "truncated-note", "not-elf", "elf32"):
+        bad = tmp_path / f"{case}.bin"
+        bad.write_bytes(_corrupt(sample().to_bytes(), case))
+        assert not written_by_unwind(bad)
