@@ -41,7 +41,6 @@ from typing import Any, Callable
 
 from construct import Const, Construct, Int16ul, Int32sl, Int32ul, Int8ul, Struct
 from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 
 from .elfcore import section_data
 from .packed import packed
@@ -187,6 +186,8 @@ class Btf:
     @classmethod
     def from_elf(cls, path: str | Path) -> "Btf":
         """Read the ``.BTF`` section of an ELF file (a vmlinux or a slim image)."""
+        from elftools.elf.elffile import ELFFile  # here: an image's BTF is read through unwind.image
+
         try:
             with open(path, "rb") as f:
                 sec = ELFFile(f).get_section_by_name(".BTF")

@@ -1,10 +1,12 @@
 """A kernel image: full debug vmlinux, stripped vmlinux, or a slim image.
 
-pyelftools opens the file lazily; the symbol table is decoded with numpy in
-one pass (a debug vmlinux holds ~200k symbols), and text bytes are read on
-demand for the call-site check and complete modes. Unpacked xz images and
-decoded symbol tables are kept in ``$UNWIND_CACHE`` (default
-``~/.cache/unwind``) so later runs start at once.
+pyelftools reads the section headers and notes; the symbol table is decoded
+with numpy in one pass (a debug vmlinux holds ~200k symbols), and text bytes
+are read on demand for the call-site check and complete modes. Unpacked xz
+images, what pyelftools read of each image file's headers (keyed by the
+file's device, inode, size and modification time) and decoded symbol tables
+are kept in ``$UNWIND_CACHE`` (default ``~/.cache/unwind``) so later runs
+start at once, without pyelftools.
 """
 
 from __future__ import annotations
@@ -20,29 +22,39 @@ from dataclasses import dataclass
 from contextlib import contextmanager
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterable, Iterator
 
 from construct import ConstructError
 from elftools.common.exceptions import ELFError
-from elftools.construct import ConstructError as ElftoolsConstructError
 from elftools.elf.constants import SH_FLAGS
-from elftools.elf.elffile import ELFFile
 
-from .btf import Btf, BtfError
 from .cachefile import (CACHE_ENV, CacheFileError, cache_dir, cache_root, mark_used, read_arrays, write_arrays,
                         write_atomically)
-from .elfcore import section_data
+from .elfcore import check_section_fits, section_data
 from .symbols import SymbolError, SymbolTable
+
+if TYPE_CHECKING:
+    from elftools.elf.elffile import ELFFile
+
+    from .btf import Btf
 
 NT_GNU_BUILD_ID = "NT_GNU_BUILD_ID"
 IMAGE_PATH_ENV = "UNWIND_IMAGE_PATH"
 _SYMBOL_CACHE_VERSION = 3
+#: the layout of ``$UNWIND_CACHE/images/*.headers-vN.json`` (:class:`Headers`)
+_HEADERS_CACHE_VERSION = 1
 _BUILD_ID_IN_NAME = re.compile(r"[0-9a-f]{40}")
-#: what pyelftools, construct, zlib and numpy raise on a malformed image (a symbol table of a size
-#: that is no multiple of its entries is numpy's ValueError; a compressed section that is not
-#: deflate data is zlib's error)
-_ELF_ERRORS = (ELFError, ConstructError, ElftoolsConstructError, ValueError, OverflowError, UnicodeDecodeError,
-               zlib.error)
+
+
+@lru_cache(maxsize=1)
+def _elf_errors() -> tuple[type[Exception], ...]:
+    """What pyelftools, construct, zlib and numpy raise on a malformed image (a symbol table of a size
+    that is no multiple of its entries is numpy's ValueError; a compressed section that is not deflate
+    data is zlib's error); pyelftools' own construct is imported only once an error is seen."""
+    from elftools.construct import ConstructError as ElftoolsConstructError
+
+    return (ELFError, ConstructError, ElftoolsConstructError, ValueError, OverflowError, UnicodeDecodeError,
+            zlib.error)
 
 # Elf64_Sym as numpy sees it, to decode .symtab in one pass (numpy is imported there: a cached
 # table needs none).
@@ -55,6 +67,48 @@ _STT_SECTION, _STT_FILE = 3, 4
 
 class ImageError(Exception):
     """The image is unusable (not ELF, no symbols, wrong build-id, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SectionHeader:
+    """One section header as pyelftools read it: its index in the table, name, type and the fields used."""
+
+    index: int
+    name: str
+    type: str
+    flags: int
+    addr: int
+    offset: int
+    size: int
+    link: int
+
+
+@dataclass(frozen=True, slots=True)
+class Headers:
+    """What an ELF file's headers say: its type and machine, its build-id and every section header."""
+
+    type: str
+    machine: str
+    build_id: str | None
+    sections: tuple[SectionHeader, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The cache entry's contents."""
+        return {"version": _HEADERS_CACHE_VERSION, "type": self.type, "machine": self.machine, "build_id": self.build_id,
+                "sections": [[h.index, h.name, h.type, h.flags, h.addr, h.offset, h.size, h.link]
+                             for h in self.sections]}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> "Headers":
+        """A cache entry read back; ``ValueError`` (``KeyError``, ``TypeError``) when it is not one of this layout."""
+        if doc["version"] != _HEADERS_CACHE_VERSION:
+            raise ValueError("another layout")
+        build_id = doc["build_id"]
+        sections = tuple(SectionHeader(int(i), str(n), str(t), int(f), int(a), int(o), int(z), int(ln))
+                         for i, n, t, f, a, o, z, ln in doc["sections"])
+        if any(h.index != i for i, h in enumerate(sections)) or not (build_id is None or isinstance(build_id, str)):
+            raise ValueError("not a section table")
+        return cls(str(doc["type"]), str(doc["machine"]), build_id, sections)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,30 +127,40 @@ class Image:
         self.path = Path(path)
         try:
             self._file: BinaryIO = _open_maybe_compressed(self.path)
-            self.elf = ELFFile(self._file)
+        except OSError as e:
+            raise ImageError(f"cannot open image {path}: {e.strerror}") from None
+        try:
+            headers = _headers(self._file, self.path, self.__dict__)
         except OSError as e:
             raise ImageError(f"cannot open image {path}: {e.strerror}") from None
         except ELFError as e:
             raise ImageError(f"{path} is not an ELF image: {e}") from None
-        if self.elf["e_type"] == "ET_CORE":
+        if headers.type == "ET_CORE":
             raise ImageError(f"{path} is a core file (a dump), not a kernel image: give it as the DUMP "
                              "argument and the vmlinux (or slim image) to --vmlinux")
-        with self._malformed():
-            # every section header, name and note read once: a malformed one is an ImageError here,
-            # and the later reads of the same headers cannot fail (pyelftools parses a header again
-            # on each get_section(): these are the ones every later lookup uses)
-            self._sections = list(self.elf.iter_sections())
-            for sec in self._sections:
-                if sec["sh_type"] == "SHT_NOTE":
-                    list(sec.iter_notes())
-            # as pyelftools' get_section_by_name: the last section of a name
-            self._by_name = {sec.name: sec for sec in self._sections}
-        self.machine: str = self.elf["e_machine"]
-        self._text = [TextRange(sec["sh_addr"], sec["sh_offset"], sec["sh_size"]) for sec in self._sections
-                      if sec["sh_flags"] & SH_FLAGS.SHF_EXECINSTR and sec["sh_flags"] & SH_FLAGS.SHF_ALLOC
-                      and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_size"]]
+        self.machine: str = headers.machine
+        self._headers = headers
+        # as pyelftools' get_section_by_name: the last section of a name
+        self._by_name = {h.name: h for h in headers.sections}
+        self._text = [TextRange(h.addr, h.offset, h.size) for h in headers.sections
+                      if h.flags & SH_FLAGS.SHF_EXECINSTR and h.flags & SH_FLAGS.SHF_ALLOC
+                      and h.type == "SHT_PROGBITS" and h.size]
         #: why :attr:`btf` is ``None``, once asked
         self.btf_problem: str | None = None
+
+    @cached_property
+    def elf(self) -> "ELFFile":
+        """pyelftools' view of the file (opened when first asked: an image whose headers are cached needs none)."""
+        from elftools.elf.elffile import ELFFile
+
+        with self._malformed():
+            return ELFFile(self._file)
+
+    @cached_property
+    def _sections(self) -> list[Any]:
+        """pyelftools' sections, in table order."""
+        with self._malformed():
+            return list(self.elf.iter_sections())
 
     def close(self) -> None:
         """Close the underlying file."""
@@ -105,16 +169,13 @@ class Image:
     @contextmanager
     def _malformed(self) -> Iterator[None]:
         """pyelftools and construct errors of a malformed image as one :class:`ImageError` line."""
-        try:
+        with _malformed(self.path):
             yield
-        except _ELF_ERRORS as e:
-            text = str(e.args[0]) if e.args else type(e).__name__
-            raise ImageError(f"{self.path}: malformed ELF image: {text.splitlines()[0][:200] if text else type(e).__name__}") from None
 
-    @cached_property
+    @property
     def build_id(self) -> str | None:
         """The hex NT_GNU_BUILD_ID, or ``None``."""
-        return _build_id_of(self._sections)
+        return self._headers.build_id
 
     @cached_property
     def symbols(self) -> SymbolTable:
@@ -142,14 +203,14 @@ class Image:
         import numpy as np
 
         symtab = self._by_name.get(".symtab")
-        if symtab is None or symtab["sh_type"] == "SHT_NOBITS":
+        if symtab is None or symtab.type == "SHT_NOBITS":
             raise ImageError(f"{self.path}: no .symtab (use a System.map)")
-        if not 0 <= symtab["sh_link"] < len(self._sections):
-            raise ImageError(f"{self.path}: .symtab names string table {symtab['sh_link']}, which does not exist")
-        strtab = section_data(self._sections[symtab["sh_link"]])
-        raw = np.frombuffer(section_data(symtab), dtype=np.dtype(_ELF64_SYM))
-        exec_sections = np.array([bool(sec["sh_flags"] & SH_FLAGS.SHF_EXECINSTR)
-                                  for sec in self._sections] + [False])
+        if not 0 <= symtab.link < len(self._headers.sections):
+            raise ImageError(f"{self.path}: .symtab names string table {symtab.link}, which does not exist")
+        strtab = section_data(self._sections[symtab.link])
+        raw = np.frombuffer(section_data(self._sections[symtab.index]), dtype=np.dtype(_ELF64_SYM))
+        exec_sections = np.array([bool(h.flags & SH_FLAGS.SHF_EXECINSTR)
+                                  for h in self._headers.sections] + [False])
         stt, stb, shndx = raw["info"] & 0xF, raw["info"] >> 4, raw["shndx"]
         keep = (stt != _STT_SECTION) & (stt != _STT_FILE) & (shndx != _SHN_UNDEF) & (raw["name"] != 0)
         raw, stb, shndx = raw[keep], stb[keep], shndx[keep]
@@ -184,6 +245,8 @@ class Image:
         if sec is None:
             self.btf_problem = "the image has no .BTF"
             return None
+        from .btf import Btf, BtfError
+
         try:
             return Btf.cached(sec[1])
         except BtfError as e:
@@ -192,11 +255,14 @@ class Image:
 
     def section(self, name: str) -> tuple[int, bytes] | None:
         """``(sh_addr, data)`` of a section with file contents, or ``None``."""
+        h = self._by_name.get(name)
+        if h is None or h.type == "SHT_NOBITS":
+            return None
         with self._malformed():
-            sec = self._by_name.get(name)
-            if sec is None or sec["sh_type"] == "SHT_NOBITS":
-                return None
-            return sec["sh_addr"], section_data(sec)
+            if h.flags & SH_FLAGS.SHF_COMPRESSED:  # pyelftools inflates it
+                return h.addr, section_data(self._sections[h.index])
+            check_section_fits(h.name, h.offset, h.size, self._file.seek(0, 2))
+            return h.addr, self._read_at(h.offset, h.size)
 
     def _read_at(self, offset: int, size: int) -> bytes:
         """``size`` bytes of the file at ``offset`` (``pread``: no shared file position to race on)."""
@@ -226,11 +292,10 @@ class Image:
         sym = self.symbols.address("linux_banner")
         if sym is None:
             return None
-        for sec in self._sections:
-            if sec["sh_type"] == "SHT_PROGBITS" and sec["sh_addr"] <= sym < sec["sh_addr"] + sec["sh_size"]:
+        for h in self._headers.sections:
+            if h.type == "SHT_PROGBITS" and h.addr <= sym < h.addr + h.size:
                 with self._malformed():  # the banner's bytes only, not the whole section
-                    data = self._read_at(sec["sh_offset"] + sym - sec["sh_addr"],
-                                         min(256, sec["sh_addr"] + sec["sh_size"] - sym))
+                    data = self._read_at(h.offset + sym - h.addr, min(256, h.addr + h.size - sym))
                 parts = data.split(b"\0", 1)[0].split()
                 if len(parts) >= 3 and parts[0] == b"Linux" and parts[1] == b"version":
                     return parts[2].decode("ascii", "replace")
@@ -267,9 +332,71 @@ def _open_maybe_compressed(path: Path) -> BinaryIO:
     return io.BytesIO(data)
 
 
-def read_build_id(elf: ELFFile) -> str | None:
-    """The hex build-id from any note section of ``elf``."""
-    return _build_id_of(elf.iter_sections())
+@contextmanager
+def _malformed(path: Path) -> Iterator[None]:
+    """pyelftools and construct errors of a malformed image as one :class:`ImageError` line."""
+    try:
+        yield
+    except Exception as e:
+        if not isinstance(e, _elf_errors()):
+            raise
+        text = str(e.args[0]) if e.args else type(e).__name__
+        raise ImageError(f"{path}: malformed ELF image: {text.splitlines()[0][:200] if text else type(e).__name__}") from None
+
+
+def _headers(f: BinaryIO, path: Path, kept: dict[str, Any] | None = None) -> Headers:
+    """The headers of the open ELF file ``f``: from the cache when this file was read before, else read by
+    pyelftools (every section header, name and note once: a malformed one is an :class:`ImageError` here,
+    and the later reads of the same headers cannot fail) and kept there. ``kept``: where pyelftools' file
+    and sections go when they are read (an :class:`Image`'s ``elf`` and ``_sections``)."""
+    entry = _headers_entry(f)
+    headers = _read_cached_headers(entry) if entry is not None else None
+    if headers is not None:
+        return headers
+    from elftools.elf.elffile import ELFFile
+
+    elf = ELFFile(f)
+    with _malformed(path):
+        sections = list(elf.iter_sections())
+        for sec in sections:
+            if sec["sh_type"] == "SHT_NOTE":
+                list(sec.iter_notes())
+        headers = Headers(elf["e_type"], elf["e_machine"], _build_id_of(sections),
+                          tuple(SectionHeader(i, sec.name, sec["sh_type"], sec["sh_flags"], sec["sh_addr"],
+                                              sec["sh_offset"], sec["sh_size"], sec["sh_link"])
+                                for i, sec in enumerate(sections)))
+    if kept is not None:
+        kept["elf"], kept["_sections"] = elf, sections
+    if entry is not None:
+        doc = json.dumps(headers.to_json()).encode()
+        write_atomically(entry, lambda out: out.write(doc))
+    return headers
+
+
+def _headers_entry(f: BinaryIO) -> Path | None:
+    """The cache entry of what pyelftools reads of the headers of the open file ``f``, named after the file's
+    device, inode, size and modification time; ``None`` for an image in memory or without a cache folder."""
+    if isinstance(f, io.BytesIO):
+        return None
+    try:
+        st = os.fstat(f.fileno())
+    except (OSError, ValueError):
+        return None
+    folder = cache_dir("images")
+    if folder is None:
+        return None
+    key = hashlib.sha1(f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+    return folder / f"{key}.headers-v{_HEADERS_CACHE_VERSION}.json"
+
+
+def _read_cached_headers(entry: Path) -> Headers | None:
+    """The headers kept in ``entry``; ``None`` when it is missing or damaged (then they are read again)."""
+    try:
+        headers = Headers.from_json(json.loads(entry.read_bytes()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    mark_used(entry)
+    return headers
 
 
 def _build_id_of(sections: Iterable) -> str | None:
@@ -286,7 +413,7 @@ def image_build_id(path: str | Path) -> str | None:
     """The build-id of an ELF file, or ``None`` if it is not a readable ELF."""
     try:
         with _open_maybe_compressed(Path(path)) as f:
-            return read_build_id(ELFFile(f))
+            return _headers(f, Path(path)).build_id
     except (OSError, ELFError, ImageError, ValueError):
         return None
 
