@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, overload
 import weakref
 from array import array
@@ -33,12 +34,13 @@ import numpy as np
 
 from .frame import Flag, Frame, Source
 from .memory import Memory
+from .replay import Replay
 from .target import Options, Task
 from .walk import Stop, StopReason
 
 if TYPE_CHECKING:
     from .callsite import CallSiteChecker
-    from .replay import Replay, Session
+    from .replay import Session
 
 #: the options a batch walk takes; any other one set sends every task to the scalar path
 BATCH_OPTIONS = frozenset({"generation", "orc_version"})
@@ -382,7 +384,7 @@ class Walked:
     #: per lane: frames reported, and where they start in task order
     counts: np.ndarray
     offsets: np.ndarray
-    _lists: list[list] | None = None
+    _lists: tuple[list[Frame], list[int], list[list[int]]] | None = None
     _stop_codes: list[int] | None = None
 
     def stop_codes(self) -> list[int]:
@@ -391,28 +393,38 @@ class Walked:
             self._stop_codes = self.recorder.stop_code.tolist()
         return self._stop_codes
 
-    def lists(self) -> list[list]:
-        """What the replays read, as Python lists (made once, when the first replay is built): per frame in
-        task order its pc, sp (``None``: unknown), fp (likewise), source, stack label and flags; per lane its
-        first frame's index (and the end's) and stop arguments."""
+    def lists(self) -> tuple[list[Frame], list[int], list[list[int]]]:
+        """What the replays read (made once, when the first replay is built): every frame as a
+        :class:`~unwind.frame.Frame` in task order, per lane its first frame's index (and the end's) and
+        its stop arguments."""
         if self._lists is None:
             rec, go, sizes = self.recorder, self._go, self._sizes
             # each frame at its lane's offset plus its index among the lane's frames
             index = np.repeat(np.array([part[1] for part in rec._parts], np.int64), sizes).take(go)
             at = self.offsets[self.lanes] + index
 
-            def ordered(values: np.ndarray) -> list:
-                col = np.zeros(len(at), values.dtype)
-                col[at] = values
+            def ordered(values: np.ndarray, known: np.ndarray | None = None) -> list:
+                """``values`` in task order as Python ints, ``None`` where not ``known``."""
+                col = np.empty(len(at), object)
+                col[at] = values.astype(object)
+                if known is not None:
+                    col[at[~known]] = None
                 return col.tolist()
-            pc, flags = ordered(self.pcs), ordered(self.flags)
-            sp, sp_k, fp, fp_k, source, stack = (ordered(rec.field(k, t, go, sizes)) for k, t in zip(
-                range(4, 11), (_U64, bool, _U64, bool, np.int64, np.int64, np.int64)) if k != 8)
-            sources, labels = rec.sources, rec.labels
-            self._lists = [pc, [v if k else None for v, k in zip(sp, sp_k)],
-                           [v if k else None for v, k in zip(fp, fp_k)], [sources[v] for v in source],
-                           [labels[v] for v in stack], [_FLAGS[v] for v in flags], self.offsets.tolist(),
-                           rec.stop_args.tolist()]
+
+            def named(codes: np.ndarray, table: Sequence[object]) -> list:
+                """What each of ``codes`` (indices into ``table``) stands for, in task order."""
+                objects = np.empty(len(table), object)
+                objects[:] = table
+                col = np.empty(len(at), object)
+                col[at] = objects[codes]
+                return col.tolist()
+            field = rec.field
+            frames = list(map(Frame, ordered(self.pcs),
+                              ordered(field(4, _U64, go, sizes), field(5, bool, go, sizes)),
+                              ordered(field(6, _U64, go, sizes), field(7, bool, go, sizes)),
+                              named(field(9, np.int64, go, sizes), rec.sources),
+                              named(field(10, np.int64, go, sizes), rec.labels), named(self.flags, _FLAGS)))
+            self._lists = (frames, self.offsets.tolist(), rec.stop_args.tolist())
         return self._lists
 
 
@@ -540,8 +552,6 @@ class BatchReplay(Sequence["Replay"]):
             yield self[i]
 
     def _build(self, i: int) -> "Replay":
-        from .replay import Replay
-
         job, task = self.job, self.job.tasks[i]
         session = job.session
         if not self.batched(i):
@@ -551,16 +561,16 @@ class BatchReplay(Sequence["Replay"]):
         assert walked is not None
         rec = walked.recorder
         lane = self._first + i
-        pc, sp, fp, source, stack, flags, offsets, stop_args = walked.lists()
+        frames_all, offsets, stop_args = walked.lists()
         target = session.target(task, job.options)
-        lo, hi = offsets[lane], offsets[lane + 1]
-        frames = list(map(Frame, pc[lo:hi], sp[lo:hi], fp[lo:hi], source[lo:hi], stack[lo:hi], flags[lo:hi]))
+        frames = frames_all[offsets[lane]:offsets[lane + 1]]
         if self._symbolize:
             for frame in frames:
                 frame.symbol = session.backend.symbolize(frame, target)
         reason, detail = rec.stop_kinds[walked.stop_codes()[lane]]
         constants = rec.constants.get(self._job_index)
-        stop = Stop(reason, detail(target, constants, *stop_args[lane]), len(frames))
+        # the detail formatted when read, as the scalar walk's stops are
+        stop = Stop(reason, partial(detail, target, constants, *stop_args[lane]), len(frames))
         return Replay(target, frames, stop, None, dict(rec.bases.get(self._job_index, {})))
 
 
