@@ -22,8 +22,12 @@ from unwind.target import Options
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 ARCHES = ("arm64", "riscv", "x86_64")
-#: the arches whose backend has a batch walk, and the share of corpus tasks it must take itself
-BATCHED = {"arm64": 0.9, "riscv": 0.8, "x86_64": 0.8}
+#: the arches whose backend has a batch walk, and the share of corpus tasks and of their frames it must take
+#: itself: what it took when measured (d34ee1e, tasks / frames: arm64 2546/2657 and 17936/19642, riscv
+#: 2225/2707 and 11628/15574, x86-64 2275/2755 and 13728/17597), rounded down by under a point. The
+#: identity tests cannot see a lane handed back that the batch could walk (the scalar walk says the same):
+#: this floor can. A change that hands back more must say why here.
+BATCHED = {"arm64": (0.95, 0.91), "riscv": (0.82, 0.74), "x86_64": (0.82, 0.78)}
 
 
 def _dumps(arch: str) -> list[Path]:
@@ -39,16 +43,19 @@ def _key(r: Replay) -> tuple:
             (task.pid, task.comm, task.cpu, task.regs, task.context), r.target.options)
 
 
-def _assert_same(sessions: list[Session], options: Options, **kw) -> tuple[int, int]:
-    """Each batch replay equals ``Session.replay``; returns (tasks, tasks the batch walked itself)."""
-    tasks = walked = 0
+def _assert_same(sessions: list[Session], options: Options, **kw) -> tuple[int, int, int, int]:
+    """Each batch replay equals ``Session.replay``; returns (tasks, tasks the batch walked itself, frames,
+    frames the batch walked itself)."""
+    tasks = walked = frames = walked_frames = 0
     for session, batch in zip(sessions, replay_all(sessions, options, **kw)):
         for i, task in enumerate(batch.tasks):
             want = session.replay(task, options, **kw)
             assert _key(batch[i]) == _key(want), f"{session.dump.path}: {task.describe()}"
             tasks += 1
             walked += batch.batched(i)
-    return tasks, walked
+            frames += len(want.frames)
+        walked_frames += batch.batched_frames
+    return tasks, walked, frames, walked_frames
 
 
 @pytest.fixture(scope="module", params=ARCHES)
@@ -59,9 +66,11 @@ def corpus(request) -> tuple[str, list[Session]]:
 
 def test_every_corpus_dump_replays_the_same_in_one_batch(corpus) -> None:
     arch, sessions = corpus
-    tasks, walked = _assert_same(sessions, Options())
+    tasks, walked, frames, walked_frames = _assert_same(sessions, Options())
     assert tasks > 1000
-    assert walked >= BATCHED.get(arch, 0) * tasks, f"the batch walked only {walked} of {tasks} {arch} tasks"
+    task_share, frame_share = BATCHED[arch]
+    assert walked >= task_share * tasks, f"the batch walked only {walked} of {tasks} {arch} tasks"
+    assert walked_frames >= frame_share * frames, f"the batch walked only {walked_frames} of {frames} {arch} frames"
 
 
 def test_each_dump_alone_replays_the_same(corpus) -> None:
@@ -85,7 +94,7 @@ def test_modes_the_batch_does_not_take_are_the_scalar_walk(corpus, kw) -> None:
     arch, sessions = corpus
     kw = dict(kw)
     options = kw.pop("options", Options())
-    tasks, walked = _assert_same(sessions[::6], options, **kw)
+    tasks, walked, _, _ = _assert_same(sessions[::6], options, **kw)
     if "max_frames" not in kw:
         assert walked == 0
 
@@ -128,7 +137,7 @@ def test_vmcore_slices_replay_the_same(xz: Path, tmp_path) -> None:
     elf = tmp_path / xz.name[:-3]
     elf.write_bytes(lzma.decompress(xz.read_bytes()))
     session = load_session(elf, vmlinux=next(xz.parents[1].glob("vmlinux-*.slim.xz")))
-    tasks, walked = _assert_same([session], Options())
+    tasks, walked, _, _ = _assert_same([session], Options())
     assert tasks
 
 
