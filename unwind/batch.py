@@ -163,8 +163,8 @@ _LAST_FLAT: "tuple[list[weakref.ref[Memory]], FlatMemory] | None" = None
 
 def locate_lanes(jobs: Sequence[Job], lane_job: np.ndarray, lane_tasks: Sequence[Task], addr: np.ndarray
                  ) -> tuple[FlatMemory, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The memory each lane's walk reads (``dump.task_memory(task)``) as one :class:`FlatMemory`, and per
-    lane the segment holding ``addr``: ``(flat, start, end, origin, base)``.
+    """The memory each lane's walk reads (``Session.task_memory(task)``, what its scalar walk reads) as one
+    :class:`FlatMemory`, and per lane the segment holding ``addr``: ``(flat, start, end, origin, base)``.
 
     ``lane_job`` and ``lane_tasks`` are each lane's job index and task, grouped by job.
     """
@@ -175,7 +175,7 @@ def locate_lanes(jobs: Sequence[Job], lane_job: np.ndarray, lane_tasks: Sequence
     for job, count in zip(jobs, np.bincount(lane_job, minlength=len(jobs)).tolist()):
         if not count:
             continue
-        mems = list(map(job.session.dump.task_memory, lane_tasks[lo:lo + count]))
+        mems = list(map(job.session.task_memory, lane_tasks[lo:lo + count]))
         ids = list(map(id, mems))
         if ids.count(ids[0]) != count:  # a vmcore's task snapshots
             for key, mem in zip(ids, mems):

@@ -13,6 +13,7 @@ from .dump import Dump, DumpError, NotADump, written_by_unwind
 from .frame import Frame
 from .image import IMAGE_PATH_ENV, Image, ImageError, find_image, image_search_places
 from .kaslr import RelocatedImage, relocate_symbols
+from .memory import Memory
 from .stackinfo import StackInfo
 from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from .target import Options, Target, Task, kernel_version
@@ -251,6 +252,11 @@ class Session:
             hit = self._per_task[id(stacks)] = [stacks, make(task), None, memory, made_by,
                                                 task_stack_null(stacks)]
         return hit
+
+    def task_memory(self, task: Task) -> Memory:
+        """The memory a walk of ``task`` reads (:meth:`Dump.task_memory`), made once per task and kept: the
+        memory :meth:`replay` reads (a vmcore's snapshot of the task's stacks is not read again)."""
+        return self._task(task)[1]
 
     def unwinder(self, task: Task, options: Options | None = None) -> Unwinder:
         """An unwinder for ``task``, to drive with :func:`~unwind.walk.kunwind_stack_walk` and the kernel's
