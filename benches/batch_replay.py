@@ -13,9 +13,10 @@ Ours, on the committed corpora (``corpora/<arch>/*/stop-*.bin.xz``, every task, 
 - **batch, fresh**: ``replay_all(sessions, tasks=...)`` of all dumps of the arch in one batch, on
   sessions just opened (their memory as words, per-dump constants, the call-site verdicts of their
   newly opened images: everything the batch sets up);
-- **batch, warm**: the same again; **per dump**: one ``Session.replay_all`` per dump (short batches);
-  **per dump + read**: the same, every replay read (what ``unwind replay --all`` walks), all frames counted:
-  compare it with **scalar warm**;
+- **batch, warm**: the same again; **per dump**: one ``Session.replay_all(lockstep=True)`` per dump (short
+  batches, in lockstep although under ``unwind.batch.MIN_TASKS``); **per dump + read**: one
+  ``Session.replay_all`` per dump as ``unwind replay --all`` makes it (a corpus dump has fewer tasks than
+  ``MIN_TASKS``: walked task by task), every replay read, all frames counted: compare it with **scalar warm**;
 - the batch figures count the frames the lockstep walked (its share of tasks is shown); set-up
   (lane inputs, memory, call-site flags, stops) is inside the time; the tasks it hands back are
   walked by ``Session.replay`` when read, which **batch + read** adds: every ``Replay`` of every
@@ -31,8 +32,10 @@ drgn (``--drgn-python``) walks the committed vmcores (``corpora/<arch>/<release>
 lab's full vmcore of the same stop where it is at hand) with the committed slim image as its kernel file
 (``benchkit.DRGN_CHILD`` mode ``equal``: ORC on x86-64, frame pointers on arm64, nothing looked up in DWARF
 per frame); the tasks are those ``benchkit.peer_keys`` picks; ours walks the same tasks of the same vmcore
-with the same slim image, scalar and batch. drgn's rate is its kernel frames per CPU second over the tasks
-it walks no user frame of (it walks on into user frames in the same call, time that cannot be split off)::
+with the same slim image, scalar and batch (**batch**: in lockstep, ``lockstep=True``, as one vmcore has
+fewer tasks than ``unwind.batch.MIN_TASKS``; **batch + read**: ``replay_all`` as called, so task by task).
+drgn's rate is its kernel frames per CPU second over the tasks it walks no user frame of (it walks on into
+user frames in the same call, time that cannot be split off)::
 
     python benches/batch_replay.py --rounds 3 --drgn-python /path/to/venv-with-drgn/bin/python
 """
@@ -90,7 +93,7 @@ best = {k: 1e9 for k in ("scalar", "warm", "per_dump", "read", "per_dump_read")}
 for _ in range(passes):
     best["scalar"] = min(best["scalar"], timed(lambda: scalar(sessions, tasks), "scalar")[0])
     best["warm"] = min(best["warm"], timed(lambda: replay_all(sessions, tasks=tasks, symbolize=False), "warm")[0])
-    best["per_dump"] = min(best["per_dump"], timed(lambda: [s.replay_all(tasks=t, symbolize=False)
+    best["per_dump"] = min(best["per_dump"], timed(lambda: [s.replay_all(tasks=t, symbolize=False, lockstep=True)
                                                             for s, t in zip(sessions, tasks)], "per_dump")[0])
     t, n = timed(lambda: sum(len(r.frames) for s, ts in zip(sessions, tasks)
                              for r in s.replay_all(tasks=ts, symbolize=False)), "per_dump_read")
@@ -114,7 +117,7 @@ s = Session.load(sys.argv[3], vmlinux=sys.argv[4])
 want = {(k[0], k[1]) for k in json.loads(sys.argv[5])}
 todo = [t for t in s.select(every=True) if (t.pid, t.cpu if t.running else None) in want]
 frames = sum(len(s.replay(t, Options(), symbolize=False).frames) for t in todo)
-b = s.replay_all(tasks=todo, symbolize=False)
+b = s.replay_all(tasks=todo, symbolize=False, lockstep=True)  # one vmcore: fewer tasks than MIN_TASKS
 out = {"frames": frames, "tasks": len(todo), "batched_tasks": sum(b.batched(i) for i in range(len(b))),
        "batched_frames": b.batched_frames}
 best = {"scalar": 1e9, "warm": 1e9, "read": 1e9}
@@ -128,7 +131,8 @@ def timed(fn, key):
 for _ in range(int(sys.argv[6])):
     best["scalar"] = min(best["scalar"], timed(lambda: [s.replay(t, Options(), symbolize=False) for t in todo],
                                                "scalar"))
-    best["warm"] = min(best["warm"], timed(lambda: s.replay_all(tasks=todo, symbolize=False), "warm"))
+    best["warm"] = min(best["warm"], timed(lambda: s.replay_all(tasks=todo, symbolize=False, lockstep=True),
+                                           "warm"))
     best["read"] = min(best["read"], timed(lambda: [r.frames for r in s.replay_all(tasks=todo, symbolize=False)],
                                            "read"))
 out.update({k + "_wall": v for k, v in WALL.items()})

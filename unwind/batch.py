@@ -574,15 +574,23 @@ class BatchReplay(Sequence["Replay"]):
         return Replay(target, frames, stop, None, dict(rec.bases.get(self._job_index, {})))
 
 
+#: the fewest tasks of one arch walked in lockstep: a smaller batch, every replay read, costs more CPU than
+#: ``Session.replay`` task by task (numpy's per-call cost, ~35-70 calls per step, outweighs so few lanes;
+#: measured on the corpora: docs/benchmarks.md "Batch replay"). The answers are the same either way.
+MIN_TASKS = 128
+
+
 def replay_all(sessions: "Sequence[Session]", options: Options | None = None, *,
                tasks: Sequence[Sequence[Task]] | None = None, symbolize: bool = True,
-               reliable: bool = False, max_frames: int | None = None) -> list[BatchReplay]:
+               reliable: bool = False, max_frames: int | None = None,
+               lockstep: bool | None = None) -> list[BatchReplay]:
     """Replay every task of each session (or ``tasks[i]`` of ``sessions[i]``) in lockstep batches.
 
     Sessions of one arch are walked together, so many small dumps make long batches. The result is one
     :class:`BatchReplay` per session; each of its replays equals ``Session.replay(task, options,
     reliable=reliable, max_frames=max_frames, symbolize=symbolize)``. ``reliable``, or an option
-    the batch does not take (:func:`batch_options`), sends every task to that scalar path.
+    the batch does not take (:func:`batch_options`), sends every task to that scalar path; so do fewer
+    than :data:`MIN_TASKS` tasks of an arch, unless ``lockstep`` (``False``: never in lockstep).
     """
     options = options or Options()
     jobs = [Job(s, list(tasks[i]) if tasks is not None else s.dump.tasks(), options)
@@ -597,7 +605,9 @@ def replay_all(sessions: "Sequence[Session]", options: Options | None = None, *,
         backend = jobs[indices[0]].session.backend
         group = [jobs[i] for i in indices]
         walked = None
-        if not reliable and batch_options(options):
+        if lockstep is None:
+            lockstep = sum(len(job.tasks) for job in group) >= MIN_TASKS
+        if lockstep and not reliable and batch_options(options):
             walked = backend.batch_walk(group)
         first = 0
         for n, i in enumerate(indices):

@@ -303,19 +303,22 @@ class Session:
 
 
     def replay_all(self, options: Options | None = None, tasks: Sequence[Task] | None = None, *,
-                   reliable: bool = False, max_frames: int | None = None, symbolize: bool = True) -> "BatchReplay":
+                   reliable: bool = False, max_frames: int | None = None, symbolize: bool = True,
+                   lockstep: bool | None = None) -> "BatchReplay":
         """Replay ``tasks`` (default: every task of the dump) in one batch (:mod:`unwind.batch`).
 
         Returns a sequence of :class:`Replay`, one per task in order, each equal to
         ``self.replay(task, options, reliable=..., max_frames=..., symbolize=...)``: the arch's
         batch walk takes the plain steps of all tasks in numpy lockstep and leaves every other
         task, and every mode it does not take, to :meth:`replay`. Each replay is built when read.
-        :func:`unwind.batch.replay_all` walks the tasks of several sessions together.
+        Fewer tasks than :data:`unwind.batch.MIN_TASKS` (too few to gain) are walked task by task,
+        unless ``lockstep`` (``False``: never in lockstep). :func:`unwind.batch.replay_all` walks the
+        tasks of several sessions together.
         """
         from .batch import replay_all
 
         return replay_all([self], options, tasks=None if tasks is None else [tasks], reliable=reliable,
-                          max_frames=max_frames, symbolize=symbolize)[0]
+                          max_frames=max_frames, symbolize=symbolize, lockstep=lockstep)[0]
 
 
 def _vmcore_format(path: str | Path) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from unwind.batch import replay_all
+from unwind.batch import MIN_TASKS, replay_all
 from unwind.memory import Memory, Segment
 from unwind.replay import Replay, Session, load_session
 from unwind.target import Options
@@ -47,7 +47,7 @@ def _assert_same(sessions: list[Session], options: Options, **kw) -> tuple[int, 
     """Each batch replay equals ``Session.replay``; returns (tasks, tasks the batch walked itself, frames,
     frames the batch walked itself)."""
     tasks = walked = frames = walked_frames = 0
-    for session, batch in zip(sessions, replay_all(sessions, options, **kw)):
+    for session, batch in zip(sessions, replay_all(sessions, options, lockstep=True, **kw)):
         for i, task in enumerate(batch.tasks):
             want = session.replay(task, options, **kw)
             assert _key(batch[i]) == _key(want), f"{session.dump.path}: {task.describe()}"
@@ -73,12 +73,25 @@ def test_every_corpus_dump_replays_the_same_in_one_batch(corpus) -> None:
     assert walked_frames >= frame_share * frames, f"the batch walked only {walked_frames} of {frames} {arch} frames"
 
 
+def test_a_small_batch_is_the_scalar_walk(corpus) -> None:
+    """Under MIN_TASKS tasks (one corpus dump) nothing is walked in lockstep, and the replays are the same."""
+    arch, sessions = corpus
+    session = sessions[0]
+    tasks = session.dump.tasks()
+    assert len(tasks) < MIN_TASKS
+    batch = session.replay_all(symbolize=False)
+    assert not any(batch.batched(i) for i in range(len(batch))) and batch.batched_frames == 0
+    assert [_key(r) for r in batch] == [_key(session.replay(t, Options(), symbolize=False)) for t in tasks]
+    assert sum(b.batched_frames for b in replay_all(sessions, symbolize=False)) > 0  # all dumps: past MIN_TASKS
+    assert not any(b.batched_frames for b in replay_all(sessions, symbolize=False, lockstep=False))
+
+
 def test_each_dump_alone_replays_the_same(corpus) -> None:
     """``Session.replay_all`` of one dump (its own batch), symbols off as ``unwind diff`` asks."""
     arch, sessions = corpus
     for session in sessions[::4]:
         want = [session.replay(t, Options(), symbolize=False) for t in session.dump.tasks()]
-        assert [_key(r) for r in session.replay_all(symbolize=False)] == [_key(r) for r in want]
+        assert [_key(r) for r in session.replay_all(symbolize=False, lockstep=True)] == [_key(r) for r in want]
 
 
 @pytest.mark.parametrize("generation", ["6.1", "6.5", "6.12", "6.13", "7.2"])
