@@ -54,6 +54,7 @@ UPPER_HALF = 1 << 63
 DEFAULT_VA_BITS = 57
 
 _STACKFRAME = struct.Struct("<QQ")  # struct stackframe {fp, ra}, read in one go
+_U64 = struct.Struct("<Q").unpack_from  # one word of a record, read from its segment
 #: the first kernel whose ftrace_graph_ret_addr() searches down from ``*idx`` (fgraph.c, v6.11);
 #: 6.1 scans up from the bottom and ignores ``idx``
 FGRAPH_IDX_SINCE = (6, 11)
@@ -207,14 +208,20 @@ def chain_end(mem: Memory, sp: int, fp: int, stack: StackInfo, ts: int) -> int |
     """The last frame pointer of the record chain from ``(sp, fp)`` that stays on ``stack``, as
     walk_stackframe() follows it (fp_is_valid() at each step)."""
     last = None
+    start = end = 0  # the segment of the last record read: [start, end) holds data
+    data = b""
     for _ in range(_DERIVE_RECORDS):
         if not (stack.low < fp <= stack.high and fp_is_valid(fp, sp, ts)):
             break
         last = fp
-        try:
-            sp, fp = fp, mem.read_u64(fp - STACKFRAME_SIZE + STACKFRAME_FP)
-        except MemoryFault:
-            break
+        addr = fp - STACKFRAME_SIZE + STACKFRAME_FP
+        if not (start <= addr and addr + 8 <= end):
+            try:
+                seg = mem.segment(addr, 8)
+            except MemoryFault:
+                break
+            start, end, data = seg.start, seg.end, seg.data
+        sp, fp = fp, _U64(data, addr - start)[0]
     return last
 
 
@@ -239,23 +246,29 @@ def _hex_int(v: Any) -> int | None:
 def _blocked_starts(target: Target) -> list[tuple[int, int, StackInfo]]:
     """(sp, fp, task stack) of the blocked tasks the dump lists (the same for every task walked)."""
     out: list[tuple[int, int, StackInfo]] = []
-    stacks: dict[Any, StackInfo] = {}
+    entries: dict[Any, list[dict]] = {}  # each pid's task stack entries, read when its task is reached
     for st in target.meta.get("stacks") or ():
-        if not isinstance(st, dict):
-            continue
-        lo, hi = _hex_int(st.get("low")), _hex_int(st.get("high"))
-        if st.get("kind") == "task" and lo is not None and hi is not None and lo < hi:
-            stacks[st.get("pid")] = StackInfo(lo, hi, "task", None)
+        if isinstance(st, dict) and st.get("kind") == "task":
+            entries.setdefault(st.get("pid"), []).append(st)
     for t in target.meta.get("tasks") or ():
         if len(out) >= _DERIVE_TASKS:
             break
         c = t.get("context") if isinstance(t, dict) else None
         if not isinstance(c, dict):
             continue
-        st, sp, fp = stacks.get(t.get("pid")), _hex_int(c.get("sp")), _hex_int(c.get("s0"))
+        st, sp, fp = _task_stack(entries.get(t.get("pid"))), _hex_int(c.get("sp")), _hex_int(c.get("s0"))
         if st is not None and t.get("cpu") is None and sp is not None and fp is not None:
             out.append((sp, fp, st))
     return out
+
+
+def _task_stack(entries: list[dict] | None) -> StackInfo | None:
+    """The task stack of a pid's stack entries: the last with a valid range."""
+    for st in reversed(entries or ()):
+        lo, hi = _hex_int(st.get("low")), _hex_int(st.get("high"))
+        if lo is not None and hi is not None and lo < hi:
+            return StackInfo(lo, hi, "task", None)
+    return None
 
 
 def derived_pt_regs(target: Target, table: StructLayout) -> StructLayout | None:

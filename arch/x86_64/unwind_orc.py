@@ -17,12 +17,12 @@ from __future__ import annotations
 import bisect
 import struct
 import weakref
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from unwind.frame import FLAGS as _FLAGS
 from unwind.frame import Flag, Frame, Provenance, Source
 from unwind.layout import StructLayout, resolve_layout
-from unwind.memory import MemoryFault
+from unwind.memory import Memory, MemoryFault
 from unwind.target import Target
 from unwind.walk import StopReason, Unwinder, UnwindStop
 
@@ -54,32 +54,55 @@ _DERIVE_MAX = 512
 _DERIVE_VOTES = 16
 
 
+#: the words a user IRET frame may take below a task stack's top, over every padding
+_IRET_WINDOW = _IRET_WORDS + STACK_PADDINGS[-1] // 8
+_IRET_WINDOW_WORDS = struct.Struct(f"<{_IRET_WINDOW}Q").unpack_from
+
+
 # task_pt_regs() (asm/processor.h) from the stacks' side: a user IRET frame below the padding
-def user_iret_padding(read: Callable[[int], int], top: int) -> int | None:
+def user_iret_padding(mem: Memory, top: int) -> int | None:
     """TOP_OF_KERNEL_STACK_PADDING of a task stack whose top holds a user-mode IRET frame (cs and ss with
     RPL 3, ip a user address), or None."""
+    lo = top - 8 * _IRET_WINDOW
+    try:  # the frame's words over every padding, in one read where one segment holds them all
+        seg = mem.segment(lo, 8 * _IRET_WINDOW)
+        words: Sequence[int | None] = _IRET_WINDOW_WORDS(seg.data, lo - seg.start)
+    except MemoryFault:
+        words = [_word_or_none(mem, lo + 8 * i) for i in range(_IRET_WINDOW)]
     for pad in STACK_PADDINGS:
-        base = top - pad - 8 * _IRET_WORDS
-        try:  # cs first: a kernel thread's zeroed frame fails there, after one read
-            cs = read(base + 8)
-            if cs & 3 == 3 and cs < 0x10000:
-                ss = read(base + 32)
-                if ss & 3 == 3 and ss < 0x10000 and read(base) < 1 << 56:
-                    return pad
-        except MemoryFault:
-            continue
+        base = _IRET_WINDOW - _IRET_WORDS - pad // 8  # the frame's first word (ip)
+        cs = words[base + 1]  # cs first: a kernel thread's zeroed frame fails there
+        if cs is not None and cs & 3 == 3 and cs < 0x10000:
+            ss, ip = words[base + 4], words[base]
+            if ss is not None and ss & 3 == 3 and ss < 0x10000 and ip is not None and ip < 1 << 56:
+                return pad
     return None
 
 
+def _word_or_none(mem: Memory, addr: int) -> int | None:
+    try:
+        return mem.read_u64(addr)
+    except MemoryFault:
+        return None
+
+
 # PUSH_AND_CLEAR_REGS + UNWIND_HINT_REGS (entry_64.S): the entry calls the C handler with sp = the pt_regs
-def user_regs_start(read: Callable[[int], int], table: OrcTable, iret: int) -> int | None:
+def user_regs_start(mem: Memory, table: OrcTable, iret: int) -> int | None:
     """Where the user pt_regs below ``iret`` begins: just above the return address into the entry code,
     whose ORC entry is REGS at sp+0 (the regs are at the caller's sp)."""
+    try:  # the words below iret come from its segment (read_u64() for any below it)
+        seg = mem.segment(iret - 8, 8)
+    except MemoryFault:
+        return None
+    start, data = seg.start, seg.data
     for slot in range(iret - 8, max(iret - _DERIVE_MAX, 0), -8):
-        try:
-            ret = read(slot)
-        except MemoryFault:
-            return None
+        if slot >= start:
+            ret = _U64(data, slot - start)[0]
+        else:
+            try:
+                ret = mem.read_u64(slot)
+            except MemoryFault:
+                return None
         if not table.stext <= ret < table.etext:
             continue
         orc = table.orc_find(ret)
@@ -106,16 +129,16 @@ def derived_pt_regs(target: Target, table: OrcTable) -> StructLayout | None:
     TOP_OF_KERNEL_STACK_PADDING (the user IRET frame), it begins where the entry's UNWIND_HINT_REGS
     return address says; the most common (size, padding). GPR offsets stay the table's, the IRET
     members are counted from the end."""
-    read = target.mem.read_u64
+    mem = target.mem
     votes: dict[tuple[int, int], int] = {}
     for top in _task_stack_tops(target):
         if sum(votes.values()) >= _DERIVE_VOTES:
             break
-        pad = user_iret_padding(read, top)
+        pad = user_iret_padding(mem, top)
         if pad is None:
             continue
         end = top - pad
-        start = user_regs_start(read, table, end - 8 * _IRET_WORDS)
+        start = user_regs_start(mem, table, end - 8 * _IRET_WORDS)
         if start is not None and max(PT_REGS_TABLE[m] for m in ("r10", "r13", "di", "dx", "ax", "bp")) \
                 < end - start - 8 * _IRET_WORDS:
             votes[(end - start, pad)] = votes.get((end - start, pad), 0) + 1
