@@ -17,7 +17,7 @@ from .memory import Memory
 from .stackinfo import StackInfo
 from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from .target import Options, Target, Task, kernel_version
-from .walk import ReliableResult, Stop, StopReason, Unwinder, collect, frame_limit, stack_walk_reliable
+from .walk import ReliableResult, Stop, StopReason, Unwinder, UnwindStop, collect, frame_limit, stack_walk_reliable
 
 if TYPE_CHECKING:
     from .batch import BatchReplay
@@ -377,9 +377,10 @@ class SymbolizingUnwinder(Unwinder):
         """The arch unwinder's first frame, symbolised."""
         return self._named(self.inner.start())
 
-    def next(self) -> Frame:
-        """The arch unwinder's next frame, symbolised."""
-        return self._named(self.inner.next())
+    def next(self) -> "Frame | UnwindStop":
+        """The arch unwinder's next frame, symbolised (or the stop it returns)."""
+        frame = self.inner.next()
+        return self._named(frame) if frame.__class__ is Frame else frame
 
     def bpf_args(self, frame: Frame) -> tuple[int, int, int]:
         """The arch unwinder's ``(ip, sp, fp)``."""

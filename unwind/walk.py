@@ -4,8 +4,10 @@ Mirrors ``do_kunwind()`` in ``arch/arm64/kernel/stacktrace.c`` and the
 consumer adapters the kernel builds on it (``arch_stack_walk``,
 ``arch_stack_walk_reliable``, ``arch_bpf_stack_walk``). A backend supplies an
 :class:`Unwinder`: ``start()`` gives the first frame, ``next()`` each further
-one, and both raise :class:`UnwindStop` where the kernel returns ``-ENOENT``
-(a clean end) or an error.
+one; where the kernel's step returns ``-ENOENT`` (a clean end) or an error,
+``start()`` raises an :class:`UnwindStop` and ``next()`` returns or raises one
+(a walk's natural end is returned, as the kernel's loop tests the step's
+return value: a raise costs more than the rest of a short walk's end).
 """
 
 from __future__ import annotations
@@ -124,8 +126,8 @@ class Unwinder(ABC):
         """Initialise from the task's registers or saved context; return the first frame."""
 
     @abstractmethod
-    def next(self) -> Frame:
-        """Step to the caller's frame; raise :class:`UnwindStop` at the end."""
+    def next(self) -> "Frame | UnwindStop":
+        """Step to the caller's frame; at the end, return (or raise) the :class:`UnwindStop`."""
 
     def bpf_args(self, frame: Frame) -> tuple[int, int, int]:
         """What ``arch_bpf_stack_walk`` hands its consumer: ``(ip, sp, fp)``."""
@@ -152,20 +154,26 @@ def frame_limit(stacks: Iterable[StackInfo], mem: Memory, min_frame_bytes: int =
 
 
 # do_kunwind()
-def kunwind_stack_walk(unwinder: Unwinder, consume: Consumer,
-                       max_frames: int = DEFAULT_MAX_FRAMES) -> Stop:
-    """Run the walk: consume each frame, then step, until a stop."""
+def kunwind_stack_walk(unwinder: Unwinder, consume: Consumer | None,
+                       max_frames: int = DEFAULT_MAX_FRAMES, frames: list[Frame] | None = None) -> Stop:
+    """Run the walk: consume each frame, then step, until a stop. With ``consume`` ``None`` each frame
+    is appended to ``frames`` (the plain recorder, which never stops the walk: no call per frame)."""
     count = 0
+    record = frames.append if frames is not None else None
     try:
         frame = unwinder.start()
         step = unwinder.next
         while True:
-            if not consume(frame):
+            if consume is None:
+                record(frame)  # type: ignore[misc]
+            elif not consume(frame):
                 return Stop(StopReason.CONSUMER_STOPPED, frames=count + 1)
             count += 1
             if count >= max_frames:
                 return Stop(StopReason.FRAME_LIMIT, f"{max_frames} frames", count)
             frame = step()
+            if frame.__class__ is not Frame:  # the step's stop, returned (kunwind_next()'s ret)
+                return Stop(frame.reason, frame._detail, count)  # type: ignore[union-attr]
     except UnwindStop as stop:
         return Stop(stop.reason, stop._detail, count)
 
@@ -227,7 +235,9 @@ def iter_frames(unwinder: Unwinder, max_frames: int = DEFAULT_MAX_FRAMES) -> Ite
             count += 1
             if count >= max_frames:
                 return Stop(StopReason.FRAME_LIMIT, f"{max_frames} frames", count)
-            frame = unwinder.next()
+            frame = unwinder.next()  # type: ignore[assignment]
+            if frame.__class__ is not Frame:  # the step's stop, returned
+                return Stop(frame.reason, frame._detail, count)  # type: ignore[attr-defined]
     except UnwindStop as stop:
         return Stop(stop.reason, stop._detail, count)
 
@@ -235,5 +245,5 @@ def iter_frames(unwinder: Unwinder, max_frames: int = DEFAULT_MAX_FRAMES) -> Ite
 def collect(unwinder: Unwinder, max_frames: int = DEFAULT_MAX_FRAMES) -> tuple[list[Frame], Stop]:
     """Run a walk and return all frames with the stop."""
     frames: list[Frame] = []
-    stop = kunwind_stack_walk(unwinder, lambda f: frames.append(f) is None, max_frames)
+    stop = kunwind_stack_walk(unwinder, None, max_frames, frames)
     return frames, stop

@@ -613,14 +613,15 @@ def kunwind_next_regs_pc(state: KunwindState) -> None:
 
 
 # kunwind_next_frame_record_meta() (v6.13+)
-def kunwind_next_frame_record_meta(state: KunwindState) -> None:
-    """A ``{0, 0}`` record is metadata: FINAL ends the walk, PT_REGS crosses an exception."""
+def kunwind_next_frame_record_meta(state: KunwindState) -> UnwindStop | None:
+    """A ``{0, 0}`` record is metadata: FINAL ends the walk (``-ENOENT``, returned), PT_REGS crosses an
+    exception."""
     fp = state.fp
     unwind_find_stack(state, fp, FRAME_RECORD_META_SIZE, "frame_record_meta")
     kind = state.read_u64(fp + 16, "frame_record_meta.type")
     if kind == FRAME_META_TYPE_FINAL:
         if fp == state.final_fp:
-            raise UnwindStop(StopReason.END_OF_STACK, final_record_detail(fp))
+            return UnwindStop(StopReason.END_OF_STACK, final_record_detail(fp))
         raise UnwindStop(StopReason.UNKNOWN_METADATA,
                          f"FRAME_META_TYPE_FINAL at {fp:#x}, not at task_pt_regs(tsk)->stackframe "
                          f"{state.final_fp:#x}" if state.final_fp is not None else
@@ -629,12 +630,12 @@ def kunwind_next_frame_record_meta(state: KunwindState) -> None:
         state.note(f"meta record FRAME_META_TYPE_PT_REGS at {fp:#x}: pt_regs at {fp - state.layout.stackframe:#x} "
                    f"({state.layout.source})")
         kunwind_next_regs_pc(state)
-        return
+        return None
     raise UnwindStop(StopReason.UNKNOWN_METADATA, f"frame_record_meta at {fp:#x} has type {kind:#x}")
 
 
 # kunwind_next_frame_record() (v6.13+)
-def kunwind_next_frame_record(state: KunwindState) -> None:
+def kunwind_next_frame_record(state: KunwindState) -> UnwindStop | None:
     """v6.13: find the record's stack, read it, hand ``{0, 0}`` to the meta step, else consume it."""
     fp = state.fp
     if fp & 0x7:
@@ -646,8 +647,7 @@ def kunwind_next_frame_record(state: KunwindState) -> None:
     else:
         new_fp, new_pc = _read_record(state, fp)
     if not new_fp and not new_pc:
-        kunwind_next_frame_record_meta(state)
-        return
+        return kunwind_next_frame_record_meta(state)
     if info is state.stacks.stack:
         info.low = fp + FRAME_RECORD_SIZE  # unwind_consume_stack() on the current stack, inlined
     else:
@@ -655,19 +655,23 @@ def kunwind_next_frame_record(state: KunwindState) -> None:
     state.fp = new_fp
     state.pc = new_pc
     state.source = _SRC_FRAME
+    return None
 
 
 # kunwind_next()
-def kunwind_next(state: KunwindState) -> None:
-    """One step: the next record (or exception boundary), PAC strip, return-address recovery."""
+def kunwind_next(state: KunwindState) -> UnwindStop | None:
+    """One step: the next record (or exception boundary), PAC strip, return-address recovery. The walk's
+    end (``-ENOENT``) is returned, its errors raised."""
     state.flags = _NO_FLAGS
     if state.meta_records:
         if state.source is _SRC_UNKNOWN:
             raise UnwindStop(StopReason.UNKNOWN_METADATA, "unwind state has no source")
-        kunwind_next_frame_record(state)
+        end = kunwind_next_frame_record(state)
+        if end is not None:
+            return end
     else:
         if state.fp == state.final_fp:
-            raise UnwindStop(StopReason.END_OF_STACK, final_frame_detail(state.fp))
+            return UnwindStop(StopReason.END_OF_STACK, final_frame_detail(state.fp))
         unwind_next_frame_record(state)
     raw = state.pc
     pc = state.pc = (ptrauth_strip_kernel_insn_pac(raw, state.pac_mask) if state.first_pc_recovered
@@ -680,6 +684,7 @@ def kunwind_next(state: KunwindState) -> None:
                         else f"{what} {raw:#x} (unsigned: stripping changes nothing)")
     if pc == state.return_to_handler or pc == state.kretprobe_trampoline:
         kunwind_recover_return_address(state)
+    return None
 
 
 # ---------------------------------------------------------------------------
@@ -793,8 +798,8 @@ class Arm64Unwinder(Unwinder):
         return first
 
     # kunwind_next(), then consume_state() of do_kunwind()'s loop
-    def next(self) -> Frame:
-        """kunwind_next(), reported as the frame the consumer sees."""
+    def next(self) -> Frame | UnwindStop:
+        """kunwind_next(), reported as the frame the consumer sees (or the walk's end, returned)."""
         if self._pending:
             return self._pending.pop(0)
         if self._deferred is not None:
@@ -807,7 +812,9 @@ class Arm64Unwinder(Unwinder):
         if state.record:  # the rule and the note are written when read
             which = "kunwind_next_frame_record" if state.meta_records else "unwind_next_frame_record"
             state.prov = Provenance(lambda: f"frame record {{fp, lr}} at fp {record_at:#x} ({which})")
-        kunwind_next(state)
+        end = kunwind_next(state)
+        if end is not None:
+            return end
         flags = state.flags
         source = state.source
         if source is _SRC_REGS_PC:

@@ -574,8 +574,9 @@ class RiscvUnwinder(Unwinder):
 
     # --- steps ------------------------------------------------------------------------------
 
-    def next(self) -> Frame:
-        """The next pc the kernel loop prints (or, in complete mode, one it misses)."""
+    def next(self) -> Frame | UnwindStop:
+        """The next pc the kernel loop prints (or, in complete mode, one it misses); where the loop breaks,
+        the stop (returned when the record chain ends, raised on a read's error)."""
         if self.pending_frame is not None:
             frame, self.pending_frame = self.pending_frame, None
             return frame
@@ -591,18 +592,18 @@ class RiscvUnwinder(Unwinder):
             ra, self.firmware_ra = self.firmware_ra, None
             frame = self._next_frame_record()
             # the trapped function's own record holds the same ra: that caller is already printed
-            return self._next_frame_record() if frame.pc == ra else frame
+            return self._next_frame_record() if frame.__class__ is Frame and frame.pc == ra else frame
         return self._next_frame_record()
 
     # stacktrace.c:74-92 walk_stackframe(): the loop body from fp_is_valid() to the next pc
-    def _next_frame_record(self) -> Frame:
+    def _next_frame_record(self) -> Frame | UnwindStop:
         fp, sp, ts = self.fp, self.sp, self.ts
         flags = self.beyond
         switch_note = None
         if fp < sp + STACKFRAME_SIZE or fp > ((sp + ts - 1) & ~(ts - 1)) or fp & 7:
             switch_note = self._cross_irq_stack() if self.complete else None
-            if switch_note is None:
-                raise self._invalid_fp_stop()
+            if switch_note is None:  # the loop's break: the stop is returned
+                return self._invalid_fp_stop()
             sp, flags = self.sp, self.beyond
         rec = fp - STACKFRAME_SIZE
         if self.regs_epc == self.pc:

@@ -492,14 +492,15 @@ class OrcUnwinder(Unwinder):
     # --- one step: unwind_next_frame() ---
 
     # unwind_next_frame() (unwind_orc.c:472-681)
-    def unwind_next_frame(self) -> Frame:
+    def unwind_next_frame(self) -> Frame | UnwindStop:
         """The caller's frame: ``unwind_next_frame()`` in the kernel's order (the rule, the previous
         sp by ``sp_reg``, ip/sp/regs by ``type``, bp by ``bp_reg``, the direction check), then
-        ``unwind_get_return_address()``. This is :meth:`next`."""
+        ``unwind_get_return_address()``. This is :meth:`next`; the walk's clean ends (``the_end``)
+        are returned, its errors raised."""
         try:
             info = self.stack_info
             if not info.type:  # unwind_done(): STACK_TYPE_UNKNOWN is 0
-                raise UnwindStop(StopReason.END_OF_STACK, "the walk is done")
+                return UnwindStop(StopReason.END_OF_STACK, "the walk is done")
             prev_sp, prev_type, orig_ip = self.sp, info.type, self.ip
             prov = Provenance("") if self.record else None
             self.recovered = 0
@@ -513,11 +514,14 @@ class OrcUnwinder(Unwinder):
                 source = _SRC_ORC_CALL
             else:
                 try:
-                    orc, source = self.find_orc(ip, orc, prov)
+                    found = self.find_orc(ip, orc, prov)
                 except UndefinedOrc as stop:
                     if not self.target.options.complete:
                         raise  # re-raised here: a function holding the stop while raising it makes a cycle
                     return self.complete_undefined(stop, error, prov)
+                if found.__class__ is UnwindStop:  # ORC_TYPE_END_OF_STACK: the_end
+                    return found  # type: ignore[return-value]
+                orc, source = found  # type: ignore[misc]
             self.signal = orc.signal  # unwind_orc.c:512
             # unwind_orc.c:514-578: the previous frame's stack pointer (the CFA) by sp_reg
             reg = orc.sp_reg
@@ -577,8 +581,10 @@ class OrcUnwinder(Unwinder):
     next = unwind_next_frame
 
     # unwind_orc.c:476-483 (the next call's user_mode() test) and the frame of a pc from pt_regs
-    def regs_frame(self, typ: int, source: Source, stack: str, flags: int, prov: Provenance | None) -> Frame:
-        """The frame after a REGS or REGS_PARTIAL step: a boundary; user-mode regs end the walk (the_end)."""
+    def regs_frame(self, typ: int, source: Source, stack: str, flags: int,
+                   prov: Provenance | None) -> Frame | UnwindStop:
+        """The frame after a REGS or REGS_PARTIAL step: a boundary; user-mode regs end the walk (the_end,
+        the stop returned)."""
         regs = self.regs
         if regs is not None:  # a pc from pt_regs: not a return address
             source = Source.ORC_REGS if typ == ORC_TYPE_REGS else Source.ORC_REGS_PARTIAL
@@ -586,8 +592,8 @@ class OrcUnwinder(Unwinder):
             if regs.user_mode(self.read):  # unwind_orc.c:481-483 on the next call: the_end
                 if self.last is not None:
                     self.last.extra = {**(self.last.extra or {}), "user_regs": regs.addr}
-                raise UnwindStop(StopReason.USER_MODE, f"user-mode {regs.describe()}: ip {self.ip:#x}, "
-                                 f"sp {self.sp:#x}")
+                return UnwindStop(StopReason.USER_MODE, f"user-mode {regs.describe()}: ip {self.ip:#x}, "
+                                  f"sp {self.sp:#x}")
         if not self.stext <= self.ip < self.etext:
             self.check_text(self.ip)
         frame = self.last = Frame(self.ip, self.sp, self.bp, source, stack, _FLAGS[flags], prov)
@@ -595,8 +601,10 @@ class OrcUnwinder(Unwinder):
         return frame
 
     # unwind_orc.c:485-510, past orc_find(): modules, ftrace trampolines, the frame-pointer guess, the ends
-    def find_orc(self, ip: int, orc: OrcEntry | None, prov: Provenance | None) -> tuple[OrcEntry, Source]:
-        """The rule for ``ip`` when ``orc_find()`` gave ``orc`` (``None``: no entry), and its source."""
+    def find_orc(self, ip: int, orc: OrcEntry | None,
+                 prov: Provenance | None) -> tuple[OrcEntry, Source] | UnwindStop:
+        """The rule for ``ip`` when ``orc_find()`` gave ``orc`` (``None``: no entry), and its source; at an
+        ``ORC_TYPE_END_OF_STACK`` entry the walk's end (returned)."""
         if orc is None and self.target.meta.get("modules"):
             orc = self.orc_module_find(ip, prov)
         if orc is None and self.target.meta.get("ftrace_trampolines"):
@@ -611,7 +619,7 @@ class OrcUnwinder(Unwinder):
             raise UndefinedOrc(StopReason.UNKNOWN_METADATA, f"ORC entry for {ip:#x} is UNDEFINED"
                                f"{self.undefined_why(ip)}", ip)
         if orc.type == ORC_TYPE_END_OF_STACK:  # every walk of a blocked task ends here: the detail is made when read
-            raise UnwindStop(StopReason.END_OF_STACK, lambda: orc_end_detail(ip))
+            return UnwindStop(StopReason.END_OF_STACK, lambda: orc_end_detail(ip))
         if prov is not None:  # the rule is written when read
             which = "ip" if self.signal else "ip-1"
             prov.rule = lambda: f"ORC at {ip:#x} ({which}): {orc}"
