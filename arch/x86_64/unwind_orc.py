@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import struct
 import weakref
+from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
 from unwind.frame import FLAGS as _FLAGS
@@ -247,25 +248,62 @@ def ftrace_trampolines(target: Target) -> tuple[list[tuple[int, int, bool]], int
 
 
 class DumpConstants:
-    """What every ORC walk of one dump (with the same options) reads alike, worked out once."""
+    """What every ORC walk of one dump (with the same options) reads alike, worked out once. ``struct
+    pt_regs`` is resolved when first read (a walk of CALL frames never reads it; deriving it reads the
+    dump's task stacks): from the first walk's view of the dump, as if resolved with the rest."""
 
-    __slots__ = ("pt", "itf", "itf_bp", "itf_ret_addr", "off", "pt_size", "iret_offset", "iret_size",
-                 "return_to_handler", "rethook_trampoline", "ret_from_fork_asm")
+    __slots__ = ("_pt", "_view", "_table", "itf", "itf_bp", "itf_ret_addr", "return_to_handler",
+                 "rethook_trampoline", "ret_from_fork_asm")
 
     def __init__(self, target: Target, table: OrcTable) -> None:
-        # struct pt_regs and struct inactive_task_frame: BTF, the dump's offsets, derived (pt_regs), the table
-        self.pt = resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE,
-                                 lambda: derived_pt_regs(target, table))
+        # struct pt_regs: BTF, the dump's offsets, derived, the table; read through a copy of the target
+        # with a shared dict of its own (the one holding these constants would make a reference cycle)
+        self._pt: tuple[StructLayout, dict[str, int], int, int, int] | None = None
+        self._view: Target | None = replace(target, shared={})
+        self._table: OrcTable | None = table
+        # struct inactive_task_frame: BTF, the dump's offsets, the table
         self.itf = resolve_layout(target, "inactive_task_frame", INACTIVE_TASK_FRAME_MEMBERS,
                                   INACTIVE_TASK_FRAME_TABLE)
         self.itf_bp, self.itf_ret_addr = self.itf["bp"], self.itf["ret_addr"]
-        self.off = dict(self.pt.offsets)
-        self.pt_size, self.iret_offset = self.pt.size, self.pt["ip"]
-        self.iret_size = self.pt_size - self.iret_offset
         sym = target.symbol_address
         self.return_to_handler = sym("return_to_handler")
         self.rethook_trampoline = sym("arch_rethook_trampoline")
         self.ret_from_fork_asm = sym("ret_from_fork_asm")
+
+    def _pt_regs(self) -> tuple[StructLayout, dict[str, int], int, int, int]:
+        """``struct pt_regs``, its offsets, size, IRET frame offset and size: resolved on the first call."""
+        if self._pt is None:
+            view, table = self._view, self._table
+            assert view is not None and table is not None
+            pt = resolve_layout(view, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE, lambda: derived_pt_regs(view, table))
+            self._pt = (pt, dict(pt.offsets), pt.size, pt["ip"], pt.size - pt["ip"])
+            self._view = self._table = None
+        return self._pt
+
+    @property
+    def pt(self) -> StructLayout:
+        """``struct pt_regs``."""
+        return self._pt_regs()[0]
+
+    @property
+    def off(self) -> dict[str, int]:
+        """``struct pt_regs``'s member offsets."""
+        return self._pt_regs()[1]
+
+    @property
+    def pt_size(self) -> int:
+        """``sizeof(struct pt_regs)``."""
+        return self._pt_regs()[2]
+
+    @property
+    def iret_offset(self) -> int:
+        """Where the IRET frame (``ip``) starts in ``struct pt_regs``."""
+        return self._pt_regs()[3]
+
+    @property
+    def iret_size(self) -> int:
+        """The IRET frame's size: ``sizeof(struct pt_regs)`` less :attr:`iret_offset`."""
+        return self._pt_regs()[4]
 
 
 #: per ORC table (one image): ``orc_find()``'s answer for each ip looked up so far, by every walk of
@@ -290,7 +328,7 @@ class TableConstants:
     the basis, and ``orc_find()``'s answers kept for the table (:func:`found_per_table`). A walk reads
     them through this one object (:attr:`OrcUnwinder.c`), not copied per walk."""
 
-    __slots__ = ("table", "consts", "text", "stext", "etext", "basis", "found")
+    __slots__ = ("table", "consts", "text", "stext", "etext", "_basis", "found")
 
     def __init__(self, table: OrcTable, consts: DumpConstants) -> None:
         self.table = table
@@ -298,9 +336,17 @@ class TableConstants:
         # __kernel_text_address(): core (and init) text, and the module area
         self.text = ((table.stext, table.etext), MODULES_RANGE) + ((table.inittext,) if table.inittext else ())
         self.stext, self.etext = table.stext, table.etext
-        self.basis = {"generation": f"ORC v{table.version}", "generation_why": table.how,
-                      "pt_regs": consts.pt.describe(), "inactive_task_frame": consts.itf.describe()}
+        self._basis: dict[str, str] | None = None
         self.found = found_per_table(table)
+
+    @property
+    def basis(self) -> dict[str, str]:
+        """What the walks followed (:meth:`OrcUnwinder.basis`), made when first read (it names ``pt_regs``)."""
+        if self._basis is None:
+            table, consts = self.table, self.consts
+            self._basis = {"generation": f"ORC v{table.version}", "generation_why": table.how,
+                           "pt_regs": consts.pt.describe(), "inactive_task_frame": consts.itf.describe()}
+        return self._basis
 
 
 class OrcUnwinder(Unwinder):
