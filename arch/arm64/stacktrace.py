@@ -621,7 +621,7 @@ def kunwind_next_frame_record_meta(state: KunwindState) -> UnwindStop | None:
     kind = state.read_u64(fp + 16, "frame_record_meta.type")
     if kind == FRAME_META_TYPE_FINAL:
         if fp == state.final_fp:
-            return UnwindStop(StopReason.END_OF_STACK, final_record_detail(fp))
+            return UnwindStop(StopReason.END_OF_STACK, lambda: final_record_detail(fp))  # made when read
         raise UnwindStop(StopReason.UNKNOWN_METADATA,
                          f"FRAME_META_TYPE_FINAL at {fp:#x}, not at task_pt_regs(tsk)->stackframe "
                          f"{state.final_fp:#x}" if state.final_fp is not None else
@@ -671,7 +671,8 @@ def kunwind_next(state: KunwindState) -> UnwindStop | None:
             return end
     else:
         if state.fp == state.final_fp:
-            return UnwindStop(StopReason.END_OF_STACK, final_frame_detail(state.fp))
+            fp = state.fp  # every walk of a blocked task ends here: the detail is made when read
+            return UnwindStop(StopReason.END_OF_STACK, lambda: final_frame_detail(fp))
         unwind_next_frame_record(state)
     raw = state.pc
     pc = state.pc = (ptrauth_strip_kernel_insn_pac(raw, state.pac_mask) if state.first_pc_recovered
