@@ -15,6 +15,7 @@ import lzma
 import os
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -322,16 +323,11 @@ class Dump:
 
     def _task(self, t: Note) -> Task:
         pid, cpu, task_struct = t["pid"], t["cpu"], t["task"]
-        usable: list[StackInfo] = []
-        for s in self.note["stacks"]:
-            info = StackInfo(s["low"], s["high"], s["kind"], s["cpu"])
-            if s["task"] is not None and task_struct is not None:  # by task_struct: idle tasks share pid 0
-                if s["task"] == task_struct:
-                    usable.append(info)
-            elif s["pid"] is not None and s["pid"] == pid and (s["cpu"] is None or s["cpu"] == cpu):
-                usable.append(info)
-            elif cpu is not None and s["pid"] is None and s["cpu"] == cpu:
-                usable.append(info)  # per-CPU stacks: only for the task running on that CPU
+        stacks = self.note["stacks"]
+        by_task, by_pid, by_cpu = self._stack_owners
+        candidates = sorted({*by_task.get(task_struct, ()), *by_pid.get(pid, ()), *by_cpu.get(cpu, ())})
+        usable = [StackInfo(s["low"], s["high"], s["kind"], s["cpu"]) for s in (stacks[i] for i in candidates)
+                  if _stack_of(s, pid, cpu, task_struct)]
         regs = None
         if cpu is not None:
             if not cpu < len(self.cpus):
@@ -347,6 +343,22 @@ class Dump:
                    **({"task": f"{task_struct:#x}"} if task_struct is not None else {})},
         )
 
+    @cached_property
+    def _stack_owners(self) -> tuple[dict[int, list[int]], dict[int, list[int]], dict[int, list[int]]]:
+        """Indices of the note's stacks by ``task``, by ``pid``, and by ``cpu`` of those with no pid: every
+        stack :func:`_stack_of` may give a task is among those of its task_struct, pid and cpu."""
+        by_task: dict[int, list[int]] = {}
+        by_pid: dict[int, list[int]] = {}
+        by_cpu: dict[int, list[int]] = {}
+        for i, s in enumerate(self.note["stacks"]):
+            if s["task"] is not None:
+                by_task.setdefault(s["task"], []).append(i)
+            if s["pid"] is not None:
+                by_pid.setdefault(s["pid"], []).append(i)
+            elif s["cpu"] is not None:
+                by_cpu.setdefault(s["cpu"], []).append(i)
+        return by_task, by_pid, by_cpu
+
     def task_memory(self, task: Task) -> Memory:
         """The memory a walk of ``task`` reads: all of the dump's."""
         return self.memory
@@ -354,6 +366,15 @@ class Dump:
     def oracles(self) -> list[dict[str, Any]]:
         """The oracle traces stored with the dump (each one validated at open)."""
         return list(self.meta.get("oracles", []))
+
+
+def _stack_of(s: Note, pid: int | None, cpu: int | None, task_struct: int | None) -> bool:
+    """Is the note's stack ``s`` one of the task's (its pid, cpu and task_struct)?"""
+    if s["task"] is not None and task_struct is not None:  # by task_struct: idle tasks share pid 0
+        return s["task"] == task_struct
+    if s["pid"] is not None:
+        return s["pid"] == pid and (s["cpu"] is None or s["cpu"] == cpu)
+    return cpu is not None and s["cpu"] == cpu  # per-CPU stacks: only for the task running on that CPU
 
 
 def _error_text(e: Exception) -> str:
