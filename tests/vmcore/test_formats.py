@@ -88,6 +88,27 @@ def test_kexec_per_cpu_note_segments_padded_and_pn_xnum(tmp_path):
         assert vm.read_phys(597 * 4096, 4096) == page_bytes(597)
 
 
+@pytest.mark.parametrize(("number", "name"), [(62, "EM_X86_64"), (183, "EM_AARCH64"), (243, "EM_RISCV"),
+                                              (2, "EM_SPARC"), (0, "EM_NONE"), (0xBEEF, None)])
+def test_the_machine_is_named_as_pyelftools_names_it(tmp_path, number, name):
+    """e_machine: a backend's name, else pyelftools' (ENUM_E_MACHINE); a number with no name is no machine."""
+    notes = notes_blob([(7, 1)], X86_NREGS, vmcoreinfo())
+    path = _write(tmp_path, "m.elf", elf_vmcore([Load(0, _pages([0]))], notes, e_machine=number))
+    with open_vmcore(path) as vm:
+        assert vm.machine == name
+
+
+@pytest.mark.parametrize(("byte", "value", "message"), [(4, 1, "only 64-bit little-endian ELF vmcores are read "
+                                                               "(this one is 32-bit LE)"),
+                                                        (5, 2, "(this one is 64-bit BE)"), (4, 7, "ELF class 7"),
+                                                        (16, 2, "not an ELF core file (e_type 2)")])
+def test_an_elf_header_that_is_no_vmcore_s_is_one_line(tmp_path, byte, value, message):
+    raw = bytearray(elf_vmcore([Load(0, _pages([0]))], notes_blob([(7, 1)], X86_NREGS, vmcoreinfo())))
+    raw[byte] = value
+    with pytest.raises(VmcoreError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        open_vmcore(_write(tmp_path, "h.elf", bytes(raw)))
+
+
 def test_qemu_paging_tail_is_a_hole(tmp_path):
     with open_vmcore(_elf(tmp_path, qemu=True)) as vm:
         with pytest.raises(MemoryFault) as e:

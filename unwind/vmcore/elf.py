@@ -2,8 +2,10 @@
 
 ``PT_LOAD`` segments give physical ranges at ``p_paddr`` (kdump keeps the
 kernel's ``p_paddr``; QEMU writes guest-physical addresses); ``PT_NOTE``
-segments hold the notes. pyelftools reads the headers; memory is read on
-demand with ``pread``.
+segments hold the notes. The headers are read with ``struct`` formats derived
+from the construct declarations of :mod:`unwind.elfcore` (the program-header
+table in one read: QEMU ``-p`` dumps have tens of thousands); memory is read
+on demand with ``pread``.
 
 A ``PT_LOAD`` whose ``p_filesz`` is less than its ``p_memsz`` has a tail that
 is not in the file. ``makedumpfile -E`` makes such tails out of excluded
@@ -19,8 +21,6 @@ import bisect
 import contextlib
 from dataclasses import dataclass
 from typing import Hashable
-
-from elftools.elf.elffile import ELFFile
 
 from .. import elfcore
 from ..memory import MemoryFault
@@ -55,14 +55,17 @@ class ElfVmcore(PhysicalMemory):
         self.format = fmt
         if source.size < elfcore.Elf64_Ehdr.sizeof():
             raise VmcoreError(f"{path}: truncated: {source.size} bytes, shorter than an ELF header")
-        elf = ELFFile(source.stream())
-        if elf.elfclass != 64 or not elf.little_endian:
+        head = source.pread(0, elfcore.Elf64_Ehdr.sizeof())
+        elfclass, data = _ELF_CLASS.get(head[4]), _ELF_DATA.get(head[5])
+        if elfclass is None or data is None:
+            raise VmcoreError(f"{path}: malformed vmcore: ELF class {head[4]}, data encoding {head[5]}")
+        if elfclass != 64 or data != "LE":
             raise VmcoreError(f"{path}: only 64-bit little-endian ELF vmcores are read "
-                              f"(this one is {elf.elfclass}-bit {'LE' if elf.little_endian else 'BE'})")
-        if elf["e_type"] != "ET_CORE":
-            raise VmcoreError(f"{path}: not an ELF core file ({elf['e_type']})")
-        machine = elf["e_machine"]
-        self.machine = machine if isinstance(machine, str) and machine.startswith("EM_") else None
+                              f"(this one is {elfclass}-bit {data})")
+        elf = elfcore.file_header(head)
+        if elf["e_type"] != elfcore.ET_CORE:
+            raise VmcoreError(f"{path}: not an ELF core file (e_type {elf['e_type']})")
+        self.machine = _machine_name(elf["e_machine"])
         self.machine_source = "ELF e_machine"
 
         notes: list[Note] = []
@@ -123,18 +126,44 @@ class ElfVmcore(PhysicalMemory):
         return self._src.pread(ext.offset + (start - ext.start), end - start)
 
 
-#: ``Elf64_Phdr`` as a ``struct`` format, derived from the one construct declaration
-_PHDR = packed(elfcore.Elf64_Phdr)
+#: ``Elf64_Phdr`` and ``Elf64_Shdr`` as ``struct`` formats, derived from the one construct declaration
+_PHDR, _SHDR = packed(elfcore.Elf64_Phdr), packed(elfcore.Elf64_Shdr)
+_SHDR_FIELDS = tuple(sub.name for sub in elfcore.Elf64_Shdr.subcons)
+#: ``e_ident[EI_CLASS]`` and ``e_ident[EI_DATA]`` (``include/uapi/linux/elf.h``: ELFCLASS32/64, ELFDATA2LSB/MSB)
+_ELF_CLASS = {1: 32, 2: 64}
+_ELF_DATA = {1: "LE", 2: "BE"}
+#: ``e_phnum`` of a file with more program headers: the count is section header 0's ``sh_info``
+PN_XNUM = 0xFFFF
 
 
-def _program_headers(elf: ELFFile, source: Source, path: str) -> list[tuple[int, int, int, int, int, int]]:
+def _machine_name(number: int) -> str | None:
+    """``e_machine`` as pyelftools names it (``"EM_X86_64"``): a backend's own name, else pyelftools' table (read
+    only for a machine no backend is for); ``None`` for a number no ``EM_`` name has."""
+    from .. import registry
+
+    try:
+        return registry.for_e_machine(number).elf_machine
+    except registry.ArchError:
+        pass
+    from elftools.elf.enums import ENUM_E_MACHINE
+
+    return next((k for k, v in ENUM_E_MACHINE.items() if v == number and k.startswith("EM_")), None)
+
+
+def _program_headers(elf: dict[str, int], source: Source, path: str) -> list[tuple[int, int, int, int, int, int]]:
     """(p_type, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz) of every program header, in one read.
 
-    QEMU ``-p`` dumps have tens of thousands of ``PT_LOAD``s; pyelftools gives
-    the table's place and count (``PN_XNUM`` included), the table is unpacked
+    QEMU ``-p`` dumps have tens of thousands of ``PT_LOAD``s: past 0xfffe, ``e_phnum`` is
+    ``PN_XNUM`` and section header 0 holds the count (``sh_info``); the table is unpacked
     in one pass.
     """
-    count, entsize, phoff = elf.num_segments(), elf["e_phentsize"], elf["e_phoff"]
+    count, entsize, phoff = elf["e_phnum"], elf["e_phentsize"], elf["e_phoff"]
+    if count == PN_XNUM:
+        if elf["e_shoff"] + _SHDR.size > source.size:
+            raise VmcoreError(f"{path}: truncated: e_phnum is PN_XNUM, and section header 0 at "
+                              f"{elf['e_shoff']:#x} ends past the file")
+        shdr = dict(zip(_SHDR_FIELDS, _SHDR.unpack(source.pread(elf["e_shoff"], _SHDR.size))))
+        count = shdr["sh_info"]
     if count and entsize < _PHDR.size:
         raise VmcoreError(f"{path}: bad ELF header: e_phentsize {entsize}")
     if phoff + count * entsize > source.size:
