@@ -183,8 +183,9 @@ def parse_note(raw: bytes) -> Any:
 
 # --- the cache of validated notes -----------------------------------------------------------------
 
-#: the first bytes of a cache entry: then a BLAKE2b digest of the rest, then the rest (``marshal``)
-_CACHE_MAGIC = b"unwind-note 1\n"
+#: the first bytes of a cache entry: then a BLAKE2b digest of the rest keyed with the entry's name (an
+#: entry copied under another note's name does not match), then the rest (``marshal``)
+_CACHE_MAGIC = b"unwind-note 2\n"
 _DIGEST = 20
 
 
@@ -196,8 +197,9 @@ def read_note(raw: bytes, context_keys: frozenset[str] | None = None, warn: Call
     With ``cached``, a note validated before without a warning is read from ``$UNWIND_CACHE/notes``,
     under a hash of its bytes, ``context_keys`` and the validator (this module, the schema's module,
     pydantic-core's binary, the Python and ``marshal`` versions): the same answer, without importing
-    the validator. An entry that is missing, damaged (its digest does not match) or unreadable is
-    no answer: the note is validated, and the entry written again when it validates without a warning.
+    the validator. An entry that is missing, damaged or not this note's (its digest does not match) or
+    unreadable is no answer: the note is validated, and the entry written again when it validates
+    without a warning.
     """
     meta = parse_note(raw)
     path = _cache_path(raw, context_keys) if cached else None
@@ -255,22 +257,28 @@ def _validator_identity() -> bytes | None:
     return hashlib.blake2b(b"\0".join(parts), digest_size=_DIGEST).digest()
 
 
+def _digest(path: Path, body: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=_DIGEST, key=path.stem.encode()[:64]).digest()
+
+
 def _read_cached(path: Path) -> tuple[Note, frozenset[str]] | None:
+    from .cachefile import mark_used
+
     try:
         data = path.read_bytes()
     except OSError:
         return None
     head = len(_CACHE_MAGIC) + _DIGEST
     body = data[head:]
-    if (data[:len(_CACHE_MAGIC)] != _CACHE_MAGIC
-            or hashlib.blake2b(body, digest_size=_DIGEST).digest() != data[len(_CACHE_MAGIC):head]):
+    if data[:len(_CACHE_MAGIC)] != _CACHE_MAGIC or _digest(path, body) != data[len(_CACHE_MAGIC):head]:
         return None
     try:
         valid, keys = marshal.loads(body)
     except (ValueError, EOFError, TypeError):
         return None
-    if not isinstance(valid, dict) or not isinstance(keys, tuple):
+    if not isinstance(valid, dict) or not isinstance(keys, tuple) or not all(isinstance(k, str) for k in keys):
         return None
+    mark_used(path)
     return valid, frozenset(keys)
 
 
@@ -281,5 +289,5 @@ def _write_cached(path: Path, valid: Note, task_keys: frozenset[str]) -> None:
         body = marshal.dumps((valid, tuple(sorted(task_keys))))
     except ValueError:  # a value marshal cannot store: not cached
         return
-    digest = hashlib.blake2b(body, digest_size=_DIGEST).digest()
+    digest = _digest(path, body)
     write_atomically(path, lambda f: f.write(_CACHE_MAGIC + digest + body))

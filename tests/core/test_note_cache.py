@@ -62,7 +62,7 @@ def test_a_damaged_entry_is_validated_again_and_rewritten(cache, dump_file, monk
     first = Dump.open(dump_file)
     (entry,) = cache.glob("*.note")
     good = entry.read_bytes()
-    for damaged in (good[:-1] + bytes([good[-1] ^ 1]), good[:40], b"", b"unwind-note 1\n" + bytes(20) + b"x"):
+    for damaged in (good[:-1] + bytes([good[-1] ^ 1]), good[:40], b"", note._CACHE_MAGIC + bytes(20) + b"x"):
         entry.write_bytes(damaged)
         calls = _validations(monkeypatch)
         again = Dump.open(dump_file)
@@ -71,6 +71,21 @@ def test_a_damaged_entry_is_validated_again_and_rewritten(cache, dump_file, monk
         assert entry.read_bytes() == good
         monkeypatch.undo()
         monkeypatch.setenv("UNWIND_CACHE", str(cache.parent))
+
+
+def test_an_entry_under_another_notes_name_is_not_read(cache, dump_file, tmp_path, monkeypatch):
+    """An entry copied (or forged without the key) under the name of another note is no answer for it."""
+    Dump.open(dump_file)
+    (mine,) = cache.glob("*.note")
+    other = tmp_path / "other.bin"
+    other.write_bytes(written(lambda m: m["tasks"][0].update(comm="another")))
+    want = _parts(Dump(other.read_bytes(), str(other)))
+    Dump.open(other)
+    (theirs,) = set(cache.glob("*.note")) - {mine}
+    theirs.write_bytes(mine.read_bytes())
+    calls = _validations(monkeypatch)
+    assert _parts(Dump.open(other)) == want
+    assert calls == [1]
 
 
 def test_an_entry_of_another_validator_is_not_read(cache, dump_file, monkeypatch):
