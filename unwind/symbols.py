@@ -141,7 +141,7 @@ class SymbolTable:
         self._set(array("Q", addrs), *_blob(n.encode() for n in stored), max(end, addrs[-1]),
                   array("I", [i for _, i, _ in index]), array("Q", [a for _, _, a in index]))
 
-    def _set(self, addrs: array, blob: bytes, offsets: array, last_end: int, index: array,
+    def _set(self, addrs: array, blob: bytes | memoryview, offsets: array, last_end: int, index: array,
              index_addrs: array) -> None:
         n = len(addrs)
         if not n or len(offsets) < n + 1 or len(index) != len(index_addrs) or offsets[-1] != len(blob):
@@ -155,7 +155,9 @@ class SymbolTable:
 
     def to_arrays(self) -> dict[str, array]:
         """The table as flat arrays, for a cache file (:meth:`from_arrays` reads them back)."""
-        return {"addrs": self.addrs, "names": array("B", self._blob), "name_offsets": self._offsets,
+        names = array("B")
+        names.frombytes(self._blob)
+        return {"addrs": self.addrs, "names": names, "name_offsets": self._offsets,
                 "last_end": array("Q", [self._last_end]), "index": self._index, "index_addrs": self._index_addrs}
 
     @classmethod
@@ -166,7 +168,8 @@ class SymbolTable:
             last_end = arrays["last_end"]
             if len(last_end) != 1:
                 raise SymbolError("inconsistent cached symbol table")
-            self._set(arrays["addrs"], arrays["names"].tobytes(), arrays["name_offsets"], last_end[0],
+            # the names' bytes are read in place (one name a lookup), not copied out of the array
+            self._set(arrays["addrs"], memoryview(arrays["names"]), arrays["name_offsets"], last_end[0],
                       arrays["index"], arrays["index_addrs"])
         except (KeyError, AttributeError, TypeError):
             raise SymbolError("inconsistent cached symbol table") from None
@@ -177,7 +180,7 @@ class SymbolTable:
         return self._name_bytes(index).decode("utf-8", "replace")
 
     def _name_bytes(self, position: int) -> bytes:
-        return self._blob[self._offsets[position]:self._offsets[position + 1]]
+        return bytes(self._blob[self._offsets[position]:self._offsets[position + 1]])
 
     @property
     def names(self) -> list[str]:
