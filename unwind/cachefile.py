@@ -61,40 +61,53 @@ def write_arrays(f: BinaryIO, meta: Mapping[str, Any], arrays: Mapping[str, arra
 
 
 def read_arrays(path: Path) -> tuple[dict[str, Any], dict[str, array]]:
-    """``(meta, arrays)`` of a file :func:`write_arrays` wrote; :class:`CacheFileError` when damaged."""
-    with open(path, "rb") as f:
-        data = f.read()
-    pos = len(MAGIC) + _LEN.size
-    if data[:len(MAGIC)] != MAGIC or len(data) < pos:
-        raise CacheFileError(f"{path}: not a cache file of this version")
-    (hlen,) = _LEN.unpack_from(data, len(MAGIC))
-    if hlen > _MAX_HEADER or pos + hlen > len(data):
-        raise CacheFileError(f"{path}: damaged header")
-    try:
-        header = json.loads(data[pos:pos + hlen])
-        specs = [(str(n), str(tc), int(size), int(count)) for n, tc, size, count in header["arrays"]]
-        meta = dict(header["meta"])
-        crc = int(header["crc32"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise CacheFileError(f"{path}: damaged header ({e})") from None
-    if header.get("byteorder") != sys.byteorder:
-        raise CacheFileError(f"{path}: written on a machine of another byte order")
-    pos = _padded(pos + hlen)
-    view = memoryview(data)
-    if zlib.crc32(view[pos:]) != crc:
-        raise CacheFileError(f"{path}: damaged contents (CRC-32 mismatch)")
-    arrays: dict[str, array] = {}
-    for name, typecode, size, count in specs:
+    """``(meta, arrays)`` of a file :func:`write_arrays` wrote; :class:`CacheFileError` when damaged.
+
+    Each array's bytes are read straight into the array (no copy of the whole file first), the CRC-32
+    taken over them, the padding and any tail in file order: the bytes the writer's CRC covers."""
+    with open(path, "rb", buffering=0) as f:
+        total = os.fstat(f.fileno()).st_size
+        pos = len(MAGIC) + _LEN.size
+        head = f.read(pos)
+        if head[:len(MAGIC)] != MAGIC or len(head) < pos:
+            raise CacheFileError(f"{path}: not a cache file of this version")
+        (hlen,) = _LEN.unpack_from(head, len(MAGIC))
+        if hlen > _MAX_HEADER or pos + hlen > total:
+            raise CacheFileError(f"{path}: damaged header")
         try:
-            a = array(typecode)
-        except (ValueError, TypeError):
-            raise CacheFileError(f"{path}: unknown array type {typecode!r}") from None
-        end = pos + size * count
-        if a.itemsize != size or count < 0 or end > len(data):
-            raise CacheFileError(f"{path}: array {name} does not fit")
-        a.frombytes(view[pos:end])
-        arrays[name] = a
-        pos = _padded(end)
+            header = json.loads(f.read(hlen))
+            specs = [(str(n), str(tc), int(size), int(count)) for n, tc, size, count in header["arrays"]]
+            meta = dict(header["meta"])
+            crc = int(header["crc32"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise CacheFileError(f"{path}: damaged header ({e})") from None
+        if header.get("byteorder") != sys.byteorder:
+            raise CacheFileError(f"{path}: written on a machine of another byte order")
+        pos = _padded(pos + hlen)
+        f.seek(pos)
+        arrays: dict[str, array] = {}
+        sum32 = 0
+        for name, typecode, size, count in specs:
+            try:
+                a = array(typecode, [0])  # a number array (the writer writes no others)
+            except (ValueError, TypeError):
+                raise CacheFileError(f"{path}: unknown array type {typecode!r}") from None
+            end = pos + size * count
+            if a.itemsize != size or count < 0 or end > total:
+                raise CacheFileError(f"{path}: array {name} does not fit")
+            a *= count
+            if count:
+                if f.readinto(memoryview(a).cast("B")) != end - pos:
+                    raise CacheFileError(f"{path}: array {name} does not fit")
+                sum32 = zlib.crc32(a, sum32)
+            gap = f.read(_padded(end) - end)
+            sum32 = zlib.crc32(gap, sum32)
+            arrays[name] = a
+            pos = end + len(gap)
+        while tail := f.read(1 << 20):  # bytes after the last array: the CRC covers them too
+            sum32 = zlib.crc32(tail, sum32)
+    if sum32 != crc:
+        raise CacheFileError(f"{path}: damaged contents (CRC-32 mismatch)")
     return meta, arrays
 
 

@@ -73,3 +73,19 @@ def test_each_folder_has_its_own_default_limit(tmp_path: Path, monkeypatch: pyte
     assert folder_limit(tmp_path / "images") > folder_limit(tmp_path / "btf") > 0
     monkeypatch.setenv("UNWIND_CACHE_MAX_MB", "7")
     assert folder_limit(tmp_path / "images") == folder_limit(tmp_path / "orc") == 7 << 20
+
+
+def test_arrays_of_every_size_read_back_and_a_damaged_header_or_tail_is_refused(tmp_path: Path) -> None:
+    """Each array is read into place: odd lengths (padding between arrays), empty arrays; a header that
+    claims more than the file holds, an unknown type, or bytes added after the arrays are refused."""
+    path = tmp_path / "y-v1.arrays"
+    want = {"b": array("B", b"\x01\x02\x03"), "e": array("Q"), "i": array("I", [7] * 5), "q": array("Q", [2**64 - 1])}
+    write_atomically(path, lambda f: write_arrays(f, {}, want))
+    assert read_arrays(path)[1] == want
+    good = path.read_bytes()
+    for bad, why in ((good.replace(b'["i","I",4,5]', b'["i","I",4,9]'), "does not fit"),
+                     (good.replace(b'["b","B",1,3]', b'["b","u",1,3]'), "unknown array type|does not fit"),
+                     (good + b"\0", "CRC-32"), (good[:-3], "does not fit|CRC-32")):
+        path.write_bytes(bad)
+        with pytest.raises(CacheFileError, match=why):
+            read_arrays(path)
