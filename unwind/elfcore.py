@@ -1,10 +1,10 @@
 """ELF core structures the dump writer builds, declared once with construct.
 
 Layouts follow ``include/uapi/linux/elf.h`` and ``include/linux/elfcore.h``
-(64-bit, little-endian). :func:`file_header` and :func:`program_headers` read a dump's
-headers back with ``struct`` formats derived from the same declarations (a dump's notes:
-:func:`unwind.vmcore.notes.parse_notes`); :func:`section_data` reads a section of any ELF
-file pyelftools opened, bounded by that file.
+(64-bit, little-endian). :func:`file_header` and :func:`program_headers` read an ELF
+core's headers back (a dump's, a vmcore's) with ``struct`` formats derived from the same
+declarations (the notes: :func:`unwind.vmcore.notes.parse_notes`); :func:`section_data` reads a
+section of any ELF file pyelftools opened, bounded by that file.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ Elf64_Nhdr = Struct(
     "n_type" / Int32ul,
 )
 
-#: the headers as ``struct`` formats, and their field names, for reading a dump
+#: the headers as ``struct`` formats, and their field names, for reading an ELF core
 _EHDR, _PHDR = packed(Elf64_Ehdr), packed(Elf64_Phdr)
 _EHDR_FIELDS = tuple(sub.name for sub in Elf64_Ehdr.subcons)
 _PHDR_FIELDS = tuple(sub.name for sub in Elf64_Phdr.subcons)

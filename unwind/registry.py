@@ -68,7 +68,7 @@ class ArchBackend(ABC):
     #: their BTF layout into the dump's ``offsets`` (:func:`unwind.layout.resolve_layout`)
     layouts: ClassVar[dict[str, tuple[str, ...]]] = {}
     #: the keys of a blocked task's saved ``context`` in the dump's note (``None``: any);
-    #: the note's schema drops any other key with a warning (``unwind/note.py``)
+    #: the note's schema drops any other key with a warning (``unwind/note_schema.py``)
     context_keys: ClassVar[frozenset[str] | None] = None
     #: the fewest stack bytes one frame consumes (the default frame limit, ``unwind.walk.frame_limit``):
     #: an arm64 or riscv frame record {fp, lr} is 16
