@@ -490,7 +490,9 @@ def apply_call_sites(checker: "CallSiteChecker", pcs: np.ndarray, flags: np.ndar
 
 class BatchReplay(Sequence["Replay"]):
     """The replays of one job's tasks, in task order; each :class:`~unwind.replay.Replay` is built
-    when read (a task the batch handed back is walked by ``Session.replay`` then)."""
+    when read. A task the batch handed back is walked by ``Session.replay`` then, each time it is read:
+    its replay is not kept, so a reader that takes each replay once and drops it leaves the garbage
+    collector nothing more to visit than a ``Session.replay`` loop does."""
 
     def __init__(self, job: Job, walked: Walked | None, first_lane: int, job_index: int, symbolize: bool,
                  reliable: bool, max_frames: int | None) -> None:
@@ -544,10 +546,18 @@ class BatchReplay(Sequence["Replay"]):
             raise IndexError(i)
         r = self._built.get(i)
         if r is None:
-            r = self._built[i] = self._build(i)
+            r = self._build(i)
+            if self.batched(i):  # its frames are kept with the batch anyway
+                self._built[i] = r
         return r
 
     def __iter__(self) -> Iterator["Replay"]:
+        if self._walked is None:  # every task walked by Session.replay
+            job, replay = self.job, self.job.session.replay
+            for task in job.tasks:
+                yield replay(task, job.options, reliable=self._reliable, max_frames=self._max_frames,
+                             symbolize=self._symbolize)
+            return
         for i in range(len(self)):
             yield self[i]
 
