@@ -32,6 +32,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
+from .dump import Dump
 from .frame import Flag, Frame, Source
 from .memory import Memory
 from .replay import Replay
@@ -163,7 +164,8 @@ _LAST_FLAT: "tuple[list[weakref.ref[Memory]], FlatMemory] | None" = None
 
 def locate_lanes(jobs: Sequence[Job], lane_job: np.ndarray, lane_tasks: Sequence[Task], addr: np.ndarray
                  ) -> tuple[FlatMemory, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The memory each lane's walk reads (``Session.task_memory(task)``, what its scalar walk reads) as one
+    """The memory each lane's walk reads (``Session.task_memory(task)``, what its scalar walk reads: all of
+    the dump's unless the dump gives each task its own, :meth:`~unwind.dump.Dump.task_memory`) as one
     :class:`FlatMemory`, and per lane the segment holding ``addr``: ``(flat, start, end, origin, base)``.
 
     ``lane_job`` and ``lane_tasks`` are each lane's job index and task, grouped by job.
@@ -175,15 +177,19 @@ def locate_lanes(jobs: Sequence[Job], lane_job: np.ndarray, lane_tasks: Sequence
     for job, count in zip(jobs, np.bincount(lane_job, minlength=len(jobs)).tolist()):
         if not count:
             continue
-        mems = list(map(job.session.task_memory, lane_tasks[lo:lo + count]))
+        dump = job.session.dump
+        if getattr(dump.task_memory, "__func__", None) is Dump.task_memory:  # the dump's one memory, every task's
+            mems = [dump.memory]
+        else:  # a vmcore's task snapshots (made once per task and kept with the session), or a caller's memories
+            mems = list(map(job.session.task_memory, lane_tasks[lo:lo + count]))
         ids = list(map(id, mems))
-        if ids.count(ids[0]) != count:  # a vmcore's task snapshots
+        if ids.count(ids[0]) != len(ids):
             for key, mem in zip(ids, mems):
                 if key not in index:
                     index[key] = len(memories)
                     memories.append(mem)
                 mem_of.append(index[key])
-        else:  # a dump's memory serves all its tasks
+        else:  # one memory serves all the job's tasks
             if ids[0] not in index:
                 index[ids[0]] = len(memories)
                 memories.append(mems[0])
@@ -215,8 +221,7 @@ class Recorder:
         self._parts: list[tuple] = []
         self.stop_code = np.full(lanes, -1, np.int64)  # -1: walked by the scalar path
         self.stop_args = np.zeros((lanes, STOP_ARGS), _U64)
-        self.bases: dict[int, dict[str, str]] = {}
-        self.constants: dict[int, object] = {}
+        self.constants: dict[int, DumpConstants] = {}
 
     def label(self, text: str | None) -> int:
         """The index of stack label ``text`` (``None``: no stack known)."""
@@ -246,10 +251,9 @@ class Recorder:
         for i, arg in enumerate(args):
             self.stop_args[lanes, i] = arg
 
-    def dump(self, job: int, basis: dict[str, str], constants: object = None) -> None:
-        """What the walks of ``job``'s tasks followed (:meth:`~unwind.walk.Unwinder.basis`), and the
-        arch's per-dump constants, which each stop detail is handed."""
-        self.bases[job] = basis
+    def dump(self, job: int, constants: "DumpConstants") -> None:
+        """The arch's per-dump constants of ``job``'s tasks: each stop detail is handed them, and each replay
+        reads what the walks followed from them (:attr:`DumpConstants.basis`)."""
         self.constants[job] = constants
 
     def finish(self) -> "Walked":
@@ -289,10 +293,21 @@ class DumpConstants:
     """What every batch walk of one dump shares (an arch subclasses it with its own fields and
     :meth:`read`); :meth:`of` reads them once per session and option key."""
 
-    __slots__ = ("basis",)
+    __slots__ = ("basis_of", "_basis")
 
-    #: what the walk followed (:meth:`~unwind.walk.Unwinder.basis`), the same for every task of the dump
-    basis: dict[str, str]
+    #: the scalar unwinder's :meth:`~unwind.walk.Unwinder.basis` (of the dump's first task): what every walk
+    #: of the dump followed
+    basis_of: Callable[[], dict[str, str]]
+
+    @property
+    def basis(self) -> dict[str, str]:
+        """What the walks followed, made when a replay first reads it (x86-64 names a ``pt_regs`` derived
+        from the dump's stacks, which the lockstep walk itself never reads)."""
+        try:
+            return self._basis
+        except AttributeError:
+            self._basis = self.basis_of()
+            return self._basis
 
     @classmethod
     def of(cls, job: Job) -> "DumpConstants | None":
@@ -353,7 +368,7 @@ def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence
         if c is None:
             rows.extend([None] * len(job.tasks))
         else:
-            rec.dump(n, c.basis, c)
+            rec.dump(n, c)
             rows.extend(map(lane_of, job.tasks))
     # a lane's row is a non-empty tuple (true), no lane's None
     tasks = list(compress([t for job in jobs for t in job.tasks], rows))
@@ -578,10 +593,10 @@ class BatchReplay(Sequence["Replay"]):
             for frame in frames:
                 frame.symbol = session.backend.symbolize(frame, target)
         reason, detail = rec.stop_kinds[walked.stop_codes()[lane]]
-        constants = rec.constants.get(self._job_index)
+        constants = rec.constants[self._job_index]
         # the detail formatted when read, as the scalar walk's stops are
         stop = Stop(reason, partial(detail, target, constants, *stop_args[lane]), len(frames))
-        return Replay(target, frames, stop, None, dict(rec.bases.get(self._job_index, {})))
+        return Replay(target, frames, stop, None, dict(constants.basis))
 
 
 #: the fewest tasks of one arch walked in lockstep: a smaller batch, every replay read, costs more CPU than

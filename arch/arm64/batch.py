@@ -65,7 +65,7 @@ class DumpConstants(batch.DumpConstants):
         c.return_to_handler = state.return_to_handler or 0
         c.kretprobe_trampoline = state.kretprobe_trampoline or 0
         c.pt_regs_size, c.stackframe = state.layout.size, state.layout.stackframe
-        c.basis = unwinder.basis()
+        c.basis_of = unwinder.basis
         return c
 
 

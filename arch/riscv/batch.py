@@ -57,7 +57,7 @@ class DumpConstants(batch.DumpConstants):
         # no symbol (-1): 0, which is never kernel text, so such a pc goes to the scalar walk anyway
         c.return_to_handler = max(unwinder.return_to_handler, 0)
         c.pt = unwinder.pt
-        c.basis = unwinder.basis()
+        c.basis_of = unwinder.basis
         return c
 
 

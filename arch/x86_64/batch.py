@@ -66,7 +66,7 @@ class DumpConstants(batch.DumpConstants):
         c.return_to_handler = unwinder.return_to_handler or 0
         c.rethook_trampoline = unwinder.rethook_trampoline or 0
         c.ret_from_fork_asm = unwinder.ret_from_fork_asm or 0
-        c.basis = unwinder.basis()
+        c.basis_of = unwinder.basis
         return c
 
 
