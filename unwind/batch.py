@@ -620,8 +620,11 @@ def replay_all(sessions: "Sequence[Session]", options: Options | None = None, *,
     options = options or Options()
     jobs = [Job(s, list(tasks[i]) if tasks is not None else s.dump.tasks(), options)
             for i, s in enumerate(sessions)]
-    for s in sessions:
-        s.check_options(options)
+    checked: set[str] = set()
+    for s in sessions:  # the check reads the options and the session's backend: once per backend
+        if s.backend.name not in checked:
+            s.check_options(options)
+            checked.add(s.backend.name)
     results: list[BatchReplay | None] = [None] * len(jobs)
     by_arch: dict[str, list[int]] = {}
     for i, job in enumerate(jobs):
