@@ -171,20 +171,19 @@ class CallSiteChecker:
         return _decoded(self.backend, ret, *self._windows(ret))
 
     def annotate(self, frame: Frame) -> CallSite | None:
-        """Flag ``frame`` with its call-site result; a pc from exception registers is not checked."""
-        return self.annotate_frames([frame])[0]
+        """Flag ``frame`` with its call-site result, and return it; a pc from exception registers is not
+        checked (``None``)."""
+        self.annotate_frames([frame])
+        return None if frame.flags._value_ & _BOUNDARY else self.check(frame.pc)
 
-    def annotate_frames(self, frames: list[Frame]) -> list[CallSite | None]:
+    def annotate_frames(self, frames: list[Frame]) -> None:
         """:meth:`annotate` each of ``frames`` in turn: the flag, and with provenance the line that explains it."""
-        cache, out = self._cache, []
+        cache = self._cache
         for frame in frames:
             flags = frame.flags._value_
             if flags & _BOUNDARY:
-                out.append(None)
                 continue
             site = cache.get(frame.pc) or self.check(frame.pc)
             frame.flags = _FLAGS[flags | site.flag]
             if frame.provenance is not None:
                 frame.provenance.note(site.describe)  # the line is made when the notes are read
-            out.append(site)
-        return out
