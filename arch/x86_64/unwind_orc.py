@@ -581,12 +581,7 @@ class OrcUnwinder(Unwinder):
             typ = orc.type
             if typ == ORC_TYPE_CALL:  # unwind_orc.c:582-593: the return address is the word below the CFA
                 ip_p = sp - 8
-                info = self.stack_info
-                if prov is None and info.begin <= ip_p and sp <= info.end and self._seg_lo <= ip_p \
-                        and sp <= self._seg_hi:  # deref_stack_reg(), inlined: on the stack, in the kept segment
-                    ip = _U64(self._seg_data, ip_p - self._seg_lo)[0]
-                else:
-                    ip = self.deref_stack_reg(ip_p, "return address", prov)
+                ip = self.deref_stack_reg(ip_p, "return address", prov)
                 stack = self.stack_info.kind
                 if ip == self.return_to_handler or ip == self.rethook_trampoline:
                     ip = self.unwind_recover_ret_addr(ip, ip_p, prov)
@@ -607,13 +602,7 @@ class OrcUnwinder(Unwinder):
                     if val is not None:
                         self.bp = val
             elif reg == ORC_REG_PREV_SP:
-                addr = sp + orc.bp_offset
-                info = self.stack_info
-                if prov is None and info.begin <= addr and addr + 8 <= info.end and self._seg_lo <= addr \
-                        and addr + 8 <= self._seg_hi:  # deref_stack_reg(), inlined as above
-                    self.bp = _U64(self._seg_data, addr - self._seg_lo)[0]
-                else:
-                    self.bp = self.deref_stack_reg(addr, "saved bp at prevsp+offset", prov)
+                self.bp = self.deref_stack_reg(sp + orc.bp_offset, "saved bp at prevsp+offset", prov)
             elif reg == ORC_REG_BP:
                 self.bp = self.deref_stack_reg(self.bp + orc.bp_offset, "saved bp at bp+offset", prov)
             else:
