@@ -220,7 +220,7 @@ class Btf:
         """``Btf(blob)``, its record scan kept in ``$UNWIND_CACHE/btf`` per blob (SHA-1): a kernel's
         ~100k types take ~150 ms to scan and order by name, ~10 ms (hash included) to read back. A damaged
         entry is rebuilt."""
-        from .cachefile import CacheFileError, cache_dir, mark_used, read_arrays, write_arrays, write_atomically
+        from .cachefile import CacheFileError, cache_dir, read_arrays, write_arrays, write_atomically
 
         digest = hashlib.sha1(blob).hexdigest()
         folder = cache_dir("btf")
@@ -229,7 +229,6 @@ class Btf:
             try:
                 meta, index = read_arrays(path)
                 if meta.get("sha1") == digest and _index_fits(index):
-                    mark_used(path)
                     return cls(blob, index)
             except (OSError, CacheFileError):
                 pass

@@ -61,7 +61,8 @@ def write_arrays(f: BinaryIO, meta: Mapping[str, Any], arrays: Mapping[str, arra
 
 
 def read_arrays(path: Path) -> tuple[dict[str, Any], dict[str, array]]:
-    """``(meta, arrays)`` of a file :func:`write_arrays` wrote; :class:`CacheFileError` when damaged.
+    """``(meta, arrays)`` of a file :func:`write_arrays` wrote, the file marked used (:func:`mark_used`);
+    :class:`CacheFileError` when damaged.
 
     Each array's bytes are read straight into the array (no copy of the whole file first), the CRC-32
     taken over them, the padding and any tail in file order: the bytes the writer's CRC covers."""
@@ -108,6 +109,7 @@ def read_arrays(path: Path) -> tuple[dict[str, Any], dict[str, array]]:
             sum32 = zlib.crc32(tail, sum32)
     if sum32 != crc:
         raise CacheFileError(f"{path}: damaged contents (CRC-32 mismatch)")
+    mark_used(path)
     return meta, arrays
 
 

@@ -184,9 +184,7 @@ class Image:
         path = cache / f"{self.build_id}-v{_SYMBOL_CACHE_VERSION}.arrays" if cache and self.build_id else None
         if path is not None and path.exists():
             try:
-                table = SymbolTable.from_arrays(read_arrays(path)[1])
-                mark_used(path)
-                return table
+                return SymbolTable.from_arrays(read_arrays(path)[1])
             except (OSError, CacheFileError, SymbolError):
                 pass  # a damaged cache entry is rebuilt below
         table = self._read_symbols()

@@ -41,7 +41,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from unwind.cachefile import CacheFileError, cache_dir, mark_used, read_arrays, write_arrays, write_atomically
+from unwind.cachefile import CacheFileError, cache_dir, read_arrays, write_arrays, write_atomically
 from unwind.image import Image, ImageError
 
 from .structs import ORC_ENTRY_SIZE, flag_bits, orc_entry
@@ -734,9 +734,7 @@ def _cached_table(image: Image, version: int, how: str, stext: int, etext: int,
         path = folder / f"{image.build_id}-{digest}-v{_ORC_CACHE_VERSION}.arrays"
         if path.exists():
             try:
-                table = OrcTable.from_arrays(*read_arrays(path))
-                mark_used(path)
-                return table
+                return OrcTable.from_arrays(*read_arrays(path))
             except (OSError, CacheFileError):
                 pass  # a damaged cache entry is rebuilt below
     ip_sec, orc_sec = image.section(".orc_unwind_ip"), image.section(".orc_unwind")

@@ -89,3 +89,9 @@ def test_arrays_of_every_size_read_back_and_a_damaged_header_or_tail_is_refused(
         path.write_bytes(bad)
         with pytest.raises(CacheFileError, match=why):
             read_arrays(path)
+
+
+def test_reading_a_file_back_marks_it_used(tmp_path: Path) -> None:
+    path = _write(tmp_path / "x-v1.arrays", 8, mtime=1_000)
+    read_arrays(path)
+    assert path.stat().st_mtime > 1_000
