@@ -127,9 +127,6 @@ class Image:
         self.path = Path(path)
         try:
             self._file: BinaryIO = _open_maybe_compressed(self.path)
-        except OSError as e:
-            raise ImageError(f"cannot open image {path}: {e.strerror}") from None
-        try:
             headers = _headers(self._file, self.path, self.__dict__)
         except OSError as e:
             raise ImageError(f"cannot open image {path}: {e.strerror}") from None
