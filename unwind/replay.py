@@ -17,8 +17,7 @@ from .memory import Memory
 from .stackinfo import StackInfo
 from .symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from .target import Options, Target, Task, kernel_version
-from .walk import (ReliableResult, Stop, StopReason, Unwinder, UnwindStop, frame_limit, kunwind_stack_walk,
-                   stack_walk_reliable)
+from .walk import ReliableResult, Stop, StopReason, Unwinder, UnwindStop, collect, frame_limit, stack_walk_reliable
 
 if TYPE_CHECKING:
     from .batch import BatchReplay
@@ -292,8 +291,7 @@ class Session:
             if max_frames is None:
                 max_frames = per_task[2] = frame_limit(task.stacks, per_task[1], self.backend.min_frame_bytes)
         unwinder = self.backend.unwinder(target)
-        frames: list[Frame] = []
-        stop = kunwind_stack_walk(unwinder, None, max_frames, frames)  # collect(), one call less
+        frames, stop = collect(unwinder, max_frames)
         verdict = None
         if reliable:
             verdict = stack_walk_reliable(self.backend.unwinder(target), lambda pc: True, max_frames)
