@@ -83,9 +83,10 @@ Elf64_Nhdr = Struct(
 )
 
 #: the headers as ``struct`` formats, and their field names, for reading an ELF core
-_EHDR, _PHDR = packed(Elf64_Ehdr), packed(Elf64_Phdr)
+_EHDR, PHDR, _SHDR = packed(Elf64_Ehdr), packed(Elf64_Phdr), packed(Elf64_Shdr)
 _EHDR_FIELDS = tuple(sub.name for sub in Elf64_Ehdr.subcons)
 _PHDR_FIELDS = tuple(sub.name for sub in Elf64_Phdr.subcons)
+_SHDR_FIELDS = tuple(sub.name for sub in Elf64_Shdr.subcons)
 
 
 def file_header(data: bytes) -> dict[str, int]:
@@ -96,7 +97,12 @@ def file_header(data: bytes) -> dict[str, int]:
 
 def program_headers(data: bytes, phoff: int, phnum: int) -> list[dict[str, int]]:
     """The ``Elf64_Phdr`` fields of the ``phnum`` program headers at ``data[phoff:]`` (which must hold them)."""
-    return [dict(zip(_PHDR_FIELDS, _PHDR.unpack_from(data, phoff + i * _PHDR.size))) for i in range(phnum)]
+    return [dict(zip(_PHDR_FIELDS, PHDR.unpack_from(data, phoff + i * PHDR.size))) for i in range(phnum)]
+
+
+def section_header(data: bytes) -> dict[str, int]:
+    """The ``Elf64_Shdr`` fields of a section header's bytes."""
+    return dict(zip(_SHDR_FIELDS, _SHDR.unpack_from(data)))
 
 
 Timeval = Struct("tv_sec" / Int64ul, "tv_usec" / Int64ul)

@@ -25,7 +25,6 @@ from typing import Hashable
 from .. import elfcore
 from ..memory import MemoryFault
 from .errors import ExcludedPageFault, VmcoreError
-from ..packed import packed
 from .notes import Note, parse_notes, prstatus_notes, vmcoreinfo_text
 from .physmem import DEFAULT_CACHE_BYTES, PhysicalMemory, PhysRange, VirtualLoad
 from .source import Source, SourceTruncated
@@ -126,9 +125,8 @@ class ElfVmcore(PhysicalMemory):
         return self._src.pread(ext.offset + (start - ext.start), end - start)
 
 
-#: ``Elf64_Phdr`` and ``Elf64_Shdr`` as ``struct`` formats, derived from the one construct declaration
-_PHDR, _SHDR = packed(elfcore.Elf64_Phdr), packed(elfcore.Elf64_Shdr)
-_SHDR_FIELDS = tuple(sub.name for sub in elfcore.Elf64_Shdr.subcons)
+#: the bytes of one ``Elf64_Shdr`` (section header 0 holds a ``PN_XNUM`` file's program-header count)
+_SHDR_SIZE = elfcore.Elf64_Shdr.sizeof()
 #: ``e_ident[EI_CLASS]`` and ``e_ident[EI_DATA]`` (``include/uapi/linux/elf.h``: ELFCLASS32/64, ELFDATA2LSB/MSB)
 _ELF_CLASS = {1: 32, 2: 64}
 _ELF_DATA = {1: "LE", 2: "BE"}
@@ -159,18 +157,17 @@ def _program_headers(elf: dict[str, int], source: Source, path: str) -> list[tup
     """
     count, entsize, phoff = elf["e_phnum"], elf["e_phentsize"], elf["e_phoff"]
     if count == PN_XNUM:
-        if elf["e_shoff"] + _SHDR.size > source.size:
+        if elf["e_shoff"] + _SHDR_SIZE > source.size:
             raise VmcoreError(f"{path}: truncated: e_phnum is PN_XNUM, and section header 0 at "
                               f"{elf['e_shoff']:#x} ends past the file")
-        shdr = dict(zip(_SHDR_FIELDS, _SHDR.unpack(source.pread(elf["e_shoff"], _SHDR.size))))
-        count = shdr["sh_info"]
-    if count and entsize < _PHDR.size:
+        count = elfcore.section_header(source.pread(elf["e_shoff"], _SHDR_SIZE))["sh_info"]
+    if count and entsize < elfcore.PHDR.size:
         raise VmcoreError(f"{path}: bad ELF header: e_phentsize {entsize}")
     if phoff + count * entsize > source.size:
         raise VmcoreError(f"{path}: truncated: {count} program headers at {phoff:#x} end past the file")
     table = source.pread(phoff, count * entsize)
     return [(t, off, va, pa, fs, ms) for t, _f, off, va, pa, fs, ms, _a in
-            (_PHDR.unpack_from(table, i * entsize) for i in range(count))]
+            (elfcore.PHDR.unpack_from(table, i * entsize) for i in range(count))]
 
 
 def _file_extents(loads: list[tuple[int, int, int, int, int]]) -> list[_Extent]:
