@@ -11,12 +11,10 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -111,32 +109,42 @@ def run_dir(arch: str) -> Path:
     return cache_dir() / "run" / canonical_arch(arch)
 
 
+#: the folders of the initramfs, parents first
+INITRAMFS_DIRS = ("bin", "proc", "sys", "dev", "tmp", "sys/kernel", "sys/kernel/tracing")
+
+
+def initramfs_files(k: Kernel, opts: BootOptions) -> list[tuple[str, Path | bytes, int]]:
+    """What the initramfs holds besides its folders: ``(name, file or bytes, mode)`` in archive order."""
+    files: list[tuple[str, Path | bytes, int]] = [("bin/busybox", k.busybox, 0o755)]
+    if k.fw_cfg_module.exists():
+        files.append(("qemu_fw_cfg.ko", k.fw_cfg_module, 0o644))
+    if opts.modules:
+        files += [(f"modules/{name}.ko", k.root / "modules" / f"{name}.ko", 0o644) for name in fetch_modules(k)]
+        files.append(("modules/order", k.root / "modules" / "order", 0o644))
+    if opts.init:
+        try:
+            files.append(("init", Path(opts.init).read_bytes(), 0o755))
+        except OSError as e:
+            raise LabError(f"cannot read --init {opts.init}: {e.strerror}") from None
+    else:
+        files.append(("init", init_script(opts.fgraph, opts.kretprobe).encode(), 0o755))
+    return files
+
+
 def build_initramfs(k: Kernel, out: Path, opts: BootOptions = BootOptions()) -> Path:
-    """Write a gzip'ed newc cpio with busybox, /init and qemu_fw_cfg.ko to ``out``."""
-    with tempfile.TemporaryDirectory() as d:
-        root = Path(d)
-        for sub in ("bin", "proc", "sys", "dev", "tmp", "sys/kernel/tracing"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
-        shutil.copy(k.busybox, root / "bin" / "busybox")
-        os.chmod(root / "bin" / "busybox", 0o755)
-        if k.fw_cfg_module.exists():
-            shutil.copy(k.fw_cfg_module, root / "qemu_fw_cfg.ko")
-        if opts.modules:
-            (root / "modules").mkdir()
-            for name in fetch_modules(k):
-                shutil.copy(k.root / "modules" / f"{name}.ko", root / "modules")
-            shutil.copy(k.root / "modules" / "order", root / "modules")
-        if opts.init:
-            try:
-                shutil.copy(opts.init, root / "init")
-            except OSError as e:
-                raise LabError(f"cannot read --init {opts.init}: {e.strerror}") from None
-        else:
-            (root / "init").write_text(init_script(opts.fgraph, opts.kretprobe))
-        os.chmod(root / "init", 0o755)
-        with open(out, "wb") as f:
-            subprocess.run("find . | cpio -o -H newc --quiet | gzip -9", shell=True, cwd=root,
-                           stdout=f, check=True)
+    """Write a gzip'ed newc cpio with busybox, /init and qemu_fw_cfg.ko to ``out`` (with libarchive)."""
+    files = initramfs_files(k, opts)
+    try:
+        import libarchive
+        from libarchive.entry import FileType
+    except (ImportError, OSError, AttributeError) as e:
+        raise LabError(f"writing the initramfs needs libarchive (Debian package libarchive13): {e}") from None
+    with libarchive.file_writer(str(out), "cpio_newc", "gzip", options="compression-level=9") as archive:
+        for name in INITRAMFS_DIRS + (("modules",) if opts.modules else ()):
+            archive.add_file_from_memory(name, 0, b"", filetype=FileType.DIRECTORY, permission=0o755)
+        for name, src, mode in files:
+            data = src if isinstance(src, bytes) else src.read_bytes()
+            archive.add_file_from_memory(name, len(data), data, permission=mode)
     return out
 
 

@@ -19,7 +19,7 @@ foreign arch, ``/etc/apt/sources.list.d/unwind-<suite>.sources`` and
 ``/etc/apt/preferences.d/unwind-<suite>`` (pin 100, sid 50, so the host's own
 packages never come from the added suite) when the suite is not configured,
 ``apt-get update`` after either, and ``apt-get install`` of QEMU,
-gdb-multiarch, cpio and xz-utils when missing.
+gdb-multiarch and xz-utils when missing.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ HOST_CHANGES = (
     "arch; /etc/apt/sources.list.d/unwind-SUITE.sources and /etc/apt/preferences.d/unwind-SUITE "
     "(Pin-Priority 100, sid 50) when SUITE is not configured; apt-get update after either; "
     "apt-get install of the QEMU system package (qemu-system-x86, qemu-system-arm or "
-    "qemu-system-misc; riscv boots QEMU's bundled OpenSBI), gdb-multiarch, cpio and xz-utils "
+    "qemu-system-misc; riscv boots QEMU's bundled OpenSBI), gdb-multiarch and xz-utils "
     "when missing. Needs root for these steps; downloads go to $UNWIND_CACHE or ~/.cache/unwind.")
 
 
@@ -210,7 +210,7 @@ def ensure_tools(arch: str) -> None:
     """Install the QEMU system emulator for ``arch`` (and gdb-multiarch) when missing."""
     _, _, qemu, qpkg = ARCHES[arch]
     missing = [pkg for binary, pkg in ((qemu, qpkg), ("gdb-multiarch", "gdb-multiarch"),
-                                       ("cpio", "cpio"), ("xz", "xz-utils"))
+                                       ("xz", "xz-utils"))
                if shutil.which(binary) is None]
     if missing:
         _say(f"host change: installing {' '.join(missing)}")
