@@ -14,6 +14,9 @@ The names below are imported from their modules when first used, so that ``impor
 
 from __future__ import annotations
 
+import os
+import sys
+from importlib.util import module_from_spec, spec_from_file_location
 from typing import TYPE_CHECKING
 
 from .lazy import lazy_exports
@@ -47,3 +50,27 @@ __all__ = [
 __version__ = "0.1.0"
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _FROM)
+
+
+def _arch_of_checkout() -> None:
+    """Name a checkout's ``arch/`` folder ``unwind.arch``.
+
+    Installed, the arch backends are ``unwind/arch`` (pyproject's package-dir maps ``arch/`` there). A
+    checkout keeps them beside this folder, as the design card has it; when ``unwind`` is imported from
+    a checkout (its root is the current folder, as in ``python3 -c`` or ``python3 -m unwind`` there),
+    the same backends are found as ``unwind.arch`` all the same.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    beside = os.path.join(os.path.dirname(here), "arch")
+    init = os.path.join(beside, "__init__.py")
+    if os.path.isdir(os.path.join(here, "arch")) or not os.path.isfile(init) or "unwind.arch" in sys.modules:
+        return
+    spec = spec_from_file_location("unwind.arch", init, submodule_search_locations=[beside])
+    if spec is None or spec.loader is None:
+        return
+    module = module_from_spec(spec)
+    sys.modules["unwind.arch"] = module
+    spec.loader.exec_module(module)
+
+
+_arch_of_checkout()

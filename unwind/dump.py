@@ -281,8 +281,9 @@ class Dump:
             raise DumpError(f"{self.path}: not an ELF core file (e_type {elf['e_type']})")
         try:
             self.backend = registry.for_e_machine(elf["e_machine"])
-        except registry.ArchError:
-            raise DumpError(f"{self.path}: unknown machine {elf['e_machine']}") from None
+        except registry.ArchError as e:
+            raise DumpError(f"{self.path}: unknown machine {elf['e_machine']}"
+                            + (f" ({e})" if registry.no_backend_found() else "")) from None
         self.arch = self.backend.name
         if elf["e_phentsize"] != elfcore.Elf64_Phdr.sizeof():
             raise DumpError(f"{self.path}: e_phentsize is {elf['e_phentsize']}, not {elfcore.Elf64_Phdr.sizeof()}")

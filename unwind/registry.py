@@ -9,6 +9,7 @@ is first asked for.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from abc import ABC, abstractmethod
 from types import ModuleType
@@ -167,6 +168,8 @@ class ArchBackend(ABC):
 
 _BACKENDS: dict[str, ArchBackend] = {}
 _loaded = False
+#: why no backend could be found, when none could (said by the errors of a failed look-up)
+_missing = ""
 
 
 class Pending:
@@ -209,17 +212,32 @@ def register_lazy(name: str, aliases: tuple[str, ...], elf_machine: str, where: 
 
 
 def _load_all() -> None:
-    global _loaded
+    global _loaded, _missing
     if _loaded:
         return
     _loaded = True
     try:
         pkg = importlib.import_module("unwind.arch")
-    except ImportError:
+    except ImportError as e:
+        unwind = importlib.import_module("unwind")
+        beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(unwind.__file__))), "arch")
+        _missing = (f"no arch backend was found: module unwind.arch is in none of {list(unwind.__path__)} "
+                    f"nor at {beside} ({e})")
         return
     for mod in pkgutil.iter_modules(pkg.__path__):
         if mod.ispkg:
             importlib.import_module(f"unwind.arch.{mod.name}")
+
+
+def no_backend_found() -> bool:
+    """No arch backend could be found at all (the package ``unwind.arch`` is missing)."""
+    _load_all()
+    return bool(_missing)
+
+
+def _not_found(what: str) -> ArchError:
+    """``what`` has no backend; when no backend could be found at all, the error says where it looked."""
+    return ArchError(f"{what}: {_missing}" if _missing else what)
 
 
 def _entries() -> list[ArchBackend | Pending]:
@@ -247,7 +265,7 @@ def get(name: str) -> ArchBackend:
             return _loaded_backend(b)
     known = ", ".join(f"{b.name} ({', '.join(b.aliases)})" if b.aliases else b.name
                       for b in sorted(entries, key=lambda b: b.name)) or "none"
-    raise ArchError(f"unknown arch {name!r} (known: {known})")
+    raise _not_found(f"unknown arch {name!r} (known: {known})")
 
 
 def for_machine(machine: str) -> ArchBackend:
@@ -255,7 +273,7 @@ def for_machine(machine: str) -> ArchBackend:
     for b in _entries():
         if b.elf_machine == machine:
             return _loaded_backend(b)
-    raise ArchError(f"no backend for ELF machine {machine}")
+    raise _not_found(f"no backend for ELF machine {machine}")
 
 
 def for_e_machine(number: int) -> ArchBackend:
@@ -268,4 +286,4 @@ def for_e_machine(number: int) -> ArchBackend:
     for b in entries:
         if isinstance(b, Pending) and b.e_machine is None and getattr(b.load(), "e_machine", None) == number:
             return _BACKENDS[b.name]
-    raise ArchError(f"no backend for ELF machine {number}")
+    raise _not_found(f"no backend for ELF machine {number}")

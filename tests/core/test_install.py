@@ -17,6 +17,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+DUMP = ROOT / "corpora" / "x86_64" / "6.12.117+deb13-amd64" / "stop-004-random.bin.xz"
+#: the README's library example, on an absolute path
+README_EXAMPLE = """
+from unwind import Options, Session
+s = Session.load({dump!r})
+for task in s.select():
+    r = s.replay(task, Options(record=True))
+    print(task.describe(), r.stop)
+    for f in r.frames:
+        print(f.symbol, f.source.value, f.stack or '-', f.flags.letters())
+"""
 PROBE = ("import unwind, unwind.arch.arm64, unwind.arch.x86_64, unwind.arch.riscv; "
          "from unwind import registry; print(sorted(registry.backends()))")
 
@@ -54,3 +65,21 @@ def test_install_imports_arch_backends(tmp_path, editable):
     assert where.startswith(str(env_dir)) != editable
     script = env_dir / "bin" / "unwind"
     assert subprocess.run([str(script), "--help"], capture_output=True).returncode == 0
+    # from the checkout's root its unwind/ is imported, not the installed one: it finds arch/ beside it
+    here = subprocess.run([str(py), "-c", PROBE], capture_output=True, text=True, cwd=src)
+    assert here.returncode == 0, here.stderr
+    assert here.stdout.strip() == "['arm64', 'riscv', 'x86_64']"
+    for argv in ([str(py), "-c", README_EXAMPLE.format(dump=str(DUMP))], [str(py), "-m", "unwind", "replay", str(DUMP)]):
+        for cwd in (src, tmp_path):
+            run = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
+            assert run.returncode == 0 and "on cpu0" in run.stdout, (argv, cwd, run.stderr)
+
+
+def test_no_backend_says_where_it_looked(tmp_path):
+    """A copy of unwind/ with no arch/ anywhere: the error names the module it looked for, and where."""
+    shutil.copytree(ROOT / "unwind", tmp_path / "unwind", ignore=shutil.ignore_patterns("__pycache__"))
+    py = _nested_venv(tmp_path / "venv")
+    run = subprocess.run([str(py), "-m", "unwind", "replay", str(DUMP)], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 2
+    assert "unknown machine 62 (no backend for ELF machine 62: no arch backend was found: module unwind.arch" in run.stderr
+    assert str(tmp_path / "unwind") in run.stderr and str(tmp_path / "arch") in run.stderr
