@@ -1093,7 +1093,7 @@ def run_suite(benches: Path, json_out: Path, quick: bool, select: str | None, cp
     try:
         import pytest_benchmark  # noqa: F401
     except ImportError:
-        raise BenchError("running the suite needs pytest-benchmark: pip install '.[test,report]'") from None
+        raise BenchError("running the suite needs pytest-benchmark: pip install '.[report]'") from None
     benches = benches.resolve()
     cmd = [sys.executable, "-m", "pytest", str(benches), "-p", "no:cacheprovider", "-v", "-rs",
            f"--benchmark-json={json_out.resolve()}", "--benchmark-columns=median,rounds"]

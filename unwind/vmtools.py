@@ -95,7 +95,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     tasks = session.select(pid=args.task, cpu=args.cpu, every=args.all)
     w = convert(session, tasks)
     w.write(args.output)
-    print(f"wrote {args.output}: {len(tasks)} tasks", file=sys.stderr)
+    print(f"wrote {args.output}: {len(tasks)} task{'s' * (len(tasks) != 1)}", file=sys.stderr)
     return 0
 
 
