@@ -1,4 +1,4 @@
-"""Batch replay speed: ``unwind.batch.replay_all`` against ``Session.replay`` task by task and drgn, CPU time.
+"""Batch replay speed: ``unwind.session.batch.replay_all`` against ``Session.replay`` task by task and drgn, CPU time.
 
 Every measurement runs in a fresh child process and the children are interleaved round by round
 (ours, then drgn, for each arch), so load from other processes falls on all of them alike. Figures
@@ -14,7 +14,7 @@ Ours, on the committed corpora (``corpora/<arch>/*/stop-*.bin.xz``, every task, 
   sessions just opened (their memory as words, per-dump constants, the call-site verdicts of their
   newly opened images: everything the batch sets up);
 - **batch, warm**: the same again; **per dump**: one ``Session.replay_all(lockstep=True)`` per dump (short
-  batches, in lockstep although under ``unwind.batch.MIN_TASKS``); **per dump + read**: one
+  batches, in lockstep although under ``unwind.session.batch.MIN_TASKS``); **per dump + read**: one
   ``Session.replay_all`` per dump as ``unwind replay --all`` makes it (a corpus dump has fewer tasks than
   ``MIN_TASKS``: walked task by task), every replay read, all frames counted: compare it with **scalar warm**;
 - the batch figures count the frames the lockstep walked (its share of tasks is shown); set-up
@@ -33,7 +33,7 @@ lab's full vmcore of the same stop where it is at hand) with the committed slim 
 (``benchkit.DRGN_CHILD`` mode ``equal``: ORC on x86-64, frame pointers on arm64, nothing looked up in DWARF
 per frame); the tasks are those ``benchkit.peer_keys`` picks; ours walks the same tasks of the same vmcore
 with the same slim image, scalar and batch (**batch**: in lockstep, ``lockstep=True``, as one vmcore has
-fewer tasks than ``unwind.batch.MIN_TASKS``; **batch + read**: ``replay_all`` as called, so task by task).
+fewer tasks than ``unwind.session.batch.MIN_TASKS``; **batch + read**: ``replay_all`` as called, so task by task).
 drgn's rate is its kernel frames per CPU second over the tasks it walks no user frame of (it walks on into
 user frames in the same call, time that cannot be split off)::
 
@@ -59,8 +59,8 @@ ARCHES = ("arm64", "riscv", "x86_64")
 
 OURS = IMPORT_ROOT + r"""
 import gc, glob, importlib, json, time
-from unwind.batch import replay_all
-from unwind.replay import Options, load_session
+from unwind.session.batch import replay_all
+from unwind.session.replay import Options, load_session
 importlib.import_module("unwind.arch." + sys.argv[2] + ".batch")  # imports are start-up (benches/startup.py)
 paths = sorted(glob.glob(sys.argv[3] + "/*/stop-*.bin.xz"))
 passes = int(sys.argv[4])
@@ -111,7 +111,7 @@ print(json.dumps(out))
 #: ours on a peer vmcore: the tasks drgn walked (pids, or cpu for a running idle task), scalar and batch
 OURS_PEER = IMPORT_ROOT + r"""
 import gc, importlib, json, time
-from unwind.replay import Options, Session
+from unwind.session.replay import Options, Session
 importlib.import_module("unwind.arch." + sys.argv[2] + ".batch")  # imports are start-up (benches/startup.py)
 s = Session.load(sys.argv[3], vmlinux=sys.argv[4])
 want = {(k[0], k[1]) for k in json.loads(sys.argv[5])}

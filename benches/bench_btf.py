@@ -21,7 +21,7 @@ from benchkit import QUICK, Missing, measure, need
 
 from construct import Array, Computed, GreedyRange, Pass, Struct, Switch, this
 
-from unwind.btf import EXTRA_EACH, EXTRA_ONCE, Btf, Header, TypeHeader
+from unwind.kernel.btf import EXTRA_EACH, EXTRA_ONCE, Btf, Header, TypeHeader
 
 KERNELS = Path.home() / ".cache" / "unwind" / "kernels"
 
@@ -31,7 +31,7 @@ def real_blob() -> tuple[str, bytes] | Missing:
     """``(where, .BTF bytes)`` of a real kernel."""
     if QUICK:
         return Missing("a real .BTF is not for the smoke run")
-    from unwind.image import Image
+    from unwind.formats.image import Image
 
     for vmlinux in sorted(KERNELS.glob("*/vmlinux")):
         sec = Image(vmlinux).section(".BTF")

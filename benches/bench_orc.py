@@ -148,9 +148,9 @@ def test_orc_lookup(benchmark: Any, method: str) -> None:
 @lru_cache(maxsize=None)
 def trace_ips(n: int) -> np.ndarray | Missing:
     """``n`` lookup addresses drawn from the replays of the committed x86-64 dumps (fixed seed)."""
-    from unwind.frame import Flag
-    from unwind.replay import ReplayError, load_session
-    from unwind.target import Options
+    from unwind.core.frame import Flag
+    from unwind.session.replay import ReplayError, load_session
+    from unwind.core.target import Options
 
     dumps = sorted((CORPORA / "x86_64").glob("*/stop-*.bin.xz"))[: 3 if QUICK else None]
     seen: list[int] = []

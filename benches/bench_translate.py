@@ -23,9 +23,9 @@ import pytest
 
 from benchkit import QUICK, REPO, Missing, measure, need
 
-from unwind import registry
-from unwind.vmcore.virtual import VirtualMemory
-from unwind.vmcore.vmcoreinfo import VmcoreInfo
+from unwind.core import registry
+from unwind.formats.vmcore.virtual import VirtualMemory
+from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
 from tests.vmcore.phys import SparsePhys
 
 RECORDS = REPO / "tests" / "vmcore" / "data"
@@ -88,9 +88,9 @@ def vmcore_workload(arch: str) -> tuple[Any, Any, Any, list[int]] | Missing:
     vmlinux = KERNELS / f"6.12.117+deb13-{_FLAVOUR[arch]}" / "vmlinux"
     if not vmcores or not vmlinux.exists():
         return Missing(f"no {arch} vmcore in {VMCORES} (or no vmlinux)")
-    from unwind.image import Image
+    from unwind.formats.image import Image
     from unwind.lab import translations
-    from unwind.vmcore import open_vmcore
+    from unwind.formats.vmcore import open_vmcore
 
     prog = translations.drgn_program(vmcores[0], vmlinux, arch)
     answers = translations.drgn_answers(prog, translations.sample_addresses(prog))

@@ -29,12 +29,12 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import pytest
 
-from unwind.frame import Frame
-from unwind.registry import ArchBackend
-from unwind.replay import Session, load_session
-from unwind.target import Options, Target, Task
-from unwind.tools import paths_under
-from unwind.walk import UnwindStop, kunwind_stack_walk
+from unwind.core.frame import Frame
+from unwind.core.registry import ArchBackend
+from unwind.session.replay import Session, load_session
+from unwind.core.target import Options, Target, Task
+from unwind.cli.corpus import paths_under
+from unwind.core.walk import UnwindStop, kunwind_stack_walk
 
 #: set to "1" for tiny inputs (the smoke test)
 QUICK = os.environ.get("UNWIND_BENCH_QUICK") == "1"
@@ -335,8 +335,8 @@ def _riscv_chain(depth: int) -> Session:
 def _x86_64_chain(depth: int) -> Session:
     from unwind.arch.x86_64.structs import INACTIVE_TASK_FRAME, INACTIVE_TASK_FRAME_SIZE
     from unwind.arch.x86_64.synth import END_OF_STACK, OrcBuilder, call, session
-    from unwind.layout import offsetof
-    from unwind.synth import SynthDump
+    from unwind.kernel.layout import offsetof
+    from unwind.dev.synth import SynthDump
 
     b = OrcBuilder()
     frame = 0x20  # after each prologue: CFA = sp + 0x20, the return address at CFA - 8
@@ -397,7 +397,7 @@ class OrcSource:
 def real_orc_table() -> OrcSource | Missing:
     """The ORC table of a real x86-64 kernel: the committed slim image, else ``$UNWIND_BENCH_VMLINUX``,
     else the lab's fetched kernel. Quick mode uses a small random table instead (seconds matter there)."""
-    from unwind.image import Image, ImageError
+    from unwind.formats.image import Image, ImageError
 
     try:
         from unwind.arch.x86_64.orc import load_orc
@@ -492,7 +492,7 @@ def peer_pairs() -> list[PeerPair] | Missing:
         import drgn  # noqa: F401
     except ImportError:
         return Missing("drgn is not installed (pip install drgn)")
-    from unwind.dump import Dump
+    from unwind.formats.dump import Dump
 
     pairs = []
     for core in sorted(Path(folder).glob("*.vmcore")):
@@ -768,7 +768,7 @@ print(json.dumps(out))
 #: ``argv``: ROOT ARCH VMCORE IMAGE PASSES WANT (as in :data:`DRGN_CHILD`); frames counted as there.
 OURS_PEER_CHILD = IMPORT_ROOT + TIMED + KERNEL_FRAMES + WALK_SETS + r"""
 import json
-from unwind.replay import Options, Session
+from unwind.session.replay import Options, Session
 s = Session.load(sys.argv[3], vmlinux=sys.argv[4])
 wanted = {(k[0], k[1]): (i, k[2]) for i, k in enumerate(json.loads(sys.argv[6]))}
 def key(t):

@@ -23,7 +23,7 @@ from benchkit import ARCHES, IMPORT_ROOT, REPO, run_child  # noqa: E402
 
 PROFILE = IMPORT_ROOT + r"""
 import cProfile, glob, json, os, pstats
-from unwind.replay import Options, load_session
+from unwind.session.replay import Options, load_session
 paths = sorted(glob.glob(sys.argv[3] + "/*/stop-*.bin.xz"))
 sessions = [load_session(p) for p in paths]
 todo = [(s, t) for s in sessions for t in s.select(every=True)]

@@ -48,8 +48,8 @@ KINDS = ("first", "fresh", "warm")
 
 OURS = IMPORT_ROOT + r"""
 import json, time
-from unwind.replay import Options, load_session
-from unwind.tools import paths_under
+from unwind.session.replay import Options, load_session
+from unwind.cli.corpus import paths_under
 frames = tasks = 0
 fresh, warm = 0.0, None
 sessions = []

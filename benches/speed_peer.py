@@ -50,7 +50,7 @@ SIDES = ("drgn equal", "drgn dwarf", "ours")
 
 OURS_CORPUS = IMPORT_ROOT + TIMED + r"""
 import glob, json
-from unwind.replay import Options, load_session
+from unwind.session.replay import Options, load_session
 paths = sorted(glob.glob(sys.argv[3] + "/*/stop-*.bin.xz"))
 sessions = [load_session(p) for p in paths]
 todo = [(s, s.select(every=True)) for s in sessions]

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from unwind.triage import CHUNK, bucket
+from unwind.cli.triage import CHUNK, bucket
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,14 +27,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from unwind.memory import MemoryFault  # noqa: E402
-from unwind.vmcore import open_vmcore  # noqa: E402
+from unwind.core.memory import MemoryFault  # noqa: E402
+from unwind.formats.vmcore import open_vmcore  # noqa: E402
 
 
 def synthetic_files(mib: int, out: Path) -> list[Path]:
     """One ELF, one kdump file per codec and a flattened one, all of the same ``mib`` MiB of pages."""
     from tests.vmcore.synth import KdumpSpec, Load, elf_vmcore, flatten, kdump_file, notes_blob, page_bytes, vmcoreinfo
-    from unwind.vmcore import codecs
+    from unwind.formats.vmcore import codecs
 
     npages = mib * 256
     pages = {p: page_bytes(p) for p in range(npages)}

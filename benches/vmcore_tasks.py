@@ -29,7 +29,7 @@ _ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 OURS = """
 import json, sys, time
 t0 = time.process_time()
-from unwind.replay import Session
+from unwind.session.replay import Session
 s = Session.load(sys.argv[1], vmlinux=sys.argv[2])
 t1 = time.process_time()
 frames = sum(len(s.replay(t).frames) for t in s.select(every=True))

@@ -1,10 +1,10 @@
-"""A small BTF writer for tests: types declared here, encoded with unwind.btf's own construct records."""
+"""A small BTF writer for tests: types declared here, encoded with unwind.kernel.btf's own construct records."""
 
 from __future__ import annotations
 
 from construct import Array
 
-from unwind.btf import BTF_MAGIC, EXTRA_EACH, EXTRA_ONCE, Header, TypeHeader
+from unwind.kernel.btf import BTF_MAGIC, EXTRA_EACH, EXTRA_ONCE, Header, TypeHeader
 
 _KIND = {"int": 1, "ptr": 2, "array": 3, "struct": 4, "union": 5, "enum": 6, "typedef": 8, "var": 14}
 

@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from unwind.replay import load_session
-from unwind.target import Options
+from unwind.session.replay import load_session
+from unwind.core.target import Options
 
 
 def assert_blocked_tasks_equal_sysrq_t(dump: str, counts: dict[str, Counter[str]]) -> None:

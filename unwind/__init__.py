@@ -22,22 +22,22 @@ from typing import TYPE_CHECKING
 from .lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .dump import Dump, DumpError, DumpWriter
-    from .frame import Flag, Frame, Provenance, Source
-    from .replay import Replay, ReplayError, Session
-    from .stackinfo import StackInfo, StackSet
-    from .target import Options, Target, Task
-    from .walk import (Stop, StopReason, Unwinder, UnwindStop, bpf_stack_walk, collect, iter_frames,
-                       kunwind_stack_walk, stack_walk, stack_walk_reliable)
+    from .formats.dump import Dump, DumpError, DumpWriter
+    from .core.frame import Flag, Frame, Provenance, Source
+    from .session.replay import Replay, ReplayError, Session
+    from .core.stackinfo import StackInfo, StackSet
+    from .core.target import Options, Target, Task
+    from .core.walk import (Stop, StopReason, Unwinder, UnwindStop, bpf_stack_walk, collect, iter_frames,
+                            kunwind_stack_walk, stack_walk, stack_walk_reliable)
 
 #: each public name and the module that defines it
 _FROM = {
-    "dump": ("Dump", "DumpError", "DumpWriter"),
-    "frame": ("Flag", "Frame", "Provenance", "Source"),
-    "replay": ("Replay", "ReplayError", "Session"),
-    "stackinfo": ("StackInfo", "StackSet"),
-    "target": ("Options", "Target", "Task"),
-    "walk": ("Stop", "StopReason", "Unwinder", "UnwindStop", "bpf_stack_walk", "collect", "iter_frames",
+    "formats.dump": ("Dump", "DumpError", "DumpWriter"),
+    "core.frame": ("Flag", "Frame", "Provenance", "Source"),
+    "session.replay": ("Replay", "ReplayError", "Session"),
+    "core.stackinfo": ("StackInfo", "StackSet"),
+    "core.target": ("Options", "Target", "Task"),
+    "core.walk": ("Stop", "StopReason", "Unwinder", "UnwindStop", "bpf_stack_walk", "collect", "iter_frames",
              "kunwind_stack_walk", "stack_walk", "stack_walk_reliable"),
 }
 

@@ -7,7 +7,7 @@ import sys
 
 
 def console() -> None:
-    """:func:`unwind.cli.main`, then exit.
+    """:func:`unwind.cli.main.main`, then exit.
 
     The cyclic garbage collector is off while the program's modules are imported: nothing they make
     is garbage, yet they would set off ~45 collections (~8 ms of a replay); what they made is then
@@ -16,7 +16,7 @@ def console() -> None:
     """
     gc.disable()
     try:
-        from .cli import main
+        from .cli.main import main
     finally:
         gc.freeze()
         gc.enable()

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from unwind.frame import Flag, Frame, Source
-from unwind.registry import ArchBackend
-from unwind.target import Target
-from unwind.trace import TraceLine
-from unwind.walk import Stop, Unwinder
+from unwind.core.frame import Flag, Frame, Source
+from unwind.core.registry import ArchBackend
+from unwind.core.target import Target
+from unwind.core.trace import TraceLine
+from unwind.core.walk import Stop, Unwinder
 
 from . import mm
 from .structs import PT_REGS_MEMBERS
 from .stacktrace import Arm64Unwinder, kernel_pac_mask, ptrauth_strip_kernel_insn_pac, user_mode, walk_generation
 
 if TYPE_CHECKING:
-    from unwind.batch import Job, Walked
-    from unwind.replay import Replay
-    from unwind.vmcore.virtual import PhysReader
-    from unwind.vmcore.vmcoreinfo import VmcoreInfo
+    from unwind.session.batch import Job, Walked
+    from unwind.session.replay import Replay
+    from unwind.formats.vmcore.virtual import PhysReader
+    from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
 
 # state_source_string() (v6.13+)
 _SOURCE_LETTER = {Source.FRAME: "", Source.CALLER: "C", Source.TASK: "T", Source.REGS_PC: "P"}

@@ -1,4 +1,4 @@
-"""The arm64 walk of many blocked tasks in numpy lockstep (:mod:`unwind.batch`).
+"""The arm64 walk of many blocked tasks in numpy lockstep (:mod:`unwind.session.batch`).
 
 One step, the plain one, for every lane at once: ``kunwind_next()`` through
 ``unwind_next_frame_record()`` (v6.12) or ``kunwind_next_frame_record()``
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from unwind import batch
-from unwind.batch import Job, Walked, gather_lanes, locate_lanes, narrowed, word_index
-from unwind.frame import Flag, Source
-from unwind.target import Task
-from unwind.walk import StopReason
+from unwind.session import batch
+from unwind.session.batch import Job, Walked, gather_lanes, locate_lanes, narrowed, word_index
+from unwind.core.frame import Flag, Source
+from unwind.core.target import Task
+from unwind.core.walk import StopReason
 
 from .stacktrace import (_BIT55, FRAME_META_TYPE_FINAL, FRAME_RECORD_META_SIZE, FRAME_RECORD_SIZE,
                          Arm64Unwinder, _btf_meta_records, final_frame_detail, final_record_detail,

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 import capstone
 from capstone import arm64 as cs_arm64
 
-from unwind.frame import Flag, Frame, Provenance, Source
-from unwind.memory import MemoryFault
-from unwind.target import Target
+from unwind.core.frame import Flag, Frame, Provenance, Source
+from unwind.core.memory import MemoryFault
+from unwind.core.target import Target
 
 from .stacktrace import ftrace_graph_ret_addr, kretprobe_find_ret_addr, ptrauth_strip_kernel_insn_pac
 

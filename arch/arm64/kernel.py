@@ -1,6 +1,6 @@
 """arm64 kernel knowledge for reading a stopped kernel: saved contexts and per-CPU stacks.
 
-Read through a :class:`unwind.kernel.KernelReader` (a vmcore, or a live guest
+Read through a :class:`unwind.kernel.model.KernelReader` (a vmcore, or a live guest
 during capture); every offset from BTF, every size from BTF or THREAD_SIZE.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from unwind.kernel import KernelReader
+    from unwind.kernel.model import KernelReader
 
 #: struct cpu_context (arch/arm64/include/asm/processor.h): what cpu_switch_to() saves
 CPU_CONTEXT = ("x19", "x20", "x21", "x22", "x23", "x24", "x25", "x26", "x27", "x28", "fp", "sp", "pc")

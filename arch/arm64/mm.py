@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from unwind.dump import DumpError
-from unwind.memory import NotMapped
-from unwind.vmcore.virtual import LinearMap, PhysReader, read_entry
-from unwind.vmcore.vmcoreinfo import VmcoreInfo
+from unwind.formats.dump import DumpError
+from unwind.core.memory import NotMapped
+from unwind.formats.vmcore.virtual import LinearMap, PhysReader, read_entry
+from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
 
 _U64 = (1 << 64) - 1
 

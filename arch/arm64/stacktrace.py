@@ -26,16 +26,16 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from unwind.frame import FLAGS as _FLAGS
-from unwind.frame import Flag, Frame, Provenance, Source
-from unwind.memory import Memory, MemoryFault
-from unwind.stackinfo import Refusal, StackInfo, StackSet
-from unwind.target import FgraphEntry, KretprobeInstance, Target, kernel_version
-from unwind.vmcore.vmcoreinfo import vmcoreinfo_number
-from unwind.walk import StopReason, Unwinder, UnwindStop
+from unwind.core.frame import FLAGS as _FLAGS
+from unwind.core.frame import Flag, Frame, Provenance, Source
+from unwind.core.memory import Memory, MemoryFault
+from unwind.core.stackinfo import Refusal, StackInfo, StackSet
+from unwind.core.target import FgraphEntry, KretprobeInstance, Target, kernel_version
+from unwind.formats.vmcore.vmcoreinfo import vmcoreinfo_number
+from unwind.core.walk import StopReason, Unwinder, UnwindStop
 
-from unwind.btf import BtfError
-from unwind.layout import StructLayout, image_btf, resolve_layout
+from unwind.kernel.btf import BtfError
+from unwind.kernel.layout import StructLayout, image_btf, resolve_layout
 
 from .structs import (FRAME_META_TYPE_FINAL, FRAME_META_TYPE_PT_REGS, FRAME_RECORD_META_SIZE,
                       FRAME_RECORD_SIZE, META_RECORDS_SINCE, PSR_MODE32_BIT, PSR_MODE_EL0T, PSR_MODE_MASK,

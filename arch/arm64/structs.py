@@ -16,7 +16,7 @@
   ========  =========================================  =====  ==========
 
 These are the *table*: a walk takes the layout from the image's BTF, the
-dump's ``offsets`` or the stacks first (:func:`unwind.layout.resolve_layout`). The 6.18 boundary is from
+dump's ``offsets`` or the stacks first (:func:`unwind.kernel.layout.resolve_layout`). The 6.18 boundary is from
 opentelemetry-ebpf-profiler PR #1094 (commit ee776d68ba47, v6.18-rc1); only
 the 6.1, 6.12 and 7.2 trees were read.
 """
@@ -28,7 +28,7 @@ from functools import lru_cache
 
 from construct import Array, Int32sl, Int32ul, Int64ul, Struct
 
-from unwind.layout import StructLayout, table_layout
+from unwind.kernel.layout import StructLayout, table_layout
 
 # asm/stacktrace/frame.h
 FRAME_META_TYPE_NONE = 0
@@ -116,7 +116,7 @@ class PtRegsLayout:
 
     @classmethod
     def of(cls, layout: StructLayout) -> "PtRegsLayout":
-        """The hot-path form of a resolved :class:`~unwind.layout.StructLayout`."""
+        """The hot-path form of a resolved :class:`~unwind.kernel.layout.StructLayout`."""
         return cls(size=layout.size, regs=layout["regs"], pc=layout["pc"], pstate=layout["pstate"],
                    stackframe=layout["stackframe"], source=f"{layout.source}: {layout.detail}")
 

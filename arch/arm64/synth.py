@@ -1,4 +1,4 @@
-"""arm64 scenario builders on top of :class:`unwind.synth.SynthDump`.
+"""arm64 scenario builders on top of :class:`unwind.dev.synth.SynthDump`.
 
 Stacks are filled with frame records, ``pt_regs`` of either generation and the
 final record at ``task_pt_regs(tsk)->stackframe``; return addresses can be
@@ -13,12 +13,12 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from unwind.dump import Dump
-from unwind.replay import Session
-from unwind.symbols import SymbolTable
-from unwind.synth import SynthDump, SynthStack
-from unwind.target import Task
-from unwind.walk import StopReason
+from unwind.formats.dump import Dump
+from unwind.session.replay import Session
+from unwind.kernel.symbols import SymbolTable
+from unwind.dev.synth import SynthDump, SynthStack
+from unwind.core.target import Task
+from unwind.core.walk import StopReason
 
 from .structs import (FRAME_META_TYPE_FINAL, FRAME_META_TYPE_PT_REGS, META_RECORDS_SINCE, PtRegsLayout,
                       pt_regs_table)
@@ -79,7 +79,7 @@ def b(at: int, target: int) -> int:
 
 
 class SynthImage:
-    """The slice of :class:`unwind.image.Image` complete mode reads: ``has_text`` and ``text()``."""
+    """The slice of :class:`unwind.formats.image.Image` complete mode reads: ``has_text`` and ``text()``."""
 
     machine = "EM_AARCH64"
 

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from unwind.frame import Flag, Frame, Source
-from unwind.registry import ArchBackend
-from unwind.target import Target
-from unwind.trace import TraceLine
-from unwind.walk import Stop, Unwinder
+from unwind.core.frame import Flag, Frame, Source
+from unwind.core.registry import ArchBackend
+from unwind.core.target import Target
+from unwind.core.trace import TraceLine
+from unwind.core.walk import Stop, Unwinder
 
 from . import mm, structs
 from .liveness import LiveRaProver
 from .stacktrace import KernelLayout, RiscvUnwinder, UserUnwinder
 
 if TYPE_CHECKING:
-    from unwind.batch import Job, Walked
-    from unwind.btf import Btf
-    from unwind.replay import Replay
-    from unwind.vmcore.virtual import PhysReader
-    from unwind.vmcore.vmcoreinfo import VmcoreInfo
+    from unwind.session.batch import Job, Walked
+    from unwind.kernel.btf import Btf
+    from unwind.session.replay import Replay
+    from unwind.formats.vmcore.virtual import PhysReader
+    from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
 
 #: the kernel's own printed traces: faithful replay must equal them
 _KERNEL_ORACLES = ("sysrq-t", "sysrq-l", "ftrace-stacktrace", "dump_backtrace")

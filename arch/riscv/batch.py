@@ -1,4 +1,4 @@
-"""The RISC-V walk of many blocked tasks in numpy lockstep (:mod:`unwind.batch`).
+"""The RISC-V walk of many blocked tasks in numpy lockstep (:mod:`unwind.session.batch`).
 
 One step, the plain one, of ``walk_stackframe()`` for every lane at once:
 ``fp_is_valid(fp, sp)``, then the ``{fp, ra}`` record at ``fp - 16`` becomes
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from unwind import batch
-from unwind.batch import Job, Walked, gather_lanes, locate_lanes, narrowed, word_index
-from unwind.frame import Source
-from unwind.target import Task
-from unwind.walk import StopReason
+from unwind.session import batch
+from unwind.session.batch import Job, Walked, gather_lanes, locate_lanes, narrowed, word_index
+from unwind.core.frame import Source
+from unwind.core.target import Task
+from unwind.core.walk import StopReason
 
 from .stacktrace import FP_ZERO_DETAIL, MASK64, RiscvUnwinder, align, first_frame_detail
 from .structs import STACK_ALIGN, STACKFRAME_FP, STACKFRAME_RA, STACKFRAME_SIZE

@@ -1,6 +1,6 @@
 """RISC-V kernel knowledge for reading a stopped kernel: saved contexts and per-CPU stacks.
 
-Read through a :class:`unwind.kernel.KernelReader` (a vmcore, or a live guest
+Read through a :class:`unwind.kernel.model.KernelReader` (a vmcore, or a live guest
 during capture); every offset from BTF, every size from BTF or THREAD_SIZE.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from unwind.kernel import KernelReader
+    from unwind.kernel.model import KernelReader
 
 #: OVERFLOW_STACK_SIZE (arch/riscv/include/asm/thread_info.h) when BTF has no VAR for overflow_stack
 OVERFLOW_STACK_SIZE = 4096

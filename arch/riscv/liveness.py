@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from unwind.symbols import SymbolTable
+from unwind.kernel.symbols import SymbolTable
 
 #: the longest function the leaf proof disassembles
 MAX_FUNCTION = 0x4000

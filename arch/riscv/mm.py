@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from unwind.btf import BtfError
-from unwind.dump import DumpError
-from unwind.memory import MemoryFault, NotMapped
-from unwind.vmcore.virtual import LinearMap, PhysReader, VirtualMemory, read_entry
-from unwind.vmcore.vmcoreinfo import VmcoreInfo, parse_vmcoreinfo_note
+from unwind.kernel.btf import BtfError
+from unwind.formats.dump import DumpError
+from unwind.core.memory import MemoryFault, NotMapped
+from unwind.formats.vmcore.virtual import LinearMap, PhysReader, VirtualMemory, read_entry
+from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo, parse_vmcoreinfo_note
 
 if TYPE_CHECKING:
-    from unwind.btf import Btf
+    from unwind.kernel.btf import Btf
 
 _U64 = (1 << 64) - 1
 

@@ -34,15 +34,15 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from unwind.frame import Flag, Frame, Provenance, Source
-from unwind.memory import Memory, MemoryFault
-from unwind.stackinfo import StackInfo, StackSet
-from unwind.target import FgraphEntry, KretprobeInstance, Target, kernel_version
-from unwind.vmcore.vmcoreinfo import vmcoreinfo_number
-from unwind.walk import StopReason, Unwinder, UnwindStop
+from unwind.core.frame import Flag, Frame, Provenance, Source
+from unwind.core.memory import Memory, MemoryFault
+from unwind.core.stackinfo import StackInfo, StackSet
+from unwind.core.target import FgraphEntry, KretprobeInstance, Target, kernel_version
+from unwind.formats.vmcore.vmcoreinfo import vmcoreinfo_number
+from unwind.core.walk import StopReason, Unwinder, UnwindStop
 
 from .liveness import LiveRaProver, Proof
-from unwind.layout import StructLayout, resolve_layout
+from unwind.kernel.layout import StructLayout, resolve_layout
 
 from .structs import (PT_REGS_MEMBERS, PT_REGS_TABLE, SR_SPP, STACK_ALIGN, STACKFRAME_FP, STACKFRAME_RA,
                       STACKFRAME_SIZE)

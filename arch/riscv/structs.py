@@ -8,7 +8,7 @@
 
 Code asks these declarations for sizes and offsets (:func:`offsetof`); the
 walk takes ``struct pt_regs`` from the image's BTF or the dump's ``offsets``
-first (:func:`unwind.layout.resolve_layout`). It is the same in the 6.1, 6.12
+first (:func:`unwind.kernel.layout.resolve_layout`). It is the same in the 6.1, 6.12
 and 7.2 trees (7.2 groups a0..a7 in a ``struct_group``, which moves nothing).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from construct import Int64ul, Struct
 
-from unwind.layout import StructLayout, offsetof, table_layout
+from unwind.kernel.layout import StructLayout, offsetof, table_layout
 
 # arch/riscv/include/asm/stacktrace.h: struct stackframe
 stackframe = Struct(

@@ -3,7 +3,7 @@
 :class:`RiscvSynth` lays out a fake kernel text (named functions at known
 addresses, a few of them with real, hand-assembled instructions in a
 :class:`TextImage`), task/IRQ stacks, ``{fp, ra}`` records and ``pt_regs``, on
-top of :class:`unwind.synth.SynthDump`. The scenario functions return a
+top of :class:`unwind.dev.synth.SynthDump`. The scenario functions return a
 :class:`Scenario`: a replay session plus the pcs each mode must print and the
 stop each must reach.
 """
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from unwind.dump import Dump
-from unwind.frame import Flag
-from unwind.replay import Session
-from unwind.symbols import SymbolTable
-from unwind.synth import SynthDump, SynthStack
-from unwind.target import Task
-from unwind.walk import StopReason
+from unwind.formats.dump import Dump
+from unwind.core.frame import Flag
+from unwind.session.replay import Session
+from unwind.kernel.symbols import SymbolTable
+from unwind.dev.synth import SynthDump, SynthStack
+from unwind.core.target import Task
+from unwind.core.walk import StopReason
 
 from .structs import PT_SIZE, SR_SPP, STACKFRAME_SIZE, pt_regs
 

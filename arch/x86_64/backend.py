@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from unwind.callsite import CallSiteChecker
-from unwind.frame import Flag, Frame
-from unwind.image import ImageError
-from unwind.registry import ArchBackend
-from unwind.target import Target
-from unwind.trace import TraceLine
-from unwind.walk import Stop, StopReason, Unwinder
+from unwind.core.callsite import CallSiteChecker
+from unwind.core.frame import Flag, Frame
+from unwind.formats.image import ImageError
+from unwind.core.registry import ArchBackend
+from unwind.core.target import Target
+from unwind.core.trace import TraceLine
+from unwind.core.walk import Stop, StopReason, Unwinder
 
 from . import mm
 from .mm import X86_64Translator
@@ -23,11 +23,11 @@ if TYPE_CHECKING:
     import random
     from collections.abc import Sequence
 
-    from unwind.batch import Job, Walked
-    from unwind.image import Image
-    from unwind.replay import Replay
-    from unwind.vmcore.virtual import PhysReader
-    from unwind.vmcore.vmcoreinfo import VmcoreInfo
+    from unwind.session.batch import Job, Walked
+    from unwind.formats.image import Image
+    from unwind.session.replay import Replay
+    from unwind.formats.vmcore.virtual import PhysReader
+    from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
 
 
 def orc_table(target: Target) -> OrcTable:

@@ -1,4 +1,4 @@
-"""The x86-64 ORC walk of many blocked tasks in numpy lockstep (:mod:`unwind.batch`).
+"""The x86-64 ORC walk of many blocked tasks in numpy lockstep (:mod:`unwind.session.batch`).
 
 One step, the plain one, of ``unwind_next_frame()`` for every lane at once:
 the ORC entry of ``ip - 1`` (``ip`` after a signal frame) is a CALL entry whose
@@ -22,11 +22,11 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from unwind import batch
-from unwind.batch import Job, Memo, Walked, gather_lanes, locate_lanes, narrowed, word_index
-from unwind.frame import Source
-from unwind.target import Options, Task
-from unwind.walk import StopReason
+from unwind.session import batch
+from unwind.session.batch import Job, Memo, Walked, gather_lanes, locate_lanes, narrowed, word_index
+from unwind.core.frame import Source
+from unwind.core.target import Options, Task
+from unwind.core.walk import StopReason
 
 from .orc import (ORC_REG_BP, ORC_REG_PREV_SP, ORC_REG_SP, ORC_REG_UNDEFINED, ORC_TYPE_CALL, ORC_TYPE_END_OF_STACK,
                   OrcTable)

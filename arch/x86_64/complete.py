@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from unwind.frame import Flag, Frame, Provenance, Source
-from unwind.walk import StopReason, UnwindStop
+from unwind.core.frame import Flag, Frame, Provenance, Source
+from unwind.core.walk import StopReason, UnwindStop
 
 if TYPE_CHECKING:
-    from unwind.symbols import Symbol
+    from unwind.kernel.symbols import Symbol
 
     from .unwind_orc import OrcUnwinder
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from unwind.memory import Memory, MemoryFault
-from unwind.stackinfo import StackInfo as CoreStackInfo
+from unwind.core.memory import Memory, MemoryFault
+from unwind.core.stackinfo import StackInfo as CoreStackInfo
 
 from .structs import PT_REGS, PT_REGS_SIZE, offsetof
 

@@ -1,4 +1,4 @@
-"""x86-64 mutations for ``unwind fuzz`` (:mod:`unwind.fuzz`): the image's ORC tables.
+"""x86-64 mutations for ``unwind fuzz`` (:mod:`unwind.dev.fuzz`): the image's ORC tables.
 
 Either entries a walk will look up (those of return addresses on the seed's stacks) are
 corrupted in a copy of the decoded table that the next walks use, or the section parser
@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Callable, Sequence
 
-from unwind.image import Image, ImageError
+from unwind.formats.image import Image, ImageError
 
 from . import orc as O
 from .structs import ORC_ENTRY_SIZE

@@ -1,6 +1,6 @@
 """x86-64 kernel knowledge for reading a stopped kernel: saved contexts and per-CPU stacks.
 
-Read through a :class:`unwind.kernel.KernelReader` (a vmcore, or a live guest
+Read through a :class:`unwind.kernel.model.KernelReader` (a vmcore, or a live guest
 during capture); offsets from BTF, and each generation's home of a per-CPU
 value asked of the symbols: ``hardirq_stack_ptr`` is a per-CPU variable in
 6.1 and 6.15+, a ``pcpu_hot`` member in between; ``_cea_offset`` (6.2+)
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from unwind.btf import BtfError
+from unwind.kernel.btf import BtfError
 
 if TYPE_CHECKING:
-    from unwind.kernel import KernelReader
+    from unwind.kernel.model import KernelReader
 
 #: CPU_ENTRY_AREA_PER_CPU = CPU_ENTRY_AREA_BASE + PAGE_SIZE, CPU_ENTRY_AREA_BASE = -4UL << P4D_SHIFT
 #: (arch/x86/include/asm/pgtable_64_types.h; the same with 4- and 5-level paging)

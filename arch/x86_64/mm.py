@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from unwind.dump import DumpError
-from unwind.memory import MemoryFault, NotMapped
-from unwind.vmcore.virtual import LinearMap, PhysReader, read_entry
-from unwind.vmcore.vmcoreinfo import VmcoreInfo
+from unwind.formats.dump import DumpError
+from unwind.core.memory import MemoryFault, NotMapped
+from unwind.formats.vmcore.virtual import LinearMap, PhysReader, read_entry
+from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
 
 # --- page_64_types.h, pgtable_64_types.h ---
 PAGE_SHIFT = 12

@@ -41,8 +41,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from unwind.cachefile import CacheFileError, cache_dir, read_arrays, write_arrays, write_atomically
-from unwind.image import Image, ImageError
+from unwind.formats.cachefile import CacheFileError, cache_dir, read_arrays, write_arrays, write_atomically
+from unwind.formats.image import Image, ImageError
 
 from .structs import ORC_ENTRY_SIZE, flag_bits, orc_entry
 
@@ -332,7 +332,7 @@ class OrcTable:
         #: text ips :meth:`orc_find_batch` answered by bisection so far
         self._bisected = 0
 
-    # --- the cache file (unwind.cachefile) ---
+    # --- the cache file (unwind.formats.cachefile) ---
 
     def to_arrays(self) -> tuple[dict[str, Any], dict[str, array]]:
         """``(meta, arrays)`` of the table, for a cache file (:meth:`from_arrays` reads them back)."""

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from unwind.frame import Flag, Frame, Source
-from unwind.memory import MemoryFault
-from unwind.symbols import SymbolTable
-from unwind.target import Target
-from unwind.trace import LineKind, TraceLine
+from unwind.core.frame import Flag, Frame, Source
+from unwind.core.memory import MemoryFault
+from unwind.kernel.symbols import SymbolTable
+from unwind.core.target import Target
+from unwind.core.trace import LineKind, TraceLine
 
 from .dumpstack import StackFinder
 from .unwind_orc import MODULES_RANGE

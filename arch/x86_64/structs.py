@@ -8,14 +8,14 @@
 - ``struct inactive_task_frame`` (``arch/x86/include/asm/switch_to.h``), 56 bytes.
 
 Code asks these declarations for sizes, offsets and bit positions
-(:func:`~unwind.layout.offsetof`, :func:`flag_bits`) instead of repeating numbers.
+(:func:`~unwind.kernel.layout.offsetof`, :func:`flag_bits`) instead of repeating numbers.
 """
 
 from __future__ import annotations
 
 from construct import BitsInteger, BitStruct, ByteSwapped, Construct, Flag, Int16sl, Int64ul, Padding, Struct
 
-from unwind.layout import offsetof, table_layout
+from unwind.kernel.layout import offsetof, table_layout
 
 # The u16 of bitfields: construct's BitStruct reads most significant bit
 # first, so the little-endian u16 is byte-swapped and the fields are listed

@@ -2,10 +2,10 @@
 
 :class:`OrcBuilder` lays out functions in fake kernel text with their ORC
 rows and symbols, and turns them into a :class:`SynthImage`: an object with
-the :class:`unwind.image.Image` surface the backend reads (``section()``,
+the :class:`unwind.formats.image.Image` surface the backend reads (``section()``,
 ``symbols``, ``text()``), holding ``.orc_unwind_ip``/``.orc_unwind`` encoded
 in the chosen generation and the matching ``.orc_header``. A replay of a
-:class:`~unwind.synth.SynthDump` with it goes through the same decoder as a
+:class:`~unwind.dev.synth.SynthDump` with it goes through the same decoder as a
 real vmlinux.
 """
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from unwind.replay import Session
-from unwind.symbols import SymbolTable
-from unwind.synth import SynthDump, SynthStack
+from unwind.session.replay import Session
+from unwind.kernel.symbols import SymbolTable
+from unwind.dev.synth import SynthDump, SynthStack
 
 from .orc import (ORC_HASHES, ORC_REG_PREV_SP, ORC_REG_SP, ORC_REG_UNDEFINED, ORC_TYPE_CALL,
                   ORC_TYPE_END_OF_STACK, ORC_TYPE_REGS, ORC_TYPE_REGS_PARTIAL, ORC_TYPE_UNDEFINED, OrcEntry,
@@ -50,7 +50,7 @@ FP_FRAME = OrcEntry(16, -16, 4, ORC_REG_PREV_SP, ORC_TYPE_CALL, False)
 
 
 class SynthImage:
-    """ORC sections, ``.orc_header`` and symbols with the surface of :class:`unwind.image.Image`."""
+    """ORC sections, ``.orc_header`` and symbols with the surface of :class:`unwind.formats.image.Image`."""
 
     machine = "EM_X86_64"
 

@@ -20,12 +20,12 @@ import weakref
 from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
-from unwind.frame import FLAGS as _FLAGS
-from unwind.frame import Flag, Frame, Provenance, Source
-from unwind.layout import StructLayout, resolve_layout
-from unwind.memory import Memory, MemoryFault
-from unwind.target import Target
-from unwind.walk import StopReason, Unwinder, UnwindStop
+from unwind.core.frame import FLAGS as _FLAGS
+from unwind.core.frame import Flag, Frame, Provenance, Source
+from unwind.kernel.layout import StructLayout, resolve_layout
+from unwind.core.memory import Memory, MemoryFault
+from unwind.core.target import Target
+from unwind.core.walk import StopReason, Unwinder, UnwindStop
 
 from .complete import UndefinedOrc, proven_caller
 from .dumpstack import UNKNOWN, StackFinder, StackInfo

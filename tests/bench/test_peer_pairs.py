@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benches"))
 import benchkit  # noqa: E402
 
-from unwind.synth import SynthDump  # noqa: E402
+from unwind.dev.synth import SynthDump  # noqa: E402
 
 
 def test_no_folder_is_a_skip_reason(monkeypatch: pytest.MonkeyPatch) -> None:

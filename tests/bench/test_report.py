@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from unwind import bench
-from unwind.cli import main
+from unwind.dev import bench
+from unwind.cli.main import main
 
 FIXTURE = Path(__file__).parent / "data" / "quick-run.json"
 

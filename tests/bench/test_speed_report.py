@@ -17,7 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
-from unwind import bench
+from unwind.dev import bench
 
 DATA = Path(__file__).parent / "data" / "speed"
 

@@ -1,4 +1,4 @@
-"""The batch replay (``Session.replay_all``, :mod:`unwind.batch`) is the scalar replay, task for task.
+"""The batch replay (``Session.replay_all``, :mod:`unwind.session.batch`) is the scalar replay, task for task.
 
 The expected answer of every comparison is ``Session.replay`` of the same task on the same
 session: the batch may only be faster. Every committed corpus dump and vmcore slice is walked,
@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from unwind.batch import MIN_TASKS, replay_all
-from unwind.memory import Memory, Segment
-from unwind.replay import Replay, Session, load_session
-from unwind.target import Options
+from unwind.session.batch import MIN_TASKS, replay_all
+from unwind.core.memory import Memory, Segment
+from unwind.session.replay import Replay, Session, load_session
+from unwind.core.target import Options
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 ARCHES = ("arm64", "riscv", "x86_64")
@@ -170,7 +170,7 @@ def test_lane_pac_strip_is_the_scalar_helpers() -> None:
 
 
 def test_a_memo_answers_each_key_once_and_starts_over_past_its_limit(monkeypatch) -> None:
-    from unwind.batch import Memo
+    from unwind.session.batch import Memo
 
     asked: list[list[int]] = []
 
@@ -192,7 +192,7 @@ def test_a_memo_answers_each_key_once_and_starts_over_past_its_limit(monkeypatch
 def test_flat_memory_words_are_the_memories_bytes(aligned: bool) -> None:
     """Every whole 8-aligned word of every segment reads back at ``bases[s] + (a - origins[s]) // 8``, and
     ``locate`` finds each address's segment in its own memory only (by construction: random bytes)."""
-    from unwind.batch import FlatMemory
+    from unwind.session.batch import FlatMemory
 
     rng = random.Random(3 if aligned else 4)
     memories = []

@@ -5,7 +5,7 @@ import random
 import pytest
 from construct import Array
 
-from unwind.btf import BTF_MAGIC, EXTRA_EACH, EXTRA_ONCE, Btf, BtfError, Header, TypeHeader
+from unwind.kernel.btf import BTF_MAGIC, EXTRA_EACH, EXTRA_ONCE, Btf, BtfError, Header, TypeHeader
 
 STRINGS = (b"\0int\0long\0inner\0a\0b\0outer\0x\0in\0u1\0u2\0arr\0outer_t\0bits\0p\0"
            b"colour\0RED\0BLUE\0NEG\0big\0HUGE\0")

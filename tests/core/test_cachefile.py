@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from unwind.cachefile import (CacheFileError, folder_limit, mark_used, read_arrays, write_arrays,
+from unwind.formats.cachefile import (CacheFileError, folder_limit, mark_used, read_arrays, write_arrays,
                               write_atomically)
 
 

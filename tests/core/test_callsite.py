@@ -8,11 +8,11 @@ import subprocess
 
 import pytest
 
-from unwind import registry
-from unwind.callsite import CallSiteChecker
-from unwind.frame import Flag, Frame, Provenance, Source
-from unwind.image import Image
-from unwind.slim import write_slim
+from unwind.core import registry
+from unwind.core.callsite import CallSiteChecker
+from unwind.core.frame import Flag, Frame, Provenance, Source
+from unwind.formats.image import Image
+from unwind.formats.slim import write_slim
 
 from .test_image import elf_exe  # noqa: F401  (fixture)
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from unwind import registry
-from unwind.callsite import CallSiteChecker
-from unwind.replay import load_session
-from unwind.tools import paths_under
+from unwind.core import registry
+from unwind.core.callsite import CallSiteChecker
+from unwind.session.replay import load_session
+from unwind.cli.corpus import paths_under
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 BASE = 0xFFFFFFFF81000000
@@ -109,8 +109,8 @@ def test_fast_check_matches_capstone_on_every_corpus_return_address(folder: Path
 
 
 def test_annotate_keeps_every_other_flag_and_a_flag_type() -> None:
-    from unwind.callsite import CallSite
-    from unwind.frame import Flag, Frame, Source
+    from unwind.core.callsite import CallSite
+    from unwind.core.frame import Flag, Frame, Source
     checker = CallSiteChecker(registry.get("arm64"), None)
     checker._cache.update({0x1000: CallSite("ok", "bl #0xffc", 0xffc), 0x2000: CallSite("bad", "nop", 0x1ffc)})
     for value in range(1 << 8):

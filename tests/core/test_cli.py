@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from unwind.cli import main
-from unwind.synth import SynthDump
+from unwind.cli.main import main
+from unwind.dev.synth import SynthDump
 
 from .toy import BACKEND
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from unwind.cli import main
-from unwind.replay import ReplayError
+from unwind.cli.main import main
+from unwind.session.replay import ReplayError
 
 ROOT = Path(__file__).resolve().parents[2]
 X86 = ROOT / "corpora/x86_64/6.12.117+deb13-amd64"

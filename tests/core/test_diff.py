@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from unwind.cli import main
-from unwind.synth import SynthDump
-from unwind.tools import diff_dumps
+from unwind.cli.main import main
+from unwind.dev.synth import SynthDump
+from unwind.cli.corpus import diff_dumps
 
 from .toy import BACKEND
 

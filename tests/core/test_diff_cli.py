@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from unwind.cli import main
-from unwind.replay import load_session
+from unwind.cli.main import main
+from unwind.session.replay import load_session
 
 ROOT = Path(__file__).resolve().parents[2]
 X86 = ROOT / "corpora/x86_64/6.12.117+deb13-amd64"

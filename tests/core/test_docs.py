@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from unwind.dump import Dump
+from unwind.formats.dump import Dump
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"x86_64": "x86_64/6.12.117+deb13-amd64", "arm64": "arm64/6.12.117+deb13-arm64",

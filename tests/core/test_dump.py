@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from unwind.cli import main
-from unwind import registry
-from unwind.dump import Dump, DumpError, DumpWriter, written_by_unwind
-from unwind.synth import SynthDump
+from unwind.cli.main import main
+from unwind.core import registry
+from unwind.formats.dump import Dump, DumpError, DumpWriter, written_by_unwind
+from unwind.dev.synth import SynthDump
 
 from .toy import BACKEND
 
@@ -158,7 +158,7 @@ def test_a_compressed_vmcore_is_not_a_dump_but_loads_as_a_vmcore(capsys) -> None
     import tempfile
     from pathlib import Path
 
-    from unwind.dump import NotADump
+    from unwind.formats.dump import NotADump
 
     vmcore = next((Path(__file__).resolve().parents[2] / "corpora").glob("x86_64/*/vmcore/stop-*.elf.xz"))
     slim = str(next(vmcore.parents[1].glob("vmlinux-*.slim.xz")))

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from unwind.synth import SynthDump
+from unwind.dev.synth import SynthDump
 
 
 @pytest.mark.slow

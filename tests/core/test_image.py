@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from unwind.image import Image, ImageError, find_image
-from unwind.slim import write_slim
-from unwind.symbols import SymbolTable
+from unwind.formats.image import Image, ImageError, find_image
+from unwind.formats.slim import write_slim
+from unwind.kernel.symbols import SymbolTable
 
 CACHE = Path(os.environ.get("UNWIND_CACHE", Path.home() / ".cache" / "unwind")) / "kernels"
 

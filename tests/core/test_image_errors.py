@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from unwind.fuzz import _sections
-from unwind.image import CACHE_ENV, Image, ImageError
+from unwind.dev.fuzz import _sections
+from unwind.formats.image import CACHE_ENV, Image, ImageError
 
 SLIM = next((Path(__file__).resolve().parents[2] / "corpora" / "x86_64").glob("*/vmlinux-*.slim.xz"))
 

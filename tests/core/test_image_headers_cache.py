@@ -1,4 +1,4 @@
-"""The cache of what pyelftools reads of an image file's headers (``unwind.image._headers``): an image opened
+"""The cache of what pyelftools reads of an image file's headers (``unwind.formats.image._headers``): an image opened
 from the cache is the image pyelftools reads, section for section; a damaged entry is read again; a file
 changed since (another size, inode or mtime) is another entry; without a cache folder nothing changes."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from unwind import image as image_mod
-from unwind.image import Image, image_build_id
+from unwind.formats import image as image_mod
+from unwind.formats.image import Image, image_build_id
 
 ROOT = Path(__file__).resolve().parents[2]
 SLIM = sorted((ROOT / "corpora" / "x86_64").glob("6.12*/vmlinux-*.slim.xz"))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from unwind import image as image_mod
-from unwind.cli import main
-from unwind.image import find_image
+from unwind.formats import image as image_mod
+from unwind.cli.main import main
+from unwind.formats.image import find_image
 
 ROOT = Path(__file__).resolve().parents[2]
 X86 = ROOT / "corpora/x86_64/6.12.117+deb13-amd64"

@@ -29,7 +29,7 @@ for task in s.select():
         print(f.symbol, f.source.value, f.stack or '-', f.flags.letters())
 """
 PROBE = ("import unwind, unwind.arch.arm64, unwind.arch.x86_64, unwind.arch.riscv; "
-         "from unwind import registry; print(sorted(registry.backends()))")
+         "from unwind.core import registry; print(sorted(registry.backends()))")
 
 
 def _nested_venv(env_dir: Path) -> Path:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from unwind.cli import main
-from unwind.replay import load_session
+from unwind.cli.main import main
+from unwind.session.replay import load_session
 
 ROOT = Path(__file__).resolve().parents[2]
 DUMPS = sorted((ROOT / "corpora").glob("*/*/stop-*.bin.xz"))

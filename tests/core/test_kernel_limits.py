@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from unwind.cli import main
-from unwind.frame import Flag
-from unwind.replay import load_session
-from unwind.target import Options
-from unwind.walk import StopReason
+from unwind.cli.main import main
+from unwind.core.frame import Flag
+from unwind.session.replay import load_session
+from unwind.core.target import Options
+from unwind.core.walk import StopReason
 
 ROOT = Path(__file__).resolve().parents[2]
 X86 = ROOT / "corpora/x86_64/6.12.117+deb13-amd64"

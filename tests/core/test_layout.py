@@ -7,9 +7,9 @@ from types import SimpleNamespace
 from construct import Int64ul, Struct
 
 from tests.btfbuild import BtfBuilder
-from unwind.btf import Btf
+from unwind.kernel.btf import Btf
 from unwind.lab.capture import Session as CaptureSession
-from unwind.layout import StructLayout, btf_offsets, dump_layout, resolve_layout, table_layout
+from unwind.kernel.layout import StructLayout, btf_offsets, dump_layout, resolve_layout, table_layout
 
 DECL = Struct("a" / Int64ul, "b" / Int64ul, "c" / Int64ul)
 TABLE = table_layout("thing", DECL, ("a", "c"), "test table")

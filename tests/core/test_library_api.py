@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from unwind import Flag, Frame, Options, Session, iter_frames, kunwind_stack_walk, stack_walk
-from unwind.output import trace_lines
+from unwind.session.output import trace_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 DUMPS = {arch: next((ROOT / "corpora" / arch).glob("*/stop-002-*.bin.xz")) for arch in ("arm64", "x86_64", "riscv")}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from unwind.memory import Memory, MemoryFault, Segment
-from unwind.stackinfo import Refusal, StackInfo, StackSet
+from unwind.core.memory import Memory, MemoryFault, Segment
+from unwind.core.stackinfo import Refusal, StackInfo, StackSet
 
 
 def mem() -> Memory:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from unwind.replay import Session, load_session
-from unwind.target import Options
+from unwind.session.replay import Session, load_session
+from unwind.core.target import Options
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 MODES = {

@@ -9,13 +9,13 @@ import struct
 
 import pytest
 
-from unwind.dump import Dump, DumpError
-from unwind.memory import Memory, Segment
-from unwind.note import NoteError, validate_note
-from unwind.stackinfo import StackInfo
-from unwind.synth import SynthDump
-from unwind.vmcore.vmcoreinfo import VmcoreInfo, vmcoreinfo_number
-from unwind.walk import FRAME_LIMIT_SLACK, frame_limit
+from unwind.formats.dump import Dump, DumpError
+from unwind.core.memory import Memory, Segment
+from unwind.formats.note import NoteError, validate_note
+from unwind.core.stackinfo import StackInfo
+from unwind.dev.synth import SynthDump
+from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo, vmcoreinfo_number
+from unwind.core.walk import FRAME_LIMIT_SLACK, frame_limit
 
 from .test_dump import sample
 

@@ -1,4 +1,4 @@
-"""The cache of validated notes (``unwind.note.read_note``): a dump file's note validated once is read
+"""The cache of validated notes (``unwind.formats.note.read_note``): a dump file's note validated once is read
 back as the same validated note; a missing, damaged or stale entry is validated again, never trusted;
 a note with warnings, and a dump given as bytes, leave no entry."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from unwind import note
-from unwind.dump import Dump
+from unwind.formats import note
+from unwind.formats.dump import Dump
 
 from .test_dump import sample
 from .test_note import written

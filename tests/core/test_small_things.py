@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from unwind.cli import main
-from unwind.image import Image
+from unwind.cli.main import main
+from unwind.formats.image import Image
 
 ROOT = Path(__file__).resolve().parents[2]
 RISCV = ROOT / "corpora/riscv/6.12.117+deb13-riscv64"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unwind.symbols import SymbolError, SymbolTable
+from unwind.kernel.symbols import SymbolError, SymbolTable
 
 
 def table() -> SymbolTable:
@@ -58,7 +58,7 @@ def test_address_by_name_asked_again_and_past_the_memo(monkeypatch):
     # the answers by construction: each alias's address as given, the lowest for a name given twice
     entries = [(0x1000 + 0x10 * i, "T", f"f{i}") for i in range(40)] + [(0x2000, "T", "f3"), (0x1000, "W", "alias")]
     want = {f"f{i}": 0x1000 + 0x10 * i for i in range(40)} | {"alias": 0x1000}
-    monkeypatch.setattr("unwind.symbols._ASKED_MAX", 8)  # the memo is emptied several times below
+    monkeypatch.setattr("unwind.kernel.symbols._ASKED_MAX", 8)  # the memo is emptied several times below
     t = SymbolTable(entries)
     for _ in range(3):
         for name, addr in want.items():

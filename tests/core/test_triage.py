@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 
 from unwind import Options, Session
-from unwind.cli import main
-from unwind.frame import Flag
-from unwind.triage import SkipTable, bucket, compare, function_name, signature, write_report
+from unwind.cli.main import main
+from unwind.core.frame import Flag
+from unwind.cli.triage import SkipTable, bucket, compare, function_name, signature, write_report
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 DUMPS = sorted(str(p) for p in CORPORA.glob("*/*/stop-*.bin.xz"))
 #: a few dumps per arch: enough to exercise every engine without slowing the suite
 SOME = [p for arch in ("x86_64", "arm64", "riscv") for p in [d for d in DUMPS if f"/{arch}/" in d][:3]]
-SKIP_JSON = Path(__file__).resolve().parents[2] / "unwind" / "triage_skip.json"
+SKIP_JSON = Path(__file__).resolve().parents[2] / "unwind" / "cli" / "triage_skip.json"
 
 
 def test_function_name_drops_offsets_keeps_module() -> None:
@@ -151,7 +151,7 @@ def test_folders_are_searched_by_magic(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def _doc(rows: list[tuple[str, str, list[str], int]]) -> dict:
-    from unwind.triage import bucket_id
+    from unwind.cli.triage import bucket_id
     return {"schema": 1, "dumps": {"total": 10},
             "buckets": [{"id": bucket_id((k, st, tuple(sig))), "kind": k, "state": st, "signature": sig, "tasks": n}
                         for k, st, sig, n in rows]}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from unwind import Options, StopReason, bpf_stack_walk, iter_frames, stack_walk, stack_walk_reliable
-from unwind.frame import Flag, Source
-from unwind.synth import SynthDump
-from unwind.walk import collect, kunwind_stack_walk
+from unwind.core.frame import Flag, Source
+from unwind.dev.synth import SynthDump
+from unwind.core.walk import collect, kunwind_stack_walk
 
 from .toy import BACKEND, META_UNKNOWN
 

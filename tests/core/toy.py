@@ -10,13 +10,13 @@ Rules, all known by construction:
 
 from __future__ import annotations
 
-from unwind import registry
-from unwind.frame import Flag, Frame, Provenance, Source
-from unwind.memory import MemoryFault
-from unwind.stackinfo import Refusal, StackSet
-from unwind.target import Target
-from unwind.trace import TraceLine
-from unwind.walk import Stop, StopReason, Unwinder, UnwindStop
+from unwind.core import registry
+from unwind.core.frame import Flag, Frame, Provenance, Source
+from unwind.core.memory import MemoryFault
+from unwind.core.stackinfo import Refusal, StackSet
+from unwind.core.target import Target
+from unwind.core.trace import TraceLine
+from unwind.core.walk import Stop, StopReason, Unwinder, UnwindStop
 
 META_UNKNOWN = 0x7E
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from unwind import fuzz as F
-from unwind.memory import Memory, Segment
+from unwind.dev import fuzz as F
+from unwind.core.memory import Memory, Segment
 
 from ..btfbuild import BtfBuilder
 from .vmcore_seeds import write as write_vmcore_seeds
@@ -101,7 +101,7 @@ def test_exceptions_hangs_and_bad_values_are_outcomes(fuzzer):
         while True:
             pass
     assert slow.guarded("x", "t", spin).kind == "hang"
-    from unwind.frame import Frame, Source
+    from unwind.core.frame import Frame, Source
     assert F._bad_value([Frame(-1, None, None, Source.REGS_PC, None)]) is not None
     assert F._bad_value([Frame(2**64, 0, 0, Source.REGS_PC, None)]) is not None
     assert F._bad_value([Frame(2**64 - 1, 0, 0, Source.REGS_PC, None)]) is None
@@ -118,7 +118,7 @@ def test_a_batch_replay_unlike_the_task_replay_is_caught(fuzzer, monkeypatch):
     """``replay --all`` walks in one batch (``Session.replay_all``): a batch that lost a frame differs."""
     import dataclasses
 
-    from unwind.replay import Session
+    from unwind.session.replay import Session
 
     seed = next(s for s in fuzzer.seeds if s.arch == "arm64")
     real = Session.replay_all
@@ -145,9 +145,9 @@ def test_vmmem_checks_fire(fuzzer, vmseed, monkeypatch):
     """A clean vmcore is ok; each check fires on a load or replay made to break it."""
     import dataclasses
 
-    from unwind.frame import Frame, Source
-    from unwind.kernel import Kernel
-    from unwind.replay import Session
+    from unwind.core.frame import Frame, Source
+    from unwind.kernel.model import Kernel
+    from unwind.session.replay import Session
 
     assert _vmcase(fuzzer, vmseed).kind == "ok"
     assert _vmcase(fuzzer, vmseed, 0.05).kind == "hang"
@@ -269,7 +269,7 @@ def test_a_near_miss_of_a_broken_hex_string_is_made(value):
 def test_start_runs_the_campaign_from_a_case_index(tmp_path):
     """``--start N --cases K`` runs cases N..N+K-1 of the campaign, as the in-process fuzzer does."""
     report = tmp_path / "report.md"
-    run = subprocess.run([sys.executable, "-m", "unwind.cli", "fuzz", "--corpus", str(CORPUS), "--cases", "3",
+    run = subprocess.run([sys.executable, "-m", "unwind.cli.main", "fuzz", "--corpus", str(CORPUS), "--cases", "3",
                           "--start", "40", "--chunk", "2", "--seed", "5", "--report", str(report)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
@@ -278,7 +278,7 @@ def test_start_runs_the_campaign_from_a_case_index(tmp_path):
     fuzzer = F._fuzzer(argparse.Namespace(btf=None, vmcore_seeds=None, corpus=str(CORPUS), cpu_limit=F.CASE_CPU_LIMIT,
                                           keep=None))
     assert F.run_cases(fuzzer, 5, range(40, 43)).table() in text
-    bad = subprocess.run([sys.executable, "-m", "unwind.cli", "fuzz", "--corpus", str(CORPUS), "--start", "-1"],
+    bad = subprocess.run([sys.executable, "-m", "unwind.cli.main", "fuzz", "--corpus", str(CORPUS), "--start", "-1"],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "-1 is not a case index" in bad.stderr
 
@@ -295,7 +295,7 @@ def _task_word(session, seed: F.VmmemSeed, pid: int, member: str) -> F.ReadWord:
 
 @pytest.fixture(scope="module")
 def clean_kdump(vmseed, tmp_path_factory):
-    from unwind.replay import Session
+    from unwind.session.replay import Session
 
     path = tmp_path_factory.mktemp("vmmem") / "kdump-000.elf"
     path.write_bytes(vmseed.raw)
@@ -305,7 +305,7 @@ def clean_kdump(vmseed, tmp_path_factory):
 def test_vmmem_a_pid_past_pid_max_limit_is_no_task(fuzzer, vmseed, clean_kdump, tmp_path):
     # found by the vmmem family (campaign 1, case 4): convert wrote the pid into a note whose schema
     # refuses it (a pydantic ValidationError)
-    from unwind.replay import Session
+    from unwind.session.replay import Session
 
     word = _task_word(clean_kdump, vmseed, 1, "pid")
     data = F.apply_edits(vmseed.raw, [(word.offset, word.width, 44308592)])
@@ -319,7 +319,7 @@ def test_vmmem_a_pid_past_pid_max_limit_is_no_task(fuzzer, vmseed, clean_kdump, 
 def test_vmmem_a_task_stack_running_past_the_address_space_is_no_stack(fuzzer, vmseed, clean_kdump, tmp_path):
     # found by the vmmem family (campaign 1, case 19): task->stack + THREAD_SIZE past 2**64 was a
     # stack range no note can hold
-    from unwind.replay import Session
+    from unwind.session.replay import Session
 
     word = _task_word(clean_kdump, vmseed, 1, "stack")
     data = F.apply_edits(vmseed.raw, [(word.offset, word.width, 2**64 - 0x1000)])
@@ -332,7 +332,7 @@ def test_vmmem_a_task_stack_running_past_the_address_space_is_no_stack(fuzzer, v
 def test_vmmem_a_module_region_larger_than_any_module_leaves_the_module_out(fuzzer, tmp_path):
     # found by a directed vmmem sweep of the x86-64 slice's struct module words: mod->mem[].size of
     # 2**31 or more went into the note convert writes, whose schema refuses it (a ValidationError)
-    from unwind.replay import Session
+    from unwind.session.replay import Session
 
     seed = next(s for s in fuzzer.vmmem_seeds if s.name.endswith("amd64/vmcore/stop-001-random")).recorded(fuzzer.scratch)
     (tmp_path / "clean.elf").write_bytes(seed.raw)
@@ -352,8 +352,8 @@ def test_vmmem_a_module_region_larger_than_any_module_leaves_the_module_out(fuzz
 def test_a_dynamic_ftrace_trampoline_of_no_size_or_a_huge_one_is_left_out():
     """create_trampoline() copies ftrace_caller (a few hundred bytes): ops whose trampoline_size is 0
     or past MAX_TRAMPOLINE_BYTES hold no trampoline the walk could be in."""
-    from unwind.btf import Btf
-    from unwind.kernel import ftrace_trampolines
+    from unwind.kernel.btf import Btf
+    from unwind.kernel.model import ftrace_trampolines
 
     b = BtfBuilder()
     u64, u32 = b.int("unsigned long", 8), b.int("unsigned int", 4)
@@ -380,7 +380,7 @@ def test_a_dynamic_ftrace_trampoline_of_no_size_or_a_huge_one_is_left_out():
 def test_vmmem_a_crash_note_whose_pid_is_no_pid_gives_the_cpu_no_pid(fuzzer, vmseed, clean_kdump, tmp_path):
     """kdump's CPUs saved their registers in crash_notes (crash_save_cpu()), in memory: a pr_pid past
     PID_MAX_LIMIT there is no pid (convert wrote it into a note its schema refuses)."""
-    from unwind.replay import Session
+    from unwind.session.replay import Session
 
     k = clean_kdump.dump.kernel
     note = (k.read_u64(k.symbol("crash_notes")) + k.per_cpu_offset[0]) % 2**64

@@ -1,4 +1,4 @@
-"""The coverage-guided engine (``unwind fuzz --engine atheris``, :mod:`unwind.fuzz_guided`): its
+"""The coverage-guided engine (``unwind fuzz --engine atheris``, :mod:`unwind.dev.fuzz_guided`): its
 structure-aware steps, the checks on each input, and a short libFuzzer run when atheris is installed
 (the ``[fuzz]`` extra)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from unwind import fuzz as F
-from unwind import fuzz_guided as G
+from unwind.dev import fuzz as F
+from unwind.dev import fuzz_guided as G
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpora"
 
@@ -62,7 +62,7 @@ def test_an_input_that_breaks_a_promise_is_kept(guided, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_a_short_libfuzzer_run(tmp_path):
     pytest.importorskip("atheris")
-    run = subprocess.run([sys.executable, "-m", "unwind.cli", "fuzz", "--corpus", str(CORPUS), "--engine", "atheris",
+    run = subprocess.run([sys.executable, "-m", "unwind.cli.main", "fuzz", "--corpus", str(CORPUS), "--engine", "atheris",
                           "--runs", "60", "--work", str(tmp_path / "w"), "--keep", str(tmp_path / "kept")],
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-2000:]

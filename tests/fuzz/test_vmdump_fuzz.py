@@ -9,13 +9,13 @@ import struct
 
 import pytest
 
-from unwind import fuzz as F
-from unwind import registry
-from unwind.dump import DumpError
-from unwind.kernel import KernelError
-from unwind.memory import Memory, Segment
-from unwind.replay import ReplayError, Session
-from unwind.vmdump import VmcoreDump
+from unwind.dev import fuzz as F
+from unwind.core import registry
+from unwind.formats.dump import DumpError
+from unwind.kernel.model import KernelError
+from unwind.core.memory import Memory, Segment
+from unwind.session.replay import ReplayError, Session
+from unwind.formats.vmdump import VmcoreDump
 
 from ..vmtasks.kernelgen import SynthKernel
 from ..vmtasks.test_kernel_tasks import _prstatus, _procs

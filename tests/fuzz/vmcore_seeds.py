@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from unwind.vmcore import codecs
+from unwind.formats.vmcore import codecs
 
 from ..vmcore.synth import KdumpSpec, Load, elf_vmcore, flatten, kdump_file, notes_blob, page_bytes, vmcoreinfo
 

@@ -71,7 +71,7 @@ def test_capture_reads_fgraph_in_both_ret_stack_layouts(gen: str) -> None:
     # "old" is 6.1's array of struct ftrace_ret_stack, "new" the 6.11+ tagged words
     from tests.vmtasks.kernelgen import SynthKernel
     from tests.vmtasks.test_kernel_tasks import _procs
-    from unwind.kernel import Kernel
+    from unwind.kernel.model import Kernel
 
     k = SynthKernel(gen)
     procs = _procs()

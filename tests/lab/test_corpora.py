@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from unwind.dump import Dump
+from unwind.formats.dump import Dump
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 FOLDERS = sorted(p for p in CORPORA.glob("*/*") if p.is_dir() and any(p.glob("stop-*.bin.xz")))
@@ -77,9 +77,9 @@ FTRACE_STOPS = sorted(p for f in FOLDERS for p in f.glob("stop-*-ftrace-*.bin.xz
 
 @pytest.mark.parametrize("path", FTRACE_STOPS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
 def test_ftrace_stacktrace_equals_faithful_replay(path: Path) -> None:
-    from unwind.replay import load_session
-    from unwind.target import Options
-    from unwind.tools import compare_oracle
+    from unwind.session.replay import load_session
+    from unwind.core.target import Options
+    from unwind.cli.corpus import compare_oracle
 
     session = load_session(str(path))
     (oracle,) = [o for o in session.dump.oracles() if o["source"] == "ftrace-stacktrace"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from unwind.cli import main
-from unwind.dump import Dump
+from unwind.cli.main import main
+from unwind.formats.dump import Dump
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from unwind.cli import main
+from unwind.cli.main import main
 
 HERE = Path(__file__).resolve().parents[2] / "corpora" / "x86_64" / "6.12.117+deb13-amd64"
 VMCORE = HERE / "vmcore" / "kdump-000.elf.xz"
@@ -106,7 +106,7 @@ def test_every_other_task_equals_drgn(kdump, capsys) -> None:
 
 def _with_words(mem, words: dict[int, int]):
     """The memory ``mem`` with the words at these addresses replaced."""
-    from unwind.memory import Memory, Segment
+    from unwind.core.memory import Memory, Segment
 
     segs = []
     for seg in mem.segments:
@@ -122,9 +122,9 @@ def test_complete_takes_only_a_return_from_a_call_to_that_function(kdump, monkey
     """A text word that returns from a call to another function (here sysrq_handle_crash's return into
     __handle_sysrq, which follows 'call panic'), put below the real slot, is passed over; with the real
     slot gone there is no caller to prove and the walk stops as in faithful mode, saying why."""
-    from unwind.replay import Session
-    from unwind.target import Options
-    from unwind.walk import StopReason
+    from unwind.session.replay import Session
+    from unwind.core.target import Options
+    from unwind.core.walk import StopReason
 
     s = Session.load(kdump["elf"], vmlinux=kdump["slim"])
     task = s.select(cpu=0)[0]

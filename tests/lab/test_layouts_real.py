@@ -15,9 +15,9 @@ from unwind.arch.arm64.structs import PT_REGS_MEMBERS as ARM64_MEMBERS, pt_regs_
 from unwind.arch.riscv.structs import PT_REGS_MEMBERS as RISCV_MEMBERS, PT_REGS_TABLE as RISCV_TABLE
 from unwind.arch.x86_64.structs import (INACTIVE_TASK_FRAME_MEMBERS, INACTIVE_TASK_FRAME_TABLE,
                                         PT_REGS_MEMBERS as X86_MEMBERS, PT_REGS_TABLE as X86_TABLE)
-from unwind.image import Image
-from unwind.layout import btf_layout
-from unwind.target import kernel_version
+from unwind.formats.image import Image
+from unwind.kernel.layout import btf_layout
+from unwind.core.target import kernel_version
 
 KERNELS = Path.home() / ".cache" / "unwind" / "kernels"
 

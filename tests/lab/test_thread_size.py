@@ -3,8 +3,8 @@
 import pytest
 
 from tests.vmtasks.btfgen import BtfBuilder
-from unwind.btf import Btf
-from unwind.kernel import KernelError, thread_size
+from unwind.kernel.btf import Btf
+from unwind.kernel.model import KernelError, thread_size
 
 INIT_STACK = 0xFFFFFFFF82A00000
 

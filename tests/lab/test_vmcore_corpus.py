@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from unwind.cli import main
-from unwind.dump import Dump
-from unwind.vmcore import open_vmcore
+from unwind.cli.main import main
+from unwind.formats.dump import Dump
+from unwind.formats.vmcore import open_vmcore
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 SLICES = sorted(CORPORA.glob("*/*/vmcore/stop-*.elf.xz"))

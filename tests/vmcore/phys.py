@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from unwind.memory import ExcludedPage, MemoryFault
+from unwind.core.memory import ExcludedPage, MemoryFault
 
 
 class SparsePhys:

@@ -1,8 +1,8 @@
 """Synthetic vmcores whose every byte is known by construction.
 
 ELF files are built with the project's construct declarations
-(``unwind.elfcore``), kdump-compressed and flattened files with the reader's
-own declarations (``unwind.vmcore.diskdump``/``flattened``), laid out as
+(``unwind.formats.elfcore``), kdump-compressed and flattened files with the reader's
+own declarations (``unwind.formats.vmcore.diskdump``/``flattened``), laid out as
 makedumpfile and QEMU lay them out (docs/vmcore.md). Page contents are
 derived from the pfn, so a test knows what every read must return.
 """
@@ -14,8 +14,8 @@ import random
 import zlib
 from dataclasses import dataclass, field
 
-from unwind import elfcore
-from unwind.vmcore import codecs, diskdump, flattened
+from unwind.formats import elfcore
+from unwind.formats.vmcore import codecs, diskdump, flattened
 
 
 #: ``e_phnum`` when the count is in section 0 (``include/uapi/linux/elf.h``)

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from unwind.dump import DumpError
-from unwind.memory import MemoryFault
-from unwind.vmcore import CorruptPageFault, VmcoreError, codecs, open_vmcore
+from unwind.formats.dump import DumpError
+from unwind.core.memory import MemoryFault
+from unwind.formats.vmcore import CorruptPageFault, VmcoreError, codecs, open_vmcore
 
 from .synth import KdumpSpec, Load, elf_vmcore, flatten, kdump_file, notes_blob, page_bytes, vmcoreinfo
 
@@ -168,7 +168,7 @@ def test_an_xz_vmcore_reads_as_the_file_inside(tmp_path, kind):
 
 
 def test_an_xz_bomb_is_refused(tmp_path, monkeypatch):
-    from unwind.vmcore import source
+    from unwind.formats.vmcore import source
 
     monkeypatch.setattr(source, "XZ_MAX_BYTES", 1 << 20)
     p = tmp_path / "big.xz"

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from unwind import elfcore
-from unwind.memory import MemoryFault
-from unwind.vmcore import (CorruptPageFault, DiskDump, ElfVmcore, ExcludedPageFault, VmcoreError, codecs,
+from unwind.formats import elfcore
+from unwind.core.memory import MemoryFault
+from unwind.formats.vmcore import (CorruptPageFault, DiskDump, ElfVmcore, ExcludedPageFault, VmcoreError, codecs,
                            detect_format, is_vmcore, open_vmcore)
 
 from .synth import KdumpSpec, Load, elf_vmcore, flatten, kdump_file, notes_blob, page_bytes, vmcoreinfo
@@ -235,7 +235,7 @@ def test_flattened_elf(tmp_path):
 
 
 def test_flattened_index_is_cached_by_size_and_mtime(tmp_path, monkeypatch):
-    from unwind.vmcore import flattened
+    from unwind.formats.vmcore import flattened
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(flattened, "CACHE_MIN_RECORDS", 1)
@@ -325,7 +325,7 @@ def test_bitmap_runs_across_chunks(monkeypatch):
     """RAM ranges from bitmap 1, found a chunk at a time, equal a bit-by-bit scan."""
     import random
 
-    from unwind.vmcore import diskdump
+    from unwind.formats.vmcore import diskdump
 
     def naive(bm: bytes, n: int) -> list[tuple[int, int]]:
         out, start = [], None

@@ -36,11 +36,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from unwind import registry
-from unwind.dump import DumpError
-from unwind.memory import MemoryFault
-from unwind.vmcore.virtual import VirtualMemory
-from unwind.vmcore.vmcoreinfo import VmcoreInfo
+from unwind.core import registry
+from unwind.formats.dump import DumpError
+from unwind.core.memory import MemoryFault
+from unwind.formats.vmcore.virtual import VirtualMemory
+from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
 from tests.vmcore.phys import SparsePhys
 
 DATA = Path(__file__).parent / "data"
@@ -138,8 +138,8 @@ def test_vmcores_against_drgn_and_the_capture(arch, vmcore, vmlinux, tmp_path):
 def test_riscv_vmcoreinfo_rebuilt_from_the_image_equals_the_kernels_note(vmcore):
     """What arch_crash_save_vmcoreinfo() would print, read from kernel_map & co, equals the kernel's own note."""
     from unwind.arch.riscv import mm
-    from unwind.image import Image
-    from unwind.vmcore import open_vmcore
+    from unwind.formats.image import Image
+    from unwind.formats.vmcore import open_vmcore
 
     image = Image(KERNELS / "6.12.117+deb13-riscv64" / "vmlinux")
     with open_vmcore(vmcore) as vmc:
@@ -179,7 +179,7 @@ def test_mutated_vmcoreinfo_is_one_dump_error_or_a_translator(data):
 @pytest.mark.slow
 @pytest.mark.parametrize("vmcore", sorted((VMCORES / "riscv").glob("stop-*.elf")) or NO_VMCORE)
 def test_riscv_vmcore_without_vmcoreinfo_loads_and_says_so(vmcore):
-    from unwind.replay import Session
+    from unwind.session.replay import Session
 
     s = Session.load(vmcore, vmlinux=KERNELS / "6.12.117+deb13-riscv64" / "vmlinux")
     assert any("read from the kernel's vmcoreinfo_note" in w for w in s.warnings)

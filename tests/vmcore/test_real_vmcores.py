@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from unwind.memory import ExcludedPage, MemoryFault
-from unwind.vmcore import detect_format, open_vmcore
+from unwind.core.memory import ExcludedPage, MemoryFault
+from unwind.formats.vmcore import detect_format, open_vmcore
 
 pytestmark = pytest.mark.slow
 
@@ -139,7 +139,7 @@ FUZZ_FILES = [pytest.param(f, id=f"{f.parent.name}/{f.name}") for base, others i
 @pytest.mark.parametrize("path", FUZZ_FILES)
 def test_mutated_real_files_fail_cleanly(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Bytes of a real file flipped where its headers, notes, bitmaps and descriptors are: one line or a fault."""
-    from unwind.vmcore import VmcoreError, source
+    from unwind.formats.vmcore import VmcoreError, source
 
     real = source.FileSource.pread
     patch: dict[int, int] = {}

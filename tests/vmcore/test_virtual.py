@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from unwind.dump import DumpError
-from unwind.memory import ExcludedPage, MemoryFault, NotMapped
-from unwind.vmcore.virtual import MAX_READ, VirtualMemory
-from unwind.vmcore.vmcoreinfo import VmcoreInfo, parse_vmcoreinfo_note
+from unwind.formats.dump import DumpError
+from unwind.core.memory import ExcludedPage, MemoryFault, NotMapped
+from unwind.formats.vmcore.virtual import MAX_READ, VirtualMemory
+from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo, parse_vmcoreinfo_note
 from tests.vmcore.phys import SparsePhys
 
 PAGE = 4096

@@ -13,8 +13,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from unwind.btf import Btf
-from unwind.memory import Memory, Segment
+from unwind.kernel.btf import Btf
+from unwind.core.memory import Memory, Segment
 
 from .btfgen import BtfBuilder
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from unwind import Options, StopReason
 from unwind.arch.x86_64.synth import END_OF_STACK, OrcBuilder, call
-from unwind.kaslr import RelocatedImage, relocate_symbols
-from unwind.replay import Session
-from unwind.synth import SynthDump
-from unwind.walk import collect
+from unwind.kernel.kaslr import RelocatedImage, relocate_symbols
+from unwind.session.replay import Session
+from unwind.dev.synth import SynthDump
+from unwind.core.walk import collect
 
 TASK_LO, STACK = 0xFFFFC90000010000, 0x4000
 SLIDE = 0x2A00000

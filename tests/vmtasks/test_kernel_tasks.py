@@ -4,16 +4,16 @@ import struct
 
 import pytest
 
-from unwind import registry
-from unwind.dump import Dump
-from unwind.memory import ExcludedPage, Memory, MemoryFault, Segment
-from unwind.replay import Session
-from unwind.symbols import KernelSymbols, ModuleSymbols, SymbolTable
-from unwind.vmtools import convert, ps_lines
-from unwind.walk import StopReason
-from unwind.elfcore import prstatus_bytes
-from unwind.kernel import Kernel, task_state_char
-from unwind.vmdump import VmcoreDump
+from unwind.core import registry
+from unwind.formats.dump import Dump
+from unwind.core.memory import ExcludedPage, Memory, MemoryFault, Segment
+from unwind.session.replay import Session
+from unwind.kernel.symbols import KernelSymbols, ModuleSymbols, SymbolTable
+from unwind.cli.tasks import convert, ps_lines
+from unwind.core.walk import StopReason
+from unwind.formats.elfcore import prstatus_bytes
+from unwind.kernel.model import Kernel, task_state_char
+from unwind.formats.vmdump import VmcoreDump
 
 from .kernelgen import THREAD_SIZE, SynthKernel, SynthTask
 
@@ -234,7 +234,7 @@ def test_a_mutated_kernel_never_raises_anything_but_a_dump_error(seed: int) -> N
     warnings, a DumpError or a stop; never another exception, never a hang."""
     import random
 
-    from unwind.dump import DumpError
+    from unwind.formats.dump import DumpError
 
     rng = random.Random(seed)
     for _ in range(25):
@@ -261,7 +261,7 @@ def test_a_mutated_kernel_never_raises_anything_but_a_dump_error(seed: int) -> N
 def test_a_real_crash_takes_each_cpus_registers_from_its_crash_notes() -> None:
     """kdump (VMCOREINFO CRASHTIME): crash_save_cpu() wrote one note per CPU into per_cpu_ptr(crash_notes, cpu);
     a CPU that saved nothing has an empty buffer. The file's notes (here: misleading ones) are not used."""
-    from unwind.elfcore import NT_PRSTATUS, note
+    from unwind.formats.elfcore import NT_PRSTATUS, note
 
     k = SynthKernel()
     procs = _procs()

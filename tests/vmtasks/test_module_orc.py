@@ -5,9 +5,9 @@ from __future__ import annotations
 from unwind import Options, StopReason
 from unwind.arch.x86_64.orc import encode_entries, encode_ips
 from unwind.arch.x86_64.synth import END_OF_STACK, UNDEFINED, OrcBuilder, call, session
-from unwind.frame import Source
-from unwind.synth import SynthDump
-from unwind.walk import collect
+from unwind.core.frame import Source
+from unwind.dev.synth import SynthDump
+from unwind.core.walk import collect
 
 TASK_LO, STACK = 0xFFFFC90000010000, 0x4000
 MOD_TEXT, MOD_ORC = 0xFFFFFFFFC0001000, 0xFFFFFFFFC0100000

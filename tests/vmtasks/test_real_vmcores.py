@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from unwind.replay import Session
-from unwind.target import Options
+from unwind.session.replay import Session
+from unwind.core.target import Options
 
 VMCORES = Path(os.environ.get("UNWIND_VMCORES", "/work/lab-out/vmcores"))
 KERNELS = Path(os.environ.get("UNWIND_KERNELS", Path.home() / ".cache/unwind/kernels"))
@@ -83,8 +83,8 @@ def _in_module(s: Session, pc: int) -> bool:
 def test_module_frames_print_as_the_kernel_printed_them(arch: str, vmcore: Path) -> None:
     """The sysrq-t blocks the capture could not resolve (module frames, no System.map names) are the
     kernel's own text: the vmcore's trace, printed, equals them line for line."""
-    from unwind.dump import Dump
-    from unwind.output import replay_text
+    from unwind.formats.dump import Dump
+    from unwind.session.output import replay_text
 
     vm = Session.load(vmcore, vmlinux=_vmlinux(arch))
     capture = Dump.open(vmcore.with_name(vmcore.name.split(".")[0] + ".bin.xz"))
@@ -118,8 +118,8 @@ def test_ps_lists_what_drgn_for_each_task_lists(oracle: Path) -> None:
 @pytest.mark.parametrize("arch,vmcore", [c for c in _cases() if c[1].name.endswith(".elf")][:3],
                          ids=lambda v: getattr(v, "name", v))
 def test_convert_replays_identically(arch: str, vmcore: Path, tmp_path: Path) -> None:
-    from unwind.dump import Dump
-    from unwind.vmtools import convert
+    from unwind.formats.dump import Dump
+    from unwind.cli.tasks import convert
 
     img = _vmlinux(arch)
     vm = Session.load(vmcore, vmlinux=img)
@@ -139,7 +139,7 @@ def test_convert_replays_identically(arch: str, vmcore: Path, tmp_path: Path) ->
                          ids=lambda v: getattr(v, "name", v))
 def test_the_kernels_own_traces_from_the_vmcore(arch: str, vmcore: Path) -> None:
     """The sysrq-t (and other kernel-printed) oracles the capture holds, compared with the vmcore's replay."""
-    from unwind.tools import KERNEL_SOURCES, compare_oracle
+    from unwind.cli.corpus import KERNEL_SOURCES, compare_oracle
 
     vm = Session.load(vmcore, vmlinux=_vmlinux(arch))
     capture = Session.load(vmcore.with_name(vmcore.name.split(".")[0] + ".bin.xz"), vmlinux=_vmlinux(arch))
@@ -158,7 +158,7 @@ def test_kaslr_vmcores_walk_every_task_to_a_clean_end(vmcore: Path) -> None:
     walks to its natural end through symbolised frames; unrelocated, none would find its unwind data."""
     arch = "x86_64" if vmcore.name.startswith("x86") else vmcore.name.split("-")[0]
     s = Session.load(vmcore, vmlinux=_vmlinux(arch))
-    from unwind.kaslr import RelocatedImage
+    from unwind.kernel.kaslr import RelocatedImage
 
     assert isinstance(s.image, RelocatedImage) and s.image.slide
     blocked = [t for t in s.dump.tasks() if not t.running]

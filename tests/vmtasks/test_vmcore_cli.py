@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from unwind import elfcore, registry
-from unwind.cli import main
+from unwind.formats import elfcore
+from unwind.core import registry
+from unwind.cli.main import main
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 
@@ -91,9 +92,9 @@ def test_truncated_vmcore(tmp_path, capsys) -> None:
 
 def test_riscv_vmcoreinfo_found_in_memory_is_taken(tmp_path, monkeypatch) -> None:
     """What the backend finds in memory becomes the dump's VMCOREINFO (release, build-id, numbers)."""
-    from unwind.image import open_image
-    from unwind.vmcore.vmcoreinfo import VmcoreInfo
-    from unwind.vmdump import VmcoreDump
+    from unwind.formats.image import open_image
+    from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
+    from unwind.formats.vmdump import VmcoreDump
 
     p = tmp_path / "vmcore"
     p.write_bytes(_elf_vmcore("EM_RISCV", None))
@@ -109,7 +110,7 @@ def test_riscv_vmcoreinfo_found_in_memory_is_taken(tmp_path, monkeypatch) -> Non
 
 def test_a_release_or_build_id_not_in_the_kernels_form_is_dropped_with_a_warning() -> None:
     """OSRELEASE is utsname's release (at most 64 characters), BUILD-ID 40 hex digits (%20phN)."""
-    from unwind.vmcore.vmcoreinfo import VmcoreInfo
+    from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
 
     warnings: list[str] = []
     good = VmcoreInfo.parse("OSRELEASE=6.12.0-1-amd64\nBUILD-ID=" + "0a" * 20 + "\n").checked(warnings.append)
@@ -125,7 +126,7 @@ def test_a_riscv_vmcoreinfo_with_an_overlong_release_still_converts(tmp_path, ca
     utsname allows is left out of the converted dump, not written into a note that cannot be read."""
     import lzma
 
-    from unwind.vmcore.vmcoreinfo import VmcoreInfo
+    from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
 
     committed = next((CORPORA / "riscv").glob("*/vmcore/*.elf.xz"))
     image = str(next(committed.parent.parent.glob("vmlinux-*.slim.xz")))

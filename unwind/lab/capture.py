@@ -23,9 +23,9 @@ from typing import Any, Callable
 import numpy as np
 from elftools.elf.elffile import ELFFile
 
-from unwind.btf import Btf, BtfError
-from unwind.kernel import Kernel, KernelError, KernelTask, field_int, ftrace_trampolines, thread_size
-from unwind.memory import MemoryFault
+from unwind.kernel.btf import Btf, BtfError
+from unwind.kernel.model import Kernel, KernelError, KernelTask, field_int, ftrace_trampolines, thread_size
+from unwind.core.memory import MemoryFault
 from .fetch import build_id
 from .rsp import RspClient, RspMemoryError
 
@@ -115,7 +115,7 @@ class Image:
 
 
 class _GuestMemory:
-    """The session's guest memory as :class:`unwind.kernel.Kernel` reads it (faults as MemoryFault)."""
+    """The session's guest memory as :class:`unwind.kernel.model.Kernel` reads it (faults as MemoryFault)."""
 
     def __init__(self, session: "Session") -> None:
         self.session = session
@@ -348,7 +348,7 @@ class Session:
                 "switches": u("nvcsw", 8) + u("nivcsw", 8)}
 
     def fgraph(self, tb: bytes) -> tuple[list[dict[str, str]], tuple[int, bytes] | None]:
-        """The function-graph return stack (bottom to top) as :class:`unwind.kernel.Kernel` reads it
+        """The function-graph return stack (bottom to top) as :class:`unwind.kernel.model.Kernel` reads it
         (6.11+ tagged words or the older ``ftrace_ret_stack`` array), and the raw bytes it spans."""
         b = self.btf
         if not (_has(b, "task_struct", "ret_stack") and _has(b, "task_struct", "curr_ret_stack")):
@@ -536,14 +536,14 @@ class Session:
 
     def offsets_meta(self) -> dict[str, Any]:
         """The layouts the replay reads, from the guest's BTF: the dump's ``offsets``."""
-        from unwind import registry
-        from unwind.layout import dump_offsets
+        from unwind.core import registry
+        from unwind.kernel.layout import dump_offsets
 
         return dump_offsets(self.btf, registry.get(self.arch))
 
     def write_dump(self, res: StopResult, path: Path, release: str, extra: dict[str, Any]) -> None:
         """Write ``res`` as a dump file (compressed by suffix)."""
-        from unwind.dump import DumpWriter
+        from unwind.formats.dump import DumpWriter
 
         w = DumpWriter(self.arch)
         for addr, data in sorted(res.memory.items()):
@@ -792,7 +792,7 @@ class FtraceStacktrace:
     ``__ftrace_trace_stack`` without ORC, +1 in ``stack_trace_save``); the stop is above them, so the
     replay of that CPU holds ``stacktrace_trigger+0`` (and, on arches whose walk from regs drops an
     ra/lr-held caller, not ``event_triggers_post_call``) on top of the oracle: ``unwind diff`` compares
-    from the oracle's first pc (:func:`unwind.tools.compare_oracle`).
+    from the oracle's first pc (:func:`unwind.cli.corpus.compare_oracle`).
     """
 
     def __init__(self, console, smap, event: str = "timer/hrtimer_expire_entry",
@@ -983,7 +983,7 @@ def add_gdb_oracles(paths: list[Path], vmlinux: str | Path, log=None) -> int:
     """Store gdb-multiarch's ``bt`` per CPU in each dump (one gdb run for all); returns traces added."""
     import tempfile
 
-    from unwind.dump import Dump, DumpWriter
+    from unwind.formats.dump import Dump, DumpWriter
 
     from .oracles import gdb_backtraces
 
@@ -1036,7 +1036,7 @@ def _repick_memory_thread(s: "Session") -> None:
 
 def rewrite_dump(dump, path: Path, meta: dict[str, Any]) -> None:
     """Write ``dump`` back to ``path`` with a new JSON note."""
-    from unwind.dump import DumpWriter
+    from unwind.formats.dump import DumpWriter
 
     w = DumpWriter(dump.arch)
     for seg in dump.memory.segments:
@@ -1050,7 +1050,7 @@ def rewrite_dump(dump, path: Path, meta: dict[str, Any]) -> None:
 
 def reparse_oracles(paths: list[Path], system_map: str | Path) -> int:
     """Re-derive the frames of stored sysrq-t/sysrq-l oracles from their raw text; returns changes."""
-    from unwind.dump import Dump
+    from unwind.formats.dump import Dump
 
     from .oracles import SystemMap, parse_ftrace_stack, parse_regs_backtrace, parse_task_traces
 

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from .boot import READY, BootOptions, LabError, boot, lab_state, parse_mem, stop
-from unwind.btf import BtfError
-from unwind.kernel import KernelError
+from unwind.kernel.btf import BtfError
+from unwind.kernel.model import KernelError
 from .capture import (CaptureError, FtraceStacktrace, Image, Plan, Session, SysrqOracle, add_gdb_oracles,
                       default_breaks, parse_vmcore_formats, reparse_oracles, run_capture)
 from .fetch import HOST_CHANGES, FetchError, canonical_arch, fetch, find_kernel

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from unwind.dump import Dump
+from unwind.formats.dump import Dump
 
 from .fetch import build_id
 

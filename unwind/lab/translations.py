@@ -4,7 +4,7 @@ drgn (PyPI ``drgn``, imported only here) opens the same vmcore with the same
 vmlinux and answers, for a sample of kernel virtual addresses it finds itself
 (kernel-image variables, every task's ``task_struct`` and stack, per-CPU
 areas, module memory), ``follow_phys(init_mm, va)`` and the bytes there. Our
-:class:`~unwind.vmcore.virtual.VirtualMemory` must give the same physical
+:class:`~unwind.formats.vmcore.virtual.VirtualMemory` must give the same physical
 address and the same bytes.
 
 :func:`record` also keeps the physical pages our translation read (page
@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from unwind import registry
-from unwind.image import Image
-from unwind.memory import MemoryFault
-from unwind.vmcore.virtual import PhysReader, VirtualMemory
-from unwind.vmcore.vmcoreinfo import VmcoreInfo
+from unwind.core import registry
+from unwind.formats.image import Image
+from unwind.core.memory import MemoryFault
+from unwind.formats.vmcore.virtual import PhysReader, VirtualMemory
+from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
 
 #: image variables every generation has, read as a first sample
 IMAGE_SYMBOLS = ("init_task", "jiffies", "linux_banner", "init_mm", "swapper_pg_dir", "__per_cpu_offset",
@@ -212,7 +212,7 @@ def compare_capture(vm: VirtualMemory, capture: str | Path) -> tuple[int, list[s
 
     Returns the number of bytes compared and each disagreement as a line.
     """
-    from unwind.dump import Dump
+    from unwind.formats.dump import Dump
 
     bad, n = [], 0
     for seg in Dump.open(capture).memory.segments:
@@ -241,7 +241,7 @@ def record(vmcore_path: str | Path, vmlinux: str | Path, arch: str, out: str | P
     drgn's answers, a SHA-256 of each captured segment, and the physical pages
     our translator read, plus those the captured bytes came from.
     """
-    from unwind.vmcore import open_vmcore
+    from unwind.formats.vmcore import open_vmcore
 
     image = Image(vmlinux)
     answers: list[dict[str, Any]] = []
@@ -273,7 +273,7 @@ def record(vmcore_path: str | Path, vmlinux: str | Path, arch: str, out: str | P
             data = VirtualMemory(rec, vm.translator)  # the captured bytes' pages are kept too
             for mem in (data, walk):
                 bad += compare_capture(mem, capture)[1]
-            from unwind.dump import Dump
+            from unwind.formats.dump import Dump
 
             segments = [{"va": hex(seg.start), "size": len(seg.data), "sha256": hashlib.sha256(seg.data).hexdigest()}
                         for seg in Dump.open(capture).memory.segments]
@@ -327,7 +327,7 @@ def take_from_qemu(monitor: str | Path, vmcore: str | Path, vmlinux: str | Path)
     import re
     import socket
 
-    from unwind.replay import Session
+    from unwind.session.replay import Session
 
     sock = socket.socket(socket.AF_UNIX)
     sock.connect(str(monitor))

@@ -231,8 +231,8 @@ def pages_read_by_unwind(vmcore: Path, vmlinux: Path) -> set[int]:
     import contextlib
     import io
 
-    from unwind.cli import main
-    from unwind.vmcore.physmem import PhysicalMemory
+    from unwind.cli.main import main
+    from unwind.formats.vmcore.physmem import PhysicalMemory
 
     pages: set[int] = set()
     orig = PhysicalMemory.read_phys

@@ -11,9 +11,9 @@ from unwind.arch.arm64 import synth as S
 from unwind.arch.arm64.stacktrace import (ftrace_graph_ret_addr, genmask_ull, kernel_pac_mask,
                                           kretprobe_find_ret_addr, ptrauth_strip_kernel_insn_pac)
 from unwind.arch.arm64.synth import RETURN_TO_HANDLER, KRETPROBE_TRAMPOLINE, ret, sign
-from unwind.cli import main
-from unwind.output import replay_text
-from unwind.target import FgraphEntry, KretprobeInstance
+from unwind.cli.main import main
+from unwind.session.output import replay_text
+from unwind.core.target import FgraphEntry, KretprobeInstance
 
 
 def lines(sc, **opt):

@@ -10,9 +10,9 @@ from unwind.arch.arm64.complete import LrAnalyser
 from unwind.arch.arm64.synth import (EQ, NE, ADD_X0_X0_1, AUTIASP, BR_X16, BTI_C, LDP_FP_LR_POST16, MOV_FP_SP,
                                      MOV_X1_X0, NOP, PACIASP, RET, RETURN_TO_HANDLER, STP_FP_LR_PRE16,
                                      STP_FP_LR_PRE32, TASK_LOW, Arm64Synth, b, bcond, bl, fn, ret, sign)
-from unwind.frame import Flag, Source
-from unwind.output import replay_text
-from unwind.walk import collect
+from unwind.core.frame import Flag, Source
+from unwind.session.output import replay_text
+from unwind.core.walk import collect
 
 F = fn(30)          # the interrupted function
 CALLER = ret(31)    # where x30 returns to
@@ -165,7 +165,7 @@ def test_explain_states_the_proof():
 # -- oracle categories (unwind diff) ------------------------------------------------
 
 def _compare(oracle, **kw):
-    from unwind.tools import compare_oracle
+    from unwind.cli.corpus import compare_oracle
     s, t, _ = running_at(PROLOGUE, kw.pop("pc", F + 8), **kw)
     return compare_oracle(s, {"cpu": 0, **oracle})
 

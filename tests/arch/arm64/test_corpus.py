@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from unwind.arch.arm64.backend import CATEGORIES
-from unwind.image import IMAGE_PATH_ENV
-from unwind.replay import load_session
-from unwind.target import Options
+from unwind.formats.image import IMAGE_PATH_ENV
+from unwind.session.replay import load_session
+from unwind.core.target import Options
 from tests.corpus_checks import assert_blocked_tasks_equal_sysrq_t
-from unwind.tools import compare_oracle, paths_under
+from unwind.cli.corpus import compare_oracle, paths_under
 
 CORPUS = Path(__file__).resolve().parents[3] / "corpora" / "arm64"
 LAB_CACHE = Path.home() / ".cache" / "unwind" / "kernels"
@@ -82,7 +82,7 @@ def test_running_cpus_within_documented_categories(dump):
 
 @pytest.mark.parametrize("dump", DUMPS[:3], ids=_name)
 def test_complete_mode_keeps_every_faithful_frame_on_real_data(dump):
-    from unwind.frame import Flag
+    from unwind.core.frame import Flag
 
     session = load_session(dump)
     for task in session.dump.tasks():
@@ -94,7 +94,7 @@ def test_complete_mode_keeps_every_faithful_frame_on_real_data(dump):
 
 
 def test_cli_explain_on_a_real_dump(capsys):
-    from unwind.cli import main
+    from unwind.cli.main import main
 
     # a 6.12 dump: QEMU ran it with 52-bit VA (the 6.1 sample's kernel is built for 48)
     dump = next(d for d in DUMPS if "/6.12." in d)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from unwind import Options
 from unwind.arch.arm64 import synth as S
-from unwind.walk import collect
+from unwind.core.walk import collect
 
 LOW, SIZE = S.TASK_LOW, 0x400
 
@@ -43,9 +43,9 @@ def test_any_stack_terminates_with_a_stop(words, fp, generation, complete, recor
 def test_any_text_gives_a_verdict(words, off):
     """The live-LR proof on arbitrary instruction words: a verdict with a reason, never an exception."""
     from unwind.arch.arm64.complete import LrAnalyser
-    from unwind.memory import Memory
-    from unwind.symbols import SymbolTable
-    from unwind.target import Target, Task
+    from unwind.core.memory import Memory
+    from unwind.kernel.symbols import SymbolTable
+    from unwind.core.target import Target, Task
 
     image = S.SynthImage()
     image.put(S.fn(0), words)

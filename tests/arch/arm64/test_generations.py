@@ -15,11 +15,11 @@ from unwind.arch.arm64 import synth as S
 from unwind.arch.arm64.structs import PtRegsLayout
 from unwind.arch.arm64.synth import (KRETPROBE_TRAMPOLINE, RETURN_TO_HANDLER, TASK_LOW, Arm64Synth, fn, ret,
                                      sign)
-from unwind.btf import Btf
-from unwind.frame import Flag, Source
-from unwind.replay import Session
-from unwind.symbols import SymbolTable
-from unwind.walk import collect
+from unwind.kernel.btf import Btf
+from unwind.core.frame import Flag, Source
+from unwind.session.replay import Session
+from unwind.kernel.symbols import SymbolTable
+from unwind.core.walk import collect
 
 ALL = ["6.1", "6.12", "6.13", "6.17", "6.18", "7.2"]
 

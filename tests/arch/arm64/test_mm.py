@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from unwind.arch.arm64 import mm
-from unwind.dump import DumpError
-from unwind.memory import NotMapped
-from unwind.vmcore.vmcoreinfo import VmcoreInfo
+from unwind.formats.dump import DumpError
+from unwind.core.memory import NotMapped
+from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
 from tests.vmcore.phys import RadixTables, SparsePhys
 
 U64 = (1 << 64) - 1

@@ -8,7 +8,7 @@ import pytest
 
 from unwind import Options
 from unwind.arch.arm64 import synth as S
-from unwind.walk import collect
+from unwind.core.walk import collect
 
 #: the budget is 3 µs per frame; CI machines are shared, so the test allows twice that
 BUDGET_US = 3.0

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from unwind.arch.arm64.complete import LrAnalyser
-from unwind.image import Image
-from unwind.memory import Memory
-from unwind.target import Target, Task
+from unwind.formats.image import Image
+from unwind.core.memory import Memory
+from unwind.core.target import Target, Task
 
 #: the 6.12 folder: the proofs below name its offsets (the 6.1/7.2 samples carry no text)
 SLIM = sorted((Path(__file__).resolve().parents[3] / "corpora" / "arm64").glob("6.12.*/vmlinux-*.slim*"))

@@ -8,8 +8,8 @@ from unwind import Options, StopReason
 from unwind.arch.arm64 import synth as S
 from unwind.arch.arm64.synth import (IRQ_LOW, KRETPROBE_TRAMPOLINE, RETURN_TO_HANDLER, STACK_SIZE, TASK_LOW,
                                      Arm64Synth, fn, ret, sign)
-from unwind.frame import Flag, Source
-from unwind.walk import collect
+from unwind.core.frame import Flag, Source
+from unwind.core.walk import collect
 
 GENERATIONS = ["6.12", "6.13"]
 

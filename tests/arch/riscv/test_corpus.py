@@ -23,12 +23,12 @@ import pytest
 from unwind.arch.riscv import structs
 from unwind.arch.riscv import synth as S
 from unwind.arch.riscv.backend import CATEGORIES
-from unwind.dump import DumpWriter
-from unwind.frame import Source
-from unwind.replay import Replay, load_session
-from unwind.target import Options
+from unwind.formats.dump import DumpWriter
+from unwind.core.frame import Source
+from unwind.session.replay import Replay, load_session
+from unwind.core.target import Options
 from tests.corpus_checks import assert_blocked_tasks_equal_sysrq_t
-from unwind.tools import compare_oracle, paths_under
+from unwind.cli.corpus import compare_oracle, paths_under
 
 CORPUS = Path(__file__).resolve().parents[3] / "corpora" / "riscv"
 #: the full debug vmlinux in the real-kernel lab's cache (for the chained gdb check)
@@ -209,7 +209,7 @@ FGRAPH_7X = CORPUS / "7.2.13+deb14-riscv64" / "stop-004-random.bin.xz"
 def test_7x_fgraph_faithful_prints_return_to_handler_and_complete_recovers():
     """7.x ret_stack retp is &fregs->ra in ftrace_caller's frame: the kernel's walk misses the match and
     prints return_to_handler; faithful must too, and complete gives the recorded return, flagged."""
-    from unwind.frame import Flag
+    from unwind.core.frame import Flag
 
     session = load_session(FGRAPH_7X)
     rth = session.symbols.address("return_to_handler")

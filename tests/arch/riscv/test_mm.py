@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from unwind.arch.riscv import mm
-from unwind.dump import DumpError
-from unwind.memory import NotMapped
-from unwind.registry import get
-from unwind.vmcore.virtual import VirtualMemory
-from unwind.vmcore.vmcoreinfo import VmcoreInfo
+from unwind.formats.dump import DumpError
+from unwind.core.memory import NotMapped
+from unwind.core.registry import get
+from unwind.formats.vmcore.virtual import VirtualMemory
+from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
 from tests.vmcore.phys import RadixTables, SparsePhys
 
 V, R, W, X, A, D, N = 1, 2, 4, 8, 1 << 6, 1 << 7, 1 << 63

@@ -8,7 +8,7 @@ import capstone
 import pytest
 
 from unwind.arch.riscv.liveness import LiveRaProver
-from unwind.image import Image
+from unwind.formats.image import Image
 
 #: the 6.12 folder: the proofs below name its offsets (the 7.2 sample carries no text)
 SLIM = sorted((Path(__file__).resolve().parents[3] / "corpora" / "riscv").glob("6.12.*/vmlinux-*.slim*"))

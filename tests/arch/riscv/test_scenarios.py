@@ -8,11 +8,11 @@ import pytest
 
 from unwind import Options, StopReason
 from unwind.arch.riscv import synth as S
-from unwind.cli import main
-from unwind.frame import Flag, Source
-from unwind.output import replay_json, replay_text
-from unwind.replay import Replay
-from unwind.walk import stack_walk
+from unwind.cli.main import main
+from unwind.core.frame import Flag, Source
+from unwind.session.output import replay_json, replay_text
+from unwind.session.replay import Replay
+from unwind.core.walk import stack_walk
 
 SCENARIOS: dict[str, Callable[[], S.Scenario]] = {
     "deep chain": lambda: S.deep_chain(200),
@@ -192,7 +192,7 @@ def test_cli_replay_user_complete_explain(tmp_path, capsys):
 def test_a_frame_record_in_a_page_excluded_from_the_dump_says_so():
     """A vmcore page makedumpfile filtered out (a hole of ExcludedPage) under a frame record: the walk
     stops at that record with the reason Memory gives, not a bare 'no captured memory'."""
-    from unwind.memory import ExcludedPage, Memory, Segment
+    from unwind.core.memory import ExcludedPage, Memory, Segment
 
     sc = S.deep_chain(depth=8, frame_size=0x400)
     dump = sc.session.dump

@@ -11,8 +11,8 @@ from unwind.arch.riscv.liveness import LiveRaProver, dirty_on_entry, is_return, 
 from unwind.arch.riscv.stacktrace import (KernelLayout, align, fp_bounds, fp_is_valid, ftrace_graph_ret_addr,
                                          kernel_text_address)
 from unwind.arch.riscv.synth import FRAMED_CODE, LEAF_CODE, RiscvSynth, TextImage
-from unwind.target import FgraphEntry, Options
-from unwind.walk import StopReason
+from unwind.core.target import FgraphEntry, Options
+from unwind.core.walk import StopReason
 
 CS = (capstone.CS_ARCH_RISCV, capstone.CS_MODE_RISCV64 | capstone.CS_MODE_RISCVC)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from unwind import Options, StopReason
 from unwind.arch.x86_64.synth import END_OF_STACK, TEXT, UNDEFINED, OrcBuilder, call, session
-from unwind.frame import Flag, Source
-from unwind.synth import SynthDump
-from unwind.walk import collect
+from unwind.core.frame import Flag, Source
+from unwind.dev.synth import SynthDump
+from unwind.core.walk import collect
 
 TASK_LO, STACK = 0xFFFFC90000010000, 0x4000
 TSP = TASK_LO + 0x3000

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from unwind.arch.x86_64.backend import CATEGORIES
-from unwind.replay import Session, load_session
-from unwind.tools import compare_oracle, paths_under
+from unwind.session.replay import Session, load_session
+from unwind.cli.corpus import compare_oracle, paths_under
 
 CORPUS = Path(os.environ.get("UNWIND_CORPORA", Path(__file__).resolve().parents[3] / "corpora")) / "x86_64"
 DUMPS = paths_under(CORPUS) if CORPUS.is_dir() else []

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from unwind.arch.x86_64 import mm
-from unwind.dump import DumpError
-from unwind.memory import NotMapped
-from unwind.vmcore.vmcoreinfo import VmcoreInfo
+from unwind.formats.dump import DumpError
+from unwind.core.memory import NotMapped
+from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
 from tests.vmcore.phys import RadixTables, SparsePhys
 
 # Entry bits as the SDM numbers them: P 0, RW 1, A 5, D 6, PS 7, PAT(large) 12, NX 63

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from unwind.arch.x86_64.orc import load_orc
-from unwind.image import Image
+from unwind.formats.image import Image
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ from unwind.arch.x86_64.orc import (ORC_REG_AX, ORC_REG_BP, ORC_REG_BP_INDIRECT,
 from unwind.arch.x86_64.synth import (END_OF_STACK, FP_FRAME, KERNEL_CS, KERNEL_SS, TEXT, UNDEFINED, USER_CS,
                                       USER_SS, OrcBuilder, call, put_pt_regs, regs, session)
 from unwind.arch.x86_64.unwind_orc import OrcUnwinder
-from unwind.frame import Flag, Source
-from unwind.synth import SynthDump
-from unwind.walk import bpf_stack_walk, collect, stack_walk_reliable
+from unwind.core.frame import Flag, Source
+from unwind.dev.synth import SynthDump
+from unwind.core.walk import bpf_stack_walk, collect, stack_walk_reliable
 
 TASK_LO, IRQ_LO, NMI_LO = 0xFFFFC90000010000, 0xFFFFC90000000000, 0xFFFFFE0000008000
 STACK = 0x4000

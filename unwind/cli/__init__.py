@@ -1,0 +1,1 @@
+"""The ``unwind`` commands."""

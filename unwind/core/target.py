@@ -1,0 +1,124 @@
+"""What one walk needs: the task, its usable stacks, memory, symbols and options."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Hashable
+
+from .memory import Memory
+from .stackinfo import StackInfo
+from unwind.kernel.symbols import SymbolTable
+
+if TYPE_CHECKING:
+    from unwind.formats.image import Image
+
+
+_VERSION = re.compile(r"^\s*v?(\d{1,3})\.(\d{1,3})(?![\d])")
+
+
+def kernel_version(text: object) -> tuple[int, int] | None:
+    """``(major, minor)`` of a kernel release or ``--generation`` value (``6.12``, ``v6.13``,
+    ``7.2.13+deb14-arm64``); ``None`` when it does not start with one."""
+    m = _VERSION.match(text) if isinstance(text, str) else None
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+@dataclass(slots=True)
+class FgraphEntry:
+    """One function-graph return-stack entry: the hijacked return address and where it lived."""
+
+    ret: int
+    retp: int
+    func: int = 0
+    #: the frame pointer recorded at the hijack (HAVE_FUNCTION_GRAPH_FP_TEST: riscv's caller s0), 0 if none
+    fp: int = 0
+
+
+@dataclass(slots=True)
+class KretprobeInstance:
+    """One kretprobe/rethook instance: the original return address and its frame key."""
+
+    ret: int
+    fp: int
+
+
+@dataclass(slots=True)
+class Task:
+    """A task in a dump.
+
+    ``regs`` are the registers of the CPU it runs on (a running task);
+    ``context`` is the saved context of a blocked task. ``stacks`` are the
+    stacks the kernel would let a walk of this task use: the task stack,
+    plus the per-CPU stacks of its CPU when it was running there.
+    """
+
+    pid: int | None
+    comm: str
+    state: str = ""
+    cpu: int | None = None
+    regs: dict[str, int] | None = None
+    context: dict[str, int] | None = None
+    stacks: list[StackInfo] = field(default_factory=list)
+    fgraph: list[FgraphEntry] = field(default_factory=list)
+    kretprobes: list[KretprobeInstance] = field(default_factory=list)
+    user_regs: dict[str, int] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def running(self) -> bool:
+        """True for the task that was running on a CPU when the dump was taken."""
+        return self.regs is not None
+
+    def describe(self) -> str:
+        """``pid 12 (sh) on cpu1`` style text."""
+        where = f" on cpu{self.cpu}" if self.running else " blocked"
+        pid = "?" if self.pid is None else str(self.pid)
+        return f"pid {pid} ({self.comm}){where}"
+
+
+@dataclass(slots=True)
+class Options:
+    """How to walk: faithful or complete, with or without provenance, overrides."""
+
+    complete: bool = False
+    record: bool = False
+    user: bool = False
+    generation: str | None = None
+    orc_version: str | None = None
+
+
+@dataclass(slots=True)
+class Target:
+    """Everything one walk of one task reads."""
+
+    arch: str
+    mem: Memory
+    task: Task
+    release: str | None = None
+    vmcoreinfo: dict[str, str] = field(default_factory=dict)
+    symbols: SymbolTable | None = None
+    image: "Image | None" = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    options: Options = field(default_factory=Options)
+    #: what a backend derives once per dump, image and options (symbol addresses, layouts, the generation):
+    #: :meth:`unwind.session.replay.Session.target` hands the same dict to every walk with equal options; a
+    #: Target made on its own gets a dict of its own, so nothing is shared wrongly
+    shared: dict[Hashable, Any] = field(default_factory=dict)
+
+    def per_dump(self, key: Hashable, make: "Callable[[Target], Any]") -> Any:
+        """``make(self)`` the first time ``key`` is asked for among the walks sharing :attr:`shared`."""
+        try:
+            return self.shared[key]
+        except KeyError:
+            value = self.shared[key] = make(self)
+            return value
+
+    def symbol_address(self, name: str) -> int | None:
+        """A symbol's address from the image's symbols, else from the dump's symbol hints."""
+        if self.symbols is not None:
+            addr = self.symbols.address(name)
+            if addr is not None:
+                return addr
+        hint = self.meta.get("symbols", {}).get(name)
+        return int(hint, 0) if isinstance(hint, str) else hint

@@ -1,0 +1,1 @@
+"""Development tools (fuzzing, benchmarks, synthetic dumps): never imported by a replay."""

@@ -1,0 +1,385 @@
+"""The dump format: an ELF64 core file that readelf, gdb and drgn can open.
+
+See ``docs/dump-format.md``. A dump holds one ``PT_LOAD`` per captured range
+at its kernel virtual address, an ``NT_PRSTATUS`` per CPU (the i-th note is
+CPU i), the kernel's ``VMCOREINFO`` note, and one note of ours holding JSON
+(stack ranges, tasks, symbols hints, capture details, oracle traces).
+Files ending ``.xz`` or ``.gz`` are (de)compressed transparently.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import lzma
+import os
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from construct import ConstructError
+
+from . import elfcore
+from unwind.core import registry
+from unwind.core.memory import Memory, Segment
+from .note import U64_MAX, Note, NoteError, note_bytes, read_note
+from .vmcore.notes import NoteError as ElfNoteError
+from .vmcore.notes import parse_notes
+from unwind.core.stackinfo import StackInfo
+from unwind.core.target import FgraphEntry, KretprobeInstance, Task
+
+FORMAT_VERSION = 1
+
+
+class DumpError(Exception):
+    """The dump is unusable; the message is one line for the user (a control character the dump's
+    own text brings into it is shown escaped: ``\\x0a``)."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", message))
+
+
+#: what would break the message's one line, or the terminal showing it
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class NotADump(DumpError):
+    """The file is a vmcore (compressed, or too large for a dump), not one of the project's dumps."""
+
+
+#: the most a compressed dump may decompress to: the project's dumps are a few MB (a vmcore is not one)
+MAX_DUMP_BYTES = 256 << 20
+
+
+@dataclass(slots=True)
+class CpuState:
+    """One CPU at the stop: its registers and what the capture knew of it."""
+
+    cpu: int
+    regs: dict[str, int]
+    pid: int | None = None
+    mode: str = "kernel"
+    sysregs: dict[str, int] | None = None
+    normalised: str | None = None
+
+
+def _backend(arch: "str | registry.ArchBackend") -> registry.ArchBackend:
+    return registry.get(arch) if isinstance(arch, str) else arch
+
+
+class DumpWriter:
+    """Build a dump: memory ranges, CPU registers, VMCOREINFO text and the JSON note."""
+
+    def __init__(self, arch: "str | registry.ArchBackend") -> None:
+        self.backend = _backend(arch)
+        self._ranges: dict[int, bytearray] = {}
+        self.cpus: list[tuple[int, dict[str, int], int | None]] = []
+        self.vmcoreinfo: str = ""
+        self.meta: dict[str, Any] = {"format": FORMAT_VERSION, "arch": self.backend.name}
+        #: the note's bytes as given instead of ``meta`` validated and serialised (tests and the
+        #: fuzzer write malformed notes with it)
+        self.note_json: bytes | None = None
+
+    def add_memory(self, addr: int, data: bytes) -> None:
+        """Capture ``data`` at ``addr``; overlapping ranges must agree and are merged."""
+        if not data:
+            return
+        new = bytearray(data)
+        start, end = addr, addr + len(data)
+        for s in sorted(self._ranges):
+            old = self._ranges[s]
+            e = s + len(old)
+            if e < start or s > end:
+                continue
+            lo, hi = max(s, start), min(e, end)
+            if old[lo - s:hi - s] != new[lo - start:hi - start]:
+                raise ValueError(f"conflicting bytes captured at {lo:#x}")
+            merged_start = min(s, start)
+            merged = bytearray(max(e, end) - merged_start)
+            merged[s - merged_start:e - merged_start] = old
+            merged[start - merged_start:end - merged_start] = new
+            del self._ranges[s]
+            new, start, end = merged, merged_start, merged_start + len(merged)
+        self._ranges[start] = new
+
+    def add_cpu(self, cpu: int, regs: dict[str, int], pid: int | None = None) -> None:
+        """Registers of CPU ``cpu`` by name (names missing from the layout are ignored)."""
+        self.cpus.append((cpu, dict(regs), pid))
+
+    def to_bytes(self) -> bytes:
+        """The ELF core as bytes."""
+        names = self.backend.prstatus_regs
+        notes = b""
+        for cpu, regs, _pid in sorted(self.cpus, key=lambda c: c[0]):
+            pr = elfcore.prstatus_bytes(len(names), [regs.get(n, 0) & (2**64 - 1) for n in names], cpu + 1)
+            notes += elfcore.note("CORE", elfcore.NT_PRSTATUS, pr)
+        if self.vmcoreinfo:
+            notes += elfcore.note(elfcore.VMCOREINFO_NOTE_NAME, elfcore.VMCOREINFO_NOTE_TYPE,
+                                  self.vmcoreinfo.encode())
+        notes += elfcore.note(elfcore.UNWIND_NOTE_NAME, elfcore.NT_UNWIND_META,
+                              note_bytes(self.meta) if self.note_json is None else self.note_json)
+
+        loads = sorted(self._ranges.items())
+        phnum = 1 + len(loads)
+        offset = elfcore.Elf64_Ehdr.sizeof() + phnum * elfcore.Elf64_Phdr.sizeof()
+        phdrs = [dict(p_type=elfcore.PT_NOTE, p_flags=0, p_offset=offset, p_vaddr=0, p_paddr=0,
+                      p_filesz=len(notes), p_memsz=0, p_align=4)]
+        body = [notes]
+        offset += len(notes)
+        for addr, data in loads:
+            pad = -offset % 8
+            body.append(bytes(pad))
+            offset += pad
+            phdrs.append(dict(p_type=elfcore.PT_LOAD, p_flags=elfcore.PF_R | elfcore.PF_W, p_offset=offset,
+                              p_vaddr=addr, p_paddr=0, p_filesz=len(data), p_memsz=len(data), p_align=8))
+            body.append(bytes(data))
+            offset += len(data)
+        ehdr = elfcore.Elf64_Ehdr.build(dict(
+            e_type=elfcore.ET_CORE, e_machine=self.backend.e_machine, e_version=1, e_entry=0,
+            e_phoff=elfcore.Elf64_Ehdr.sizeof(), e_shoff=0, e_flags=self.backend.e_flags,
+            e_ehsize=elfcore.Elf64_Ehdr.sizeof(), e_phentsize=elfcore.Elf64_Phdr.sizeof(), e_phnum=phnum,
+            e_shentsize=0, e_shnum=0, e_shstrndx=0))
+        return ehdr + b"".join(elfcore.Elf64_Phdr.build(p) for p in phdrs) + b"".join(body)
+
+    def write(self, path: str | Path) -> None:
+        """Write the dump, compressed when ``path`` ends in ``.xz`` or ``.gz``."""
+        data = self.to_bytes()
+        p = str(path)
+        if p.endswith(".xz"):
+            data = lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)
+        elif p.endswith(".gz"):
+            data = gzip.compress(data, 9, mtime=0)
+        Path(path).write_bytes(data)
+
+
+def written_by_unwind(path: str | Path) -> bool:
+    """Does ``path`` start as :class:`DumpWriter` writes a dump: an uncompressed ELF file whose first program
+    header is a ``PT_NOTE`` holding the ``UNWIND`` note? Reads that header and its notes only; ``False``
+    settles nothing (another file, or a dump written otherwise)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(elfcore.Elf64_Ehdr.sizeof())
+            if head[:4] != b"\x7fELF" or len(head) < elfcore.Elf64_Ehdr.sizeof() or head[4:6] != b"\x02\x01":
+                return False
+            elf = elfcore.file_header(head)
+            if elf["e_phnum"] == 0 or elf["e_phentsize"] != elfcore.Elf64_Phdr.sizeof():
+                return False
+            f.seek(elf["e_phoff"])
+            first = elfcore.program_headers(f.read(elfcore.Elf64_Phdr.sizeof()), 0, 1)[0]
+            if first["p_type"] != elfcore.PT_NOTE or first["p_offset"] + first["p_filesz"] > os.fstat(f.fileno()).st_size:
+                return False
+            f.seek(first["p_offset"])
+            return any(note.name == elfcore.UNWIND_NOTE_NAME for note in parse_notes(f.read(first["p_filesz"])))
+    except Exception:  # noqa: BLE001 - any trouble reading it: not settled here, the full checks decide
+        return False
+
+
+def _decompress(raw: bytes, path: str) -> bytes:
+    try:
+        if raw.startswith(b"\xfd7zXZ\x00"):
+            dec = lzma.LZMADecompressor(lzma.FORMAT_XZ)
+            data = dec.decompress(raw, max_length=MAX_DUMP_BYTES + 1)
+            if len(data) > MAX_DUMP_BYTES:
+                raise NotADump(f"{path}: decompresses to more than {MAX_DUMP_BYTES >> 20} MiB: not a dump")
+            if not dec.eof:
+                raise DumpError(f"{path}: corrupt compressed dump: the xz stream is truncated")
+            return data
+        if raw.startswith(b"\x1f\x8b"):
+            return gzip.decompress(raw)
+    except (lzma.LZMAError, EOFError, OSError) as e:
+        raise DumpError(f"{path}: corrupt compressed dump: {e}") from None
+    return raw
+
+
+class Dump:
+    """A dump opened for replay: its container checked, its note validated (:mod:`unwind.formats.note`)."""
+
+    def __init__(self, data: bytes, path: str = "<bytes>", note_cache: bool = False) -> None:
+        """``note_cache``: read the note from the cache of validated notes when it was validated before
+        (:func:`unwind.formats.note.read_note`; :meth:`open` uses it)."""
+        self.path = path
+        self._note_cache = note_cache
+        #: malformed optional parts dropped at open (the walk goes on without them)
+        self.warnings: list[str] = []
+        try:
+            self._parse(data)
+        except NoteError as e:
+            raise DumpError(f"{path}: malformed UNWIND note: {e}") from None
+        except (ElfNoteError, ConstructError, UnicodeDecodeError) as e:
+            raise DumpError(f"{path}: malformed ELF container: {_error_text(e)}") from None
+
+    @classmethod
+    def open(cls, path: str | Path) -> "Dump":
+        """Open a dump file (``.xz``/``.gz`` accepted)."""
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as e:
+            raise DumpError(f"cannot read {path}: {e.strerror}") from None
+        return cls(_decompress(raw, str(path)), str(path), note_cache=True)
+
+    def _warn(self, msg: str) -> None:
+        self.warnings.append(f"{self.path}: {msg}")
+
+    def _parse(self, data: bytes) -> None:
+        elf = self._elf_header(data)
+        segments: list[Segment] = []
+        prstatus: list[bytes] = []
+        self.vmcoreinfo_text = ""
+        meta_raw: bytes | None = None
+        for seg in elfcore.program_headers(data, elf["e_phoff"], elf["e_phnum"]):
+            end = seg["p_offset"] + seg["p_filesz"]
+            if end > len(data):
+                raise DumpError(f"{self.path}: truncated: segment at {seg['p_vaddr']:#x} ends past the file")
+            if seg["p_type"] == elfcore.PT_LOAD:
+                if seg["p_vaddr"] + seg["p_filesz"] > U64_MAX:  # every segment's end is a u64 address
+                    raise DumpError(f"{self.path}: PT_LOAD at {seg['p_vaddr']:#x} runs to the end of the 64-bit "
+                                    "address space")
+                segments.append(Segment(seg["p_vaddr"], data[seg["p_offset"]:end]))
+            elif seg["p_type"] == elfcore.PT_NOTE:
+                for note in parse_notes(data[seg["p_offset"]:end]):
+                    if note.type == elfcore.NT_PRSTATUS and note.name == "CORE":
+                        prstatus.append(note.desc)
+                    elif note.name == elfcore.VMCOREINFO_NOTE_NAME:
+                        self.vmcoreinfo_text = note.desc.split(b"\0", 1)[0].decode("ascii", "replace")
+                    elif note.name == elfcore.UNWIND_NOTE_NAME:
+                        meta_raw = note.desc
+        if meta_raw is None:
+            if self.vmcoreinfo_text or prstatus:
+                raise NotADump(f"{self.path}: a vmcore without the UNWIND note (give it to Session.load or the "
+                               "commands, which read vmcores)")
+            raise DumpError(f"{self.path}: missing the UNWIND note (not a dump written by unwind)")
+        try:
+            self.memory = Memory(segments)
+        except ValueError as e:
+            raise DumpError(f"{self.path}: {e}") from None
+        self.meta: dict[str, Any]
+        self.note: Note
+        self.meta, self.note, self._task_keys = read_note(meta_raw.rstrip(b"\0"), self.backend.context_keys,
+                                                           self._warn, self._note_cache)
+        if self.note["arch"] != self.arch:
+            raise DumpError(f"{self.path}: note says arch {self.note['arch']} but the ELF machine is {self.arch}")
+        from .vmcore.vmcoreinfo import VmcoreInfo  # not at the top: unwind.formats.vmcore imports DumpError from here
+
+        self.vmcoreinfo: dict[str, str] = dict(VmcoreInfo.parse(self.vmcoreinfo_text).checked(self._warn))
+        self.cpus: list[CpuState] = self._cpus(prstatus)
+        self._tasks: list[Task] = [self._task(t) for t in self.note["tasks"]]
+        self._tasks.sort(key=lambda t: (t.cpu is None, t.cpu if t.cpu is not None else 0))
+
+    def _elf_header(self, data: bytes) -> dict[str, int]:
+        """The ELF header's fields, checked before the program headers are read."""
+        if data[:4] != b"\x7fELF":
+            raise DumpError(f"{self.path}: not an ELF file")
+        if len(data) < elfcore.Elf64_Ehdr.sizeof():
+            raise DumpError(f"{self.path}: truncated ELF header")
+        if data[4] != 2:
+            raise DumpError(f"{self.path}: not a 64-bit ELF (class {data[4]})")
+        if data[5] != 1:
+            raise DumpError(f"{self.path}: not little-endian")
+        elf = elfcore.file_header(data)
+        if elf["e_type"] != elfcore.ET_CORE:
+            raise DumpError(f"{self.path}: not an ELF core file (e_type {elf['e_type']})")
+        try:
+            self.backend = registry.for_e_machine(elf["e_machine"])
+        except registry.ArchError as e:
+            raise DumpError(f"{self.path}: unknown machine {elf['e_machine']}"
+                            + (f" ({e})" if registry.no_backend_found() else "")) from None
+        self.arch = self.backend.name
+        if elf["e_phentsize"] != elfcore.Elf64_Phdr.sizeof():
+            raise DumpError(f"{self.path}: e_phentsize is {elf['e_phentsize']}, not {elfcore.Elf64_Phdr.sizeof()}")
+        if elf["e_phoff"] + elf["e_phnum"] * elf["e_phentsize"] > len(data):
+            raise DumpError(f"{self.path}: truncated: program headers past the end of the file")
+        return elf
+
+    def _cpus(self, prstatus: list[bytes]) -> list[CpuState]:
+        names = self.backend.prstatus_regs
+        layout = elfcore.elf_prstatus(len(names))
+        cpu_meta = {c["cpu"]: c for c in self.note["cpus"]}
+        cpus = []
+        for i, raw in enumerate(prstatus):
+            if len(raw) < layout.sizeof():
+                raise DumpError(f"{self.path}: NT_PRSTATUS {i} is {len(raw)} bytes, expected {layout.sizeof()}")
+            pr = layout.parse(raw)
+            cm = cpu_meta.get(i, {})
+            normalised = cm.get("normalised")
+            cpus.append(CpuState(
+                cpu=i, regs=dict(zip(names, pr.pr_reg)), pid=cm.get("pid"), mode=cm.get("mode", "kernel"),
+                sysregs=dict(cm["sysregs"]) if cm.get("sysregs") else None,
+                normalised=normalised if isinstance(normalised, str) else None))
+        return cpus
+
+    @property
+    def build_id(self) -> str | None:
+        """The build-id of the kernel image the dump was taken from."""
+        return self.note["build_id"]
+
+    @property
+    def release(self) -> str | None:
+        """The kernel release: the JSON note's, else VMCOREINFO ``OSRELEASE``."""
+        return self.meta.get("kernel", {}).get("release") or self.vmcoreinfo.get("OSRELEASE")
+
+    def tasks(self) -> list[Task]:
+        """Every task in the dump, running ones first in CPU order (built once, at open)."""
+        return [copy.copy(t) for t in self._tasks]
+
+    def _task(self, t: Note) -> Task:
+        pid, cpu, task_struct = t["pid"], t["cpu"], t["task"]
+        stacks = self.note["stacks"]
+        by_task, by_pid, by_cpu = self._stack_owners
+        candidates = sorted({*by_task.get(task_struct, ()), *by_pid.get(pid, ()), *by_cpu.get(cpu, ())})
+        usable = [StackInfo(s["low"], s["high"], s["kind"], s["cpu"]) for s in (stacks[i] for i in candidates)
+                  if _stack_of(s, pid, cpu, task_struct)]
+        regs = None
+        if cpu is not None:
+            if not cpu < len(self.cpus):
+                raise DumpError(f"{self.path}: task {pid} runs on cpu{cpu}, which has no NT_PRSTATUS")
+            regs = dict(self.cpus[cpu].regs)
+        return Task(
+            pid=pid, comm=t["comm"], state=t["state"], cpu=cpu, regs=regs,
+            context=dict(t["context"]) if t["context"] else None, stacks=usable,
+            fgraph=[FgraphEntry(e["ret"], e["retp"], e["func"], e["fp"]) for e in t["fgraph"]],
+            kretprobes=[KretprobeInstance(e["ret"], e["fp"]) for e in t["kretprobes"]],
+            user_regs=dict(t["user_regs"]) if t["user_regs"] else None,
+            extra={**{k: v for k, v in t.items() if k not in self._task_keys},
+                   **({"task": f"{task_struct:#x}"} if task_struct is not None else {})},
+        )
+
+    @cached_property
+    def _stack_owners(self) -> tuple[dict[int, list[int]], dict[int, list[int]], dict[int, list[int]]]:
+        """Indices of the note's stacks by ``task``, by ``pid``, and by ``cpu`` of those with no pid: every
+        stack :func:`_stack_of` may give a task is among those of its task_struct, pid and cpu."""
+        by_task: dict[int, list[int]] = {}
+        by_pid: dict[int, list[int]] = {}
+        by_cpu: dict[int, list[int]] = {}
+        for i, s in enumerate(self.note["stacks"]):
+            if s["task"] is not None:
+                by_task.setdefault(s["task"], []).append(i)
+            if s["pid"] is not None:
+                by_pid.setdefault(s["pid"], []).append(i)
+            elif s["cpu"] is not None:
+                by_cpu.setdefault(s["cpu"], []).append(i)
+        return by_task, by_pid, by_cpu
+
+    def task_memory(self, task: Task) -> Memory:
+        """The memory a walk of ``task`` reads: all of the dump's."""
+        return self.memory
+
+    def oracles(self) -> list[dict[str, Any]]:
+        """The oracle traces stored with the dump (each one validated at open)."""
+        return list(self.meta.get("oracles", []))
+
+
+def _stack_of(s: Note, pid: int | None, cpu: int | None, task_struct: int | None) -> bool:
+    """Is the note's stack ``s`` one of the task's (its pid, cpu and task_struct)?"""
+    if s["task"] is not None and task_struct is not None:  # by task_struct: idle tasks share pid 0
+        return s["task"] == task_struct
+    if s["pid"] is not None:
+        return s["pid"] == pid and (s["cpu"] is None or s["cpu"] == cpu)
+    return cpu is not None and s["cpu"] == cpu  # per-CPU stacks: only for the task running on that CPU
+
+
+def _error_text(e: Exception) -> str:
+    """One line for a construct or note error (their texts may span lines)."""
+    text = str(e).splitlines()[0] if str(e) else ""
+    return text[:200] or type(e).__name__

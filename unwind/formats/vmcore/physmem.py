@@ -1,0 +1,179 @@
+"""Physical memory of a vmcore, read in chunks and cached.
+
+Each format says which chunk holds a physical address (a page of a
+kdump-compressed file, a piece of an ELF ``PT_LOAD``) and how to get its
+bytes; reads that span chunks are put together here, and decoded chunks are
+kept in a bounded LRU cache.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Hashable
+
+from unwind.core.memory import MemoryFault
+from .errors import VmcoreError
+from .notes import Note, PrStatus
+from .source import Source, SourceTruncated
+from .vmcoreinfo import VmcoreInfo
+
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+
+#: decoded bytes kept in the cache, per open vmcore
+DEFAULT_CACHE_BYTES = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class PhysRange:
+    """Physical addresses ``[start, end)`` of RAM the dump describes."""
+
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualLoad:
+    """An ELF ``PT_LOAD`` that maps ``[vaddr, vaddr + size)`` to physical ``paddr``."""
+
+    vaddr: int
+    paddr: int
+    size: int
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Decoded bytes at physical address ``start``."""
+
+    start: int
+    data: bytes = field(repr=False)
+
+
+class PhysicalMemory:
+    """A vmcore's physical memory, notes and identity; formats subclass it.
+
+    Attributes set by every format:
+
+    - ``path``, ``format`` (``"elf"``, ``"kdump"``, ``"flattened-kdump"``, ``"flattened-elf"``);
+    - ``notes``: every note in file order; ``prstatus``: the ``NT_PRSTATUS`` ones;
+    - ``vmcoreinfo`` (text or ``None``) and ``vmcoreinfo_dict``;
+    - ``machine``: the ELF machine as pyelftools names it (``"EM_X86_64"``) or ``None`` when the file does not say;
+      ``machine_source`` says where it came from;
+    - ``block_size``: the format's storage unit (a diskdump block, 4096 for ELF);
+    - ``page_size``: the dumped kernel's ``PAGESIZE`` from VMCOREINFO, else ``block_size``;
+    - ``virtual_loads``: ELF ``PT_LOAD`` virtual mappings (empty for diskdump).
+    """
+
+    format: str
+    machine: str | None
+    machine_source: str
+    block_size: int
+    virtual_loads: list[VirtualLoad]
+
+    def __init__(self, path: str, source: Source, notes: list[Note], prstatus: list[PrStatus],
+                 vmcoreinfo: str | None, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.path = path
+        self._src = source
+        self.notes = notes
+        self.prstatus = prstatus
+        self.vmcoreinfo = vmcoreinfo
+        self.vmcoreinfo_dict = VmcoreInfo.parse(vmcoreinfo or "")
+        self._cache: OrderedDict[Hashable, Chunk] = OrderedDict()
+        self._cache_bytes = 0
+        self._cache_limit = cache_bytes
+        self._last: Chunk | None = None
+
+    @property
+    def page_size(self) -> int:
+        """The dumped kernel's page size (VMCOREINFO ``PAGESIZE``), else the format's block size."""
+        return self.vmcoreinfo_dict.bounded("PAGESIZE") or self.block_size
+
+    @property
+    def ranges(self) -> list[PhysRange]:
+        """The physical RAM ranges the dump describes, sorted and merged."""
+        raise NotImplementedError
+
+    def _locate(self, paddr: int, addr: int, size: int) -> tuple[Hashable, int]:
+        """The cache key and start address of the chunk holding ``paddr``; faults name ``addr``/``size``."""
+        raise NotImplementedError
+
+    def _load(self, key: Hashable, start: int, addr: int, size: int) -> bytes:
+        """The decoded bytes of chunk ``key``; faults name ``addr``/``size``."""
+        raise NotImplementedError
+
+    def _chunk(self, paddr: int, addr: int, size: int) -> Chunk:
+        key, start = self._locate(paddr, addr, size)
+        chunk = self._cache.get(key)
+        if chunk is not None:
+            self._cache.move_to_end(key)
+            return chunk
+        try:
+            data = self._load(key, start, addr, size)
+        except SourceTruncated as e:
+            raise VmcoreError(f"{self.path}: truncated: {e}") from None
+        except OSError as e:
+            raise VmcoreError(f"{self.path}: read error: {e.strerror or e}") from None
+        chunk = Chunk(start, data)
+        self._cache[key] = chunk
+        self._cache_bytes += len(data)
+        while self._cache_bytes > self._cache_limit and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cache_bytes -= len(old.data)
+        return chunk
+
+    def read_phys(self, paddr: int, size: int) -> bytes:
+        """``size`` bytes at physical address ``paddr``.
+
+        Raises :class:`~unwind.core.memory.MemoryFault` when any byte is not in the
+        dump; :class:`~unwind.formats.vmcore.ExcludedPageFault` (a subclass) when the
+        page is RAM that the dump filtered out.
+        """
+        if size < 0 or paddr < 0:
+            raise MemoryFault(paddr, size)
+        last = self._last
+        if last is not None and last.start <= paddr and paddr + size <= last.start + len(last.data):
+            off = paddr - last.start
+            return last.data[off:off + size]
+        parts: list[bytes] = []
+        pos, end = paddr, paddr + size
+        while pos < end:
+            chunk = self._chunk(pos, paddr, size)
+            off = pos - chunk.start
+            take = min(end - pos, len(chunk.data) - off)
+            parts.append(chunk.data[off:off + take])
+            pos += take
+            self._last = chunk
+        return b"".join(parts)
+
+    def read_phys_u64(self, paddr: int) -> int:
+        """The little-endian 64-bit word at physical ``paddr``."""
+        return _U64.unpack(self.read_phys(paddr, 8))[0]
+
+    def read_phys_u32(self, paddr: int) -> int:
+        """The little-endian 32-bit word at physical ``paddr``."""
+        return _U32.unpack(self.read_phys(paddr, 4))[0]
+
+    def contains_phys(self, paddr: int, size: int = 1) -> bool:
+        """True when every byte of ``[paddr, paddr + size)`` can be read."""
+        try:
+            self.read_phys(paddr, size)
+        except MemoryFault:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Close the file; the object is unusable afterwards."""
+        self._cache.clear()
+        self._last = None
+        self._src.close()
+
+    def __enter__(self) -> "PhysicalMemory":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.format} {self.path!r} machine={self.machine}>"

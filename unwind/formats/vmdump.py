@@ -1,0 +1,336 @@
+"""A vmcore opened for replay: the same surface as :class:`unwind.formats.dump.Dump`, read from the kernel itself.
+
+Where a dump written by ``unwind capture`` lists its tasks and stacks in a
+JSON note, a vmcore (kdump ``/proc/vmcore``, makedumpfile, QEMU
+``dump-guest-memory``) holds the whole kernel: the tasks, their saved
+contexts, stacks, function-graph return stacks and kretprobe instances are
+found through BTF (:mod:`unwind.kernel.model`), the running CPUs' registers come
+from the ``NT_PRSTATUS`` notes. The result is the same :class:`Task` list,
+and a ``meta`` dict with the keys backends read from a dump's note.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from . import elfcore
+from unwind.core import registry
+from .dump import CpuState, DumpError
+from unwind.kernel.model import (MAX_CPUS, PID_MAX_LIMIT, Kernel, KernelError, KernelModule, KernelTask,
+                                 ftrace_trampolines)
+from unwind.kernel.btf import Btf, BtfError
+from unwind.core.memory import Memory, MemoryFault
+from unwind.core.stackinfo import StackInfo
+from unwind.kernel.symbols import SymbolTable
+from unwind.core.target import Task
+from .vmcore.vmcoreinfo import VmcoreInfo
+
+if TYPE_CHECKING:
+    from .image import Image
+
+#: the JSON-note keys a vmcore fills (docs/dump-format.md)
+FORMAT_VERSION = 1
+
+
+def _prstatus_pid(raw: bytes) -> int:
+    return int.from_bytes(raw[32:36], "little", signed=True)  # elf_prstatus.pr_pid
+
+
+class VmcoreDump:
+    """A vmcore as replay sees it.
+
+    Built from its parts: ``memory`` reads kernel virtual addresses (page
+    tables or the direct map already applied), ``prstatus`` are the raw
+    ``NT_PRSTATUS`` descriptors in file order, ``vmcoreinfo_text`` the
+    VMCOREINFO note. Tasks need the kernel image: :meth:`attach` gives its
+    symbols and BTF (``Session.load`` calls it once the image is found).
+    """
+
+    def __init__(self, path: str, backend: "registry.ArchBackend", memory: Any, prstatus: list[bytes],
+                 vmcoreinfo_text: str, *, source: str = "vmcore", phys: Any = None) -> None:
+        self.path = path
+        self.phys = phys
+        self.backend = backend
+        self.arch = backend.name
+        self.memory = memory
+        self.vmcoreinfo_text = vmcoreinfo_text
+        self.warnings: list[str] = []
+        self.vmcoreinfo = VmcoreInfo.parse(vmcoreinfo_text).checked(lambda msg: self.warnings.append(f"{path}: {msg}"))
+        self._prstatus = prstatus
+        self.source = source
+        self.kernel: Kernel | None = None
+        self.meta: dict[str, Any] = {"format": FORMAT_VERSION, "arch": self.arch,
+                                     "kernel": {"release": self.release}, "build_id": self.build_id,
+                                     "capture": {"tool": source}}
+        self._tasks: list[Task] | None = None
+        self._ktasks: list[KernelTask] = []
+        self.modules: list[KernelModule] = []
+        self.cpus: list[CpuState] = []
+
+    @classmethod
+    def open(cls, path: str) -> "VmcoreDump":
+        """Open a vmcore file of any format :func:`unwind.formats.vmcore.open_vmcore` reads (memory is read lazily)."""
+        from .vmcore import VmcoreError, open_vmcore
+
+        try:
+            phys = open_vmcore(path)
+        except VmcoreError as e:
+            raise DumpError(str(e)) from None
+        if phys.machine is None:
+            raise DumpError(f"{path}: the vmcore does not say which machine it is from")
+        try:
+            backend = registry.for_machine(phys.machine)
+        except registry.ArchError:
+            raise DumpError(f"{path}: a vmcore of {phys.machine}, which unwind has no backend for") from None
+        if not phys.vmcoreinfo and not backend.vmcoreinfo_in_memory:
+            raise DumpError(f"{path}: no VMCOREINFO note (QEMU needs -device vmcoreinfo): cannot find the kernel")
+        return cls(path, backend, None, [p.desc for p in phys.prstatus], phys.vmcoreinfo or "", source=phys.format,
+                   phys=phys)
+
+    def find_vmcoreinfo(self, image: Image) -> str:
+        """Fill in VMCOREINFO from the kernel's memory (QEMU writes none for riscv): the sentence saying how.
+
+        The image's link-time symbols and BTF locate the kernel's own
+        ``vmcoreinfo_note`` (``ArchBackend.vmcoreinfo_from_memory``); a
+        ``BUILD-ID`` in it must be the image's.
+        """
+        ranges = [(r.start, r.end) for r in self.phys.ranges]
+        try:
+            info, how = self.backend.vmcoreinfo_from_memory(self.phys, ranges, image.symbols.address, image.btf)
+        except registry.ArchError as e:
+            raise DumpError(f"{self.path}: no VMCOREINFO note, and {e}") from None
+        build_id = info.get("BUILD-ID")
+        if build_id and image.build_id and build_id != image.build_id:
+            raise DumpError(f"{self.path}: the kernel's VMCOREINFO names build-id {build_id}, "
+                            f"{image.path} is {image.build_id}")
+        self.vmcoreinfo_text = "".join(f"{k}={v}\n" for k, v in info.items())
+        self.vmcoreinfo = VmcoreInfo.parse(self.vmcoreinfo_text).checked(
+            lambda msg: self.warnings.append(f"{self.path}: {msg}"))
+        self.meta["kernel"]["release"] = self.release
+        self.meta["build_id"] = self.build_id
+        return how
+
+    def _virtual_memory(self, symbol: Callable[[str], int | None]) -> Any:
+        """Kernel virtual memory over the vmcore's physical memory (the arch's page tables)."""
+        from .vmcore.virtual import VirtualMemory
+
+        return VirtualMemory(self.phys, self.backend.translator(self.vmcoreinfo, self.phys, symbol))
+
+    def task_memory(self, task: Task) -> Any:
+        """The memory one walk of ``task`` reads, snapshotted as plain segments: its stacks, and the modules'
+        ORC tables (x86-64 ``orc_module_find()`` reads them from memory)."""
+        snapshot = getattr(self.memory, "snapshot", None)
+        if snapshot is None:
+            return self.memory
+        tables = [r for m in self.modules for r in m.orc_ranges()]
+        ranges = [(s.low, s.high) for s in task.stacks if s.low] + tables
+        snap = snapshot(ranges)
+        return Memory(snap.segments, self._holes(snap, ranges))
+
+    def _holes(self, snap: Memory, ranges: list[tuple[int, int]]) -> list[tuple[int, int, type[MemoryFault]]]:
+        """The parts of ``ranges`` the snapshot lacks, each with the fault the vmcore gives there
+        (a page makedumpfile excluded, a page the page tables do not map)."""
+        out: list[tuple[int, int, type[MemoryFault]]] = []
+        for lo, hi in ranges:
+            pos = lo
+            for start, end in snap.captured(lo, hi) + [(hi, hi)]:
+                if pos < start:
+                    try:
+                        self.memory.read(pos, 1)
+                        fault: type[MemoryFault] = MemoryFault
+                    except MemoryFault as e:
+                        fault = type(e)
+                    out.append((pos, start, fault))
+                pos = max(pos, end)
+        return out
+
+    # -- what Session reads before the image is known ------------------------
+    @property
+    def build_id(self) -> str | None:
+        """VMCOREINFO ``BUILD-ID``: the vmlinux the vmcore was taken from."""
+        return self.vmcoreinfo.get("BUILD-ID") or None
+
+    @property
+    def release(self) -> str | None:
+        """VMCOREINFO ``OSRELEASE``."""
+        return self.vmcoreinfo.get("OSRELEASE")
+
+    def kaslr_offset(self, symbols: SymbolTable | None) -> int:
+        """The KASLR slide: ``KERNELOFFSET``, else ``SYMBOL(_stext)`` against the image's ``_stext``."""
+        raw = self.vmcoreinfo.get("KERNELOFFSET")
+        if raw:
+            try:
+                return int(raw, 16)
+            except ValueError:
+                raise DumpError(f"{self.path}: VMCOREINFO KERNELOFFSET={raw!r} is not hex") from None
+        stext = self.vmcoreinfo.get("SYMBOL(_stext)")
+        link = symbols.address("_stext") if symbols is not None else None
+        if stext and link is not None:
+            try:
+                return int(stext, 16) - link
+            except ValueError:
+                pass
+        return 0
+
+    # -- once the image is known -------------------------------------------------
+    def btf_from_memory(self, symbol: Callable[[str], int | None]) -> Btf:
+        """The kernel's BTF from its own memory (``__start_BTF`` .. ``__stop_BTF``), for an image without ``.BTF``."""
+        lo, hi = symbol("__start_BTF"), symbol("__stop_BTF")
+        if lo is None or hi is None or not 0 < hi - lo < 1 << 28:
+            raise DumpError(f"{self.path}: no BTF: the image has no .BTF and no __start_BTF/__stop_BTF symbols")
+        if self.memory is None:
+            self.memory = self._virtual_memory(symbol)
+        try:
+            return Btf.cached(self.memory.read(lo, hi - lo))
+        except (MemoryFault, BtfError) as e:
+            raise DumpError(f"{self.path}: the kernel's BTF in memory is unusable: {e}") from None
+
+    def attach(self, symbol: Callable[[str], int | None], btf: Btf) -> None:
+        """Read the kernel: CPUs, tasks and modules, with the image's runtime symbols and BTF."""
+        try:
+            if self.memory is None:
+                self.memory = self._virtual_memory(symbol)
+            self.kernel = Kernel(self.memory, btf, symbol, self.backend.kernel.CONTEXT_MEMBERS)
+            self.cpus = self._read_cpus()
+            self._ktasks = self.kernel.tasks(self._currents(self.kernel))
+            self.modules = self.kernel.modules()
+            try:
+                self.meta["ftrace_trampolines"] = ftrace_trampolines(self.kernel)
+            except (MemoryFault, BtfError) as e:
+                self.kernel.warnings.append(f"ftrace_ops_list unreadable: {e}")
+        except (KernelError, BtfError) as e:
+            raise DumpError(f"{self.path}: {e}") from None
+        except MemoryFault as e:
+            raise DumpError(f"{self.path}: kernel structures unreadable: {e}") from None
+        self.meta["modules"] = [m.to_json() for m in self.modules]
+        self.meta["bpf_symbols"] = [[f"{lo:#x}", f"{hi:#x}", name] for lo, hi, name in self.kernel.bpf_symbols()]
+        self.meta["symbols"] = {n: f"{a:#x}" for n in ("_stext", "_etext", "init_task")
+                                if (a := symbol(n)) is not None}
+        self.warnings.extend(self.kernel.warnings)
+
+    def _require_kernel(self) -> Kernel:
+        if self.kernel is None:
+            raise DumpError(f"{self.path}: a vmcore's tasks need the kernel image (give --vmlinux)")
+        return self.kernel
+
+    # -- CPUs ----------------------------------------------------------------
+    def _read_cpus(self) -> list[CpuState]:
+        """One :class:`CpuState` per CPU that saved registers, indexed as the kernel numbers CPUs.
+
+        A real crash (VMCOREINFO ``CRASHTIME``) has each CPU's note in its
+        ``crash_notes`` buffer; QEMU numbers its notes ``pr_pid = cpu + 1``;
+        otherwise (pids that are not distinct CPU numbers + 1) the notes are
+        taken in file order.
+        """
+        names = self.backend.prstatus_regs
+        layout = elfcore.elf_prstatus(len(names))
+        by_cpu: dict[int, bytes] = {}
+        if "CRASHTIME" in self.vmcoreinfo:
+            by_cpu = self._crash_notes(layout.sizeof())
+        if not by_cpu:
+            pids = [_prstatus_pid(raw) for raw in self._prstatus]
+            qemu = len(set(pids)) == len(pids) and all(1 <= p <= MAX_CPUS for p in pids)
+            by_cpu = {(pid - 1 if qemu else i): raw for i, (pid, raw) in enumerate(zip(pids, self._prstatus))}
+        out = []
+        hooks = self.backend.kernel
+        for cpu in sorted(by_cpu):
+            raw = by_cpu[cpu]
+            if len(raw) < layout.sizeof():
+                raise DumpError(f"{self.path}: NT_PRSTATUS of cpu{cpu} is {len(raw)} bytes, "
+                                f"expected {layout.sizeof()}")
+            regs = dict(zip(names, layout.parse(raw).pr_reg))
+            pid = _prstatus_pid(raw)  # a pid_t: past PID_MAX_LIMIT (or below 0) it is none (a corrupt note)
+            out.append(CpuState(cpu=cpu, regs=regs, pid=pid if 0 <= pid <= PID_MAX_LIMIT else None,
+                                mode=hooks.cpu_mode(regs)))
+        return out
+
+    def _currents(self, k: Kernel) -> dict[int, int]:
+        """``current`` of each CPU that saved registers, by the arch's rule (``rq->curr`` lags a switch)."""
+        out = {}
+        for c in self.cpus:
+            try:
+                out[c.cpu], _ = self.backend.kernel.current_task(k, c.cpu, c.regs)
+            except (MemoryFault, BtfError, KernelError, IndexError) as e:
+                self.warnings.append(f"cpu{c.cpu}: current unreadable, rq->curr used: {e}")
+        return out
+
+    # crash_save_cpu() (kernel/crash_core.c) writes one note into per_cpu_ptr(crash_notes, cpu)
+    def _crash_notes(self, size: int) -> dict[int, bytes]:
+        k = self._require_kernel()
+        ptr = k.symbol("crash_notes")
+        if ptr is None:
+            return {}
+        out: dict[int, bytes] = {}
+        try:
+            base = k.read_u64(ptr)
+        except MemoryFault:
+            return {}
+        for cpu in range(k.nr_cpus):
+            addr = (base + k.per_cpu_offset[cpu]) & (2**64 - 1)
+            try:
+                hdr = k.read(addr, 12)
+                namesz, descsz, ntype = (int.from_bytes(hdr[i:i + 4], "little") for i in (0, 4, 8))
+                if namesz == 0 or ntype != elfcore.NT_PRSTATUS or descsz < size or descsz > 4096:
+                    continue
+                out[cpu] = k.read(addr + 12 + (namesz + 3) // 4 * 4, descsz)
+            except MemoryFault:
+                continue
+        return out
+
+    # -- tasks ---------------------------------------------------------------
+    def tasks(self) -> list[Task]:
+        """Every task in the kernel, running ones first in CPU order."""
+        if self._tasks is None:
+            k = self._require_kernel()
+            regs = {c.cpu: c for c in self.cpus}
+            stacks = {cpu: self._percpu_stacks(k, cpu) for cpu in regs}
+            out = [self._task(k, t, regs, stacks) for t in self._ktasks]
+            out.sort(key=lambda t: (t.cpu is None, t.cpu if t.cpu is not None else 0))
+            self._tasks = out
+        return self._tasks
+
+    def _percpu_stacks(self, k: Kernel, cpu: int) -> list[StackInfo]:
+        try:
+            ranges = self.backend.kernel.percpu_stacks(k, cpu)
+        except (MemoryFault, BtfError, KernelError) as e:
+            self.warnings.append(f"cpu{cpu}: per-CPU stacks unreadable: {e}")
+            return []
+        out = []
+        for kind, lo, hi in ranges:  # from per-CPU pointers: a corrupt one gives no address range
+            if 0 <= lo < hi < 2**64:
+                out.append(StackInfo(lo, hi, kind, cpu))
+            else:
+                self.warnings.append(f"cpu{cpu}: {kind} stack [{lo:#x}, {hi:#x}) is no address range: not read")
+        return out
+
+    def _task(self, k: Kernel, t: KernelTask, cpus: dict[int, CpuState], percpu: dict[int, list[StackInfo]]) -> Task:
+        extra: dict[str, Any] = {"task": f"{t.addr:#x}", "switches": t.switches, "last_cpu": t.cpu}
+        cpu = t.running_on if t.running_on in cpus else None
+        if t.running_on is not None and cpu is None:
+            extra["note"] = f"current on cpu{t.running_on}, which saved no registers: its saved context is stale"
+        stacks = [StackInfo(t.stack, t.stack + k.thread_size, "task", cpu)] if t.stack else []
+        if t.stack + k.thread_size >= 2**64:  # task_stack_page() + THREAD_SIZE: the end is an address too
+            stacks = []
+            why = f"task->stack {t.stack:#x} + THREAD_SIZE runs past the address space: no stack"
+            extra["note"] = f"{extra['note']}; {why}" if "note" in extra else why
+        context = None
+        regs = None
+        if cpu is not None:
+            regs = dict(cpus[cpu].regs)
+            stacks += percpu.get(cpu, [])
+        else:
+            try:
+                context = self.backend.kernel.blocked_context(k, t.addr, t.data)
+            except BtfError as e:
+                extra["note"] = f"no saved context: {e}"
+        return Task(pid=t.pid, comm=t.comm, state=t.state, cpu=cpu, regs=regs, context=context, stacks=stacks,
+                    fgraph=k.fgraph(t), kretprobes=k.kretprobes(t), extra=extra)
+
+    def kernel_tasks(self) -> list[KernelTask]:
+        """The tasks as ``ps`` lists them (``task_struct`` fields)."""
+        self._require_kernel()
+        return list(self._ktasks)
+
+    def oracles(self) -> list[dict[str, Any]]:
+        """A vmcore carries no oracle traces."""
+        return []

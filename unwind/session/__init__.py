@@ -1,0 +1,1 @@
+"""A dump opened for replay: the Session, batch replay and printing replays."""

@@ -1,0 +1,688 @@
+"""Batch replay: every task of one or many dumps walked at once, in numpy lockstep.
+
+The scalar walk (:meth:`unwind.session.replay.Session.replay`) is the rule. A backend's
+batch walk (``arch/<arch>/batch.py``, reached through
+:meth:`unwind.core.registry.ArchBackend.batch_walk`) takes only its unwinder's one
+plain step (arm64: ``unwind_next_frame_record()``), over all lanes at once, with
+the same helpers and constants the scalar step uses. The moment anything else
+applies to a lane (an exception boundary, a return-address recovery, a stack
+transition, a read outside the lane's captured segment, an end it does not
+recognise) it hands the lane back, and that task is walked by
+``Session.replay``: a batch replay is the scalar replay, task for task.
+
+Tasks that need a mode the batch does not take (``complete``, ``record``,
+``user``, the reliable walk) are walked by the scalar path from the start.
+
+A batch walk reports frames and stops as arrays; :class:`BatchReplay` builds
+each task's :class:`~unwind.session.replay.Replay` (frames, stop, basis, call-site flags)
+when it is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, overload
+import weakref
+from array import array
+from itertools import chain, compress
+from operator import attrgetter
+from weakref import WeakKeyDictionary
+
+import numpy as np
+
+from unwind.formats.dump import Dump
+from unwind.core.frame import Flag, Frame, Source
+from unwind.core.memory import Memory
+from .replay import Replay
+from unwind.core.target import Options, Task
+from unwind.core.walk import Stop, StopReason
+
+if TYPE_CHECKING:
+    from unwind.core.callsite import CallSiteChecker
+    from .replay import Session
+
+#: the options a batch walk takes; any other one set sends every task to the scalar path
+BATCH_OPTIONS = frozenset({"generation", "orc_version"})
+
+_U64 = np.uint64
+_BOUNDARY = Flag.BOUNDARY.value
+_CALLSITE_BITS = {"ok": Flag.CALLSITE_OK.value, "bad": Flag.CALLSITE_BAD.value, "unknown": 0}
+_FLAGS = tuple(Flag(value) for value in range(max(f.value for f in Flag) << 1))
+
+
+def batch_options(options: Options) -> bool:
+    """Does a batch walk take ``options``? Only the defaults and the generation overrides."""
+    return not (options.complete or options.record or options.user)
+
+
+@dataclass(slots=True)
+class Job:
+    """One dump's share of a batch: its session, the tasks to walk, the options."""
+
+    session: "Session"
+    tasks: list[Task]
+    options: Options
+
+
+#: the most words a batch step reads from one address: arm64's frame_record_meta {fp, lr, type}
+READ_WORDS = 3
+_START, _DATA = attrgetter("start"), attrgetter("data")
+
+
+class FlatMemory:
+    """The captured segments of a batch's memories as one array of little-endian words, and all the
+    segments in one table (``seg_mem``: each segment's memory, an index into those given).
+
+    Each segment is placed so that an 8-aligned address is a whole word: the word of address ``a``
+    in segment ``s`` is ``bases[s] + (a - origins[s]) // 8``. A lane reads only from the one segment
+    it was given (:meth:`locate`), and checks ``[start, end)`` before every read: nothing is read
+    outside a segment. Built in one pass over all the segments (numpy calls per memory would cost
+    more than the copy).
+    """
+
+    def __init__(self, memories: Sequence[Memory]) -> None:
+        segs = list(chain.from_iterable(mem.segments for mem in memories))
+        self.seg_mem = np.repeat(np.arange(len(memories), dtype=np.int64), [len(mem.segments) for mem in memories])
+        self.starts = np.fromiter(map(_START, segs), _U64, len(segs))
+        sizes = np.fromiter(map(len, map(_DATA, segs)), _U64, len(segs))
+        self.ends = self.starts + sizes
+        if not ((self.starts | sizes) & _U64(7)).any():  # the usual case: stacks are captured in whole words
+            self.origins = self.starts
+            words = (sizes >> _U64(3)).astype(np.int64)
+            self.bases = np.cumsum(words) - words
+            pieces = list(map(_DATA, segs))
+        else:
+            pieces, bases, words = [], [], 0
+            for seg in segs:
+                pad = seg.start & 7
+                tail = -(pad + len(seg.data)) & 7
+                pieces += [bytes(pad), seg.data, bytes(tail)]
+                bases.append(words)
+                words += (pad + len(seg.data) + tail) >> 3
+            self.origins = self.starts & ~_U64(7)
+            self.bases = np.array(bases, np.int64)
+        # never empty: a refused lane reads (and drops) a word somewhere in it (:func:`word_index`)
+        pieces.append(bytes(8 * READ_WORDS))
+        self.words = np.frombuffer(b"".join(pieces), "<u8")
+
+    @staticmethod
+    def word_delta(origin: np.ndarray, base: np.ndarray) -> np.ndarray:
+        """Per lane, what turns an 8-aligned address of its segment into its word's index: the word of
+        ``a`` is ``(a >> 3) - delta`` (as int64; :func:`word_index`)."""
+        return (origin >> _U64(3)).view(np.int64) - base
+
+    @classmethod
+    def of(cls, memories: list[Memory]) -> "FlatMemory":
+        """The flat memory of ``memories``: the last batch's again when it read the same ones (a dump's
+        memory does not change), else a new one."""
+        global _LAST_FLAT
+        last = _LAST_FLAT
+        if last is not None and len(last[0]) == len(memories) and all(
+                ref() is mem for ref, mem in zip(last[0], memories)):
+            return last[1]
+        flat = cls(memories)
+        _LAST_FLAT = ([weakref.ref(mem) for mem in memories], flat)
+        return flat
+
+    def locate(self, mem: np.ndarray, addr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The segment of memory ``mem[k]`` (an index into the memories given) holding ``addr[k]``, for each
+        lane ``k``: ``(start, end, origin, base)``; an address in no segment gets the empty segment
+        ``[0, 0)``, so every read there is refused."""
+        n, nseg = len(addr), len(self.starts)
+        # each address after the segments of its memory that start at or below it: the last of them holds it
+        order = np.lexsort((np.concatenate([np.zeros(nseg, np.int64), np.ones(n, np.int64)]),
+                            np.concatenate([self.starts, addr]), np.concatenate([self.seg_mem, mem])))
+        is_seg = order < nseg
+        last = np.maximum.accumulate(np.where(is_seg, order, -1))
+        cand = np.empty(n, np.int64)
+        cand[order[~is_seg] - nseg] = last[~is_seg]
+        found = cand >= 0
+        cand = np.where(found, cand, 0)
+        if nseg:
+            found &= (self.seg_mem[cand] == mem) & (addr < self.ends[cand])
+        else:
+            found[:] = False
+        zero = _U64(0)
+        if not nseg:
+            return np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, np.int64)
+        return (np.where(found, self.starts[cand], zero), np.where(found, self.ends[cand], zero),
+                np.where(found, self.origins[cand], zero), np.where(found, self.bases[cand], 0))
+
+
+def word_index(addr: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    """The word index of each lane's 8-aligned ``addr`` (:meth:`FlatMemory.word_delta`). A lane whose read
+    is refused gets some index, which ``words.take(index, mode="clip")`` keeps inside the words: its value is
+    dropped."""
+    return (addr >> _U64(3)).view(np.int64) - delta
+
+
+#: the memories of the last batch (weakly) and their flat memory
+_LAST_FLAT: "tuple[list[weakref.ref[Memory]], FlatMemory] | None" = None
+
+
+def locate_lanes(jobs: Sequence[Job], lane_job: np.ndarray, lane_tasks: Sequence[Task], addr: np.ndarray
+                 ) -> tuple[FlatMemory, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The memory each lane's walk reads (``Session.task_memory(task)``, what its scalar walk reads: all of
+    the dump's unless the dump gives each task its own, :meth:`~unwind.formats.dump.Dump.task_memory`) as one
+    :class:`FlatMemory`, and per lane the segment holding ``addr``: ``(flat, start, end, origin, base)``.
+
+    ``lane_job`` and ``lane_tasks`` are each lane's job index and task, grouped by job.
+    """
+    memories: list[Memory] = []
+    index: dict[int, int] = {}
+    mem_of: list[int] = []
+    lo = 0
+    for job, count in zip(jobs, np.bincount(lane_job, minlength=len(jobs)).tolist()):
+        if not count:
+            continue
+        dump = job.session.dump
+        if getattr(dump.task_memory, "__func__", None) is Dump.task_memory:  # the dump's one memory, every task's
+            mems = [dump.memory]
+        else:  # a vmcore's task snapshots (made once per task and kept with the session), or a caller's memories
+            mems = list(map(job.session.task_memory, lane_tasks[lo:lo + count]))
+        ids = list(map(id, mems))
+        if ids.count(ids[0]) != len(ids):
+            for key, mem in zip(ids, mems):
+                if key not in index:
+                    index[key] = len(memories)
+                    memories.append(mem)
+                mem_of.append(index[key])
+        else:  # one memory serves all the job's tasks
+            if ids[0] not in index:
+                index[ids[0]] = len(memories)
+                memories.append(mems[0])
+            mem_of.extend([index[ids[0]]] * count)
+        lo += count
+    flat = FlatMemory.of(memories)
+    return (flat, *flat.locate(np.array(mem_of, np.int64), addr))
+
+
+#: what a stop code stands for: the reason, and the detail made from the task's target, the dump's
+#: constants (:meth:`Recorder.dump`) and the lane's stop arguments (up to :data:`STOP_ARGS` words)
+StopKind = tuple[StopReason, Callable[..., str]]
+STOP_ARGS = 3
+
+
+class Recorder:
+    """What an arch's batch walk reports: frames step by step, then each lane's stop or hand-back.
+
+    ``sources`` and ``stops`` are the arch's tables; frames and stops refer to them by index.
+    Stack labels are interned here (:meth:`label`).
+    """
+
+    def __init__(self, lanes: int, sources: Sequence[Source], stops: Sequence[StopKind]) -> None:
+        self.lanes = lanes
+        self.sources = tuple(sources)
+        self.stop_kinds = tuple(stops)
+        self.labels: list[str | None] = []
+        self._label_index: dict[str | None, int] = {}
+        self._parts: list[tuple] = []
+        self.stop_code = np.full(lanes, -1, np.int64)  # -1: walked by the scalar path
+        self.stop_args = np.zeros((lanes, STOP_ARGS), _U64)
+        self.constants: dict[int, DumpConstants] = {}
+
+    def label(self, text: str | None) -> int:
+        """The index of stack label ``text`` (``None``: no stack known)."""
+        i = self._label_index.get(text)
+        if i is None:
+            i = self._label_index[text] = len(self.labels)
+            self.labels.append(text)
+        return i
+
+    def frames(self, index: int, lanes: np.ndarray, go: np.ndarray, pc: np.ndarray, *, sp: np.ndarray | None = None,
+               fp: np.ndarray | None = None, flags: np.ndarray | int = 0, source: np.ndarray | int = 0,
+               stack: np.ndarray | int = 0) -> None:
+        """Frame ``index`` (each lane's first is 0) of each of ``lanes`` where ``go``: a lockstep step, in
+        which every lane walked so far has as many frames. ``sp``/``fp`` are ``None`` where the unwinder
+        does not know them.
+
+        The arrays are kept as they are, to be read at :meth:`finish`: a walk makes new ones each step
+        (it never writes into one it gave here).
+        """
+        self._parts.append((go, index, lanes, pc, 0 if sp is None else sp, sp is not None, 0 if fp is None else fp,
+                            fp is not None, flags, source, stack))
+
+    def stop(self, lanes: np.ndarray, code: int, *args: np.ndarray) -> None:
+        """The walk of ``lanes`` ended: stop kind ``code`` (an index into ``stops``), whose detail is made
+        from the task's target and ``args`` (one word per lane each)."""
+        self.stop_code[lanes] = code
+        for i, arg in enumerate(args):
+            self.stop_args[lanes, i] = arg
+
+    def dump(self, job: int, constants: "DumpConstants") -> None:
+        """The arch's per-dump constants of ``job``'s tasks: each stop detail is handed them, and each replay
+        reads what the walks followed from them (:attr:`DumpConstants.basis`)."""
+        self.constants[job] = constants
+
+    def finish(self) -> "Walked":
+        """The frames of every step, each lane's count, and the pcs and flags the call-site check reads;
+        the frames are put in task order when the replays are read (:meth:`Walked.lists`)."""
+        parts = self._parts
+        sizes = [len(part[0]) for part in parts]
+        # every part's field end to end (one array per field, not one per part), the frames of every part
+        # selected at once
+        go = np.flatnonzero(_joined([part[0] for part in parts], sizes, bool))
+        lane = _joined([part[2] for part in parts], sizes, np.int64).take(go)
+        counts = np.bincount(lane, minlength=self.lanes)
+        offsets = np.zeros(self.lanes + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        return Walked(self, sizes, go, lane, self.field(3, _U64, go, sizes),
+                      self.field(8, np.int64, go, sizes), counts, offsets)
+
+    def field(self, k: int, dtype: type, go: np.ndarray, sizes: list[int]) -> np.ndarray:
+        """Field ``k`` of the frames reported (the parts' ``k``-th item, ``go`` selecting), in step order."""
+        return _joined([part[k] for part in self._parts], sizes, dtype).take(go)
+
+
+def _joined(values: list[np.ndarray | int | bool], sizes: list[int], dtype: type) -> np.ndarray:
+    """``values`` (an array, or one value for all, per part of ``sizes`` lanes) end to end."""
+    if all(isinstance(v, np.ndarray) for v in values):
+        return np.concatenate(values, dtype=dtype, casting="unsafe") if values else np.zeros(0, dtype)
+    out = np.repeat(np.array([0 if isinstance(v, np.ndarray) else v for v in values], dtype), sizes)
+    pos = 0
+    for v, n in zip(values, sizes):
+        if isinstance(v, np.ndarray):
+            out[pos:pos + n] = v
+        pos += n
+    return out
+
+
+class DumpConstants:
+    """What every batch walk of one dump shares (an arch subclasses it with its own fields and
+    :meth:`read`); :meth:`of` reads them once per session and option key."""
+
+    __slots__ = ("basis_of", "_basis")
+
+    #: the scalar unwinder's :meth:`~unwind.core.walk.Unwinder.basis` (of the dump's first task): what every walk
+    #: of the dump followed
+    basis_of: Callable[[], dict[str, str]]
+
+    @property
+    def basis(self) -> dict[str, str]:
+        """What the walks followed, made when a replay first reads it (x86-64 names a ``pt_regs`` derived
+        from the dump's stacks, which the lockstep walk itself never reads)."""
+        try:
+            return self._basis
+        except AttributeError:
+            self._basis = self.basis_of()
+            return self._basis
+
+    @classmethod
+    def of(cls, job: Job) -> "DumpConstants | None":
+        """The constants of ``job``'s dump under its options (kept with the session); ``None``: the batch
+        cannot take the dump, all its tasks go to the scalar walk."""
+        known = _CONSTANTS.setdefault(job.session, {})
+        key = (cls, cls.key(job.options))
+        if key not in known:
+            known[key] = cls.read(job)
+        return known[key]
+
+    @staticmethod
+    def key(options: Options) -> object:
+        """What of ``options`` the constants depend on."""
+        return options.generation
+
+    @classmethod
+    def read(cls, job: Job) -> "DumpConstants | None":
+        """The constants, read from a scalar unwinder of ``job``'s first task."""
+        raise NotImplementedError
+
+
+_CONSTANTS: "WeakKeyDictionary[Session, dict[tuple, DumpConstants | None]]" = WeakKeyDictionary()
+
+
+class Lanes(NamedTuple):
+    """The tasks of a batch an arch's plain step takes (:func:`gather_lanes`)."""
+
+    recorder: Recorder
+    #: each job's per-dump constants (``None``: all its tasks go to the scalar walk)
+    constants: list[Any]
+    #: the arch's lane columns (``lane_of``'s words) as ``uint64``, one row per column; ``None``: no lane
+    columns: np.ndarray | None
+    #: each lane's number (its task's place in the batch) and its job
+    lanes: np.ndarray
+    job_of: np.ndarray
+    #: the tasks the lanes walk, in lane order
+    tasks: list[Task]
+
+    def per_lane(self, values: Callable[[Any], object], dtype: type = _U64) -> np.ndarray:
+        """``values(constants)`` of each lane's job, as one array over the lanes."""
+        return np.array([values(c) if c is not None else 0 for c in self.constants], dtype)[self.job_of]
+
+
+def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence[StopKind],
+                 constants: type[DumpConstants], lane_of: Callable[[Task], "tuple[int, ...] | None"],
+                 columns: int) -> Lanes:
+    """The recorder of every task of ``jobs``, each job's per-dump constants, and the lanes: the tasks of
+    jobs with constants for which ``lane_of(task)`` gives the arch's ``columns`` words.
+
+    The words of all lanes become one ``uint64`` array at once (through ``array('Q')``); a value that is no
+    u64 (the note allows none) leaves no lane: the scalar walk says what it is.
+    """
+    rec = Recorder(sum(len(job.tasks) for job in jobs), sources, stops)
+    consts = [constants.of(job) if job.tasks else None for job in jobs]
+    rows: list[tuple[int, ...] | None] = []
+    for n, (job, c) in enumerate(zip(jobs, consts)):
+        if c is None:
+            rows.extend([None] * len(job.tasks))
+        else:
+            rec.dump(n, c)
+            rows.extend(map(lane_of, job.tasks))
+    # a lane's row is a non-empty tuple (true), no lane's None
+    tasks = list(compress([t for job in jobs for t in job.tasks], rows))
+    cols = None
+    if tasks:
+        try:
+            flat = np.frombuffer(array("Q", list(chain.from_iterable(filter(None, rows)))), _U64)
+            cols = flat.reshape(len(tasks), columns).T
+        except (OverflowError, TypeError):
+            tasks = []
+    lanes = np.flatnonzero(np.fromiter(map(bool, rows), bool, len(rows))) if tasks else np.zeros(0, np.int64)
+    return Lanes(rec, consts, cols, lanes, lane_jobs(jobs)[lanes], tasks)
+
+
+@dataclass(slots=True)
+class Walked:
+    """A finished batch walk: the frames in step order (each step's in lane order), and per lane its frame
+    count and where its frames start once in task order."""
+
+    recorder: Recorder
+    _sizes: list[int]
+    #: which of the parts' lanes reported a frame
+    _go: np.ndarray
+    #: per frame, in step order: its lane, pc and flags (the call-site check adds its bits to these)
+    lanes: np.ndarray
+    pcs: np.ndarray
+    flags: np.ndarray
+    #: per lane: frames reported, and where they start in task order
+    counts: np.ndarray
+    offsets: np.ndarray
+    _lists: tuple[list[Frame], list[int], list[list[int]]] | None = None
+    _stop_codes: list[int] | None = None
+
+    def stop_codes(self) -> list[int]:
+        """Each lane's stop code (-1: walked by the scalar path) as a list (made once, when first read)."""
+        if self._stop_codes is None:
+            self._stop_codes = self.recorder.stop_code.tolist()
+        return self._stop_codes
+
+    def lists(self) -> tuple[list[Frame], list[int], list[list[int]]]:
+        """What the replays read (made once, when the first replay is built): every frame as a
+        :class:`~unwind.core.frame.Frame` in task order, per lane its first frame's index (and the end's) and
+        its stop arguments."""
+        if self._lists is None:
+            rec, go, sizes = self.recorder, self._go, self._sizes
+            # each frame at its lane's offset plus its index among the lane's frames
+            index = np.repeat(np.array([part[1] for part in rec._parts], np.int64), sizes).take(go)
+            at = self.offsets[self.lanes] + index
+
+            def ordered(values: np.ndarray, known: np.ndarray | None = None) -> list:
+                """``values`` in task order as Python ints, ``None`` where not ``known``."""
+                col = np.empty(len(at), object)
+                col[at] = values.astype(object)
+                if known is not None:
+                    col[at[~known]] = None
+                return col.tolist()
+
+            def named(codes: np.ndarray, table: Sequence[object]) -> list:
+                """What each of ``codes`` (indices into ``table``) stands for, in task order."""
+                objects = np.empty(len(table), object)
+                objects[:] = table
+                col = np.empty(len(at), object)
+                col[at] = objects[codes]
+                return col.tolist()
+            field = rec.field
+            frames = list(map(Frame, ordered(self.pcs),
+                              ordered(field(4, _U64, go, sizes), field(5, bool, go, sizes)),
+                              ordered(field(6, _U64, go, sizes), field(7, bool, go, sizes)),
+                              named(field(9, np.int64, go, sizes), rec.sources),
+                              named(field(10, np.int64, go, sizes), rec.labels), named(self.flags, _FLAGS)))
+            self._lists = (frames, self.offsets.tolist(), rec.stop_args.tolist())
+        return self._lists
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct ``values``, sorted (``np.unique`` imports ``numpy.ma`` on its first call: ~30 ms)."""
+    values = np.sort(values)
+    return values[np.concatenate([values[:1] == values[:1], values[1:] != values[:-1]])]
+
+
+class Memo:
+    """Answers of a function of one word, kept sorted by key for lookups over many lanes at once; keys
+    it has not seen are answered by ``compute`` (given them distinct and sorted), once each.
+
+    A batch's lanes share most of their return addresses, so each is decided once, not once per lane.
+    A memo past :attr:`LIMIT` keys starts over (mutated stacks bring words without end).
+    """
+
+    LIMIT = 1 << 16
+
+    __slots__ = ("keys", "values", "__weakref__")
+
+    def __init__(self) -> None:
+        self.keys = np.zeros(0, _U64)
+        self.values = np.zeros(0, np.int64)
+
+    def lookup(self, keys: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """The answer for each of ``keys``."""
+        i = np.searchsorted(self.keys, keys)
+        hit = self.keys[np.minimum(i, len(self.keys) - 1)] == keys if len(self.keys) else np.zeros(len(keys), bool)
+        if not hit.all():
+            new = distinct(keys[~hit])
+            if len(self.keys) + len(new) > self.LIMIT:
+                self.keys, self.values = self.keys[:0], self.values[:0]
+            self.keys = np.concatenate([self.keys, new])
+            self.values = np.concatenate([self.values, np.asarray(compute(new), np.int64)])
+            order = np.argsort(self.keys)
+            self.keys, self.values = self.keys[order], self.values[order]
+            i = np.searchsorted(self.keys, keys)
+        return self.values[i]
+
+
+#: per image (or per checker, without one), per arch: its call-site verdicts as flag bits by return address
+_VERDICTS: "WeakKeyDictionary[object, dict[str, Memo]]" = WeakKeyDictionary()
+
+
+def apply_call_sites(checker: "CallSiteChecker", pcs: np.ndarray, flags: np.ndarray) -> np.ndarray:
+    """Each frame's call-site flag (:meth:`unwind.core.callsite.CallSiteChecker.annotate`) from ``checker``'s
+    cached verdicts; a pc from exception registers is not checked."""
+    memos = _VERDICTS.setdefault(checker.image if checker.image is not None else checker, {})
+    memo = memos.get(checker.backend.name)
+    if memo is None:
+        memo = memos[checker.backend.name] = Memo()
+
+    def verdicts(new: np.ndarray) -> np.ndarray:
+        return np.array([_CALLSITE_BITS[checker.check(pc).status] for pc in new.tolist()], np.int64)
+    checked = (flags & _BOUNDARY) == 0
+    if checked.all():
+        return flags | memo.lookup(pcs, verdicts)
+    out = flags.copy()
+    out[checked] |= memo.lookup(pcs[checked], verdicts)
+    return out
+
+
+class BatchReplay(Sequence["Replay"]):
+    """The replays of one job's tasks, in task order; each :class:`~unwind.session.replay.Replay` is built
+    when read. A task the batch handed back is walked by ``Session.replay`` then, each time it is read:
+    its replay is not kept, so a reader that takes each replay once and drops it leaves the garbage
+    collector nothing more to visit than a ``Session.replay`` loop does."""
+
+    def __init__(self, job: Job, walked: Walked | None, first_lane: int, job_index: int, symbolize: bool,
+                 reliable: bool, max_frames: int | None) -> None:
+        self.job = job
+        self._walked = walked
+        self._first = first_lane
+        self._job_index = job_index
+        self._symbolize = symbolize
+        self._reliable = reliable
+        self._max_frames = max_frames
+        self._built: dict[int, "Replay"] = {}
+
+    @property
+    def session(self) -> "Session":
+        """The session the tasks belong to."""
+        return self.job.session
+
+    @property
+    def tasks(self) -> list[Task]:
+        """The tasks walked, in order."""
+        return self.job.tasks
+
+    def batched(self, i: int) -> bool:
+        """Was task ``i`` walked by the batch (``False``: by the scalar path)?"""
+        return self._walked is not None and self._walked.stop_codes()[self._first + i] >= 0
+
+    @property
+    def batched_frames(self) -> int:
+        """The frames the lockstep walk reported for the tasks it walked itself."""
+        w = self._walked
+        if w is None:
+            return 0
+        lanes = slice(self._first, self._first + len(self))
+        return int(w.counts[lanes][w.recorder.stop_code[lanes] >= 0].sum())
+
+    def __len__(self) -> int:
+        return len(self.job.tasks)
+
+    @overload
+    def __getitem__(self, i: int) -> "Replay": ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list["Replay"]: ...
+
+    def __getitem__(self, i: int | slice) -> "Replay | list[Replay]":
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        r = self._built.get(i)
+        if r is None:
+            r = self._build(i)
+            if self.batched(i):  # its frames are kept with the batch anyway
+                self._built[i] = r
+        return r
+
+    def __iter__(self) -> Iterator["Replay"]:
+        if self._walked is None:  # every task walked by Session.replay
+            job, replay = self.job, self.job.session.replay
+            for task in job.tasks:
+                yield replay(task, job.options, reliable=self._reliable, max_frames=self._max_frames,
+                             symbolize=self._symbolize)
+            return
+        for i in range(len(self)):
+            yield self[i]
+
+    def _build(self, i: int) -> "Replay":
+        job, task = self.job, self.job.tasks[i]
+        session = job.session
+        if not self.batched(i):
+            return session.replay(task, job.options, reliable=self._reliable, max_frames=self._max_frames,
+                                  symbolize=self._symbolize)
+        walked = self._walked
+        assert walked is not None
+        rec = walked.recorder
+        lane = self._first + i
+        frames_all, offsets, stop_args = walked.lists()
+        target = session.target(task, job.options)
+        frames = frames_all[offsets[lane]:offsets[lane + 1]]
+        if self._symbolize:
+            for frame in frames:
+                frame.symbol = session.backend.symbolize(frame, target)
+        reason, detail = rec.stop_kinds[walked.stop_codes()[lane]]
+        constants = rec.constants[self._job_index]
+        # the detail formatted when read, as the scalar walk's stops are
+        stop = Stop(reason, partial(detail, target, constants, *stop_args[lane]), len(frames))
+        return Replay(target, frames, stop, None, dict(constants.basis))
+
+
+#: the fewest tasks of one arch walked in lockstep: a smaller batch, every replay read, costs more CPU than
+#: ``Session.replay`` task by task (numpy's per-call cost, ~35-70 calls per step, outweighs so few lanes;
+#: measured on the corpora: docs/benchmarks.md "Batch replay"). The answers are the same either way.
+MIN_TASKS = 128
+
+
+def replay_all(sessions: "Sequence[Session]", options: Options | None = None, *,
+               tasks: Sequence[Sequence[Task]] | None = None, symbolize: bool = True,
+               reliable: bool = False, max_frames: int | None = None,
+               lockstep: bool | None = None) -> list[BatchReplay]:
+    """Replay every task of each session (or ``tasks[i]`` of ``sessions[i]``) in lockstep batches.
+
+    Sessions of one arch are walked together, so many small dumps make long batches. The result is one
+    :class:`BatchReplay` per session; each of its replays equals ``Session.replay(task, options,
+    reliable=reliable, max_frames=max_frames, symbolize=symbolize)``. ``reliable``, or an option
+    the batch does not take (:func:`batch_options`), sends every task to that scalar path; so do fewer
+    than :data:`MIN_TASKS` tasks of an arch, unless ``lockstep`` (``False``: never in lockstep).
+    """
+    options = options or Options()
+    jobs = [Job(s, list(tasks[i]) if tasks is not None else s.dump.tasks(), options)
+            for i, s in enumerate(sessions)]
+    checked: set[str] = set()
+    for s in sessions:  # the check reads the options and the session's backend: once per backend
+        if s.backend.name not in checked:
+            s.check_options(options)
+            checked.add(s.backend.name)
+    results: list[BatchReplay | None] = [None] * len(jobs)
+    by_arch: dict[str, list[int]] = {}
+    for i, job in enumerate(jobs):
+        by_arch.setdefault(job.session.backend.name, []).append(i)
+    for indices in by_arch.values():
+        backend = jobs[indices[0]].session.backend
+        group = [jobs[i] for i in indices]
+        walked = None
+        if lockstep is None:
+            lockstep = sum(len(job.tasks) for job in group) >= MIN_TASKS
+        if lockstep and not reliable and batch_options(options):
+            walked = backend.batch_walk(group)
+        first = 0
+        for n, i in enumerate(indices):
+            results[i] = BatchReplay(jobs[i], walked, first, n, symbolize, reliable, max_frames)
+            first += len(jobs[i].tasks)
+        if walked is not None:
+            _finish_flags(group, walked)
+            if max_frames is not None:  # the scalar walk stops at max_frames with 'frame limit reached'
+                rec = walked.recorder
+                rec.stop_code[walked.counts >= max_frames] = -1
+    return results  # type: ignore[return-value]
+
+
+def lane_jobs(group: Sequence[Job]) -> np.ndarray:
+    """The job of each lane: a group's lanes are its jobs' tasks, job after job, in task order."""
+    return np.repeat(np.arange(len(group), dtype=np.int64), [len(job.tasks) for job in group])
+
+
+def narrowed(go: np.ndarray, n: int, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """A lockstep's lanes for its next step: which of them go on (``go``, ``n`` of them) and its arrays
+    (lanes along the last axis); the same arrays while more than half of their lanes go on (a narrower
+    copy costs every array), else copies of only theirs (and ``go`` all true)."""
+    if 2 * n > len(go):
+        return (go, *arrays)
+    keep = np.flatnonzero(go)
+    return (np.ones(n, bool), *(a.take(keep, axis=-1) for a in arrays))
+
+
+def _finish_flags(group: list[Job], walked: Walked) -> None:
+    """The call-site flags of every batched frame, once per image (sessions of one image share its verdicts)."""
+    flags = walked.flags
+    lanes, pcs = walked.lanes, walked.pcs
+    groups: dict[int, int] = {}
+    checkers: list["CallSiteChecker"] = []
+    image_of_job = []
+    for job in group:
+        checker = job.session.callsites
+        g = groups.get(checker.cache_key)
+        if g is None:
+            g = groups[checker.cache_key] = len(checkers)
+            checkers.append(checker)
+        image_of_job.append(g)
+    if len(checkers) == 1:
+        flags = apply_call_sites(checkers[0], pcs, flags)
+    else:
+        image_of_frame = np.array(image_of_job, np.int64)[lane_jobs(group)[lanes]]
+        for g, checker in enumerate(checkers):
+            sel = image_of_frame == g
+            flags[sel] = apply_call_sites(checker, pcs[sel], flags[sel])
+    walked.flags = flags

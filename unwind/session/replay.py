@@ -1,0 +1,415 @@
+"""Replay: open a dump and its image, pick tasks, run the arch's walk on each."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from unwind.core import registry
+from unwind.core.callsite import CallSiteChecker
+from unwind.formats.dump import Dump, DumpError, NotADump, written_by_unwind
+from unwind.core.frame import Frame
+from unwind.formats.image import IMAGE_PATH_ENV, Image, ImageError, find_image, image_search_places
+from unwind.kernel.kaslr import RelocatedImage, relocate_symbols
+from unwind.core.memory import Memory
+from unwind.core.stackinfo import StackInfo
+from unwind.kernel.symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
+from unwind.core.target import Options, Target, Task, kernel_version
+from unwind.core.walk import (ReliableResult, Stop, StopReason, Unwinder, UnwindStop, collect, frame_limit,
+                              stack_walk_reliable)
+
+if TYPE_CHECKING:
+    from .batch import BatchReplay
+
+
+class ReplayError(Exception):
+    """Unusable input for a replay (exit status 2)."""
+
+
+#: tasks a session keeps the memory and frame limit of (a vmcore task's memory holds its stacks' bytes)
+_MAX_TASKS = 1 << 12
+#: :class:`Options` fields every backend acts on
+COMMON_OPTIONS = frozenset({"complete", "record", "generation"})
+
+
+@dataclass(slots=True)
+class Replay:
+    """The outcome of one task's walk."""
+
+    target: Target
+    frames: list[Frame]
+    stop: Stop
+    reliable: ReliableResult | None = None
+    #: the generation followed and the layouts read (:meth:`Unwinder.basis`)
+    basis: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def task(self) -> Task:
+        """The task walked."""
+        return self.target.task
+
+
+class Session:
+    """A dump with its backend, image and symbols, ready to replay tasks."""
+
+    def __init__(self, dump: Dump, image: Image | None, symbols: SymbolTable | None) -> None:
+        self.dump = dump
+        self.backend = dump.backend
+        self.image = image
+        self.symbols: SymbolTable | KernelSymbols | None = symbols
+        modules, bpf = dump.meta.get("modules"), dump.meta.get("bpf_symbols")
+        if symbols is not None and (modules or bpf):
+            try:
+                tables = [ModuleSymbols.from_json(m) for m in modules or []]
+                self.symbols = KernelSymbols(symbols, tables + ([ModuleSymbols.bpf(bpf)] if bpf else []))
+            except (ValueError, KeyError, TypeError) as e:
+                raise ReplayError(f"{dump.path}: malformed modules or bpf_symbols list: {e}") from None
+        self.warnings: list[str] = []
+        self._callsites = CallSiteChecker(self.backend, image)
+        #: the :attr:`_walks` entries of the options :meth:`replay` has checked (:meth:`check_options`)
+        self._checked: dict[tuple[object, ...], tuple[object, object, Options, dict[str, object], str | None]] = {}
+        #: per options: the :attr:`Target.shared` of walks with those options
+        self._shared: dict[tuple[object, ...], tuple[object, object, dict[str, object]]] = {}
+        #: per options as given (and image and symbols, kept with it): the options a walk reads, its shared dict,
+        #: the dump's release
+        self._walks: dict[tuple[object, ...], tuple[object, object, Options, dict[str, object], str | None]] = {}
+        #: per task's stacks list (by id; the list is kept alive with them): [the list, the memory its walks
+        #: read, the default frame limit or None until asked]
+        self._per_task: dict[int, list] = {}
+
+    @property
+    def callsites(self) -> CallSiteChecker:
+        """The call-site check of this session's image (its verdicts cached with the image)."""
+        return self._callsites
+
+    @classmethod
+    def load(cls, dump_path: str | Path, *, arch: str | None = None, vmlinux: str | Path | None = None,
+             system_map: str | Path | None = None) -> "Session":
+        """Open ``dump_path`` (a dump, or a vmcore found by magic); find its image by build-id unless
+        ``vmlinux`` is given."""
+        if _vmcore_format(dump_path):
+            return cls._load_vmcore(str(dump_path), arch, vmlinux, system_map)
+        try:
+            dump = Dump.open(dump_path)
+        except NotADump:  # an xz-compressed ELF vmcore: only its notes tell it from a dump
+            return cls._load_vmcore(str(dump_path), arch, vmlinux, system_map)
+        if arch is not None:
+            try:
+                wanted = registry.get(arch)
+            except registry.ArchError as e:
+                raise ReplayError(str(e)) from None
+            if wanted.name != dump.arch:
+                raise ReplayError(f"--arch {arch} disagrees with the dump, which is {dump.arch}")
+        try:
+            image = find_image(dump.build_id, dump_path, vmlinux, dump.release)
+        except ImageError as e:
+            raise ReplayError(str(e)) from None
+        if image is None and dump.backend.image_required:
+            raise ReplayError(f"no image with build-id {dump.build_id} found (looked in "
+                              f"{', '.join(image_search_places(dump_path, dump.release))}): "
+                              f"{dump.backend.image_required}; give --vmlinux")
+        if image is not None and image.machine != dump.backend.elf_machine:
+            raise ReplayError(f"{image.path} is {image.machine}, the dump is {dump.backend.elf_machine}")
+        symbols = None
+        try:
+            if system_map is not None:
+                symbols = SymbolTable.from_system_map(system_map)
+            elif image is not None:
+                symbols = image.symbols
+        except (SymbolError, ImageError) as e:
+            raise ReplayError(str(e)) from None
+        session = cls(dump, image, symbols)
+        session.warnings.extend(dump.warnings)
+        if symbols is None:
+            session.warnings.append(f"no image with build-id {dump.build_id} found (looked in "
+                                    f"{', '.join(image_search_places(dump_path, dump.release))}; use --vmlinux "
+                                    f"or ${IMAGE_PATH_ENV}): printing raw addresses, without call-site checks "
+                                    "or complete-mode proofs")
+        return session
+
+    @classmethod
+    def _load_vmcore(cls, path: str, arch: str | None, vmlinux: str | Path | None,
+                     system_map: str | Path | None) -> "Session":
+        """A vmcore: its image is required (symbols, BTF); tasks are read from the kernel's own lists."""
+        from unwind.formats.vmdump import VmcoreDump
+
+        dump = VmcoreDump.open(path)
+        if arch is not None and registry.get(arch).name != dump.arch:
+            raise ReplayError(f"--arch {arch} disagrees with the vmcore, which is {dump.arch}")
+        try:
+            image = find_image(dump.build_id, path, vmlinux)
+        except ImageError as e:
+            raise ReplayError(str(e)) from None
+        if image is None and dump.build_id is None:
+            raise ReplayError(f"{path}: no VMCOREINFO note, so no build-id to find the image by: give it with "
+                              "--vmlinux (the kernel's own VMCOREINFO is then read from memory)")
+        if image is None:
+            raise ReplayError(f"{path}: no image with build-id {dump.build_id} found: a vmcore's tasks need "
+                              "the kernel's symbols and BTF (use --vmlinux or $UNWIND_IMAGE_PATH)")
+        if image.machine != dump.backend.elf_machine:
+            raise ReplayError(f"{image.path} is {image.machine}, the vmcore is {dump.backend.elf_machine}")
+        found = dump.find_vmcoreinfo(image) if not dump.vmcoreinfo_text else None
+        try:
+            symbols = SymbolTable.from_system_map(system_map) if system_map is not None else image.symbols
+        except (SymbolError, ImageError) as e:
+            raise ReplayError(str(e)) from None
+        slide = dump.kaslr_offset(symbols)
+        symbol = runtime_symbols(symbols, slide)
+        btf = image.btf if image.btf is not None else dump.btf_from_memory(symbol)
+        dump.attach(symbol, btf)
+        if slide:  # the walk and the printers see the image where the kernel ran it
+            image, symbols = RelocatedImage(image, slide), relocate_symbols(symbols, slide)  # type: ignore[assignment]
+        session = cls(dump, image, symbols)  # type: ignore[arg-type]
+        if found:
+            session.warnings.append(found)
+        session.warnings.extend(dump.warnings)
+        return session
+
+    def select(self, pid: int | None = None, cpu: int | None = None, every: bool = False) -> list[Task]:
+        """The tasks to replay: by pid, by CPU, all, or (default) those running on a CPU."""
+        tasks = self.dump.tasks()
+        if pid is not None:
+            chosen = [t for t in tasks if t.pid == pid]
+            if not chosen:
+                raise ReplayError(f"no task with pid {pid} in the dump")
+            return chosen
+        if cpu is not None:
+            chosen = [t for t in tasks if t.cpu == cpu]
+            if not chosen:
+                raise ReplayError(f"no task running on cpu{cpu} in the dump")
+            return chosen
+        if every:
+            return tasks
+        running = [t for t in tasks if t.running]
+        return running or tasks
+
+    def check_options(self, options: Options) -> None:
+        """Refuse an option this dump's backend does not act on, or a ``--generation`` that is no version."""
+        if options.generation is not None and kernel_version(options.generation) is None:
+            raise ReplayError(f"--generation {options.generation!r}: expected a kernel version such as 6.1, 6.12 "
+                              "or 7.2")
+        for f in fields(Options):
+            if f.name in COMMON_OPTIONS or getattr(options, f.name) == f.default:
+                continue
+            if f.name not in self.backend.options:
+                which = sorted(b.name for b in registry.backends().values() if f.name in b.options)
+                raise ReplayError(f"--{f.name.replace('_', '-')} does not apply to {self.backend.name} dumps "
+                                  f"(only {', '.join(which) or 'none'})")
+
+    def target(self, task: Task, options: Options) -> Target:
+        """Everything a walk of ``task`` reads; a dump's ``kernel.generation`` applies unless overridden.
+
+        Walks with equal options share one :attr:`Target.shared` (what the backend derives once per dump)."""
+        key = self._options_key(options)
+        walk = self._walks.get(key) or self._walk(options, key)
+        return self._target(task, walk, self._task(task))
+
+    def _options_key(self, options: Options) -> tuple[object, ...]:
+        """What keys ``options`` in :attr:`_walks`, :attr:`_shared` and :attr:`_checked`: the fields a walk
+        reads, and this session's image and symbols (kept with each entry, so their ids stay theirs)."""
+        return (options.complete, options.record, options.user, options.generation, options.orc_version,
+                id(self.image), id(self.symbols))
+
+    def _walk(self, options: Options, key: tuple[object, ...]) -> tuple[object, object, Options, dict[str, object],
+                                                                        str | None]:
+        """The :attr:`_walks` entry of ``options`` (``key``): the options a walk reads (a copy: the caller's
+        may change), with the image and symbols, the shared dict and the dump's release."""
+        dump = self.dump
+        pinned = dump.meta.get("kernel", {}).get("generation")
+        walk = replace(options, generation=str(pinned)) if options.generation is None and pinned else \
+            replace(options)
+        hit = self._walks[key] = (self.image, self.symbols, walk, self._shared_for(walk), dump.release)
+        return hit
+
+    def _target(self, task: Task, walk: tuple[object, object, Options, dict[str, object], str | None],
+                per_task: list) -> Target:
+        """The :class:`Target` of ``task`` from its :meth:`_walk` entry and :meth:`_task` entry."""
+        dump = self.dump
+        return Target(self.backend.name, per_task[1], task, walk[4], dump.vmcoreinfo, walk[1],  # type: ignore[arg-type]
+                      walk[0], dump.meta, walk[2], walk[3])  # type: ignore[arg-type]
+
+    def _shared_for(self, options: Options) -> dict[str, object]:
+        """The :attr:`Target.shared` of walks with ``options`` over this session's image and symbols."""
+        key = self._options_key(options)
+        hit = self._shared.get(key)
+        if hit is None:  # the image and symbols are kept with it, so their ids stay theirs
+            hit = self._shared[key] = (self.image, self.symbols, {})
+        return hit[2]
+
+    def _task(self, task: Task) -> list:
+        """What every walk of ``task`` reads alike, worked out once per task (the copies :meth:`Dump.tasks`
+        hands out share their ``stacks`` list): ``[stacks, memory, frame limit or None, the dump's memory and
+        task_memory function they were made with, whether the stacks record a freed task stack]``. A
+        vmcore's task memory is a snapshot of its stacks (:meth:`Dump.task_memory`), read once, not per walk."""
+        stacks, memory, make = task.stacks, self.dump.memory, self.dump.task_memory
+        made_by = getattr(make, "__func__", make)  # the function, not a bound method made for this call
+        hit = self._per_task.get(id(stacks))
+        # made again when a caller gave the dump new memory or a task_memory of its own
+        if hit is None or hit[0] is not stacks or hit[3] is not memory or hit[4] is not made_by:
+            if len(self._per_task) >= _MAX_TASKS:  # tasks made by the caller, each with a list of its own
+                self._per_task.clear()
+            hit = self._per_task[id(stacks)] = [stacks, make(task), None, memory, made_by,
+                                                task_stack_null(stacks)]
+        return hit
+
+    def task_memory(self, task: Task) -> Memory:
+        """The memory a walk of ``task`` reads (:meth:`Dump.task_memory`), made once per task and kept: the
+        memory :meth:`replay` reads (a vmcore's snapshot of the task's stacks is not read again)."""
+        return self._task(task)[1]
+
+    def unwinder(self, task: Task, options: Options | None = None) -> Unwinder:
+        """An unwinder for ``task``, to drive with :func:`~unwind.core.walk.kunwind_stack_walk` and the kernel's
+        adapters; its frames carry the symbol the kernel prints."""
+        options = options or Options()
+        self.check_options(options)
+        target = self.target(task, options)
+        return SymbolizingUnwinder(self.backend.unwinder(target), self.backend, target)
+
+    def replay(self, task: Task, options: Options | None = None, *, reliable: bool = False,
+               max_frames: int | None = None, symbolize: bool = True) -> Replay:
+        """Walk ``task``: all frames and the stop; with ``reliable``, the reliable verdict too.
+
+        ``max_frames`` defaults to :func:`unwind.core.walk.frame_limit`: what the task's captured
+        stack bytes allow (one frame per ``backend.min_frame_bytes``).
+        """
+        options = options or Options()
+        key = self._options_key(options)
+        walk = self._checked.get(key)
+        if walk is None:  # options not replayed with this image and symbols yet: checked once
+            self.check_options(options)
+            walk = self._checked[key] = self._walks.get(key) or self._walk(options, key)
+        per_task = self._task(task)
+        target = self._target(task, walk, per_task)
+        if task_stack_freed(task, per_task[5]):
+            stop = Stop(StopReason.TASK_EXITED, f"task->stack is NULL (state {task.state or '?'}): "
+                                                "try_get_task_stack() fails and the kernel prints nothing")
+            verdict = ReliableResult(False, stop, "try_get_task_stack() fails (-EINVAL)") if reliable else None
+            return Replay(target, [], stop, verdict)
+        if max_frames is None:
+            max_frames = per_task[2]
+            if max_frames is None:
+                max_frames = per_task[2] = frame_limit(task.stacks, per_task[1], self.backend.min_frame_bytes)
+        unwinder = self.backend.unwinder(target)
+        frames, stop = collect(unwinder, max_frames)
+        verdict = None
+        if reliable:
+            verdict = stack_walk_reliable(self.backend.unwinder(target), lambda pc: True, max_frames)
+        if symbolize:
+            for f in frames:
+                f.symbol = self.backend.symbolize(f, target)
+        self._callsites.annotate_frames(frames)
+        return Replay(target, frames, stop, verdict, unwinder.basis())
+
+
+    def replay_all(self, options: Options | None = None, tasks: Sequence[Task] | None = None, *,
+                   reliable: bool = False, max_frames: int | None = None, symbolize: bool = True,
+                   lockstep: bool | None = None) -> "BatchReplay":
+        """Replay ``tasks`` (default: every task of the dump) in one batch (:mod:`unwind.session.batch`).
+
+        Returns a sequence of :class:`Replay`, one per task in order, each equal to
+        ``self.replay(task, options, reliable=..., max_frames=..., symbolize=...)``: the arch's
+        batch walk takes the plain steps of all tasks in numpy lockstep and leaves every other
+        task, and every mode it does not take, to :meth:`replay`. Each replay is built when read.
+        Fewer tasks than :data:`unwind.session.batch.MIN_TASKS` (too few to gain) are walked task by task,
+        unless ``lockstep`` (``False``: never in lockstep). :func:`unwind.session.batch.replay_all` walks the
+        tasks of several sessions together.
+        """
+        from .batch import replay_all
+
+        return replay_all([self], options, tasks=None if tasks is None else [tasks], reliable=reliable,
+                          max_frames=max_frames, symbolize=symbolize, lockstep=lockstep)[0]
+
+
+def _vmcore_format(path: str | Path) -> bool:
+    """Is ``path`` a vmcore? kdump-compressed and flattened files are, by magic; an ELF core is unless it
+    carries the ``UNWIND`` note of the project's own dumps (a dump as the project writes it is told at once,
+    without the vmcore readers)."""
+    if written_by_unwind(path):
+        return False
+    from unwind.formats.vmcore import VmcoreError, detect_format, is_vmcore
+    from unwind.formats.vmcore.diskdump import KDUMP_SIGNATURE
+    from unwind.formats.vmcore.flattened import is_flattened
+    from unwind.formats.vmcore.source import XZ_MAGIC, xz_head
+
+    head = b""
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        head = f.read(len(XZ_MAGIC))
+    if head == XZ_MAGIC:  # decided on the magic inside; an ELF goes to Dump.open first (NotADump)
+        inner = xz_head(str(path), 16)
+        return is_flattened(inner) or inner.startswith(KDUMP_SIGNATURE)
+    try:
+        fmt = detect_format(path)
+    except VmcoreError:
+        return False
+    return fmt != "elf" or is_vmcore(path)
+
+
+def runtime_symbols(symbols: SymbolTable, slide: int) -> Callable[[str], int | None]:
+    """Symbol name -> runtime address: the link address plus the KASLR ``slide``, except zero-based
+    per-CPU symbols (x86-64 before 6.15), which are offsets into each CPU's area."""
+    pcpu_lo, pcpu_hi = symbols.address("__per_cpu_start"), symbols.address("__per_cpu_end")
+    zero_based = pcpu_lo == 0 and pcpu_hi is not None
+
+    def symbol(name: str) -> int | None:
+        addr = symbols.address(name)
+        if addr is None or not slide or (zero_based and addr < pcpu_hi):  # type: ignore[operator]
+            return addr
+        return addr + slide
+
+    return symbol
+
+
+class SymbolizingUnwinder(Unwinder):
+    """An arch unwinder whose frames come with ``symbol`` set, as :meth:`Session.replay` sets it."""
+
+    def __init__(self, inner: Unwinder, backend: registry.ArchBackend, target: Target) -> None:
+        self.inner = inner
+        self.backend = backend
+        self.target = target
+        self.reliable_refuses_boundary = inner.reliable_refuses_boundary
+
+    def _named(self, frame: Frame) -> Frame:
+        frame.symbol = self.backend.symbolize(frame, self.target)
+        return frame
+
+    def start(self) -> Frame:
+        """The arch unwinder's first frame, symbolised."""
+        return self._named(self.inner.start())
+
+    def next(self) -> "Frame | UnwindStop":
+        """The arch unwinder's next frame, symbolised (or the stop it returns)."""
+        frame = self.inner.next()
+        return self._named(frame) if frame.__class__ is Frame else frame
+
+    def bpf_args(self, frame: Frame) -> tuple[int, int, int]:
+        """The arch unwinder's ``(ip, sp, fp)``."""
+        return self.inner.bpf_args(frame)
+
+    def basis(self) -> dict[str, str]:
+        """The arch unwinder's basis."""
+        return self.inner.basis()
+
+
+# try_get_task_stack() (sched_show_task(), stack_trace_save_tsk()): an exited task's stack is freed
+def task_stack_freed(task: Task, stack_null: bool) -> bool:
+    """A blocked task whose task stack the dump records as NULL (``stack_null``: :func:`task_stack_null` of
+    its stacks, kept per task): it has exited (its stack went at the last switch)."""
+    return stack_null and task.regs is None  # a running task has its stack
+
+
+def task_stack_null(stacks: Sequence[StackInfo]) -> bool:
+    """Do ``stacks`` record the task stack as NULL (``task->stack``)?"""
+    for s in stacks:
+        if s.kind == "task" and not s.low:
+            return True
+    return False
+
+
+def load_session(dump_path: str | Path, **kw: object) -> Session:
+    """:meth:`Session.load`, turning every input problem into :class:`ReplayError`."""
+    try:
+        return Session.load(dump_path, **kw)  # type: ignore[arg-type]
+    except DumpError as e:
+        raise ReplayError(str(e)) from None
