@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from unwind.kernel.symbols import SymbolError, SymbolTable
@@ -35,11 +34,20 @@ def test_ignored_symbols_do_not_split_functions():
     assert t.lookup(0x1100).name == "last"                 # absolute symbol ignored
 
 
-def test_below_first_and_batch():
+def test_below_first_and_past_the_end():
     t = table()
     assert t.lookup(0xFFF) is None and t.format(0xFFF) == "0xfff"
-    idx = t.lookup_many(np.array([0xFFF, 0x1000, 0x1045, 0x1150]))
-    assert [t.names[i] if i >= 0 else None for i in idx] == [None, "real", "local.constprop.0", "last"]
+    assert t.lookup(0x11FF).name == "last" and t.lookup(0x11FF).size == 0x100   # runs to _etext
+    # is_ksym_addr() is false from the image's end on: %pS prints the bare address
+    assert t.lookup(0x1200) is None and t.format(0x1200) == "0x1200"
+    assert t.format(0xAEBE6ED8715 + 0x1200) == hex(0xAEBE6ED8715 + 0x1200)
+
+
+def test_end_of_image_is_end_symbol():
+    t = SymbolTable([(0x1000, "T", "_stext"), (0x1100, "T", "_etext"), (0x2000, "D", "data"),
+                     (0x3000, "B", "init_pg_end"), (0x3000, "B", "_end")])
+    assert t.format(0x2010) == "data+0x10/0x1000"
+    assert t.lookup(0x3000) is None and t.format(0x3000 + 0xAEBE6ED8715) == hex(0x3000 + 0xAEBE6ED8715)
 
 
 def test_system_map(tmp_path):

@@ -14,12 +14,8 @@ import bisect
 import re
 from array import array
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
-
-if TYPE_CHECKING:
-    import numpy as np
+from typing import Iterable
 
 
 class SymbolError(Exception):
@@ -194,32 +190,20 @@ class SymbolTable:
         ends.append(self._last_end)
         return ends
 
-    @cached_property
-    def np_addrs(self) -> "np.ndarray":
-        """:attr:`addrs` as a ``uint64`` numpy array over the same buffer (numpy imported on first use)."""
-        import numpy as np
-
-        return np.frombuffer(self.addrs, dtype=np.uint64)
-
     def __len__(self) -> int:
         return len(self.addrs)
 
-    # get_symbol_pos()
+    # kallsyms_lookup_buildid(): is_ksym_addr(), then get_symbol_pos()
     def lookup(self, addr: int) -> Symbol | None:
-        """The symbol containing ``addr``, or ``None`` below the first symbol."""
+        """The symbol containing ``addr``; ``None`` below the first symbol and from the image's end on
+        (``_end``, else ``_etext``), where ``is_ksym_addr()`` is false and ``%pS`` prints the address."""
         table = self.addrs
         i = bisect.bisect_right(table, addr) - 1
-        if i < 0:
+        if i < 0 or addr >= self._last_end:
             return None
         start = table[i]
         end = table[i + 1] if i + 1 < len(table) else self._last_end
         return Symbol(self.name(i), start, end - start, addr - start)
-
-    def lookup_many(self, addrs: "np.ndarray") -> "np.ndarray":
-        """Indices into :attr:`addrs` (and :meth:`name`) for an array of addresses (-1 below the first)."""
-        import numpy as np
-
-        return np.searchsorted(self.np_addrs, np.asarray(addrs, dtype=np.uint64), side="right") - 1
 
     def format(self, addr: int) -> str:
         """``%pS``: ``name+0xoff/0xsize``, or the bare hex address when unknown."""
