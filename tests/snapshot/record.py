@@ -14,10 +14,12 @@ Run from the repo root::
     python -m tests.snapshot.record --check --diff-against OLD   # show the first differing lines
     python -m tests.snapshot.record --only riscv      # inputs whose path contains "riscv"
 
-Outputs are made independent of the machine before hashing: the temporary output folder, the
-temporary cache folder and the repo root are replaced by placeholders, ``triage``'s elapsed seconds
-by ``<S>``, and in ``triage --json`` the run's ``seconds`` and every capture time (a vmcore has none,
-so triage takes the file's mtime, i.e. the checkout's time) by placeholders.
+Inputs are given relative to the repo root (the runs' working folder). Outputs are made independent
+of the machine before hashing: the temporary output folder (``convert``'s ``wrote <TMP>/out.bin``),
+the temporary cache folder and the repo root (``replay --json`` gives the image's absolute path) become
+``<TMP>``, ``<CACHE>`` and ``<REPO>``; ``triage``'s elapsed seconds become ``<S>``, and in ``triage
+--json`` the run's ``seconds`` and every capture time (a vmcore has none, so triage takes the file's
+mtime, i.e. the checkout's time) become ``<TIME>``.
 """
 
 from __future__ import annotations
