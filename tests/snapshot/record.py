@@ -172,8 +172,8 @@ def environment() -> Iterator[str]:
 
 
 def run(r: Run, cache: str) -> Output:
-    """Run ``r`` through :func:`unwind.cli.main` in this process, its output normalised."""
-    from unwind.cli import main
+    """Run ``r`` through :func:`unwind.cli.main.main` in this process, its output normalised."""
+    from unwind.cli.main import main
 
     with tempfile.TemporaryDirectory(prefix="unwind-snap-out-") as tmp:
         out, err = io.StringIO(), io.StringIO()
