@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 from .lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .formats.dump import Dump, DumpError, DumpWriter
+    from .core.errors import DumpError
+    from .formats.dump import Dump, DumpWriter
     from .core.frame import Flag, Frame, Provenance, Source
     from .session.replay import Replay, ReplayError, Session
     from .core.stackinfo import StackInfo, StackSet
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 
 #: each public name and the module that defines it
 _FROM = {
-    "formats.dump": ("Dump", "DumpError", "DumpWriter"),
+    "core.errors": ("DumpError",),
+    "formats.dump": ("Dump", "DumpWriter"),
     "core.frame": ("Flag", "Frame", "Provenance", "Source"),
     "session.replay": ("Replay", "ReplayError", "Session"),
     "core.stackinfo": ("StackInfo", "StackSet"),
