@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING
 from .lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .formats.dump import Dump, DumpError, DumpWriter
+    from .core.errors import DumpError
+    from .formats.dump import Dump, DumpWriter
     from .core.frame import Flag, Frame, Provenance, Source
-    from .session.replay import Replay, ReplayError, Session
+    from .session.replay import ReplayError, Session
+    from .session.result import Replay
     from .core.stackinfo import StackInfo, StackSet
     from .core.target import Options, Target, Task
     from .core.walk import (Stop, StopReason, Unwinder, UnwindStop, bpf_stack_walk, collect, iter_frames,
@@ -32,9 +34,11 @@ if TYPE_CHECKING:
 
 #: each public name and the module that defines it
 _FROM = {
-    "formats.dump": ("Dump", "DumpError", "DumpWriter"),
+    "core.errors": ("DumpError",),
+    "formats.dump": ("Dump", "DumpWriter"),
     "core.frame": ("Flag", "Frame", "Provenance", "Source"),
-    "session.replay": ("Replay", "ReplayError", "Session"),
+    "session.replay": ("ReplayError", "Session"),
+    "session.result": ("Replay",),
     "core.stackinfo": ("StackInfo", "StackSet"),
     "core.target": ("Options", "Target", "Task"),
     "core.walk": ("Stop", "StopReason", "Unwinder", "UnwindStop", "bpf_stack_walk", "collect", "iter_frames",

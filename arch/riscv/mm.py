@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from unwind.kernel.btf import BtfError
-from unwind.formats.dump import DumpError
+from unwind.core.errors import DumpError
 from unwind.core.memory import MemoryFault, NotMapped
 from unwind.formats.vmcore.virtual import LinearMap, PhysReader, VirtualMemory, read_entry
 from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo, parse_vmcoreinfo_note

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from unwind.formats.dump import DumpError
+from unwind.core.errors import DumpError
 from unwind.core.memory import MemoryFault, NotMapped
 from unwind.formats.vmcore.virtual import LinearMap, PhysReader, read_entry
 from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from unwind.formats.dump import DumpError
+from unwind.core.errors import DumpError
 from unwind.formats.image import CACHE_ENV, IMAGE_PATH_ENV, ImageError
 from unwind.core.registry import ArchError
 from unwind.session.replay import ReplayError, load_session

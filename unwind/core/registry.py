@@ -129,7 +129,7 @@ class ArchBackend(ABC):
         ``ranges`` are the dump's physical ``[start, end)`` ranges, ``symbol``
         the image's link-time addresses, ``btf`` the image's BTF when it has one. Returns the text and a sentence
         saying where it was found; an input error (:class:`ArchError`,
-        :class:`~unwind.formats.dump.DumpError`) when it cannot be.
+        :class:`~unwind.core.errors.DumpError`) when it cannot be.
         """
         raise ArchError(f"{self.name}: the dump has no VMCOREINFO note")
 

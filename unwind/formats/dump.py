@@ -13,7 +13,6 @@ import copy
 import gzip
 import lzma
 import os
-import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -23,26 +22,16 @@ from construct import ConstructError
 
 from . import elfcore
 from unwind.core import registry
+from unwind.core.errors import DumpError
 from unwind.core.memory import Memory, Segment
 from .note import U64_MAX, Note, NoteError, note_bytes, read_note
 from .vmcore.notes import NoteError as ElfNoteError
 from .vmcore.notes import parse_notes
+from .vmcore.vmcoreinfo import VmcoreInfo
 from unwind.core.stackinfo import StackInfo
 from unwind.core.target import FgraphEntry, KretprobeInstance, Task
 
 FORMAT_VERSION = 1
-
-
-class DumpError(Exception):
-    """The dump is unusable; the message is one line for the user (a control character the dump's
-    own text brings into it is shown escaped: ``\\x0a``)."""
-
-    def __init__(self, message: str = "") -> None:
-        super().__init__(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", message))
-
-
-#: what would break the message's one line, or the terminal showing it
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class NotADump(DumpError):
@@ -260,8 +249,6 @@ class Dump:
                                                            self._warn, self._note_cache)
         if self.note["arch"] != self.arch:
             raise DumpError(f"{self.path}: note says arch {self.note['arch']} but the ELF machine is {self.arch}")
-        from .vmcore.vmcoreinfo import VmcoreInfo  # not at the top: unwind.formats.vmcore imports DumpError from here
-
         self.vmcoreinfo: dict[str, str] = dict(VmcoreInfo.parse(self.vmcoreinfo_text).checked(self._warn))
         self.cpus: list[CpuState] = self._cpus(prstatus)
         self._tasks: list[Task] = [self._task(t) for t in self.note["tasks"]]

@@ -30,20 +30,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 U64_MAX = 2**64 - 1
-#: the largest stack range a note may declare: 16x the largest THREAD_SIZE any of the three arches
-#: configures (arm64 64 KiB pages with KASAN, 128 KiB); real stacks are 4 KiB to 32 KiB
-MAX_STACK_BYTES = 2 * 1024 * 1024
-#: a dynamic ftrace trampoline is a copy of ftrace_(regs_)caller: a few hundred bytes
-MAX_TRAMPOLINE_BYTES = 1024 * 1024
 #: the largest note the reader parses (real notes are tens to hundreds of KiB)
 MAX_NOTE_BYTES = 64 * 1024 * 1024
-#: CPU numbers and pids: NR_CPUS is at most 8192, PID_MAX_LIMIT 4M
-MAX_CPU = 8191
-MAX_PID = 4 * 1024 * 1024
-#: struct offsets and sizes from BTF (pt_regs is a few hundred bytes)
-MAX_STRUCT_BYTES = 1024 * 1024
-#: a module region (the largest modules' text is a few MiB)
-MAX_MODULE_BYTES = 1 << 30
 
 #: the validated note (and each part of it): JSON objects as dicts, addresses as ints
 Note = dict[str, Any]
@@ -195,7 +183,7 @@ def read_note(raw: bytes, context_keys: frozenset[str] | None = None, warn: Call
     less any dropped key, the validated note, the keys the schema declares for a task)``.
 
     With ``cached``, a note validated before without a warning is read from ``$UNWIND_CACHE/notes``,
-    under a hash of its bytes, ``context_keys`` and the validator (this module, the schema's module,
+    under a hash of its bytes, ``context_keys`` and the validator (this module, the schema's modules,
     pydantic-core's binary, the Python and ``marshal`` versions): the same answer, without importing
     the validator. An entry that is missing, damaged or not this note's (its digest does not match) or
     unreadable is no answer: the note is validated, and the entry written again when it validates
@@ -237,7 +225,7 @@ def _cache_path(raw: bytes, context_keys: frozenset[str] | None) -> Path | None:
 
 @lru_cache(maxsize=1)
 def _validator_identity() -> bytes | None:
-    """What the validated note depends on besides the note: the source of this module and of the schema,
+    """What the validated note depends on besides the note: the source of this module, of the schema and of its bounds,
     pydantic-core's compiled validator (size, mtime), the Python and ``marshal`` versions; ``None`` when
     a part cannot be read (then nothing is cached)."""
     import importlib.util
@@ -250,6 +238,7 @@ def _validator_identity() -> bytes | None:
         if not cores:
             return None
         parts = [here.read_bytes(), here.with_name("note_schema.py").read_bytes(),
+                 here.with_name("note_limits.py").read_bytes(),
                  *(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}".encode() for p in cores),
                  sys.version.encode(), str(marshal.version).encode()]
     except (OSError, ImportError, ValueError):

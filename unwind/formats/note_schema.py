@@ -11,13 +11,15 @@ warm ``unwind replay`` 100 ms of imports and class building; this costs 20.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic_core import PydanticCustomError, SchemaValidator, ValidationError
 from pydantic_core import core_schema as cs
 
-from .note import (MAX_CPU, MAX_MODULE_BYTES, MAX_PID, MAX_STACK_BYTES, MAX_STRUCT_BYTES, MAX_TRAMPOLINE_BYTES,
-                   Note)
+from .note_limits import MAX_CPU, MAX_MODULE_BYTES, MAX_PID, MAX_STACK_BYTES, MAX_STRUCT_BYTES, MAX_TRAMPOLINE_BYTES
+
+if TYPE_CHECKING:
+    from .note import Note
 
 __all__ = ["NOTE", "TASK_KEYS", "VALIDATOR", "ValidationError"]
 

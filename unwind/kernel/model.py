@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from .btf import Btf, BtfError
 from unwind.core.memory import MemoryFault
-from unwind.formats.note import MAX_MODULE_BYTES, MAX_TRAMPOLINE_BYTES
+from unwind.formats.note_limits import MAX_MODULE_BYTES, MAX_TRAMPOLINE_BYTES
 from unwind.core.target import FgraphEntry, KretprobeInstance
 
 #: most tasks, threads, modules or list nodes any one walk accepts

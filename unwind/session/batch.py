@@ -14,7 +14,7 @@ Tasks that need a mode the batch does not take (``complete``, ``record``,
 ``user``, the reliable walk) are walked by the scalar path from the start.
 
 A batch walk reports frames and stops as arrays; :class:`BatchReplay` builds
-each task's :class:`~unwind.session.replay.Replay` (frames, stop, basis, call-site flags)
+each task's :class:`~unwind.session.result.Replay` (frames, stop, basis, call-site flags)
 when it is read.
 """
 
@@ -35,7 +35,7 @@ import numpy as np
 from unwind.formats.dump import Dump
 from unwind.core.frame import Flag, Frame, Source
 from unwind.core.memory import Memory
-from .replay import Replay
+from .result import Replay
 from unwind.core.target import Options, Task
 from unwind.core.walk import Stop, StopReason
 
@@ -504,7 +504,7 @@ def apply_call_sites(checker: "CallSiteChecker", pcs: np.ndarray, flags: np.ndar
 
 
 class BatchReplay(Sequence["Replay"]):
-    """The replays of one job's tasks, in task order; each :class:`~unwind.session.replay.Replay` is built
+    """The replays of one job's tasks, in task order; each :class:`~unwind.session.result.Replay` is built
     when read. A task the batch handed back is walked by ``Session.replay`` then, each time it is read:
     its replay is not kept, so a reader that takes each replay once and drops it leaves the garbage
     collector nothing more to visit than a ``Session.replay`` loop does."""

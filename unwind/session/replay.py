@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -19,6 +19,7 @@ from unwind.kernel.symbols import KernelSymbols, ModuleSymbols, SymbolError, Sym
 from unwind.core.target import Options, Target, Task, kernel_version
 from unwind.core.walk import (ReliableResult, Stop, StopReason, Unwinder, UnwindStop, collect, frame_limit,
                               stack_walk_reliable)
+from .result import Replay
 
 if TYPE_CHECKING:
     from .batch import BatchReplay
@@ -32,23 +33,6 @@ class ReplayError(Exception):
 _MAX_TASKS = 1 << 12
 #: :class:`Options` fields every backend acts on
 COMMON_OPTIONS = frozenset({"complete", "record", "generation"})
-
-
-@dataclass(slots=True)
-class Replay:
-    """The outcome of one task's walk."""
-
-    target: Target
-    frames: list[Frame]
-    stop: Stop
-    reliable: ReliableResult | None = None
-    #: the generation followed and the layouts read (:meth:`Unwinder.basis`)
-    basis: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def task(self) -> Task:
-        """The task walked."""
-        return self.target.task
 
 
 class Session:
@@ -316,7 +300,7 @@ class Session:
         unless ``lockstep`` (``False``: never in lockstep). :func:`unwind.session.batch.replay_all` walks the
         tasks of several sessions together.
         """
-        from .batch import replay_all
+        from .batch import replay_all  # here: the batch walk imports numpy, which a replay task by task does not need
 
         return replay_all([self], options, tasks=None if tasks is None else [tasks], reliable=reliable,
                           max_frames=max_frames, symbolize=symbolize, lockstep=lockstep)[0]

@@ -1,7 +1,7 @@
 """What goes wrong reading a vmcore: bad files, and pages a dump does not hold.
 
 A file that cannot be read as a vmcore raises :class:`VmcoreError` (a
-:class:`~unwind.formats.dump.DumpError`, so the command line prints its one line and
+:class:`~unwind.core.errors.DumpError`, so the command line prints its one line and
 exits 2). A page the file does not hold raises a
 :class:`~unwind.core.memory.MemoryFault` (:class:`~unwind.core.memory.ExcludedPage`
 for a filtered one), so a walk stops on it cleanly with the reason in the
@@ -10,7 +10,7 @@ message.
 
 from __future__ import annotations
 
-from unwind.formats.dump import DumpError
+from unwind.core.errors import DumpError
 from unwind.core.memory import ExcludedPage, MemoryFault
 
 

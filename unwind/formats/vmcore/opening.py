@@ -8,7 +8,7 @@ from pathlib import Path
 from construct import ConstructError
 from elftools.common.exceptions import ELFError
 
-from unwind.formats.dump import DumpError
+from unwind.core.errors import DumpError
 from .diskdump import DISKDUMP_SIGNATURE, KDUMP_SIGNATURE, DiskDump
 from .elf import ElfVmcore
 from .errors import VmcoreError

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping
 
-from unwind.formats.dump import DumpError
+from unwind.core.errors import DumpError
 
 #: ``VMCOREINFO_BYTES`` is one page; 64 KiB pages bound it from above
 MAX_TEXT = 1 << 16
