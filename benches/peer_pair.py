@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 
 from unwind.lab.boot import lab_state
-from unwind.lab.capture import CaptureError, Image, Session, StopResult, write_qemu_vmcores
+from unwind.lab.capture import write_qemu_vmcores
 from unwind.lab.cli import LAB_ERRORS
 from unwind.lab.fetch import canonical_arch
+from unwind.lab.guest import CaptureError, CaptureSession, GuestImage, StopResult
 from unwind.lab.monitor import Monitor
 from unwind.lab.rsp import RspClient
 
@@ -30,7 +31,7 @@ from unwind.lab.rsp import RspClient
 def capture_pair(arch: str, prefix: Path, tries: int = 20) -> tuple[Path, Path]:
     """Stop the lab guest of ``arch`` once and write ``PREFIX.bin.xz`` and ``PREFIX.vmcore`` of that stop."""
     lab = lab_state(canonical_arch(arch))
-    img = Image(Path(lab["kernel"]) / "vmlinux")
+    img = GuestImage(Path(lab["kernel"]) / "vmlinux")
     host, _, port = lab["gdb"].rpartition(":")
     rsp = RspClient(host or "127.0.0.1", int(port), timeout=30.0)
     prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -38,7 +39,7 @@ def capture_pair(arch: str, prefix: Path, tries: int = 20) -> tuple[Path, Path]:
     try:
         if rsp.running:
             rsp.halt()
-        s = Session(rsp, img)
+        s = CaptureSession(rsp, img)
         s.setup()
         res: StopResult | str = "not tried"
         for _ in range(tries):

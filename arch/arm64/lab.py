@@ -2,18 +2,16 @@
 
 Exception level from PSTATE, vector-entry stops normalised to ELR/SPSR,
 ``current`` from SP_EL0 (or per-CPU ``__entry_task`` while SP_EL0 still holds
-the user sp), IRQ/overflow/SDEI stacks, and ``thread.cpu_context`` of blocked
-tasks. Layouts come from BTF.
+the user sp). The hooks read the guest through :class:`unwind.kernel.model.Kernel`;
+saved contexts and per-CPU stacks are the arch's ``kernel`` hooks. Layouts come from BTF.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .kernel import blocked_context, percpu_stacks  # noqa: F401  (the capture's hooks)
-
 if TYPE_CHECKING:
-    from unwind.lab.capture import Session
+    from unwind.kernel.model import Kernel
 
 NAME = "arm64"
 GDB_ARCH = "aarch64"
@@ -38,7 +36,7 @@ def _mode(el: int) -> str:
     return {0: "user", 1: "kernel"}.get(el, "firmware")
 
 
-def classify(raw: dict[str, int], s: "Session") -> tuple[str, dict[str, int], str | None]:
+def classify(raw: dict[str, int], k: "Kernel") -> tuple[str, dict[str, int], str | None]:
     """(mode, registers to record, normalisation note); vector stops become the interrupted state."""
     regs = {f"x{i}": raw[f"x{i}"] for i in range(31)}
     regs.update(sp=raw["sp"], pc=raw["pc"], pstate=raw["cpsr"])
@@ -64,14 +62,14 @@ def pc_sp(regs: dict[str, int]) -> tuple[int, int]:
 SELF_CURRENT = ("SP_EL0",)
 
 
-def current_task(s: "Session", cpu: int, raw: dict[str, int]) -> tuple[int, str]:
+def current_task(k: "Kernel", cpu: int, raw: dict[str, int]) -> tuple[int, str]:
     """(task_struct address, source): SP_EL0 at EL1, else per-CPU ``__entry_task``."""
     sp_el0 = raw.get("SP_EL0", 0)
-    if _el(raw["cpsr"]) == 1 and sp_el0 >> 63 and s.readable(sp_el0):
-        stack = s.read_u64(sp_el0 + s.btf.offsetof("task_struct", "stack"))
+    if _el(raw["cpsr"]) == 1 and sp_el0 >> 63 and k.readable(sp_el0):
+        stack = k.read_u64(sp_el0 + k.btf.offsetof("task_struct", "stack"))
         if stack >> 63:
             return sp_el0, "SP_EL0"
-    return s.read_u64(s.percpu_addr("__entry_task", cpu)), "__entry_task"
+    return k.read_u64(k.percpu_addr("__entry_task", cpu)), "__entry_task"
 
 
 def gdb_fixup(segs: dict[int, bytes], cpus: list[tuple[int, dict[str, int]]], vmcoreinfo: dict[str, str],
@@ -109,12 +107,12 @@ def gdb_fixup(segs: dict[int, bytes], cpus: list[tuple[int, dict[str, int]]], vm
 REGS_PRINTER = ("show_regs", "x0")
 
 
-def regs_from_pt_regs(s: "Session", addr: int) -> tuple[str, dict[str, int]]:
+def regs_from_pt_regs(k: "Kernel", addr: int) -> tuple[str, dict[str, int]]:
     """(mode, registers) of the ``struct pt_regs`` at ``addr``."""
-    data = s.read(addr, s.btf.sizeof("pt_regs"))
+    data = k.read(addr, k.btf.sizeof("pt_regs"))
 
     def u(path: str) -> int:
-        off = s.btf.offsetof("pt_regs", path)
+        off = k.btf.offsetof("pt_regs", path)
         return int.from_bytes(data[off:off + 8], "little")
 
     out = {f"x{i}": u(f"regs[{i}]") for i in range(31)}

@@ -3,18 +3,17 @@
 Privilege from QEMU's virtual ``priv`` register (0 U, 1 S, 3 M); stops at
 ``stvec`` (``handle_exception+0``) normalised to ``sepc``; ``current`` from
 ``tp`` in S-mode, ``sscratch`` in U-mode (else the runqueue's ``curr``); Linux CPU numbers
-from ``mhartid`` and ``__cpuid_to_hartid_map``; IRQ and overflow stacks;
-``thread.{ra,sp,s[0]}`` of blocked tasks. Layouts come from BTF.
+from ``mhartid`` and ``__cpuid_to_hartid_map``. The hooks read the guest through
+:class:`unwind.kernel.model.Kernel`; saved contexts and per-CPU stacks are the arch's ``kernel``
+hooks. Layouts come from BTF.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .kernel import blocked_context, percpu_stacks  # noqa: F401  (the capture's hooks)
-
 if TYPE_CHECKING:
-    from unwind.lab.capture import Session
+    from unwind.kernel.model import Kernel
 
 NAME = "riscv"
 GDB_ARCH = "riscv:rv64"
@@ -36,7 +35,7 @@ _GPRS = ["ra", "sp", "gp", "tp", "t0", "t1", "t2", "s0", "s1", "a0", "a1", "a2",
          "a6", "a7", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9", "s10", "s11", "t3", "t4", "t5", "t6"]
 
 
-def classify(raw: dict[str, int], s: "Session") -> tuple[str, dict[str, int], str | None]:
+def classify(raw: dict[str, int], k: "Kernel") -> tuple[str, dict[str, int], str | None]:
     """(mode, registers to record, normalisation note); ``stvec`` stops become ``sepc``."""
     regs = {r: raw.get(r, raw.get("fp", 0) if r == "s0" else 0) for r in _GPRS}
     regs["pc"] = raw["pc"]
@@ -57,12 +56,12 @@ def pc_sp(regs: dict[str, int]) -> tuple[int, int]:
 
 
 # cpuid_to_hartid_map() (arch/riscv/include/asm/smp.h): Linux CPU n runs on hart map[n]
-def hw_cpu_ids(s: "Session", ncpu: int) -> list[int] | None:
+def hw_cpu_ids(k: "Kernel", ncpu: int) -> list[int] | None:
     """The hart id of each Linux CPU (``__cpuid_to_hartid_map[0..ncpu)``; OpenSBI's boot hart is CPU 0)."""
-    addr = s.symbol(HW_CPU_ID_MAP)
+    addr = k.symbol(HW_CPU_ID_MAP)
     if addr is None:
         return None
-    data = s.read(addr, 8 * ncpu)
+    data = k.read(addr, 8 * ncpu)
     return [int.from_bytes(data[i * 8:i * 8 + 8], "little") for i in range(ncpu)]
 
 
@@ -74,29 +73,29 @@ def _from_user(raw: dict[str, int]) -> bool:
             and not raw.get("sstatus", 0) & SSTATUS_SPP)
 
 
-def current_task(s: "Session", cpu: int, raw: dict[str, int]) -> tuple[int, str]:
+def current_task(k: "Kernel", cpu: int, raw: dict[str, int]) -> tuple[int, str]:
     """(task_struct address, source): ``tp`` in S-mode, ``sscratch`` in U-mode (handle_exception swaps
     them; the return to user stores tp there), when it is a task; else the runqueue's ``curr``."""
     reg = "sscratch" if _from_user(raw) else "tp" if raw.get("priv") == 1 else None
     task = raw.get(reg, 0) if reg else 0
-    if task >> 63 and s.readable(task):
-        stack = s.read_u64(task + s.btf.offsetof("task_struct", "stack"))
+    if task >> 63 and k.readable(task):
+        stack = k.read_u64(task + k.btf.offsetof("task_struct", "stack"))
         if stack >> 63:
             return task, reg
-    rq = s.percpu_addr("runqueues", cpu) + s.btf.offsetof("rq", "curr")
-    return s.read_u64(rq), "runqueues.curr"
+    rq = k.percpu_addr("runqueues", cpu) + k.btf.offsetof("rq", "curr")
+    return k.read_u64(rq), "runqueues.curr"
 
 
 #: the printer sysrq-l runs on each other CPU with the interrupted registers (first argument)
 REGS_PRINTER = ("show_regs", "a0")
 
 
-def regs_from_pt_regs(s: "Session", addr: int) -> tuple[str, dict[str, int]]:
+def regs_from_pt_regs(k: "Kernel", addr: int) -> tuple[str, dict[str, int]]:
     """(mode, registers) of the ``struct pt_regs`` at ``addr``."""
-    data = s.read(addr, s.btf.sizeof("pt_regs"))
+    data = k.read(addr, k.btf.sizeof("pt_regs"))
 
     def u(path: str) -> int:
-        off = s.btf.offsetof("pt_regs", path)
+        off = k.btf.offsetof("pt_regs", path)
         return int.from_bytes(data[off:off + 8], "little")
 
     out = {r: u(r) for r in _GPRS}

@@ -1,18 +1,19 @@
 """x86-64 capture knowledge for ``unwind capture`` (QEMU gdbstub, 64-bit kernels).
 
-Which registers to read, when a stopped vCPU is in the kernel, where
-``current`` and the per-CPU stacks (IRQ, entry, IST exception stacks) are,
-and what a blocked task's saved context is. Layouts come from BTF.
+Which registers to read, when a stopped vCPU is in the kernel, and where
+``current`` is. The hooks read the guest through :class:`unwind.kernel.model.Kernel`;
+saved contexts and per-CPU stacks (IRQ, entry, IST exception stacks) are the
+arch's ``kernel`` hooks. Layouts come from BTF.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .kernel import blocked_context, percpu_member, percpu_stacks  # noqa: F401  (the capture's hooks)
+from .kernel import percpu_member
 
 if TYPE_CHECKING:
-    from unwind.lab.capture import Session
+    from unwind.kernel.model import Kernel
 
 NAME = "x86_64"
 #: gdb ``set architecture`` value and Z1 breakpoint kind
@@ -37,7 +38,7 @@ def prstatus(raw: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def classify(raw: dict[str, int], s: "Session") -> tuple[str, dict[str, int], str | None]:
+def classify(raw: dict[str, int], k: "Kernel") -> tuple[str, dict[str, int], str | None]:
     """(mode, registers to record, normalisation note) of a stopped vCPU."""
     mode = "user" if raw.get("cs", 0) & 3 == 3 else "kernel"
     return mode, prstatus(raw), None
@@ -48,13 +49,13 @@ def pc_sp(regs: dict[str, int]) -> tuple[int, int]:
     return regs["rip"], regs["rsp"]
 
 
-def current_task(s: "Session", cpu: int, raw: dict[str, int]) -> tuple[int, str]:
+def current_task(k: "Kernel", cpu: int, raw: dict[str, int]) -> tuple[int, str]:
     """(task_struct address, where it was read) for ``cpu``.
 
     Not ``gs_base``: before ``swapgs`` it holds the user value.
     """
-    where = "current_task" if s.symbol("current_task") is not None else "pcpu_hot.current_task"
-    return s.read_u64(percpu_member(s, "current_task", cpu)), where
+    where = "current_task" if k.symbol("current_task") is not None else "pcpu_hot.current_task"
+    return k.read_u64(percpu_member(k, "current_task", cpu)), where
 
 
 #: the printer sysrq-l runs on each other CPU with the interrupted registers (first argument)
@@ -65,11 +66,11 @@ _PT_REGS = {"r15": "r15", "r14": "r14", "r13": "r13", "r12": "r12", "bp": "rbp",
             "sp": "rsp", "ss": "ss"}
 
 
-def regs_from_pt_regs(s: "Session", addr: int) -> tuple[str, dict[str, int]]:
+def regs_from_pt_regs(k: "Kernel", addr: int) -> tuple[str, dict[str, int]]:
     """(mode, registers) of the ``struct pt_regs`` at ``addr``."""
-    data = s.read(addr, s.btf.sizeof("pt_regs"))
+    data = k.read(addr, k.btf.sizeof("pt_regs"))
     out = {}
     for member, name in _PT_REGS.items():
-        m = s.btf.member("pt_regs", member)
+        m = k.btf.member("pt_regs", member)
         out[name] = int.from_bytes(data[m.offset:m.offset + m.size], "little")
     return ("user" if out["cs"] & 3 == 3 else "kernel"), out

@@ -8,7 +8,7 @@ from construct import Int64ul, Struct
 
 from tests.btfbuild import BtfBuilder
 from unwind.kernel.btf import Btf
-from unwind.lab.capture import Session as CaptureSession
+from unwind.lab.guest import CaptureSession
 from unwind.kernel.layout import StructLayout, btf_offsets, dump_layout, resolve_layout, table_layout
 
 DECL = Struct("a" / Int64ul, "b" / Int64ul, "c" / Int64ul)

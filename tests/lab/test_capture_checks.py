@@ -1,14 +1,16 @@
-"""Capture refuses a vmlinux that is not the running kernel, and plans stops as asked."""
+"""Capture refuses a vmlinux that is not the running kernel, plans stops as asked, and reads a stop's tasks
+through the kernel model."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from unwind.lab.capture import CaptureError, Plan, Session
+from unwind.lab.capture import Plan, run_capture
+from unwind.lab.guest import CaptureError, CaptureSession, StopResult, task_fgraph
 
 
-def _session(image_id: str, vmcoreinfo: str) -> Session:
-    s = Session.__new__(Session)
+def _session(image_id: str, vmcoreinfo: str) -> CaptureSession:
+    s = CaptureSession.__new__(CaptureSession)
     s.img = SimpleNamespace(build_id=image_id, notes_addr=0, notes_data=b"")
     s.vmcoreinfo = vmcoreinfo
     s.log = lambda msg: None
@@ -53,10 +55,9 @@ class _DyingRsp:
 
 
 def test_guest_dying_mid_capture_keeps_written_dumps(tmp_path) -> None:
-    from unwind.lab.capture import StopResult, run_capture
     from unwind.lab.rsp import RspError
 
-    s = Session.__new__(Session)
+    s = CaptureSession.__new__(CaptureSession)
     s.rsp = _DyingRsp()
     s.log = lambda msg: None
     s.capture_stop = lambda label, hit=None: StopResult(meta={"tasks": [], "capture": {"kind": label}})
@@ -77,12 +78,12 @@ def test_capture_reads_fgraph_in_both_ret_stack_layouts(gen: str) -> None:
     procs = _procs()
     k.build(procs, [None, None])
     mem = k.memory()
-    task = next(t for t in Kernel(mem, k.btf, k.symbol).tasks() if t.pid == 100)
-    s = Session.__new__(Session)
-    s.btf, s.img, s._kernel = k.btf, SimpleNamespace(get=k.symbol), None
-    s.read = mem.read
-    entries, (ptr, raw) = s.fgraph(task.data)
+    kernel = Kernel(mem, k.btf, k.symbol)
+    task = next(t for t in kernel.tasks() if t.pid == 100)
+    res = StopResult()
+    entries = task_fgraph(kernel, task, res)
     assert [(int(e["ret"], 16), int(e["func"], 16), int(e["retp"], 16)) for e in entries] == procs[0].fgraph
+    [(ptr, raw)] = res.memory.items()
     assert raw == mem.read(ptr, len(raw)) and len(raw) >= len(entries) * k.btf.sizeof("ftrace_ret_stack")
 
 
@@ -100,16 +101,16 @@ class _HartsRsp:
         return {"pc": 0xffffffff80001000 + hart, "sp": 0xffffffc600000000, "priv": 1, "mhartid": hart}
 
 
-def _riscv_session(hartid_map: list[int]) -> Session:
+def _riscv_session(hartid_map: list[int]) -> CaptureSession:
     import arch.riscv.lab as lab
 
-    s = Session.__new__(Session)
+    s = CaptureSession.__new__(CaptureSession)
     s.rsp, s.lab, s.threads, s.ncpu = _HartsRsp(), lab, ["01", "02"], 2
-    s.per_cpu_offset = [0, 0x1000]
     table = b"".join(h.to_bytes(8, "little") for h in hartid_map)
-    s.symbol = lambda name: 0xffffffff81000000 if name == "__cpuid_to_hartid_map" else None
-    s.read = lambda addr, size: table[addr - 0xffffffff81000000:][:size]
-    s.hw_cpu_ids = lab.hw_cpu_ids(s, 2)
+    s.kernel = SimpleNamespace(nr_cpus=2,  # type: ignore[assignment]
+                               symbol=lambda name: 0xffffffff81000000 if name == "__cpuid_to_hartid_map" else None,
+                               read=lambda addr, size: table[addr - 0xffffffff81000000:][:size])
+    s.hw_cpu_ids = lab.hw_cpu_ids(s.kernel, 2)
     return s
 
 
@@ -126,3 +127,97 @@ def test_cpu_numbers_fall_back_to_the_vcpu_index() -> None:
     # an unknown hart (map not filled in) keeps QEMU's order, and says so
     cpus = _riscv_session([7, 7]).read_cpus()
     assert [(c.cpu, c.tid, c.cpu_from) for c in cpus] == [(0, "01", "vCPU index"), (1, "02", "vCPU index")]
+
+
+class _SynthStub:
+    """A GDB stub in front of a synthetic arm64 kernel: two vCPUs at EL1, ``sp`` on their tasks' stacks."""
+
+    def __init__(self, mem, sps: list[int]) -> None:  # type: ignore[no-untyped-def]
+        self.mem, self.sps, self.tid, self.running, self.reads = mem, sps, "01", False, 0
+
+    def threads(self) -> list[str]:
+        return ["01", "02"]
+
+    def select_thread(self, tid: str) -> None:
+        self.tid = tid
+
+    def read_registers(self, names: list[str]) -> dict[str, int]:
+        cpu = int(self.tid) - 1
+        return {**{f"x{i}": 0 for i in range(31)}, "sp": self.sps[cpu], "pc": 0xFFFF800080001000,
+                "cpsr": 0x3C5}  # EL1h: PSTATE.EL 1; SP_EL0 unknown, so current is __entry_task
+
+    def read_memory(self, addr: int, size: int) -> bytes:
+        from unwind.core.memory import MemoryFault
+        from unwind.lab.rsp import RspMemoryError
+
+        self.reads += 1
+        try:
+            return self.mem.read(addr, size)
+        except MemoryFault:
+            raise RspMemoryError(f"cannot read {size} bytes at {addr:#x}") from None
+
+
+@pytest.mark.parametrize("gen", ["new", "old"])
+def test_a_stop_is_read_through_the_kernel_model(gen: str) -> None:
+    # every answer is the synthetic kernel's construction; the letters are the kernel's
+    # task_state_to_char() of each state word (include/linux/sched.h: fls of state & TASK_REPORT)
+    from tests.vmtasks.kernelgen import THREAD_SIZE, SynthKernel, SynthTask
+    from tests.vmtasks.test_kernel_tasks import _procs
+
+    k = SynthKernel(gen)
+    procs = _procs() + [SynthTask(400, 400, "parked", 0x40), SynthTask(500, 500, "waking", 0x200)]
+    running = procs[1].threads[1]
+    everyone, idle = k.build(procs, [None, running])
+    k.define("vmcoreinfo_data", 8)
+    k.define("vmcoreinfo_size", 8)
+    init = everyone[0]
+    stub = _SynthStub(k.memory(), [init.stack + THREAD_SIZE - 0x80, running.stack + THREAD_SIZE - 0x80])
+    img = SimpleNamespace(arch="arm64", btf=k.btf, get=k.symbol, addr=k.symbols.__getitem__, build_id="b",
+                          notes_addr=0, notes_data=b"")
+    s = CaptureSession(stub, img, log=lambda msg: None)  # type: ignore[arg-type]
+    s.setup()
+    res = s.capture_stop("random")
+    assert not isinstance(res, str)
+    tasks = {t["pid"]: t for t in res.meta["tasks"]}
+    # swapper/0 runs on cpu0; swapper/1 (cpu1's idle task, on no list) is not running: left out
+    assert sorted(tasks) == [0, 100, 200, 201, 202, 300, 400, 500]
+    assert {p: (t["comm"], t["state"], t["cpu"]) for p, t in tasks.items()} == {
+        0: ("swapper/0", "R", 0), 100: ("sh", "S", None), 200: ("worker", "I", None),
+        201: ("worker-t1", "D", None), 202: ("worker-t2", "R", 1), 300: ("zombie", "Z", None),
+        400: ("parked", "P", None), 500: ("waking", "R", None)}
+    by_addr = {hex(t.addr): t for t in everyone}
+    for pid, t in tasks.items():
+        want = by_addr[t["task"]]
+        assert (want.pid, t["switches"]) == (pid, pid * 3)
+        if t["cpu"] is None:
+            assert t["context"] == {r: hex(v) for r, v in want.ctx.items()}
+            sp = want.ctx["sp"]
+        else:
+            sp = stub.sps[t["cpu"]]
+        assert res.memory[sp] == stub.mem.read(sp, want.stack + THREAD_SIZE - sp)
+    assert [(int(e["ret"], 16), int(e["func"], 16), int(e["retp"], 16)) for e in tasks[100]["fgraph"]] == \
+        procs[0].fgraph
+    assert [(int(e["ret"], 16), int(e["fp"], 16)) for e in tasks[200]["kretprobes"]] == procs[1].kretprobes
+    assert [(c["cpu"], c["pid"], c["current_from"]) for c in res.meta["cpus"]] == \
+        [(0, 0, "__entry_task"), (1, 202, "__entry_task")]
+    irq = [(st["cpu"], int(st["low"], 16)) for st in res.meta["stacks"] if st["kind"] == "irq"]
+    assert irq == [(0, k.irq_stacks[0]), (1, k.irq_stacks[1])]
+    assert res.meta["capture"]["unreadable_tasks"] == 0
+
+
+def test_guest_memory_reads_a_page_once_while_held() -> None:
+    from unwind.core.memory import Memory, MemoryFault, Segment
+    from unwind.lab.guest import GuestMemory
+
+    page = bytes(range(256)) * 16
+    stub = _SynthStub(Memory([Segment(0x10000, page), Segment(0x20000, b"\x07" * 16)]), [])
+    g = GuestMemory(SimpleNamespace(rsp=stub, mem_tid="01"))  # type: ignore[arg-type]
+    with g.held():
+        assert g.read(0x10010, 4) == page[0x10:0x14] and g.read_u64(0x10ff8) == int.from_bytes(page[-8:], "little")
+        assert stub.reads == 1
+        assert g.read(0x20004, 4) == b"\x07" * 4  # a page the stub cannot read whole: the bytes asked for
+        with pytest.raises(MemoryFault):
+            g.read(0x30000, 8)
+    g.read(0x10010, 4)
+    g.read(0x10010, 4)
+    assert stub.reads == 1 + 2 + 2 + 2  # page 0x10000; page 0x20000, then its 4 bytes; page 0x30000 twice

@@ -10,8 +10,9 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.structs import ELFStructs
 
 from unwind.lab.boot import BootOptions, build_initramfs, qemu_command
-from unwind.lab.capture import CaptureError, parse_vmcore_formats, write_qemu_vmcores
+from unwind.lab.capture import parse_vmcore_formats, write_qemu_vmcores
 from unwind.lab.fetch import Kernel
+from unwind.lab.guest import CaptureError
 from unwind.lab.modules import LAB_MODULE_QEMU_ARGS, LAB_MODULES, _modname
 from unwind.lab.vmcores import VmcoreToolError, phdrs_first_copy
 

@@ -456,6 +456,19 @@ class Kernel:
             self.warnings.append(f"pid {task.pid}: fgraph ret_stack unreadable: {e}")
             return []
 
+    def ret_stack_span(self, task: KernelTask) -> tuple[int, int] | None:
+        """``(address, bytes)`` of the part of ``task->ret_stack`` in use: what :meth:`fgraph` reads
+        (``curr_ret_stack`` words since 6.11, ``curr_ret_stack + 1`` entries before)."""
+        if not (self.has("task_struct", "ret_stack") and self.has("task_struct", "curr_ret_stack")):
+            return None
+        ptr = field_int(self.btf, task.data, "task_struct", "ret_stack")
+        curr = field_int(self.btf, task.data, "task_struct", "curr_ret_stack", signed=True)
+        if not ptr or curr < 0:
+            return None
+        if self._ret_stack_is_words():
+            return (ptr, curr * 8) if curr else None
+        return ptr, (curr + 1) * self._sizeof("ftrace_ret_stack")
+
     def _ret_stack_is_words(self) -> bool:
         """6.11+ keeps ``unsigned long *ret_stack`` (tagged words); before, an array of ``ftrace_ret_stack``."""
         m = self.btf.member("task_struct", "ret_stack")

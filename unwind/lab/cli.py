@@ -10,15 +10,18 @@ import sys
 from pathlib import Path
 
 from .boot import READY, BootOptions, LabError, boot, lab_state, parse_mem, stop
+from unwind.core.memory import MemoryFault
 from unwind.kernel.btf import BtfError
 from unwind.kernel.model import KernelError
-from .capture import (CaptureError, FtraceStacktrace, Image, Plan, Session, SysrqOracle, add_gdb_oracles,
-                      default_breaks, parse_vmcore_formats, reparse_oracles, run_capture)
+from .capture import Plan, add_gdb_oracles, default_breaks, parse_vmcore_formats, reparse_oracles, run_capture
+from .console_oracles import FtraceStacktrace, SysrqOracle
+from .guest import CaptureError, CaptureSession, GuestImage
 from .fetch import HOST_CHANGES, FetchError, canonical_arch, fetch, find_kernel
 from .rsp import RspClient, RspError
 
 #: what a lab step may raise for bad input or a failed step: each becomes one line, never a traceback
-LAB_ERRORS = (FetchError, LabError, CaptureError, RspError, BtfError, KernelError, OSError, TimeoutError)
+LAB_ERRORS = (FetchError, LabError, CaptureError, RspError, MemoryFault, BtfError, KernelError, OSError,
+              TimeoutError)
 
 
 def _fail(msg: str, code: int = 2) -> int:
@@ -97,7 +100,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
         smap_path = args.system_map or (Path(vmlinux).parent / "System.map")
         Path(args.output).mkdir(parents=True, exist_ok=True)
         print(f"[capture] loading {vmlinux}", file=sys.stderr)
-        img = Image(vmlinux)
+        img = GuestImage(vmlinux)
         formats = parse_vmcore_formats(args.vmcore, img.arch) if args.vmcore else []
         rsp = RspClient(host or "127.0.0.1", int(port), timeout=args.timeout)
     except LAB_ERRORS as e:
@@ -105,7 +108,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     try:
         if rsp.running:
             rsp.halt()
-        s = Session(rsp, img)
+        s = CaptureSession(rsp, img)
         s.setup()
         release = args.release or (lab["release"] if lab else "") or _osrelease(s.vmcoreinfo)
         breaks = [("breakpoint", b) for b in args.breaks.split(",") if b] if args.breaks else \
