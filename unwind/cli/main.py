@@ -27,7 +27,7 @@ from unwind.core.target import Options
 DISTRIBUTION = "kernel-unwind"
 
 #: modules that add subcommands: each has ``add_commands(subparsers)``
-_COMMAND_MODULES = ("unwind.lab.cli", "unwind.cli.corpus", "unwind.dev.bench", "unwind.cli.triage",
+_COMMAND_MODULES = ("unwind.lab.cli", "unwind.cli.corpus", "unwind.dev.bench.cli", "unwind.cli.triage",
                     "unwind.cli.tasks", "unwind.dev.fuzz.cli")
 
 #: the input errors every subcommand turns into exit status 2
