@@ -20,33 +20,35 @@ from pathlib import Path
 
 import pytest
 
-from unwind.dev import bench
+from unwind.dev.bench.figures import fit_line, replay_figures, targets
+from unwind.dev.bench.report import write_report
+from unwind.dev.bench.results import REPLAY_MODES, Results, fmt_num, load_results, machine_text
 from unwind.cli.main import main
 
 FIXTURE = Path(__file__).parent / "data" / "quick-run.json"
 
 
 @pytest.fixture(scope="module")
-def results() -> bench.Results:
-    return bench.load_results(FIXTURE)
+def results() -> Results:
+    return load_results(FIXTURE)
 
 
 def _raw() -> dict:
     return json.loads(FIXTURE.read_text())
 
 
-def test_replay_target_is_the_walk_per_frame_over_three_microseconds(results: bench.Results) -> None:
+def test_replay_target_is_the_walk_per_frame_over_three_microseconds(results: Results) -> None:
     raw = next(b for b in _raw()["benchmarks"] if b["extra_info"].get("kind") == "replay"
                and b["extra_info"]["arch"] == "arm64" and b["extra_info"]["mode"] == "walk")
     us = raw["stats"]["median"] / raw["extra_info"]["frames"] * 1e6
-    goal = next(t for t in bench.targets(results) if t.name == "replay per frame, arm64")
-    assert goal.measured.startswith(bench._num(us))
-    assert goal.ratio == f"{bench._num(us / 3.0)}× the budget"
-    assert goal.verdict == ("met" if us <= 3.0 else f"MISSED by {bench._num(us / 3.0)}×")
+    goal = next(t for t in targets(results) if t.name == "replay per frame, arm64")
+    assert goal.measured.startswith(fmt_num(us))
+    assert goal.ratio == f"{fmt_num(us / 3.0)}× the budget"
+    assert goal.verdict == ("met" if us <= 3.0 else f"MISSED by {fmt_num(us / 3.0)}×")
 
 
-def test_every_target_is_listed_with_a_verdict(results: bench.Results) -> None:
-    goals = bench.targets(results)
+def test_every_target_is_listed_with_a_verdict(results: Results) -> None:
+    goals = targets(results)
     assert [g.name for g in goals] == [
         "replay per frame, arm64", "replay per frame, x86_64", "replay per frame, riscv", "batch orc_find",
         "batch orc_find vs C floor", "vs drgn per frame, x86_64", "vs drgn per frame, arm64"]
@@ -56,27 +58,27 @@ def test_every_target_is_listed_with_a_verdict(results: bench.Results) -> None:
     assert goals[3].verdict == "not measured: not run"
 
 
-def test_peer_target_is_drgn_per_frame_over_ours(results: bench.Results) -> None:
+def test_peer_target_is_drgn_per_frame_over_ours(results: Results) -> None:
     raw = {b["extra_info"]["tool"]: b for b in _raw()["benchmarks"]
            if b["extra_info"].get("kind") == "peer" and b["extra_info"]["arch"] == "x86_64"}
     per = {tool: b["stats"]["median"] / b["extra_info"]["frames"] for tool, b in raw.items()}
     ratio = per["drgn"] / per["unwind"]
-    goal = next(t for t in bench.targets(results) if t.name == "vs drgn per frame, x86_64")
-    assert goal.ratio == f"{bench._num(ratio)}× faster"
-    assert goal.verdict == ("met" if ratio >= 100 else f"MISSED by {bench._num(100 / ratio)}×")
+    goal = next(t for t in targets(results) if t.name == "vs drgn per frame, x86_64")
+    assert goal.ratio == f"{fmt_num(ratio)}× faster"
+    assert goal.verdict == ("met" if ratio >= 100 else f"MISSED by {fmt_num(100 / ratio)}×")
 
 
-def test_c_floor_target_compares_batch_and_c_of_the_same_run(results: bench.Results) -> None:
+def test_c_floor_target_compares_batch_and_c_of_the_same_run(results: Results) -> None:
     raw = {b["extra_info"]["method"]: b for b in _raw()["benchmarks"] if b["extra_info"].get("kind") == "orc_lookup"}
     rate = {m: b["extra_info"]["lookups"] / b["stats"]["median"] for m, b in raw.items()}
-    goal = next(t for t in bench.targets(results) if t.name == "batch orc_find vs C floor")
+    goal = next(t for t in targets(results) if t.name == "batch orc_find vs C floor")
     ratio = rate["orc_find_batch"] / rate["c_bsearch"]
-    assert goal.ratio == f"{bench._num(ratio)}×"
-    assert goal.verdict == ("met" if ratio > 1 else f"MISSED by {bench._num(1 / ratio)}×")
+    assert goal.ratio == f"{fmt_num(ratio)}×"
+    assert goal.verdict == ("met" if ratio > 1 else f"MISSED by {fmt_num(1 / ratio)}×")
 
 
-def test_breakdown_sums_to_the_walk(results: bench.Results) -> None:
-    reps = bench.replay_figures(results)
+def test_breakdown_sums_to_the_walk(results: Results) -> None:
+    reps = replay_figures(results)
     assert set(reps) == {"arm64", "x86_64", "riscv"}
     assert reps["arm64"].lookup is None and reps["riscv"].lookup is None  # frame records: no metadata lookup
     assert reps["x86_64"].lookup is not None
@@ -84,16 +86,16 @@ def test_breakdown_sums_to_the_walk(results: bench.Results) -> None:
         assert a.reads is not None and a.setup is not None and a.recovery is not None
         rest = a.modes["walk"] - a.setup - a.reads - (a.lookup or 0.0)
         assert a.recovery == pytest.approx(max(rest, 0.0))
-        assert set(a.modes) == set(bench.REPLAY_MODES)
+        assert set(a.modes) == set(REPLAY_MODES)
 
 
-def test_report_names_machine_corpus_targets_and_plots(results: bench.Results, tmp_path: Path) -> None:
+def test_report_names_machine_corpus_targets_and_plots(results: Results, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    path = bench.write_report(results, tmp_path, "the fixture")
+    path = write_report(results, tmp_path, "the fixture")
     text = path.read_text()
     assert text.startswith("# unwind benchmark report\n")
-    assert f"**Machine**: {bench.machine_text(results)}" in text
-    assert "Python 3." in bench.machine_text(results) and "numpy" in bench.machine_text(results)
+    assert f"**Machine**: {machine_text(results)}" in text
+    assert "Python 3." in machine_text(results) and "numpy" in machine_text(results)
     assert "**Corpus**: corpora/arm64/6.12.117+deb13-arm64 (1 dump, 4 tasks, " in text
     assert "**Quick mode**" in text
     assert "| replay per frame, riscv | ≤ 3.00 µs/frame" in text
@@ -105,10 +107,10 @@ def test_report_names_machine_corpus_targets_and_plots(results: bench.Results, t
     assert "## Skipped" in text and "arm64 walks frame records: no metadata lookup to time" in text
 
 
-def test_report_without_matplotlib_says_so(results: bench.Results, tmp_path: Path,
+def test_report_without_matplotlib_says_so(results: Results, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
-    text = bench.write_report(results, tmp_path, "the fixture").read_text()
+    text = write_report(results, tmp_path, "the fixture").read_text()
     assert "_(depth.png: matplotlib is not installed; `pip install '.[report]'` draws it)_" in text
     assert not list(tmp_path.glob("*.png"))
     assert "\n## Targets\n" in text and "issue 7" not in text and "+ -" not in text
@@ -133,7 +135,7 @@ def test_cli_bad_json_is_input_error(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_fit_line_recovers_a_line() -> None:
-    fit = bench.fit_line([1, 2, 3, 4], [3.0, 5.0, 7.0, 9.0])
+    fit = fit_line([1, 2, 3, 4], [3.0, 5.0, 7.0, 9.0])
     assert fit is not None
     assert (fit.slope, fit.intercept, fit.r2) == pytest.approx((2.0, 1.0, 1.0))
-    assert bench.fit_line([1, 1], [2.0, 3.0]) is None
+    assert fit_line([1, 1], [2.0, 3.0]) is None

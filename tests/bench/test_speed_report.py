@@ -17,7 +17,8 @@ import json
 import statistics
 from pathlib import Path
 
-from unwind.dev import bench
+from unwind.dev.bench.results import fmt_num
+from unwind.dev.bench.speed import profile_lines, speed_goals, speed_lines
 
 DATA = Path(__file__).parent / "data" / "speed"
 
@@ -35,7 +36,7 @@ def _per_kernel_frame(arch: str, side: str) -> float:
 
 
 def test_every_issue14_target_is_listed_with_a_verdict() -> None:
-    goals = bench.speed_goals(DATA)
+    goals = speed_goals(DATA)
     names = [g.name for g in goals]
     assert names == [f"single-task {kind}, {arch}" for arch in ("arm64", "x86_64", "riscv")
                      for kind in ("warm", "fresh Session")] + [f"batch replay, {arch}" for arch in ("arm64", "x86_64", "riscv")]
@@ -44,27 +45,27 @@ def test_every_issue14_target_is_listed_with_a_verdict() -> None:
 
 
 def test_the_warm_target_is_set_against_drgn_on_the_same_tasks() -> None:
-    warm = next(g for g in bench.speed_goals(DATA) if g.name == "single-task warm, arm64")
+    warm = next(g for g in speed_goals(DATA) if g.name == "single-task warm, arm64")
     ours, drgn = _per_kernel_frame("arm64", "ours"), _per_kernel_frame("arm64", "drgn equal")
-    assert warm.drgn.startswith(f"{bench._num(ours / drgn)}× drgn's time per frame")
+    assert warm.drgn.startswith(f"{fmt_num(ours / drgn)}× drgn's time per frame")
     runs = _raw()["runs"]["arm64 corpus"]
     us = statistics.median(r["warm"] / r["frames"] * 1e6 for r in runs)
-    assert warm.measured.startswith(f"{bench._num(us)} µs CPU")
-    assert warm.verdict == ("met" if us <= 2.0 else f"MISSED by {bench._num(us / 2.0)}×")
+    assert warm.measured.startswith(f"{fmt_num(us)} µs CPU")
+    assert warm.verdict == ("met" if us <= 2.0 else f"MISSED by {fmt_num(us / 2.0)}×")
 
 
 def test_the_peer_table_gives_both_drgn_rows_per_kernel_frame() -> None:
-    text = "\n".join(bench.speed_lines(DATA))
+    text = "\n".join(speed_lines(DATA))
     row = next(line for line in text.splitlines() if line.startswith("| x86_64 |") and "µs CPU" in line)
     for side in ("ours", "drgn equal", "drgn dwarf"):
-        assert f"{bench._num(_per_kernel_frame('x86_64', side))} µs CPU" in row
+        assert f"{fmt_num(_per_kernel_frame('x86_64', side))} µs CPU" in row
     assert "kernel-only tasks" in text
     assert "same pcs as drgn on equal inputs" in text
 
 
 def test_the_profile_section_lists_the_top_functions() -> None:
     prof = json.loads((DATA / "profile.json").read_text())
-    lines = bench.profile_lines(prof)
+    lines = profile_lines(prof)
     top = prof["arches"]["riscv"]["top"][0]
     assert any(f"`{top['function']}`" in line and f"{top['cumulative'] / prof['arches']['riscv']['total']:.0%}" in line
                for line in lines)

@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from unwind.dev import fuzz as F
+from unwind.dev.fuzz import checks
+from unwind.dev.fuzz.cases import CASE_CPU_LIMIT, FAMILIES, Fuzzer
+from unwind.dev.fuzz.checks import OutOfDump, Outcome, _bad_value, instrument, one_line, query_btf, read_vmcore
+from unwind.dev.fuzz.mutators import apply_edits, mutate_vmmem, near_miss_hex
+from unwind.dev.fuzz.runner import fuzzer_of, run_cases
+from unwind.dev.fuzz.seeds import BtfSeed, ReadWord, VmmemSeed, edited_dump, load_seeds, load_vmmem_seeds
+from unwind.kernel.btf import Btf, BtfError
 from unwind.core.memory import Memory, Segment
 
 from ..btfbuild import BtfBuilder
@@ -36,26 +42,26 @@ def _btf_blob() -> bytes:
 
 
 @pytest.fixture(scope="module")
-def fuzzer(tmp_path_factory) -> F.Fuzzer:
+def fuzzer(tmp_path_factory) -> Fuzzer:
     vm = write_vmcore_seeds(tmp_path_factory.mktemp("vmcores"))
-    f = F.Fuzzer(F.load_seeds(CORPUS), vmcore_seeds=[(p.name, p.read_bytes()) for p in vm],
-                 scratch=tmp_path_factory.mktemp("scratch"), btf_blobs=[_btf_blob()],
-                 vmmem_seeds=F.load_vmmem_seeds(CORPUS))
+    f = Fuzzer(load_seeds(CORPUS), vmcore_seeds=[(p.name, p.read_bytes()) for p in vm],
+               scratch=tmp_path_factory.mktemp("scratch"), btf_blobs=[_btf_blob()],
+               vmmem_seeds=load_vmmem_seeds(CORPUS))
     f.keep = tmp_path_factory.mktemp("kept")
     return f
 
 
-#: image cases in it (one costs ~50 dump cases: the long runs give them F.IMAGE_SHARE)
+#: image cases in it (one costs ~50 dump cases: the long runs give them cases.IMAGE_SHARE)
 IMAGE_SHARE = 0.005
 
 
 def test_a_seeded_campaign_breaks_no_promise(fuzzer, monkeypatch):
     monkeypatch.setattr(fuzzer, "image_share", IMAGE_SHARE)
-    summary = F.run_cases(fuzzer, 0, range(CASES))
+    summary = run_cases(fuzzer, 0, range(CASES))
     assert summary.failures == 0, "\n".join(f"{k}\n{v}" for k, v in summary.examples.items())
-    for fam in F.FAMILIES[:-2]:  # every family ran, and the mutations reached the input checks
-        assert sum(summary.counts[fam].values()) >= CASES // len(F.FAMILIES) // 3, fam
-    assert sum(summary.counts["vmmem"].values()) == 10  # F.VMMEM_SHARE of campaign 0's 2000 cases
+    for fam in FAMILIES[:-2]:  # every family ran, and the mutations reached the input checks
+        assert sum(summary.counts[fam].values()) >= CASES // len(FAMILIES) // 3, fam
+    assert sum(summary.counts["vmmem"].values()) == 10  # cases.VMMEM_SHARE of campaign 0's 2000 cases
     for fam in ("json", "elf", "btf", "vmcore", "image"):
         assert summary.counts[fam]["rejected"] > 0, fam
     for fam in ("stack", "regs", "image", "vmmem"):  # a mutated image is also opened and replayed with
@@ -77,7 +83,7 @@ def test_vmmem_mutates_the_words_a_clean_load_read(fuzzer):
     assert len(seed.words) > 500 and len(seed.bulk) > 60 and 0xFFFF888000000000 in seed.deltas
     assert any(w.vaddr is None and w.width == 8 for w in seed.words)  # page-table entries
     read = {w.offset for w in seed.words}
-    edits = [e for i in range(50) for e in F.mutate_vmmem(random.Random(i), seed)]
+    edits = [e for i in range(50) for e in mutate_vmmem(random.Random(i), seed)]
     assert sum(off in read for off, _, _ in edits) > len(edits) // 2
     assert all(any(o <= off < o + e - s for s, e, o in seed.extents) for off, _, _ in edits)
 
@@ -85,31 +91,31 @@ def test_vmmem_mutates_the_words_a_clean_load_read(fuzzer):
 # --- the checks themselves fire -------------------------------------------------------------------
 
 def test_a_read_past_a_segment_is_caught():
-    mem = F.instrument(Memory([Segment(0x1000, bytes(16))]))
+    mem = instrument(Memory([Segment(0x1000, bytes(16))]))
     data = mem.segments[0].data
     assert data[8:16] == bytes(8)
     for bad in (lambda: data[8:24], lambda: data[16], lambda: data[-1:]):
-        with pytest.raises(F.OutOfDump):
+        with pytest.raises(OutOfDump):
             bad()
 
 
 def test_exceptions_hangs_and_bad_values_are_outcomes(fuzzer):
     assert fuzzer.guarded("x", "t", lambda: {}["k"]).kind == "traceback"
-    slow = F.Fuzzer([], cpu_limit=0.2)
+    slow = Fuzzer([], cpu_limit=0.2)
 
-    def spin() -> F.Outcome:
+    def spin() -> Outcome:
         while True:
             pass
     assert slow.guarded("x", "t", spin).kind == "hang"
     from unwind.core.frame import Frame, Source
-    assert F._bad_value([Frame(-1, None, None, Source.REGS_PC, None)]) is not None
-    assert F._bad_value([Frame(2**64, 0, 0, Source.REGS_PC, None)]) is not None
-    assert F._bad_value([Frame(2**64 - 1, 0, 0, Source.REGS_PC, None)]) is None
+    assert _bad_value([Frame(-1, None, None, Source.REGS_PC, None)]) is not None
+    assert _bad_value([Frame(2**64, 0, 0, Source.REGS_PC, None)]) is not None
+    assert _bad_value([Frame(2**64 - 1, 0, 0, Source.REGS_PC, None)]) is None
 
 
 def test_a_walk_over_its_frame_limit_is_a_runaway(fuzzer, monkeypatch):
     seed = next(s for s in fuzzer.seeds if s.arch == "arm64")
-    monkeypatch.setattr(F, "frame_limit", lambda *a: 0)
+    monkeypatch.setattr(checks, "frame_limit", lambda *a: 0)
     out = fuzzer.check(seed.writer().to_bytes(), seed.name, seed.image_path, "stack")
     assert out.kind == "runaway"
 
@@ -132,12 +138,12 @@ def test_a_batch_replay_unlike_the_task_replay_is_caught(fuzzer, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def vmseed(fuzzer) -> F.VmmemSeed:
+def vmseed(fuzzer) -> VmmemSeed:
     """The smallest vmcore slice (the x86-64 kdump), recorded."""
     return next(s for s in fuzzer.vmmem_seeds if s.name.endswith("amd64/vmcore/kdump-000")).recorded(fuzzer.scratch)
 
 
-def _vmcase(fuzzer: F.Fuzzer, seed: F.VmmemSeed, limit: float | None = None) -> F.Outcome:
+def _vmcase(fuzzer: Fuzzer, seed: VmmemSeed, limit: float | None = None) -> Outcome:
     return fuzzer.guarded("vmmem", "t", lambda: fuzzer.check_vmcore(seed.raw, seed), limit or fuzzer.vmmem_cpu_limit)
 
 
@@ -152,7 +158,7 @@ def test_vmmem_checks_fire(fuzzer, vmseed, monkeypatch):
     assert _vmcase(fuzzer, vmseed).kind == "ok"
     assert _vmcase(fuzzer, vmseed, 0.05).kind == "hang"
     with monkeypatch.context() as m:
-        m.setattr(F, "frame_limit", lambda *a: 0)
+        m.setattr(checks, "frame_limit", lambda *a: 0)
         assert _vmcase(fuzzer, vmseed).kind == "runaway"
     with monkeypatch.context() as m:
         real = Session.replay_all
@@ -179,7 +185,7 @@ def test_a_failing_case_is_kept(fuzzer, tmp_path):
     fuzzer.keep, kept = tmp_path, fuzzer.keep
     try:
         fuzzer.last = b"bytes of the case"
-        path = fuzzer.keep_case(F.Outcome("json", "traceback", "KeyError: 'ret'"), fuzzer.seeds[0], "json-1-2")
+        path = fuzzer.keep_case(Outcome("json", "traceback", "KeyError: 'ret'"), fuzzer.seeds[0], "json-1-2")
     finally:
         fuzzer.keep = kept
     assert lzma.decompress(path.read_bytes()) == b"bytes of the case"
@@ -195,7 +201,7 @@ EDITS = json.loads((REGRESSIONS / "edits.json").read_text())["cases"]
 def test_issue_13_groups_on_real_seeds(fuzzer, case):
     # the cases were recorded on the trixie 6.12 seeds; the 6.1/7.2 samples have stops of the same names
     seed = next(s for s in fuzzer.seeds if s.name.endswith(case["seed"]) and s.name.startswith("6.12."))
-    out = fuzzer.check(F.edited_dump(seed, case), seed.name, seed.image_path, "regression")
+    out = fuzzer.check(edited_dump(seed, case), seed.name, seed.image_path, "regression")
     if case["expect"] == "ok":
         assert out.kind == "ok", out
     else:
@@ -225,7 +231,7 @@ def test_kept_cases_stay_fixed(fuzzer, path):
     if info["family"] == "vmmem":  # the edits of a vmcore slice (its 10 MB are not kept)
         vmseed = next(s for s in fuzzer.vmmem_seeds if s.name == info["seed"])
         edits = [tuple(e) for e in json.loads(data)["edits"]]
-        out = fuzzer.guarded("vmmem", path.name, lambda: fuzzer.check_vmcore(F.apply_edits(vmseed.raw, edits), vmseed),
+        out = fuzzer.guarded("vmmem", path.name, lambda: fuzzer.check_vmcore(apply_edits(vmseed.raw, edits), vmseed),
                              fuzzer.vmmem_cpu_limit)
         assert out.kind in ("ok", "rejected"), out
         return
@@ -239,20 +245,20 @@ def test_kept_cases_stay_fixed(fuzzer, path):
     assert out.kind in ("ok", "rejected"), out
 
 
-def _btf(data: bytes) -> F.Outcome:
+def _btf(data: bytes) -> Outcome:
     try:
-        btf = F.Btf(data)
-    except F.BtfError as e:
-        return F._one_line("btf", e)
-    F.query_btf(random.Random(0), btf, F.BtfSeed(data, ["task_struct", "pt_regs"], ["frame_type"]))
-    return F.Outcome("btf", "ok")
+        btf = Btf(data)
+    except BtfError as e:
+        return one_line("btf", e)
+    query_btf(random.Random(0), btf, BtfSeed(data, ["task_struct", "pt_regs"], ["frame_type"]))
+    return Outcome("btf", "ok")
 
 
-def _vmcore(fuzzer: F.Fuzzer, data: bytes) -> F.Outcome:
+def _vmcore(fuzzer: Fuzzer, data: bytes) -> Outcome:
     path = fuzzer.scratch / "kept-vmcore"
     path.write_bytes(data)
-    error = F.read_vmcore(path)
-    return F.Outcome("vmcore", "ok") if error is None else F._one_line("vmcore", error)
+    error = read_vmcore(path)
+    return Outcome("vmcore", "ok") if error is None else one_line("vmcore", error)
 
 
 @pytest.mark.parametrize("value", ["0x", "0xzz", "0x1f"])
@@ -260,7 +266,7 @@ def test_a_near_miss_of_a_broken_hex_string_is_made(value):
     # found by the long campaign (seed 2026, case 22724): an earlier mutation had left "0x" and the
     # mutator itself raised int("0x", 16)
     for n in range(64):
-        got = F.near_miss_hex(random.Random(n), value)
+        got = near_miss_hex(random.Random(n), value)
         assert got != value or value.upper() == value
         if isinstance(got, int):
             assert got == (int(value[2:], 16) if value == "0x1f" else -1)
@@ -275,9 +281,9 @@ def test_start_runs_the_campaign_from_a_case_index(tmp_path):
     assert run.returncode == 0, run.stderr
     text = report.read_text()
     assert "cases: 3 of 3 (cases 40 to 42 of campaign 5)," in text
-    fuzzer = F._fuzzer(argparse.Namespace(btf=None, vmcore_seeds=None, corpus=str(CORPUS), cpu_limit=F.CASE_CPU_LIMIT,
-                                          keep=None))
-    assert F.run_cases(fuzzer, 5, range(40, 43)).table() in text
+    fuzzer = fuzzer_of(argparse.Namespace(btf=None, vmcore_seeds=None, corpus=str(CORPUS), cpu_limit=CASE_CPU_LIMIT,
+                                           keep=None))
+    assert run_cases(fuzzer, 5, range(40, 43)).table() in text
     bad = subprocess.run([sys.executable, "-m", "unwind.cli.main", "fuzz", "--corpus", str(CORPUS), "--start", "-1"],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "-1 is not a case index" in bad.stderr
@@ -285,7 +291,7 @@ def test_start_runs_the_campaign_from_a_case_index(tmp_path):
 
 # --- vmmem cases, as edits of a committed vmcore slice ---------------------------------------------
 
-def _task_word(session, seed: F.VmmemSeed, pid: int, member: str) -> F.ReadWord:
+def _task_word(session, seed: VmmemSeed, pid: int, member: str) -> ReadWord:
     """The recorded word of ``task_struct.member`` of task ``pid`` in the clean load of ``seed``."""
     k = session.dump.kernel
     task = next(t for t in session.dump.kernel_tasks() if t.pid == pid)
@@ -308,7 +314,7 @@ def test_vmmem_a_pid_past_pid_max_limit_is_no_task(fuzzer, vmseed, clean_kdump, 
     from unwind.session.replay import Session
 
     word = _task_word(clean_kdump, vmseed, 1, "pid")
-    data = F.apply_edits(vmseed.raw, [(word.offset, word.width, 44308592)])
+    data = apply_edits(vmseed.raw, [(word.offset, word.width, 44308592)])
     assert fuzzer.guarded("vmmem", "pid", lambda: fuzzer.check_vmcore(data, vmseed)).kind == "ok"
     (tmp_path / "v.elf").write_bytes(data)
     s = Session.load(tmp_path / "v.elf", vmlinux=vmseed.image_path)
@@ -322,7 +328,7 @@ def test_vmmem_a_task_stack_running_past_the_address_space_is_no_stack(fuzzer, v
     from unwind.session.replay import Session
 
     word = _task_word(clean_kdump, vmseed, 1, "stack")
-    data = F.apply_edits(vmseed.raw, [(word.offset, word.width, 2**64 - 0x1000)])
+    data = apply_edits(vmseed.raw, [(word.offset, word.width, 2**64 - 0x1000)])
     assert fuzzer.guarded("vmmem", "stack", lambda: fuzzer.check_vmcore(data, vmseed)).kind == "ok"
     (tmp_path / "v.elf").write_bytes(data)
     task = next(t for t in Session.load(tmp_path / "v.elf", vmlinux=vmseed.image_path).dump.tasks() if t.pid == 1)
@@ -341,7 +347,7 @@ def test_vmmem_a_module_region_larger_than_any_module_leaves_the_module_out(fuzz
     mod = clean.dump.modules[0]
     addr = mod.addr + k.btf.member("module", "mem[0].size").offset
     off, size, vaddr = next(b for b in seed.bulk if b[2] is not None and b[2] <= addr < b[2] + b[1])
-    data = F.apply_edits(seed.raw, [(off + addr - vaddr, 4, 2**31)])
+    data = apply_edits(seed.raw, [(off + addr - vaddr, 4, 2**31)])
     assert fuzzer.guarded("vmmem", "module", lambda: fuzzer.check_vmcore(data, seed), fuzzer.vmmem_cpu_limit).kind == "ok"
     (tmp_path / "v.elf").write_bytes(data)
     s = Session.load(tmp_path / "v.elf", vmlinux=seed.image_path)
@@ -386,7 +392,7 @@ def test_vmmem_a_crash_note_whose_pid_is_no_pid_gives_the_cpu_no_pid(fuzzer, vms
     note = (k.read_u64(k.symbol("crash_notes")) + k.per_cpu_offset[0]) % 2**64
     pid = note + 12 + 8 + 32  # Elf64_Nhdr, "CORE\0" padded, elf_prstatus.pr_pid
     off, size, vaddr = next(b for b in vmseed.bulk if b[2] is not None and b[2] <= pid < b[2] + b[1])
-    data = F.apply_edits(vmseed.raw, [(off + pid - vaddr, 4, 2**31 + 5)])
+    data = apply_edits(vmseed.raw, [(off + pid - vaddr, 4, 2**31 + 5)])
     assert fuzzer.guarded("vmmem", "crash note", lambda: fuzzer.check_vmcore(data, vmseed),
                           fuzzer.vmmem_cpu_limit).kind == "ok"
     (tmp_path / "v.elf").write_bytes(data)

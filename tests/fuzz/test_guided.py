@@ -1,4 +1,4 @@
-"""The coverage-guided engine (``unwind fuzz --engine atheris``, :mod:`unwind.dev.fuzz_guided`): its
+"""The coverage-guided engine (``unwind fuzz --engine atheris``, :mod:`unwind.dev.fuzz.guided`): its
 structure-aware steps, the checks on each input, and a short libFuzzer run when atheris is installed
 (the ``[fuzz]`` extra)."""
 
@@ -11,16 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from unwind.dev import fuzz as F
-from unwind.dev import fuzz_guided as G
+from unwind.dev.fuzz.cases import Fuzzer
+from unwind.dev.fuzz.guided import STEPS, Guided
+from unwind.dev.fuzz.seeds import load_seeds
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpora"
 
 
 @pytest.fixture(scope="module")
-def guided() -> G.Guided:
-    seeds = [s for s in F.load_seeds(CORPUS) if s.name.startswith("6.12.")]
-    return G.Guided(F.Fuzzer(seeds), _flip)
+def guided() -> Guided:
+    seeds = [s for s in load_seeds(CORPUS) if s.name.startswith("6.12.")]
+    return Guided(Fuzzer(seeds), _flip)
 
 
 def _flip(data: bytes, max_size: int) -> bytes:
@@ -47,7 +48,7 @@ def test_structure_aware_steps_make_dumps(guided):
     outs = [guided.mutate(data, 4 * len(data), k) for k in range(40)]
     assert all(isinstance(o, bytes) and len(o) <= 4 * len(data) for o in outs)
     assert sum(o != data for o in outs) >= 35
-    assert set(guided.steps) > {"bytes"} and sum(guided.steps[k] for k in G.STEPS) >= 20, guided.steps
+    assert set(guided.steps) > {"bytes"} and sum(guided.steps[k] for k in STEPS) >= 20, guided.steps
 
 
 def test_an_input_that_breaks_a_promise_is_kept(guided, tmp_path, monkeypatch):

@@ -9,7 +9,8 @@ import struct
 
 import pytest
 
-from unwind.dev import fuzz as F
+from unwind.dev.fuzz import checks
+from unwind.dev.fuzz.checks import MODES, _bad_value, instrument
 from unwind.core import registry
 from unwind.formats.dump import DumpError
 from unwind.kernel.model import KernelError
@@ -48,7 +49,7 @@ def _case(rng: random.Random) -> str:
         value = rng.choice((0, 2**64 - 1, rng.getrandbits(64), rng.choice(ptrs), start + off,
                             struct.unpack_from("<Q", segs[start], off)[0] ^ (1 << rng.randrange(64))))
         struct.pack_into("<Q", segs[start], off, value)
-    hostile = F.instrument(Memory([Segment(a, bytes(d)) for a, d in segs.items()]))
+    hostile = instrument(Memory([Segment(a, bytes(d)) for a, d in segs.items()]))
     regs = {"pc": 0xFFFF800080004444, "sp": running.stack + 0x3000, "x29": running.stack + 0x3010, "pstate": 5}
     try:
         d = VmcoreDump("hostile", registry.get("arm64"), hostile, [_prstatus(1, regs)], "OSRELEASE=6.12.0-synthetic\n")
@@ -59,11 +60,11 @@ def _case(rng: random.Random) -> str:
         assert "\n" not in str(e)
         return "rejected"
     for task in tasks:
-        for mode, (options, reliable) in F.MODES.items():
+        for mode, (options, reliable) in MODES.items():
             r = session.replay(task, options, reliable=reliable, symbolize=False)
-            limit = F.frame_limit(task.stacks, d.task_memory(task), 16)
+            limit = checks.frame_limit(task.stacks, d.task_memory(task), 16)
             assert len(r.frames) <= limit, (mode, task.describe())
-            assert F._bad_value(r.frames) is None
+            assert _bad_value(r.frames) is None
     return "ok"
 
 

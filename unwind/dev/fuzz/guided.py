@@ -1,11 +1,11 @@
-"""``unwind fuzz --engine atheris``: the same checks as :mod:`unwind.dev.fuzz`, coverage-guided.
+"""``unwind fuzz --engine atheris``: the same checks as a campaign's, coverage-guided.
 
 libFuzzer (through atheris, the ``[fuzz]`` extra) keeps every input that reaches new code of
 the project. An input is a whole dump file; the first inputs are the corpus seeds written out.
-Each new input is made from a kept one by one of the dump families of :mod:`unwind.dev.fuzz`
+Each new input is made from a kept one by one of the dump families of :mod:`unwind.dev.fuzz.mutators`
 (stack, regs, json, vmcoreinfo, elf) when the kept one still opens, else by libFuzzer's own byte
 mutations, so coverage steers a structure-aware search. Every input then goes through
-:meth:`unwind.dev.fuzz.Fuzzer.check` under the CPU bound (every task, every mode, batch and task
+:meth:`unwind.dev.fuzz.cases.Fuzzer.check` under the CPU bound (every task, every mode, batch and task
 replay, reads instrumented, frames bounded, values u64); an input that breaks a promise is
 written into ``--keep`` as a campaign's failing case is, and the search goes on.
 """
@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from unwind.formats.dump import Dump, DumpError
-from .fuzz import Fuzzer, Outcome, Seed, _one_line, cut_seed, mutate_elf, mutate_json, mutate_regs, \
-    mutate_stack, mutate_vmcoreinfo
+from .cases import Fuzzer
+from .checks import Outcome, one_line
+from .mutators import mutate_elf, mutate_json, mutate_regs, mutate_stack, mutate_vmcoreinfo
+from .seeds import Seed, cut_seed
 
 #: the dump families a structure-aware step picks from
 STEPS: dict[str, Callable[[random.Random, Seed], Any]] = {
@@ -86,7 +88,7 @@ class Guided:
         try:
             build_id = Dump(data, "input").build_id
         except DumpError as e:
-            return _one_line("guided", e)
+            return one_line("guided", e)
         return self.fuzzer.check(data, "input", self.images.get(build_id or ""), "guided")
 
     def one_input(self, data: bytes) -> None:
