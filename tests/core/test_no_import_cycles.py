@@ -20,7 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: the cycles still to be taken apart: each must still be one (remove it here once it is not)
 REMAINING = {
-    frozenset({"unwind.dev.fuzz", "unwind.dev.fuzz_guided"}),
     frozenset({"unwind.arch.arm64.stacktrace", "unwind.arch.arm64.complete"}),
 }
 
