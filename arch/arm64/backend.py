@@ -12,7 +12,8 @@ from unwind.core.walk import Stop, Unwinder
 
 from . import mm
 from .structs import PT_REGS_MEMBERS
-from .stacktrace import Arm64Unwinder, kernel_pac_mask, ptrauth_strip_kernel_insn_pac, user_mode, walk_generation
+from .ptrauth import kernel_pac_mask, ptrauth_strip_kernel_insn_pac
+from .stacktrace import Arm64Unwinder, user_mode, walk_generation
 
 if TYPE_CHECKING:
     from unwind.session.batch import Job, Walked
