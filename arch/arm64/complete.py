@@ -343,7 +343,7 @@ class Completer:
             return None
         notes: list[str] = []
         if pc == state.return_to_handler:
-            orig, _idx, at = ftrace_graph_ret_addr(state.fgraph, state.graph_idx, pc, fp, pc, True)
+            orig, _idx, at = ftrace_graph_ret_addr(state.fgraph, state.graph_idx, pc, fp, pc, state.fgraph_idx)
             if orig == pc:
                 return None
             notes.append(f"recovered: return_to_handler -> {orig:#x} from fgraph entry {at} (retp {fp:#x})")
