@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING, Any, Callable
 from unwind.core.frame import Flag, Frame, Source
 from unwind.core.registry import ArchBackend
 from unwind.core.target import Target
-from unwind.core.trace import TraceLine
+from unwind.core.trace import TraceLine, frame_line
 from unwind.core.walk import Stop, Unwinder
 
 from . import mm
 from .structs import PT_REGS_MEMBERS
-from .stacktrace import Arm64Unwinder, kernel_pac_mask, ptrauth_strip_kernel_insn_pac, user_mode, walk_generation
+from .ptrauth import kernel_pac_mask, ptrauth_strip_kernel_insn_pac
+from .stacktrace import Arm64Unwinder, user_mode, walk_generation
 
 if TYPE_CHECKING:
     from unwind.session.batch import Job, Walked
@@ -22,8 +23,8 @@ if TYPE_CHECKING:
 
 # state_source_string() (v6.13+)
 _SOURCE_LETTER = {Source.FRAME: "", Source.CALLER: "C", Source.TASK: "T", Source.REGS_PC: "P"}
-#: what complete mode prints after the frames it adds (never printed by a kernel)
-_COMPLETE_MARK = {Source.LIVE_LR: " [complete: live lr]", Source.EXCEPTION_FRAME: " [complete: vector]"}
+#: why complete mode added a frame, by the source of its pc (printed after it: no kernel prints it)
+_COMPLETE_WHY = {Source.LIVE_LR: "live lr", Source.EXCEPTION_FRAME: "vector"}
 #: oracles that are the kernel's own printout of the same state
 _KERNEL_ORACLES = ("sysrq-t", "sysrq-l", "ftrace-stacktrace", "dump_backtrace")
 
@@ -43,6 +44,11 @@ CATEGORIES = {
                           "code) or a PAC-signed return address it cannot strip",
     "oracle-continues": "the replay ended cleanly where the oracle goes on past the final record",
 }
+
+
+def _complete_why(f: Frame) -> str:
+    """Why complete mode added ``f`` (``""``: a bare mark)."""
+    return _COMPLETE_WHY.get(f.source, "")
 
 
 def _is_call_word(word: int) -> bool:
@@ -109,14 +115,12 @@ class Arm64Backend(ArchBackend):
         for f in frames:
             sym = f.symbol or self.symbolize(f, target)
             line = " " + sym
-            if f.flags & Flag.COMPLETE:
-                line += _COMPLETE_MARK.get(f.source, " [complete]")
-            elif markers:
+            if markers and not f.flags & Flag.COMPLETE:
                 info = _SOURCE_LETTER.get(f.source, "U")
                 info += ("F" if f.flags & Flag.FGRAPH else "") + ("K" if f.flags & Flag.KRETPROBE else "")
                 if info:
                     line += f" ({info})"
-            out.append(TraceLine.of_frame(line, f, f.pc, sym))
+            out.append(frame_line(f, sym, line, _complete_why))
         return out
 
     def translator(self, info: "VmcoreInfo", phys: "PhysReader",

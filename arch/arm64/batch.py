@@ -24,9 +24,11 @@ from unwind.core.frame import Flag, Source
 from unwind.core.target import Task
 from unwind.core.walk import StopReason
 
-from .stacktrace import (_BIT55, FRAME_META_TYPE_FINAL, FRAME_RECORD_META_SIZE, FRAME_RECORD_SIZE,
-                         Arm64Unwinder, _btf_meta_records, final_frame_detail, final_record_detail,
-                         genmask_ull, kernel_generation)
+from unwind.kernel.generation import kernel_generation
+
+from .ptrauth import BIT55, genmask_ull
+from .stacktrace import (FRAME_META_TYPE_FINAL, FRAME_RECORD_META_SIZE, FRAME_RECORD_SIZE, Arm64Unwinder,
+                         _btf_meta_records, final_frame_detail, final_record_detail)
 
 _U64 = np.uint64
 #: the frame sources a batch walk reports, by index
@@ -73,7 +75,7 @@ class DumpConstants(batch.DumpConstants):
 def ptrauth_strip_lanes(ptr: np.ndarray, mask: np.ndarray, keep_mask: np.ndarray) -> np.ndarray:
     """Bit 55 set: a kernel pointer, the mask ORed in; clear: a user pointer, ANDed with ``keep_mask``
     (``~mask``, or v6.1's ``~(mask & GENMASK(54, 0))``)."""
-    return np.where(ptr & _U64(_BIT55), ptr | mask, ptr & keep_mask)
+    return np.where(ptr & _U64(BIT55), ptr | mask, ptr & keep_mask)
 
 
 def batch_walk(jobs: list[Job]) -> Walked:

@@ -38,7 +38,10 @@ from unwind.core.frame import Flag, Frame, Provenance, Source
 from unwind.core.memory import MemoryFault
 from unwind.core.target import Target
 
-from .stacktrace import ftrace_graph_ret_addr, kretprobe_find_ret_addr, ptrauth_strip_kernel_insn_pac
+from unwind.kernel.fgraph import ftrace_graph_ret_addr
+from unwind.kernel.kretprobe import kretprobe_find_ret_addr
+
+from .ptrauth import ptrauth_strip_kernel_insn_pac
 
 if TYPE_CHECKING:
     from .stacktrace import KunwindState
@@ -340,7 +343,7 @@ class Completer:
             return None
         notes: list[str] = []
         if pc == state.return_to_handler:
-            orig, _idx, at = ftrace_graph_ret_addr(state.fgraph, state.graph_idx, pc, fp, pc)
+            orig, _idx, at = ftrace_graph_ret_addr(state.fgraph, state.graph_idx, pc, fp, pc, state.fgraph_idx)
             if orig == pc:
                 return None
             notes.append(f"recovered: return_to_handler -> {orig:#x} from fgraph entry {at} (retp {fp:#x})")

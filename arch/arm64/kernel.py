@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from unwind.kernel.percpu_stacks import percpu_stack_array, percpu_stack_ptr
+
 if TYPE_CHECKING:
     from unwind.kernel.model import KernelReader
 
@@ -33,19 +35,11 @@ def blocked_context(k: "KernelReader", task: int, tbytes: bytes) -> dict[str, in
 # on_irq_stack(), on_overflow_stack(), on_sdei_*_stack() (arch/arm64/include/asm/stacktrace.h, kernel/sdei.c)
 def percpu_stacks(k: "KernelReader", cpu: int) -> list[tuple[str, int, int]]:
     """(kind, low, high) of the IRQ, overflow and SDEI stacks of ``cpu``."""
-    out: list[tuple[str, int, int]] = []
-    irq = k.read_u64(k.percpu_addr("irq_stack_ptr", cpu))
-    if irq:
-        out.append(("irq", irq, irq + k.thread_size))  # IRQ_STACK_SIZE == THREAD_SIZE
-    if k.symbol("overflow_stack") is not None:
-        ovf = k.percpu_addr("overflow_stack", cpu)
-        out.append(("overflow", ovf, ovf + (k.var_size("overflow_stack") or OVERFLOW_STACK_SIZE)))
+    out = percpu_stack_ptr(k, "irq_stack_ptr", cpu, "irq")  # IRQ_STACK_SIZE == THREAD_SIZE
+    out += percpu_stack_array(k, "overflow_stack", cpu, "overflow", OVERFLOW_STACK_SIZE)
     for name, kind in (("sdei_stack_normal_ptr", "sdei_normal"), ("sdei_stack_critical_ptr", "sdei_critical")):
-        if k.symbol(name) is None:
-            continue
-        p = k.read_u64(k.percpu_addr(name, cpu))
-        if p:
-            out.append((kind, p, p + k.thread_size))  # SDEI_STACK_SIZE == IRQ_STACK_SIZE
+        if k.symbol(name) is not None:
+            out += percpu_stack_ptr(k, name, cpu, kind)  # SDEI_STACK_SIZE == IRQ_STACK_SIZE
     return out
 
 

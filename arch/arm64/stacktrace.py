@@ -30,13 +30,16 @@ from unwind.core.frame import FLAGS as _FLAGS
 from unwind.core.frame import Flag, Frame, Provenance, Source
 from unwind.core.memory import Memory, MemoryFault
 from unwind.core.stackinfo import Refusal, StackInfo, StackSet
-from unwind.core.target import FgraphEntry, KretprobeInstance, Target, kernel_version
-from unwind.formats.vmcore.vmcoreinfo import vmcoreinfo_number
+from unwind.core.target import FgraphEntry, KretprobeInstance, Target
 from unwind.core.walk import StopReason, Unwinder, UnwindStop
 
 from unwind.kernel.btf import BtfError
+from unwind.kernel.fgraph import fgraph_idx, ftrace_graph_ret_addr
+from unwind.kernel.generation import KernelGeneration, kernel_generation
+from unwind.kernel.kretprobe import kretprobe_find_ret_addr
 from unwind.kernel.layout import StructLayout, image_btf, resolve_layout
 
+from .ptrauth import kernel_pac_mask, ptrauth_clear_pac, ptrauth_strip_kernel_insn_pac
 from .structs import (FRAME_META_TYPE_FINAL, FRAME_META_TYPE_PT_REGS, FRAME_RECORD_META_SIZE,
                       FRAME_RECORD_SIZE, META_RECORDS_SINCE, PSR_MODE32_BIT, PSR_MODE_EL0T, PSR_MODE_MASK,
                       PT_REGS_MEMBERS, PtRegsLayout, pt_regs_table)
@@ -44,9 +47,7 @@ from .structs import (FRAME_META_TYPE_FINAL, FRAME_META_TYPE_PT_REGS, FRAME_RECO
 if TYPE_CHECKING:
     from .complete import Completer
 
-_U64 = (1 << 64) - 1
 _RECORD = struct.Struct("<QQ")  # struct frame_record {fp, lr} (structs.frame_record), decoded in one call
-_BIT55 = 1 << 55
 # Enum members looked up once: a class attribute lookup costs more than a frame's arithmetic.
 _NO_FLAGS = Flag.NONE
 _PAC_STRIPPED = Flag.PAC_STRIPPED
@@ -62,9 +63,6 @@ FIRST_PC_RECOVERED_SINCE = (6, 4)
 #: the first kernel whose walk is kunwind_stack_walk(): a failed kretprobe recovery is an error (the
 #: kunwind series, "factor out kunwind_stack_walk()", in the arm64 pull for v6.8)
 KUNWIND_SINCE = (6, 8)
-#: the first kernel whose ftrace_graph_ret_addr() searches down from ``*idx`` and skips tail-call
-#: entries ("function_graph: Convert ret_stack to a series of longs", v6.11); 6.1 scans up from the bottom
-FGRAPH_IDX_SINCE = (6, 11)
 #: how far below the top of a task stack the FINAL record is looked for: 24 (v6.18+) and 40 (v6.13)
 #: bytes in the trees read; members added after ``stackframe`` would have to grow it by 0x50 to escape
 _FINAL_SEARCH = 0x80
@@ -75,32 +73,14 @@ _FINAL_SEARCH = 0x80
 # What the walk needs to know about the kernel that was running
 # ---------------------------------------------------------------------------
 
-def kernel_generation(target: Target) -> tuple[tuple[int, int] | None, str]:
-    """``(major, minor)`` the walk follows and where it came from.
-
-    ``target.options.generation`` (``--generation``) wins over the dump's
-    kernel release; ``None`` when neither parses.
-    """
-    for value, origin in ((target.options.generation, "--generation"), (target.release, "kernel release")):
-        version = kernel_version(value)
-        if version is not None:
-            return version, f"{origin} {value}"
-    return None, "no kernel release"
-
-
-@dataclass(frozen=True, slots=True)
-class Generation:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Generation(KernelGeneration):
     """Which of the kernel's arm64 walks to follow, and why."""
 
-    #: the kernel version followed, when one is known
-    version: tuple[int, int] | None
     #: v6.13+: frame_record_meta, kunwind_source and the printed markers
     meta_records: bool
     #: v6.8+: kunwind_stack_walk() (a kretprobe miss is an error)
     kunwind: bool
-    #: v6.11+: ftrace_graph_ret_addr() walks down from ``*idx``; before, it scans up from the bottom
-    fgraph_idx: bool
-    why: str
     #: v6.4+: the first pc is recovered and PACs are stripped with ptrauth_strip_kernel_insn_pac()
     first_pc_recovered: bool = True
 
@@ -153,11 +133,12 @@ def _btf_meta_records(target: Target) -> tuple[bool | None, str]:
 
 def _generation(version: tuple[int, int] | None, meta: bool, why: str) -> Generation:
     if version is None:
-        kunwind, fgraph_idx, first_pc = True, True, True
+        kunwind, first_pc = True, True
     else:
-        kunwind, fgraph_idx = version >= KUNWIND_SINCE or meta, version >= FGRAPH_IDX_SINCE or meta
+        kunwind = version >= KUNWIND_SINCE or meta
         first_pc = version >= FIRST_PC_RECOVERED_SINCE or kunwind
-    return Generation(version, meta, kunwind, fgraph_idx, why, first_pc)
+    return Generation(version=version, meta_records=meta, kunwind=kunwind, fgraph_idx=fgraph_idx(version) or meta,
+                      why=why, first_pc_recovered=first_pc)
 
 
 def dump_generation(target: Target) -> Generation | None:
@@ -206,53 +187,6 @@ def pt_regs_layout(target: Target, gen: Generation) -> PtRegsLayout:
     table = pt_regs_table(gen.version, gen.meta_records)
     derive = (lambda: _derived_pt_regs(target, table)) if gen.meta_records else None
     return PtRegsLayout.of(resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, table, derive))
-
-
-def _vmcoreinfo_number(vmcoreinfo: dict[str, str], name: str) -> int | None:
-    return vmcoreinfo_number(vmcoreinfo, f"NUMBER({name})")
-
-
-def genmask_ull(high: int, low: int) -> int:
-    """``GENMASK_ULL(high, low)``."""
-    return ((1 << (high + 1)) - 1) & ~((1 << low) - 1) & _U64
-
-
-# vmcoreinfo_append_str("NUMBER(KERNELPACMASK)...") in arch/arm64/kernel/vmcore_info.c
-def kernel_pac_mask(vmcoreinfo: dict[str, str]) -> tuple[int, str]:
-    """``ptrauth_kernel_pac_mask()`` of the dumped kernel, and where it came from.
-
-    ``NUMBER(KERNELPACMASK)`` first (0 means the system has no address
-    authentication: stripping is then the identity, as ``xpaclri`` is a NOP);
-    else ``GENMASK_ULL(63, vabits_actual)`` with ``vabits_actual = 64 -
-    NUMBER(TCR_EL1_T1SZ)``, else with ``NUMBER(VA_BITS)``; else no stripping.
-    """
-    mask = _vmcoreinfo_number(vmcoreinfo, "KERNELPACMASK")
-    if mask is not None:
-        return mask & _U64, f"NUMBER(KERNELPACMASK)={mask:#x}"
-    t1sz = _vmcoreinfo_number(vmcoreinfo, "TCR_EL1_T1SZ")
-    if t1sz is not None and 0 < t1sz < 64:
-        return genmask_ull(63, 64 - t1sz), f"GENMASK(63, 64 - NUMBER(TCR_EL1_T1SZ)={t1sz})"
-    va_bits = _vmcoreinfo_number(vmcoreinfo, "VA_BITS")
-    if va_bits is not None and 0 < va_bits < 64:
-        return genmask_ull(63, va_bits), f"GENMASK(63, NUMBER(VA_BITS)={va_bits})"
-    return 0, "no PAC mask in VMCOREINFO: return addresses are used as read"
-
-
-# ptrauth_clear_pac() (v6.1 asm/compiler.h), behind v6.1's ptrauth_strip_insn_pac()
-#: GENMASK_ULL(54, 0): the bits below 55 (ptrauth_clear_pac()'s user mask is the PAC mask within them)
-_GENMASK_54_0 = genmask_ull(54, 0)
-
-
-def ptrauth_clear_pac(ptr: int, mask: int) -> int:
-    """v6.1: bit 55 set ORs the kernel mask in; clear, it clears the user mask ``GENMASK(54, vabits)``."""
-    return (ptr | mask) if ptr & _BIT55 else (ptr & ~(mask & _GENMASK_54_0))
-
-
-# ptrauth_strip_kernel_insn_pac() (asm/compiler.h: xpaclri), offline form
-def ptrauth_strip_kernel_insn_pac(ptr: int, mask: int) -> int:
-    """Strip a PAC with the bit-55 rule: bit 55 set gives a kernel pointer (high bits
-    set), clear gives a user pointer (high bits cleared). An unsigned address is unchanged."""
-    return (ptr | mask) if ptr & _BIT55 else (ptr & ~mask)
 
 
 # user_mode() in asm/ptrace.h (plus compat_user_mode())
@@ -352,7 +286,7 @@ class KunwindState:
         self.fp = 0
         self.pc = 0
         self.graph_idx = 0
-        self.kr_cur: int | None = None
+        self.kr_cur = -1  # NULL: the list's head
         self.source = Source.UNKNOWN
         self.flags = Flag.NONE
         self.regs: int | None = None
@@ -425,86 +359,23 @@ def kunwind_init_from_task(state: KunwindState, context: dict[str, int]) -> None
 # Return-address recovery
 # ---------------------------------------------------------------------------
 
-# ftrace_graph_ret_addr() in kernel/trace/fgraph.c
-def ftrace_graph_ret_addr(entries: Sequence[FgraphEntry], idx: int, ret: int, retp: int,
-                          return_handler: int) -> tuple[int, int, int | None]:
-    """The original return address for ``ret`` keyed by ``retp``: ``(addr, idx, entry)``.
-
-    ``entries`` are bottom to top; ``idx`` is ``state->graph_idx`` (0 = start
-    at the top). The search walks down from ``idx`` and skips tail-call entries
-    whose ``ret`` is ``return_to_handler`` itself. On a miss ``ret`` comes back
-    unchanged, as in the kernel.
-    """
-    if ret != return_handler:
-        return ret, idx, None
-    i = idx or len(entries)
-    while i > 0:
-        i -= 1  # get_ret_stack(task, i, &i): the entry below offset i
-        rs = entries[i]
-        if rs.retp == retp and rs.ret != return_handler:
-            return rs.ret, i, i
-    return ret, idx, None
-
-
-# ftrace_graph_ret_addr() in v6.1 kernel/trace/fgraph.c (HAVE_FUNCTION_GRAPH_RET_ADDR_PTR)
-def ftrace_graph_ret_addr_v6_1(entries: Sequence[FgraphEntry], ret: int, retp: int,
-                               return_handler: int) -> tuple[int, int | None]:
-    """v6.1 (``idx`` unused): the first entry from the bottom whose ``retp`` matches: ``(addr, entry)``."""
-    if ret != return_handler:
-        return ret, None
-    for i, rs in enumerate(entries):
-        if rs.retp == retp:
-            return rs.ret, i
-    return ret, None
-
-
-# __kretprobe_find_ret_addr() in kernel/kprobes.c
-def __kretprobe_find_ret_addr(instances: Sequence[KretprobeInstance], cur: int | None,
-                              trampoline: int) -> tuple[int, int | None]:
-    """The next instance after ``cur`` whose ``ret_addr`` is not the trampoline: ``(ret, cur)``."""
-    node = 0 if cur is None else cur + 1
-    while node < len(instances):
-        if instances[node].ret != trampoline:
-            return instances[node].ret, node
-        node += 1
-    return 0, cur
-
-
-# kretprobe_find_ret_addr() in kernel/kprobes.c
-def kretprobe_find_ret_addr(instances: Sequence[KretprobeInstance], fp: int, cur: int | None,
-                            trampoline: int) -> tuple[int, int | None]:
-    """The original return address of the instance whose ``fp`` matches: ``(ret or 0, cur)``.
-
-    ``instances`` are newest first, as ``task->kretprobe_instances`` links them.
-    """
-    while True:
-        ret, cur = __kretprobe_find_ret_addr(instances, cur, trampoline)
-        if not ret:
-            return 0, cur
-        if instances[cur].fp == fp:  # type: ignore[index]
-            return ret, cur
-
-
 # kunwind_recover_return_address()
 def kunwind_recover_return_address(state: KunwindState) -> None:
     """Resolve ``return_to_handler`` (fgraph) and ``__kretprobe_trampoline`` (kretprobes)."""
     pc = state.pc
     if pc == state.return_to_handler:
-        if state.fgraph_idx:
-            orig, idx, at = ftrace_graph_ret_addr(state.fgraph, state.graph_idx, pc, state.fp, pc)
-        else:
-            (orig, at), idx = ftrace_graph_ret_addr_v6_1(state.fgraph, pc, state.fp, pc), 0
+        orig, state.graph_idx, at = ftrace_graph_ret_addr(state.fgraph, state.graph_idx, pc, state.fp, pc,
+                                                          state.fgraph_idx)
         if orig == pc:
             raise UnwindStop(StopReason.RECOVERY_FAILED,
                              f"return_to_handler at fp {state.fp:#x}: no function-graph return-stack entry "
                              f"with retp {state.fp:#x} (of {len(state.fgraph)} captured)")
-        state.graph_idx = idx
         state.pc = pc = orig
         state.flags |= Flag.FGRAPH
         state.note(f"recovered: return_to_handler -> {orig:#x} from fgraph ret_stack entry {at} "
                    f"(retp {state.fp:#x})")
     if pc == state.kretprobe_trampoline:
-        orig, cur = kretprobe_find_ret_addr(state.kretprobes, state.fp, state.kr_cur, pc)
+        orig, state.kr_cur = kretprobe_find_ret_addr(state.kretprobes, state.fp, state.kr_cur, pc)
         if not orig and not state.kunwind:  # v6.1-v6.7: the pc becomes 0 and the walk goes on
             state.pc = 0
             state.note(f"__kretprobe_trampoline at fp {state.fp:#x}: no kretprobe instance; v6.1 goes on with pc 0")
@@ -513,10 +384,9 @@ def kunwind_recover_return_address(state: KunwindState) -> None:
             raise UnwindStop(StopReason.RECOVERY_FAILED,
                              f"__kretprobe_trampoline at fp {state.fp:#x}: no kretprobe instance with fp "
                              f"{state.fp:#x} (of {len(state.kretprobes)} captured)")
-        state.kr_cur = cur
         state.pc = orig
         state.flags |= Flag.KRETPROBE
-        state.note(f"recovered: __kretprobe_trampoline -> {orig:#x} from kretprobe instance {cur} "
+        state.note(f"recovered: __kretprobe_trampoline -> {orig:#x} from kretprobe instance {state.kr_cur} "
                    f"(fp {state.fp:#x})")
 
 

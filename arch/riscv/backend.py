@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from unwind.core.frame import Flag, Frame, Source
 from unwind.core.registry import ArchBackend
 from unwind.core.target import Target
-from unwind.core.trace import TraceLine
+from unwind.core.trace import TraceLine, frame_line
 from unwind.core.walk import Stop, Unwinder
 
 from . import mm, structs
@@ -148,10 +148,7 @@ class RiscvBackend(ArchBackend):
                 out.append(TraceLine.marker("--- call_on_irq_stack: IRQ stack -> task stack [complete] ---",
                                             "irq", "switch"))
             sym = f.symbol or self.symbolize(f, target)
-            line = f"[<{f.pc:016x}>] {sym}"
-            if f.flags & Flag.COMPLETE:
-                line += f" [complete: {self._complete_why(f)}]"
-            out.append(TraceLine.of_frame(line, f, f.pc, sym))
+            out.append(frame_line(f, sym, f"[<{f.pc:016x}>] {sym}", self._complete_why))
         return out
 
     def translator(self, info: "VmcoreInfo", phys: "PhysReader",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from unwind.kernel.percpu_stacks import percpu_stack_array, percpu_stack_ptr
+
 if TYPE_CHECKING:
     from unwind.kernel.model import KernelReader
 
@@ -33,13 +35,8 @@ def percpu_stacks(k: "KernelReader", cpu: int) -> list[tuple[str, int, int]]:
     """(kind, low, high) of the IRQ and overflow stacks of ``cpu``."""
     out: list[tuple[str, int, int]] = []
     if k.symbol("irq_stack_ptr") is not None:
-        irq = k.read_u64(k.percpu_addr("irq_stack_ptr", cpu))
-        if irq:
-            out.append(("irq", irq, irq + k.thread_size))  # IRQ_STACK_SIZE == THREAD_SIZE
-    if k.symbol("overflow_stack") is not None:
-        ovf = k.percpu_addr("overflow_stack", cpu)
-        out.append(("overflow", ovf, ovf + (k.var_size("overflow_stack") or OVERFLOW_STACK_SIZE)))
-    return out
+        out = percpu_stack_ptr(k, "irq_stack_ptr", cpu, "irq")  # IRQ_STACK_SIZE == THREAD_SIZE
+    return out + percpu_stack_array(k, "overflow_stack", cpu, "overflow", OVERFLOW_STACK_SIZE)
 
 
 def cpu_mode(regs: dict[str, int]) -> str:

@@ -32,18 +32,21 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from unwind.core.frame import Flag, Frame, Provenance, Source
 from unwind.core.memory import Memory, MemoryFault
 from unwind.core.stackinfo import StackInfo, StackSet
-from unwind.core.target import FgraphEntry, KretprobeInstance, Target, kernel_version
+from unwind.core.target import Target
 from unwind.formats.vmcore.vmcoreinfo import vmcoreinfo_number
 from unwind.core.walk import StopReason, Unwinder, UnwindStop
 
-from .liveness import LiveRaProver, Proof
+from unwind.kernel.fgraph import fgraph_idx, ftrace_graph_ret_addr
+from unwind.kernel.generation import KernelGeneration, kernel_generation
+from unwind.kernel.kretprobe import rethook_find_ret_addr
 from unwind.kernel.layout import StructLayout, resolve_layout
 
+from .liveness import LiveRaProver, Proof
 from .structs import (PT_REGS_MEMBERS, PT_REGS_TABLE, SR_SPP, STACK_ALIGN, STACKFRAME_FP, STACKFRAME_RA,
                       STACKFRAME_SIZE)
 
@@ -55,24 +58,17 @@ DEFAULT_VA_BITS = 57
 
 _STACKFRAME = struct.Struct("<QQ")  # struct stackframe {fp, ra}, read in one go
 _U64 = struct.Struct("<Q").unpack_from  # one word of a record, read from its segment
-#: the first kernel whose ftrace_graph_ret_addr() searches down from ``*idx`` (fgraph.c, v6.11);
-#: 6.1 scans up from the bottom and ignores ``idx``
-FGRAPH_IDX_SINCE = (6, 11)
 #: walk_stackframe() passes the walked task, not current, to ftrace_graph_ret_addr(): 6.12 passes
 #: current, 7.2 the task (the release in between that changed it is not pinned down here)
 FGRAPH_OF_TASK_SINCE = (7, 0)
 
 
-@dataclass(frozen=True, slots=True)
-class Generation:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Generation(KernelGeneration):
     """What of the kernel's walk changes between the trees read (6.1, 6.12, 7.2), and why."""
 
-    version: tuple[int, int] | None
     #: ftrace_graph_ret_addr(task, ...) (7.x) rather than (current, ...)
     fgraph_of_task: bool
-    #: v6.11+ fgraph search (down from *idx, tail-call entries skipped)
-    fgraph_idx: bool
-    why: str
 
     @property
     def name(self) -> str:
@@ -84,11 +80,13 @@ class Generation:
 
 def walk_generation(target: Target) -> Generation:
     """``--generation`` first, then the kernel release; with neither, the newest walk."""
-    for value, origin in ((target.options.generation, "--generation"), (target.release, "kernel release")):
-        v = kernel_version(value)
-        if v is not None:
-            return Generation(v, v >= FGRAPH_OF_TASK_SINCE, v >= FGRAPH_IDX_SINCE, f"{origin} {value}")
-    return Generation(None, True, True, "no kernel release: the newest walk (7.x)")
+    v, why = kernel_generation(target)
+    if v is None:
+        return Generation(version=None, fgraph_of_task=True, fgraph_idx=True,
+                          why="no kernel release: the newest walk (7.x)")
+    return Generation(version=v, fgraph_of_task=v >= FGRAPH_OF_TASK_SINCE, fgraph_idx=fgraph_idx(v), why=why)
+
+
 _BOUNDARY = Flag.BOUNDARY
 _COMPLETE = Flag.COMPLETE
 _NONE = Flag.NONE
@@ -325,40 +323,6 @@ def kernel_text_address(addr: int, text: tuple[tuple[int, int], ...]) -> bool:
     return False
 
 
-# kernel/trace/fgraph.c:891-925 ftrace_graph_ret_addr()
-def ftrace_graph_ret_addr(stack: Sequence[FgraphEntry], idx: int, ret: int, retp: int,
-                          return_handler: int) -> tuple[int, int]:
-    """Return ``(ret, idx)``: the original return address when ``ret`` is ``return_to_handler``.
-
-    ``stack`` holds the ret_stack entries bottom to top; ``idx`` is the kernel's
-    ``*idx``: 0 starts at the top, otherwise the search resumes below the entry
-    found last (the bottom entry sits at offset 0, so finding it restarts at
-    the top, as in the kernel). Only an entry whose ``retp`` is ``&frame->ra``
-    matches.
-    """
-    if ret != return_handler:
-        return ret, idx
-    i = idx or len(stack)
-    while i > 0:
-        i -= 1
-        e = stack[i]
-        if e.retp == retp and e.ret != return_handler:
-            return e.ret, i
-    return ret, idx
-
-
-# v6.1 kernel/trace/fgraph.c ftrace_graph_ret_addr() (HAVE_FUNCTION_GRAPH_RET_ADDR_PTR)
-def ftrace_graph_ret_addr_v6_1(stack: Sequence[FgraphEntry], idx: int, ret: int, retp: int,
-                               return_handler: int) -> tuple[int, int]:
-    """v6.1: the first entry from the bottom whose ``retp`` matches (``idx`` is not used)."""
-    if ret != return_handler:
-        return ret, idx
-    for i, e in enumerate(stack):
-        if e.retp == retp:
-            return e.ret, i
-    return ret, idx
-
-
 class RiscvUnwinder(Unwinder):
     """One ``walk_stackframe()`` of a task: from its CPU's registers or its saved context."""
 
@@ -388,7 +352,8 @@ class RiscvUnwinder(Unwinder):
     beyond = _NONE
     #: complete mode, a CPU in firmware: the ra the walk started from (its record may repeat it)
     firmware_ra: int | None = None
-    kr_cursor = 0
+    #: complete mode: rethook_find_ret_addr()'s ``*cur`` (-1: NULL, the list's head)
+    kr_cur = -1
     #: ``(low, high, kind)`` of the stack the last label came from
     _kind_cache: tuple[int, int, str | None] = (0, 0, None)
     #: ``(start, end, data)`` of the captured segment the last record came from
@@ -791,13 +756,12 @@ class RiscvUnwinder(Unwinder):
         handler = self.k.return_to_handler
         kernel_pc = ra
         if retp is not None:
-            search = ftrace_graph_ret_addr if self.k.generation.fgraph_idx else ftrace_graph_ret_addr_v6_1
-            kernel_pc, idx = search(self.fgraph_kernel, self.graph_idx, ra, retp, handler)
+            kernel_pc, self.graph_idx, at = ftrace_graph_ret_addr(self.fgraph_kernel, self.graph_idx, ra, retp,
+                                                                  handler, self.k.generation.fgraph_idx)
             if kernel_pc != handler:
-                self.graph_idx = idx
                 if prov is not None:
                     prov.note(f"ftrace_graph_ret_addr: return_to_handler -> {kernel_pc:#x} "
-                              f"(ret_stack entry {idx}, retp {retp:#x} = &frame->ra)")
+                              f"(ret_stack entry {at}, retp {retp:#x} = &frame->ra)")
             elif prov is not None and not self.complete:
                 why = ("no ret_stack entry has retp == &frame->ra" if self.fgraph_kernel else
                        f"{self.generation.name} searches current's ret_stack, not this blocked task's")
@@ -871,17 +835,15 @@ class RiscvUnwinder(Unwinder):
                       + ("" if self.generation.fgraph_of_task else ", and the kernel searches only current's ret_stack"))
         return entry.ret, Flag.FGRAPH | _COMPLETE
 
-    # complete mode: kernel/trace/rethook.c:229 rethook_find_ret_addr(task, frame, &cur)
+    # complete mode: rethook_find_ret_addr(task, frame, &cur) in kernel/trace/rethook.c
     def _recover_kretprobe(self, ra: int, frame_fp: int, prov: Provenance | None) -> tuple[int, Flag]:
         """The rethook/kretprobe instance whose frame is ``frame_fp``: ``(pc, flags gained)``."""
-        insts: list[KretprobeInstance] = self.t.task.kretprobes
-        for j in range(self.kr_cursor, len(insts)):
-            if insts[j].fp == frame_fp:
-                self.kr_cursor = j + 1
-                if prov is not None:
-                    prov.note(f"complete: rethook trampoline -> {insts[j].ret:#x} from the instance with "
-                              f"frame {frame_fp:#x} (the riscv walk prints the trampoline)")
-                return insts[j].ret, Flag.KRETPROBE | _COMPLETE
+        ret, self.kr_cur = rethook_find_ret_addr(self.t.task.kretprobes, frame_fp, self.kr_cur, ra)
+        if ret:
+            if prov is not None:
+                prov.note(f"complete: rethook trampoline -> {ret:#x} from the instance with "
+                          f"frame {frame_fp:#x} (the riscv walk prints the trampoline)")
+            return ret, Flag.KRETPROBE | _COMPLETE
         if prov is not None:
             prov.note(f"rethook trampoline: no instance with frame {frame_fp:#x}")
         return ra, _NONE

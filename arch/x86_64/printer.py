@@ -22,7 +22,7 @@ from unwind.core.frame import Flag, Frame, Source
 from unwind.core.memory import MemoryFault
 from unwind.kernel.symbols import SymbolTable
 from unwind.core.target import Target
-from unwind.core.trace import LineKind, TraceLine
+from unwind.core.trace import LineKind, TraceLine, frame_line
 
 from .dumpstack import StackFinder
 from .unwind_orc import MODULES_RANGE
@@ -42,6 +42,11 @@ _LABEL = {"ax": "RAX", "bx": "RBX", "cx": "RCX", "dx": "RDX", "si": "RSI", "di":
           "r15": "R15"}
 
 Lines = list[TraceLine]
+
+
+def _complete_why(f: Frame) -> str:
+    """Why complete mode added ``f``: what its walk says, else ``complete mode``."""
+    return str((f.extra or {}).get("complete", "complete mode"))
 
 
 def backtrace_symbol(symbols: SymbolTable | None, addr: int) -> str:
@@ -224,8 +229,7 @@ class TracePrinter:
                 self.out.append(TraceLine.of_frame(f" {self._q(f)}{sym}", f, f.pc, sym))
             elif f.flags & Flag.COMPLETE:  # complete mode's frame: never printed by a kernel, so marked
                 sym = backtrace_symbol(self.symbols, f.pc)
-                why = (f.extra or {}).get("complete", "complete mode")
-                self.out.append(TraceLine.of_frame(f" {sym} [complete: {why}]", f, f.pc, sym))
+                self.out.append(frame_line(f, sym, f" {sym}", _complete_why))
             else:  # a rethook-hijacked slot prints the trampoline: the printer does not recover rethook
                 sym = backtrace_symbol(self.symbols, word)
                 self.out.append(TraceLine.of_frame(f" {self._q(f)}{sym}", f, word, sym))

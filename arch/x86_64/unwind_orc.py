@@ -22,10 +22,13 @@ from typing import Callable, Mapping, Sequence
 
 from unwind.core.frame import FLAGS as _FLAGS
 from unwind.core.frame import Flag, Frame, Provenance, Source
-from unwind.kernel.layout import StructLayout, resolve_layout
 from unwind.core.memory import Memory, MemoryFault
 from unwind.core.target import Target
 from unwind.core.walk import StopReason, Unwinder, UnwindStop
+from unwind.kernel.fgraph import fgraph_idx, ftrace_graph_ret_addr
+from unwind.kernel.generation import kernel_generation
+from unwind.kernel.kretprobe import rethook_find_ret_addr
+from unwind.kernel.layout import StructLayout, resolve_layout
 
 from .complete import UndefinedOrc, proven_caller
 from .dumpstack import UNKNOWN, StackFinder, StackInfo
@@ -253,7 +256,7 @@ class DumpConstants:
     dump's task stacks): from the first walk's view of the dump, as if resolved with the rest."""
 
     __slots__ = ("_pt", "_view", "_table", "itf", "itf_bp", "itf_ret_addr", "return_to_handler",
-                 "rethook_trampoline", "ret_from_fork_asm")
+                 "rethook_trampoline", "ret_from_fork_asm", "fgraph_idx")
 
     def __init__(self, target: Target, table: OrcTable) -> None:
         # struct pt_regs: BTF, the dump's offsets, derived, the table; read through a copy of the target
@@ -269,6 +272,8 @@ class DumpConstants:
         self.return_to_handler = sym("return_to_handler")
         self.rethook_trampoline = sym("arch_rethook_trampoline")
         self.ret_from_fork_asm = sym("ret_from_fork_asm")
+        #: ftrace_graph_ret_addr() of the dumped kernel walks its shadow stack down from *idx (v6.11+)
+        self.fgraph_idx = fgraph_idx(kernel_generation(target)[0])
 
     def _pt_regs(self) -> tuple[StructLayout, dict[str, int], int, int, int]:
         """``struct pt_regs``, its offsets, size, IRET frame offset and size: resolved on the first call."""
@@ -788,49 +793,36 @@ class OrcUnwinder(Unwinder):
     def unwind_recover_ret_addr(self, ip: int, ip_p: int, prov: Provenance | None) -> int:
         """A return address through the fgraph return stack and rethook instances."""
         if ip == self.return_to_handler and self.return_to_handler is not None:
-            ip = self.ftrace_graph_ret_addr(ip, ip_p, prov)
+            ip = self.recover_fgraph(ip, ip_p, prov)
         return self.unwind_recover_rethook(ip, ip_p, prov)
 
-    # ftrace_graph_ret_addr() (kernel/trace/fgraph.c:891-925)
-    def ftrace_graph_ret_addr(self, ret: int, retp: int, prov: Provenance | None) -> int:
-        """The original return address of a ``return_to_handler`` hijack, keyed by ``retp``."""
-        stack = self.task.fgraph
-        i = self.graph_idx or len(stack)
-        while i > 0:
-            i -= 1
-            e = stack[i]
-            if e.retp == retp and e.ret != ret:
-                self.graph_idx = i
-                self.recovered |= _FGRAPH
-                if prov is not None:
-                    prov.note(f"return_to_handler at {retp:#x}: fgraph entry {i} gives {e.ret:#x}")
-                return e.ret
-        if prov is not None:
+    # unwind_recover_ret_addr()'s ftrace_graph_ret_addr(state->task, &state->graph_idx, addr, addr_p)
+    def recover_fgraph(self, ret: int, retp: int, prov: Provenance | None) -> int:
+        """The original return address of a ``return_to_handler`` hijack, keyed by the stack slot ``retp``."""
+        ret, self.graph_idx, at = ftrace_graph_ret_addr(self.task.fgraph, self.graph_idx, ret, retp, ret,
+                                                        self.c.consts.fgraph_idx)
+        if at >= 0:
+            self.recovered |= _FGRAPH
+            if prov is not None:
+                prov.note(f"return_to_handler at {retp:#x}: fgraph entry {at} gives {ret:#x}")
+        elif prov is not None:
             prov.note(f"return_to_handler at {retp:#x}: no fgraph entry for it (left as is)")
         return ret
 
-    # unwind_recover_rethook() (asm/unwind.h:106-116), rethook_find_ret_addr() (kernel/trace/rethook.c:205-264)
+    # unwind_recover_rethook() (asm/unwind.h:106-116): rethook_find_ret_addr(state->task, addr_p, &state->kr_cur)
     def unwind_recover_rethook(self, ip: int, ip_p: int, prov: Provenance | None) -> int:
         """The original return address of an ``arch_rethook_trampoline`` hijack, keyed by ``frame``."""
         tramp = self.rethook_trampoline
         if ip != tramp or tramp is None:
             return ip
-        nodes = self.task.kretprobes
-        i = self.kr_cur
-        while True:
-            i += 1
-            while i < len(nodes) and nodes[i].ret == tramp:
-                i += 1
-            if i >= len(nodes):
-                raise UnwindStop(StopReason.RECOVERY_FAILED,
-                                 f"arch_rethook_trampoline at {ip_p:#x}: no rethook instance for that frame")
-            self.kr_cur = i
-            if nodes[i].fp == ip_p:
-                break
+        ret, self.kr_cur = rethook_find_ret_addr(self.task.kretprobes, ip_p, self.kr_cur, tramp)
+        if not ret:
+            raise UnwindStop(StopReason.RECOVERY_FAILED,
+                             f"arch_rethook_trampoline at {ip_p:#x}: no rethook instance for that frame")
         self.recovered |= _KRETPROBE
         if prov is not None:
-            prov.note(f"arch_rethook_trampoline at {ip_p:#x}: rethook instance {i} gives {nodes[i].ret:#x}")
-        return nodes[i].ret
+            prov.note(f"arch_rethook_trampoline at {ip_p:#x}: rethook instance {self.kr_cur} gives {ret:#x}")
+        return ret
 
     # unwind_get_return_address() (unwind_orc.c:364-370): not kernel text -> arch_stack_walk() stops
     def check_text(self, ip: int) -> None:

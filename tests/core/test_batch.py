@@ -156,7 +156,7 @@ def test_vmcore_slices_replay_the_same(xz: Path, tmp_path) -> None:
 
 def test_lane_pac_strip_is_the_scalar_helpers() -> None:
     from unwind.arch.arm64.batch import ptrauth_strip_lanes
-    from unwind.arch.arm64.stacktrace import genmask_ull, ptrauth_clear_pac, ptrauth_strip_kernel_insn_pac
+    from unwind.arch.arm64.ptrauth import genmask_ull, ptrauth_clear_pac, ptrauth_strip_kernel_insn_pac
 
     rng = random.Random(1)
     ptrs = [rng.getrandbits(64) for _ in range(500)] + [0xffff800080010a80, 0x5fe6800008ce03b0, 0, (1 << 64) - 1]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Callable
 
-from .frame import Frame
+from .frame import Flag, Frame
 
 
 class LineKind(str, Enum):
@@ -73,6 +73,16 @@ class TraceLine:
         for k, v in self.data.items():
             out[k] = _hexed(v)
         return out
+
+
+def frame_line(frame: Frame, symbol: str, text: str, complete_why: Callable[[Frame], str]) -> TraceLine:
+    """The line ``text`` printing ``frame`` (``symbol`` is the symbol it shows); on a frame only complete
+    mode adds, `` [complete: why]`` follows, ``why`` from the arch's ``complete_why(frame)`` (an empty one
+    leaves `` [complete]``)."""
+    if frame.flags & Flag.COMPLETE:
+        why = complete_why(frame)
+        text += f" [complete: {why}]" if why else " [complete]"
+    return TraceLine(text, LineKind.FRAME, frame, {"pc": frame.pc, "symbol": symbol})
 
 
 def _hexed(v: Any) -> Any:

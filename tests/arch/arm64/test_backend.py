@@ -8,12 +8,10 @@ import pytest
 
 from unwind import Options, StopReason, bpf_stack_walk, stack_walk, stack_walk_reliable
 from unwind.arch.arm64 import synth as S
-from unwind.arch.arm64.stacktrace import (ftrace_graph_ret_addr, genmask_ull, kernel_pac_mask,
-                                          kretprobe_find_ret_addr, ptrauth_strip_kernel_insn_pac)
-from unwind.arch.arm64.synth import RETURN_TO_HANDLER, KRETPROBE_TRAMPOLINE, ret, sign
+from unwind.arch.arm64.ptrauth import genmask_ull, kernel_pac_mask, ptrauth_strip_kernel_insn_pac
+from unwind.arch.arm64.synth import RETURN_TO_HANDLER, ret, sign
 from unwind.cli.main import main
 from unwind.session.output import replay_text
-from unwind.core.target import FgraphEntry, KretprobeInstance
 
 
 def lines(sc, **opt):
@@ -40,25 +38,6 @@ def test_mask_sources():
     assert kernel_pac_mask({"NUMBER(TCR_EL1_T1SZ)": "0x10"})[0] == 0xFFFF000000000000
     assert kernel_pac_mask({"NUMBER(VA_BITS)": "48"})[0] == 0xFFFF000000000000
     assert kernel_pac_mask({}) == (0, "no PAC mask in VMCOREINFO: return addresses are used as read")
-
-
-# -- fgraph / kretprobe lookups ------------------------------------------------
-
-def test_ftrace_graph_ret_addr_walks_down_and_skips_tail_calls():
-    rth = RETURN_TO_HANDLER
-    entries = [FgraphEntry(0xA, 0x100), FgraphEntry(0xB, 0x200), FgraphEntry(rth, 0x200), FgraphEntry(0xC, 0x300)]
-    assert ftrace_graph_ret_addr(entries, 0, rth, 0x200, rth) == (0xB, 1, 1)
-    assert ftrace_graph_ret_addr(entries, 1, rth, 0x100, rth) == (0xA, 0, 0)
-    assert ftrace_graph_ret_addr(entries, 1, rth, 0x300, rth) == (rth, 1, None)  # above idx: not found
-    assert ftrace_graph_ret_addr(entries, 0, 0x1234, 0x300, rth) == (0x1234, 0, None)  # not hijacked
-
-
-def test_kretprobe_find_ret_addr_cursor():
-    tr = KRETPROBE_TRAMPOLINE
-    inst = [KretprobeInstance(tr, 0x10), KretprobeInstance(0xA, 0x10), KretprobeInstance(0xB, 0x20)]
-    assert kretprobe_find_ret_addr(inst, 0x10, None, tr) == (0xA, 1)
-    assert kretprobe_find_ret_addr(inst, 0x20, 1, tr) == (0xB, 2)
-    assert kretprobe_find_ret_addr(inst, 0x10, 1, tr)[0] == 0
 
 
 # -- text ----------------------------------------------------------------------

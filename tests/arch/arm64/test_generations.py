@@ -193,7 +193,7 @@ def test_generation_names_follow_the_boundaries(release, name):
 
 def test_v6_4_strips_a_user_pointer_with_the_whole_mask():
     """A bit-55-clear lr: v6.1-v6.3 clear only GENMASK(54, vabits) of the mask, v6.4+ all of it."""
-    from unwind.arch.arm64.stacktrace import ptrauth_clear_pac, ptrauth_strip_kernel_insn_pac
+    from unwind.arch.arm64.ptrauth import ptrauth_clear_pac, ptrauth_strip_kernel_insn_pac
 
     got = {}
     for gen in ("6.1", "6.5"):

@@ -1,4 +1,4 @@
-"""The kernel steps one by one: layouts, fp_is_valid, ftrace_graph_ret_addr, text ranges, and the ra proofs."""
+"""The kernel steps one by one: layouts, fp_is_valid, text ranges, and the ra proofs."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import pytest
 from unwind.arch.riscv import structs
 from unwind.arch.riscv.backend import RiscvBackend
 from unwind.arch.riscv.liveness import LiveRaProver, dirty_on_entry, is_return, written_register
-from unwind.arch.riscv.stacktrace import (KernelLayout, align, fp_bounds, fp_is_valid, ftrace_graph_ret_addr,
-                                         kernel_text_address)
+from unwind.arch.riscv.stacktrace import KernelLayout, align, fp_bounds, fp_is_valid, kernel_text_address
 from unwind.arch.riscv.synth import FRAMED_CODE, LEAF_CODE, RiscvSynth, TextImage
-from unwind.core.target import FgraphEntry, Options
+from unwind.core.target import Options
 from unwind.core.walk import StopReason
 
 CS = (capstone.CS_ARCH_RISCV, capstone.CS_MODE_RISCV64 | capstone.CS_MODE_RISCVC)
@@ -39,19 +38,6 @@ def test_fp_is_valid_window():
     top = 0xFF20000000004000                            # an empty window: sp at an aligned stack top
     assert fp_bounds(top, ts) == (top + 16, top) and not fp_is_valid(top + 16, top, ts)
     assert align(0xFFFFFFFFFFFFFFF0, 0x4000) == 0       # unsigned long wraps
-
-
-def test_ftrace_graph_ret_addr_follows_the_kernel():
-    handler = 0xFFFFFFFF80001420
-    stack = [FgraphEntry(0xA0, 0x100), FgraphEntry(handler, 0x200), FgraphEntry(0xA2, 0x200), FgraphEntry(0xA3, 0x300)]
-    assert ftrace_graph_ret_addr(stack, 0, 0x1234, 0x300, handler) == (0x1234, 0)    # not hijacked
-    assert ftrace_graph_ret_addr(stack, 0, handler, 0x300, handler) == (0xA3, 3)     # from the top
-    assert ftrace_graph_ret_addr(stack, 3, handler, 0x200, handler) == (0xA2, 2)     # below the last hit
-    assert ftrace_graph_ret_addr(stack, 2, handler, 0x300, handler) == (handler, 2)  # already passed
-    assert ftrace_graph_ret_addr(stack, 0, handler, 0x999, handler) == (handler, 0)  # retp mismatch
-    # finding the bottom entry (offset 0) sets *idx = 0: the next search starts at the top again
-    assert ftrace_graph_ret_addr(stack, 1, handler, 0x100, handler) == (0xA0, 0)
-    assert ftrace_graph_ret_addr(stack, 0, handler, 0x300, handler) == (0xA3, 3)
 
 
 def test_kernel_text_address():
