@@ -18,12 +18,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: the cycles still to be taken apart: each must still be one (remove it here once it is not)
-REMAINING = {
-    frozenset({"unwind.arch.arm64.stacktrace", "unwind.arch.arm64.complete"}),
-}
-
-
 def modules(root: Path, packages: dict[str, str]) -> dict[str, Path]:
     """Every module under each folder of ``packages`` (folder: its import name), by dotted name."""
     found = {}
@@ -139,8 +133,7 @@ def test_the_checker_finds_a_deferred_cycle_and_not_a_type_checking_one(tmp_path
 
 def test_no_import_cycle_among_the_project_modules() -> None:
     found = set(import_cycles(ROOT, {"unwind": "unwind", "arch": "unwind.arch"}))
-    assert not found - REMAINING, sorted(map(sorted, found - REMAINING))
-    assert REMAINING <= found, f"no longer a cycle, remove it from REMAINING: {sorted(map(sorted, REMAINING - found))}"
+    assert not found, sorted(map(sorted, found))
 
 
 DUMP = ROOT / "corpora/arm64/6.12.117+deb13-arm64/stop-000-random.bin.xz"
