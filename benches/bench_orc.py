@@ -14,7 +14,7 @@ the committed x86-64 corpus really looked up (``ip - 1`` after a call, ``ip``
 for a pt_regs frame), drawn to the same count: real traces hit few, hot blocks.
 
 Each round resolves the same ips; ``extra_info["lookups"]`` lets the report
-turn times into lookups per second and ratios. Targets (issue 7): batch at
+turn times into lookups per second and ratios. Targets: batch at
 least 30 M lookups/s and faster than ``c_bsearch``.
 """
 

@@ -1,4 +1,4 @@
-"""Per-frame replay against drgn, CPU and wall time, same run: the report's headline (issue 14).
+"""Per-frame replay against drgn, CPU and wall time, same run: the report's headline.
 
 Every measurement runs in a fresh child process, and the children are interleaved round by round,
 so load from other processes falls on all of them alike. Each child times ``--passes`` warm passes

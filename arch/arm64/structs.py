@@ -10,7 +10,7 @@
   kernels   stackframe                                  size   source read
   ========  =========================================  =====  ==========
   ..6.12    ``u64 stackframe[2]`` at 304                336    6.1, 6.12 trees
-  6.13..    ``struct frame_record_meta`` at 296         336    anchors §1 (v6.17)
+  6.13..    ``struct frame_record_meta`` at 296         336    v6.17 tree
   6.18..    the same, ``lockdep_hardirqs``/``exit_rcu``  320    7.2 tree
             removed (generic entry)
   ========  =========================================  =====  ==========

@@ -1,7 +1,7 @@
 """Every x86-64 kernel layout the ORC unwinder reads, declared once with construct.
 
 - ``orc_entry`` for each format generation (``arch/x86/include/asm/orc_types.h``
-  and its history, anchors §1b): 6 bytes, ``s16 sp_offset; s16 bp_offset;``
+  over its generations): 6 bytes, ``s16 sp_offset; s16 bp_offset;``
   then a little-endian ``u16`` of bitfields numbered from the least
   significant bit.
 - ``struct pt_regs`` (``arch/x86/include/asm/ptrace.h``), 168 bytes.

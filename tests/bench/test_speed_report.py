@@ -1,4 +1,4 @@
-"""The issue-14 section of the benchmark report, from the JSON of real runs of the speed scripts.
+"""The speed section of the benchmark report, from the JSON of real runs of the speed scripts.
 
 ``data/speed/speed_peer.json`` is a real run of ``benches/speed_peer.py`` (every arch; drgn 0.3.0 on
 the lab's vmcores of the committed stops) and ``data/speed/profile.json`` of ``benches/profile_replay.py``
@@ -35,7 +35,7 @@ def _per_kernel_frame(arch: str, side: str) -> float:
                              * 1e6 for i in range(rounds))
 
 
-def test_every_issue14_target_is_listed_with_a_verdict() -> None:
+def test_every_speed_target_is_listed_with_a_verdict() -> None:
     goals = speed_goals(DATA)
     names = [g.name for g in goals]
     assert names == [f"single-task {kind}, {arch}" for arch in ("arm64", "x86_64", "riscv")

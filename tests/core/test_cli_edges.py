@@ -1,4 +1,4 @@
-"""Command-line edges (issue 10): pipes, --version, --debug placement, --arch aliases, --max-frames,
+"""Command-line edges: pipes, --version, --debug placement, --arch aliases, --max-frames,
 options that cannot apply, a forced ORC version the image contradicts."""
 
 from __future__ import annotations

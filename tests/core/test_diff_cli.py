@@ -1,4 +1,4 @@
-"""``unwind diff`` as a user runs it (issue 10): columns labelled by who made each trace and the replay
+"""``unwind diff`` as a user runs it: columns labelled by who made each trace and the replay
 mode, symbolised -v output, one unreadable file reported without ending the run, folders."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""User-facing docs that drift (issue 10): the README's two set-up commands, corpora/README.md's counts
+"""User-facing docs that drift: the README's two set-up commands, corpora/README.md's counts
 against the committed dumps, the recorded benchmark report's wording."""
 
 from __future__ import annotations

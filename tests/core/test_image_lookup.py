@@ -1,4 +1,4 @@
-"""Finding a dump's kernel image by build-id where drgn/crash users keep them (issue 10)."""
+"""Finding a dump's kernel image by build-id where drgn/crash users keep them."""
 
 from __future__ import annotations
 

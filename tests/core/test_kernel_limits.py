@@ -1,4 +1,4 @@
-"""Where the kernel itself prints little or nothing (issue 10): the riscv IRQ-stack limit, CPUs in
+"""Where the kernel itself prints little or nothing: the riscv IRQ-stack limit, CPUs in
 user mode or firmware, exited tasks. Expected answers come from the kernel's printed traces in the
 corpora, the dumps' own registers formatted as the kernel's format strings say, and the kernel
 sources cited per test."""

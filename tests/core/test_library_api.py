@@ -1,4 +1,4 @@
-"""The library as the README shows it (issue 10): Session.unwinder for kunwind_stack_walk, symbolised
+"""The library as the README shows it: Session.unwinder for kunwind_stack_walk, symbolised
 frames from every adapter, Frame printing/comparing/serialising like drgn's StackFrame, flag letters,
 and one complete-mode marker spelling on every arch."""
 

@@ -1,4 +1,4 @@
-"""The UNWIND note's schema: each group of crashes the mutation campaign of issue 13 found, as the
+"""The UNWIND note's schema: each group of crashes a mutation campaign found, as the
 one-line error naming the key path, or the dropped optional key, that replaces it."""
 
 from __future__ import annotations

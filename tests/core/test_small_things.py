@@ -1,4 +1,4 @@
-"""Small user-facing edges (issue 10): `kernels list` with nothing fetched, re-slimming a slim image."""
+"""Small user-facing edges: `kernels list` with nothing fetched, re-slimming a slim image."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The fuzzer (unwind fuzz): a seeded campaign over every family, its checks, and the kept
-regression cases (issue 13's crash groups and any case a campaign ever failed)."""
+regression cases (the crash groups mutation campaigns found, and any case a campaign ever failed)."""
 
 from __future__ import annotations
 

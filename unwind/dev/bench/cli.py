@@ -61,8 +61,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     b.add_argument("--stat", choices=STATS, default="median",
                    help="statistic of each bench's rounds (default median)")
     b.add_argument("-k", dest="select", metavar="EXPR", help="only the benches pytest -k EXPR selects")
-    b.add_argument("--speed", action="store_true", help="also run the issue-14 scripts (speed_peer.py, "
+    b.add_argument("--speed", action="store_true", help="also run the speed scripts (speed_peer.py, "
                    "batch_replay.py, startup.py; their JSON goes into OUT and heads the report)")
-    b.add_argument("--speed-rounds", type=int, default=3, metavar="N", help="rounds of each issue-14 script (default 3)")
-    b.add_argument("--drgn-python", metavar="PY", help="a Python with drgn installed, for the issue-14 drgn rows")
+    b.add_argument("--speed-rounds", type=int, default=3, metavar="N", help="rounds of each speed script (default 3)")
+    b.add_argument("--drgn-python", metavar="PY", help="a Python with drgn installed, for the speed section's drgn rows")
     b.set_defaults(func=cmd_bench)

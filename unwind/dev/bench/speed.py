@@ -261,7 +261,7 @@ def speed_lines(folder: Path) -> list[str]:
     if not goals:
         return []
     peer, start, prof = (_load_json(folder / n) for n in ("speed_peer.json", "startup.json", "profile.json"))
-    L = ["## Issue 14: speed against drgn on equal inputs", ""]
+    L = ["## Speed against drgn on equal inputs", ""]
     L.append("Measured by `benches/speed_peer.py`, `benches/batch_replay.py` and `benches/startup.py` (their "
              "JSON beside this report), each in fresh child processes interleaved round by round, so load "
              "from other processes falls on every side alike; medians over rounds. CPU time is the "
