@@ -25,6 +25,7 @@ from elftools.elf.elffile import ELFFile
 
 from unwind.kernel.btf import Btf, BtfError
 from unwind.kernel.model import Kernel, KernelError, KernelTask, field_int, ftrace_trampolines, thread_size
+from unwind.formats.note_info import trampoline_json
 from unwind.core.memory import MemoryFault
 from .fetch import build_id
 from .rsp import RspClient, RspMemoryError
@@ -522,7 +523,7 @@ class Session:
 
         The x86 ORC unwinder maps a pc in a trampoline back to the copied code (``orc_ftrace_find``).
         """
-        return ftrace_trampolines(self)
+        return [trampoline_json(t) for t in ftrace_trampolines(self)]
 
     def symbols_meta(self) -> dict[str, str]:
         """Handy symbol values for the JSON note."""
