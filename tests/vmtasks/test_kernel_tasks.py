@@ -202,8 +202,9 @@ def test_a_converted_vmcore_gives_the_walks_the_same_modules(tmp_path) -> None:
 
 def test_bpf_programs_print_without_a_module() -> None:
     table = KernelSymbols(SymbolTable([(0xFFFF800080000000, "T", "_stext")]),
-                          [ModuleSymbols.bpf([BpfSymbol(0xFFFF800078100000, 0xFFFF800078100080, "bpf_prog_6deef7357e7b4530"),
-                                              BpfSymbol(0xFFFF800078101000, 0xFFFF800078101200, "bpf_trampoline_12")])])
+                          [ModuleSymbols.bpf([
+                              BpfSymbol(0xFFFF800078100000, 0xFFFF800078100080, "bpf_prog_6deef7357e7b4530"),
+                              BpfSymbol(0xFFFF800078101000, 0xFFFF800078101200, "bpf_trampoline_12")])])
     assert table.format(0xFFFF800078100010) == "bpf_prog_6deef7357e7b4530+0x10/0x80"
     assert table.format(0xFFFF8000781011FF) == "bpf_trampoline_12+0x1ff/0x200"
     assert table.format(0xFFFF800078100080) == hex(0xFFFF800078100080)

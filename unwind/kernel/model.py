@@ -533,7 +533,8 @@ class Kernel:
         regions, symbols = tuple(self._module_regions(data, name)), tuple(self._module_symbols(data, name))
         orc = None
         if self.has("module", "arch.orc_unwind_ip"):
-            ip, entries, n = (field_int(b, data, "module", f"arch.{k}") for k in ("orc_unwind_ip", "orc_unwind", "num_orcs"))
+            ip, entries, n = (field_int(b, data, "module", f"arch.{k}")
+                              for k in ("orc_unwind_ip", "orc_unwind", "num_orcs"))
             if n > MAX_MODULE_ORCS:
                 self.warnings.append(f"module {name}: {n} ORC entries; its ORC tables are not read")
             elif n and ip and entries:
