@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import capstone
 from capstone import arm64 as cs_arm64
@@ -256,13 +256,12 @@ class Completer:
         task = self.target.task
         if task.cpu is None:
             return None
-        cpu_meta = next((c for c in self.target.meta.get("cpus", []) if c.get("cpu") == task.cpu), None)
-        if not cpu_meta or not cpu_meta.get("normalised"):
+        cpu = self.target.info.cpu(task.cpu)
+        if cpu is None or not cpu.normalised:
             return None
-        note = cpu_meta["normalised"]
-        text = " ".join(str(v) for v in note.values()) if isinstance(note, dict) else str(note)
-        sysregs = cpu_meta.get("sysregs") or {}
-        vbar = next((int(v, 0) if isinstance(v, str) else int(v) for k, v in sysregs.items()
+        note = cpu.normalised
+        text = " ".join(str(v) for v in note.values()) if isinstance(note, Mapping) else str(note)
+        vbar = next((v for k, v in cpu.sysregs.items()
                      if k.upper() in ("VBAR", "VBAR_EL1")), None) or self.target.symbol_address("vectors")
         if vbar is None:
             return None

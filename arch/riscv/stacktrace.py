@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
 
 from unwind.core.frame import Flag, Frame, Provenance, Source
 from unwind.core.memory import Memory, MemoryFault
@@ -234,39 +233,20 @@ def first_pt_regs(mem: Memory, addr: int, table: StructLayout) -> bool:
     return user or (epc == 0 and status == _KTHREAD_STATUS)
 
 
-def _hex_int(v: Any) -> int | None:
-    try:
-        return int(v, 16) if isinstance(v, str) else None
-    except ValueError:
-        return None
-
-
 def _blocked_starts(target: Target) -> list[tuple[int, int, StackInfo]]:
     """(sp, fp, task stack) of the blocked tasks the dump lists (the same for every task walked)."""
     out: list[tuple[int, int, StackInfo]] = []
-    entries: dict[Any, list[dict]] = {}  # each pid's task stack entries, read when its task is reached
-    for st in target.meta.get("stacks") or ():
-        if isinstance(st, dict) and st.get("kind") == "task":
-            entries.setdefault(st.get("pid"), []).append(st)
-    for t in target.meta.get("tasks") or ():
+    last: dict[int | None, StackInfo] = {}  # each pid's task stack: the last the dump lists
+    for st in target.info.stacks:
+        if st.kind == "task":
+            last[st.pid] = StackInfo(st.low, st.high, "task", None)
+    for t in target.info.blocked:
         if len(out) >= _DERIVE_TASKS:
             break
-        c = t.get("context") if isinstance(t, dict) else None
-        if not isinstance(c, dict):
-            continue
-        st, sp, fp = _task_stack(entries.get(t.get("pid"))), _hex_int(c.get("sp")), _hex_int(c.get("s0"))
-        if st is not None and t.get("cpu") is None and sp is not None and fp is not None:
+        st, sp, fp = last.get(t.pid), t.context.get("sp"), t.context.get("s0")
+        if st is not None and sp is not None and fp is not None:
             out.append((sp, fp, st))
     return out
-
-
-def _task_stack(entries: list[dict] | None) -> StackInfo | None:
-    """The task stack of a pid's stack entries: the last with a valid range."""
-    for st in reversed(entries or ()):
-        lo, hi = _hex_int(st.get("low")), _hex_int(st.get("high"))
-        if lo is not None and hi is not None and lo < hi:
-            return StackInfo(lo, hi, "task", None)
-    return None
 
 
 def derived_pt_regs(target: Target, table: StructLayout) -> StructLayout | None:
@@ -456,10 +436,8 @@ class RiscvUnwinder(Unwinder):
 
     def _cpu_mode(self) -> str | None:
         """The privilege mode the dump records for the task's CPU (``kernel``, ``user``, ``firmware``)."""
-        for c in self.t.meta.get("cpus", []):
-            if c.get("cpu") == self.t.task.cpu:
-                return c.get("mode")
-        return None
+        cpu = self.t.info.cpu(self.t.task.cpu)
+        return cpu.mode if cpu is not None else None
 
     # a CPU in M-mode (SBI firmware): the kernel prints nothing; ra/sp may still be the kernel's
     def _firmware_start(self, regs: dict[str, int]) -> Frame:
@@ -493,10 +471,9 @@ class RiscvUnwinder(Unwinder):
         if limit is None or self.pc >= limit:
             return None
         cpu = self.t.task.cpu
-        for c in self.t.meta.get("cpus", []):
-            sysregs = c.get("sysregs") or {}
-            if c.get("cpu") == cpu and "sepc" in sysregs and "sstatus" in sysregs:
-                return int(sysregs["sepc"], 0), int(sysregs["sstatus"], 0)
+        for c in self.t.info.cpus:
+            if c.cpu == cpu and "sepc" in c.sysregs and "sstatus" in c.sysregs:
+                return c.sysregs["sepc"], c.sysregs["sstatus"]
         return None
 
     # complete mode: the interrupted pc (sepc) of a CPU stopped in the trap entry

@@ -144,7 +144,7 @@ class X86_64Backend(ArchBackend):
                 return "oracle-merged"
             last = replay.frames[-1] if replay.frames else None
             if (last is not None and not replay.stop.clean and MODULES_RANGE[0] <= last.pc < MODULES_RANGE[1]
-                    and not replay.target.meta.get("ftrace_trampolines") and expected[:len(printed)] == printed):
+                    and not replay.target.info.ftrace_trampolines and expected[:len(printed)] == printed):
                 return "ftrace-trampoline"
             return None
         if not replay.frames and replay.task.running and replay.stop.reason is StopReason.OUTSIDE_STACK:

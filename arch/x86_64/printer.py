@@ -281,8 +281,8 @@ class TracePrinter:
 
 def captured_sysregs(target: Target) -> dict[str, int]:
     """The system registers the capture recorded for the task's CPU (MSRs, control registers)."""
-    cpu = next((c for c in target.meta.get("cpus", []) if c.get("cpu") == target.task.cpu), {})
-    return {k: int(v, 0) if isinstance(v, str) else int(v) for k, v in (cpu.get("sysregs") or {}).items()}
+    cpu = target.info.cpu(target.task.cpu)
+    return dict(cpu.sysregs) if cpu is not None else {}
 
 
 # __show_regs(SHOW_REGS_USER) (process_64.c): the line after the general registers

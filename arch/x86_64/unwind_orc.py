@@ -20,6 +20,7 @@ import weakref
 from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
+from unwind.core.dumpinfo import ModuleInfo, ModuleOrc
 from unwind.core.frame import FLAGS as _FLAGS
 from unwind.core.frame import Flag, Frame, Provenance, Source
 from unwind.core.memory import Memory, MemoryFault
@@ -117,15 +118,7 @@ def user_regs_start(mem: Memory, table: OrcTable, iret: int) -> int | None:
 
 def _task_stack_tops(target: Target) -> list[int]:
     """The tops of the task stacks the dump lists (the same for every task walked)."""
-    tops: list[int] = []
-    for st in target.meta.get("stacks") or ():
-        if not isinstance(st, dict) or st.get("kind") != "task" or not isinstance(st.get("high"), str):
-            continue
-        try:
-            tops.append(int(st["high"], 16))
-        except ValueError:
-            continue
-    return list(dict.fromkeys(tops))
+    return list(dict.fromkeys(st.high for st in target.info.stacks if st.kind == "task"))
 
 
 def derived_pt_regs(target: Target, table: OrcTable) -> StructLayout | None:
@@ -158,9 +151,6 @@ def derived_pt_regs(target: Target, table: OrcTable) -> StructLayout | None:
     return got
 
 
-def _int(v: int | str) -> int:
-    """A number from the dump's JSON note (hex string or int)."""
-    return int(v, 0) if isinstance(v, str) else int(v)
 #: [MODULES_VADDR, MODULES_END) with a 1 GiB kernel image (pgtable_64_types.h): module, BPF and
 #: trampoline text the replay cannot list, taken as kernel text like __kernel_text_address() does
 MODULES_RANGE = (0xFFFFFFFFC0000000, 0xFFFFFFFFFF000000)
@@ -177,38 +167,30 @@ _SP_REG_MEMBERS = {ORC_REG_R10: ("r10", "R10"), ORC_REG_R13: ("r13", "R13"), ORC
 
 def module_orc(target: Target, ip: int, version: int) -> tuple[str, OrcTable, list[int]] | None:
     """``__module_address(ip)`` and its ``mod->arch.orc_unwind_ip``/``orc_unwind``, decoded once per dump."""
-    for m in target.meta.get("modules", []):
-        orc = m.get("orc") if isinstance(m, dict) else None
-        if not orc:
+    for m in target.info.modules:
+        if m.orc is None or not m.contains(ip):
             continue
-        try:
-            inside = any(_int(r["base"]) <= ip < _int(r["base"]) + int(r["size"]) for r in m.get("regions", []))
-        except (KeyError, TypeError, ValueError):
-            continue  # a malformed entry of the dump's note: no module there
-        if not inside:
-            continue
-        # per dump (not by the meta's id, which a later dump may reuse): (module addr, version) -> table
-        decoded: dict[tuple[str, int], tuple[str, OrcTable, list[int]] | None] = \
+        # per dump (not by the module's id, which a later dump may reuse): (module addr, version) -> table
+        decoded: dict[tuple[int | None, int], tuple[str, OrcTable, list[int]] | None] = \
             target.per_dump("x86_64 module orc", lambda t: {})
-        key = (str(m.get("addr")), version)
+        key = (m.addr, version)
         if key not in decoded:
-            decoded[key] = _read_module_orc(target, m, orc, version)
+            decoded[key] = _read_module_orc(target, m, m.orc, version)
         return decoded[key]
     return None
 
 
-def _read_module_orc(target: Target, m: dict, orc: dict, version: int) -> tuple[str, OrcTable, list[int]] | None:
-    n = int(orc["num_orcs"])
-    ip_addr, entries = _int(orc["orc_unwind_ip"]), _int(orc["orc_unwind"])
-    text = next((r for r in m["regions"] if r.get("kind") == "text"), m["regions"][0])
-    base = _int(text["base"])
+def _read_module_orc(target: Target, m: ModuleInfo, orc: ModuleOrc,
+                     version: int) -> tuple[str, OrcTable, list[int]] | None:
+    n = orc.num_orcs
+    text = next((r for r in m.regions if r.kind == "text"), m.regions[0])
     try:
-        table = OrcTable.from_sections(ip_addr, target.mem.read(ip_addr, 4 * n),
-                                       target.mem.read(entries, int(orc["entry_size"]) * n), version,
-                                       stext=base, etext=base + int(text["size"]), how=f"module {m.get('name')}")
-    except (MemoryFault, OrcFormatError, ValueError, KeyError, TypeError, IndexError):
+        table = OrcTable.from_sections(orc.orc_unwind_ip, target.mem.read(orc.orc_unwind_ip, 4 * n),
+                                       target.mem.read(orc.orc_unwind, orc.entry_size * n), version,
+                                       stext=text.base, etext=text.base + text.size, how=f"module {m.name}")
+    except (MemoryFault, OrcFormatError, ValueError, IndexError):
         return None
-    return str(m.get("name")), table, [table.ip(i) for i in range(len(table))]
+    return m.name, table, [table.ip(i) for i in range(len(table))]
 
 
 def orc_end_detail(ip: int) -> str:
@@ -245,8 +227,7 @@ class Regs:
 def ftrace_trampolines(target: Target) -> tuple[list[tuple[int, int, bool]], int | None, int | None]:
     """The dump's dynamic ftrace trampolines as ``(ops->trampoline, trampoline_size, SAVE_REGS)``, with
     ``ftrace_caller`` and ``ftrace_regs_caller`` (the code they copy)."""
-    found = [(_int(t["addr"]), _int(t["size"]), bool(t.get("save_regs")))
-             for t in target.meta.get("ftrace_trampolines", [])]
+    found = [(t.addr, t.size, t.save_regs) for t in target.info.ftrace_trampolines or ()]
     return found, target.symbol_address("ftrace_caller"), target.symbol_address("ftrace_regs_caller")
 
 
@@ -656,9 +637,9 @@ class OrcUnwinder(Unwinder):
                  prov: Provenance | None) -> tuple[OrcEntry, Source] | UnwindStop:
         """The rule for ``ip`` when ``orc_find()`` gave ``orc`` (``None``: no entry), and its source; at an
         ``ORC_TYPE_END_OF_STACK`` entry the walk's end (returned)."""
-        if orc is None and self.target.meta.get("modules"):
+        if orc is None and self.target.info.modules:
             orc = self.orc_module_find(ip, prov)
-        if orc is None and self.target.meta.get("ftrace_trampolines"):
+        if orc is None and self.target.info.ftrace_trampolines:
             orc = self.orc_ftrace_find(ip, prov)
         if orc is None:
             self.error = True

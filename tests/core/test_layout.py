@@ -7,6 +7,9 @@ from types import SimpleNamespace
 from construct import Int64ul, Struct
 
 from tests.btfbuild import BtfBuilder
+from unwind.core.dumpinfo import DumpInfo
+from unwind.formats.note import validate_note
+from unwind.formats.note_info import dump_info
 from unwind.kernel.btf import Btf
 from unwind.lab.guest import CaptureSession
 from unwind.kernel.layout import StructLayout, btf_offsets, dump_layout, resolve_layout, table_layout
@@ -22,8 +25,14 @@ def _btf() -> Btf:
     return Btf(b.blob())
 
 
+def _offsets(offsets):
+    """``offsets`` as a dump's note holds them, read back as replay reads a note (malformed ones dropped)."""
+    note = validate_note({"format": 1, "arch": "arm64", "offsets": offsets}, None, lambda _msg: None)
+    return dump_info(note, None).offsets
+
+
 def _target(image=None, offsets=None):
-    return SimpleNamespace(image=image, meta={} if offsets is None else {"offsets": offsets})
+    return SimpleNamespace(image=image, info=DumpInfo(offsets=None if offsets is None else _offsets(offsets)))
 
 
 def test_the_order_of_sources():
@@ -53,13 +62,13 @@ def test_malformed_dump_offsets_are_ignored():
                 {"thing": {"size": 24, "members": {"a": 0}}}, {"thing": {"size": 24, "members": {"a": True, "c": 8}}},
                 {"thing": {"size": 24, "members": {"a": -8, "c": 8}}}, {"thing": {"size": 1 << 40, "members": {}}},
                 {"thing": {"size": 24, "members": {"a": 0, "c": 24}}}):
-        assert dump_layout(bad, "thing", ("a", "c")) is None, bad
+        assert dump_layout(_offsets(bad), "thing", ("a", "c")) is None, bad
 
 
 def test_capture_writes_what_replay_reads_back():
     offsets = btf_offsets(_btf(), {"thing": ("a", "c", "missing"), "absent": ("x",)})
     assert offsets == {"thing": {"size": 40, "members": {"a": 8, "c": 32}}}
-    back = dump_layout(offsets, "thing", ("a", "c"))
+    back = dump_layout(_offsets(offsets), "thing", ("a", "c"))
     assert back is not None and (back.size, dict(back.offsets), back.source) == (40, {"a": 8, "c": 32}, "dump")
 
 

@@ -9,6 +9,7 @@ import struct
 
 import pytest
 
+from unwind.core.dumpinfo import BpfSymbol, FtraceTrampoline
 from unwind.formats.dump import Dump, DumpError
 from unwind.core.memory import Memory, Segment
 from unwind.formats.note import NoteError, validate_note
@@ -91,6 +92,19 @@ def test_a_missing_required_key_is_named(path):
         del parent[path[-1]]
     name = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
     assert refused(edit).endswith(f"{name}: missing")
+
+
+def test_the_walks_read_the_note_as_typed_values():
+    d = opened(lambda m: m.update(ftrace_trampolines=[{"addr": "0x2000", "size": 64, "save_regs": True}],
+                                  bpf_symbols=[["0xffff800078100000", "0xffff800078100080", "bpf_prog_1"]]))
+    assert d.info.ftrace_trampolines == (FtraceTrampoline(0x2000, 64, None, True),)
+    assert d.info.bpf_symbols == (BpfSymbol(0xFFFF800078100000, 0xFFFF800078100080, "bpf_prog_1"),)
+
+
+@pytest.mark.parametrize("rows", [[["0x10", "zz", "p"]], [["0x10", "0x20"]], [7]])
+def test_a_malformed_bpf_symbols_list_is_one_line(rows):
+    with pytest.raises(DumpError, match=r"^d\.bin: malformed modules or bpf_symbols list: [^\n]*$"):
+        opened(lambda m: m.update(bpf_symbols=rows))
 
 
 def test_a_trampoline_without_addr_or_size_is_dropped_with_a_warning():

@@ -380,7 +380,7 @@ def test_a_dynamic_ftrace_trampoline_of_no_size_or_a_huge_one_is_left_out():
         def symbol(name: str) -> int | None:
             return {"ftrace_ops_list": head, "ftrace_list_end": end}.get(name)
     got = ftrace_trampolines(Reader())  # type: ignore[arg-type]
-    assert [(t["addr"], t["size"]) for t in got] == [("0xffffffffc0000000", 0x150)]
+    assert [(t.addr, t.size) for t in got] == [(0xFFFFFFFFC0000000, 0x150)]
 
 
 def test_vmmem_a_crash_note_whose_pid_is_no_pid_gives_the_cpu_no_pid(fuzzer, vmseed, clean_kdump, tmp_path):

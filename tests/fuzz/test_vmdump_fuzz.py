@@ -52,8 +52,8 @@ def _case(rng: random.Random) -> str:
     hostile = instrument(Memory([Segment(a, bytes(d)) for a, d in segs.items()]))
     regs = {"pc": 0xFFFF800080004444, "sp": running.stack + 0x3000, "x29": running.stack + 0x3010, "pstate": 5}
     try:
-        d = VmcoreDump("hostile", registry.get("arm64"), hostile, [_prstatus(1, regs)], "OSRELEASE=6.12.0-synthetic\n")
-        d.attach(k.symbol, k.btf)
+        d = VmcoreDump("hostile", registry.get("arm64"), hostile, [_prstatus(1, regs)], "OSRELEASE=6.12.0-synthetic\n",
+                       k.symbol, k.btf)
         session = Session(d, None, None)  # type: ignore[arg-type]
         tasks = session.select(every=True)
     except (DumpError, KernelError, ReplayError) as e:

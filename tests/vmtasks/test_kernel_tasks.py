@@ -5,6 +5,7 @@ import struct
 import pytest
 
 from unwind.core import registry
+from unwind.core.dumpinfo import BpfSymbol
 from unwind.formats.dump import Dump
 from unwind.core.memory import ExcludedPage, Memory, MemoryFault, Segment
 from unwind.session.replay import Session
@@ -92,8 +93,7 @@ def test_vmcore_dump_tasks_regs_contexts_and_stacks() -> None:
              "pstate": 0x5}
     regs0 = {"pc": 0xFFFF800080003333, "sp": k.irq_stacks[0] + 0x100, "pstate": 0x5}
     d = VmcoreDump("synthetic", registry.get("arm64"), k.memory(), [_prstatus(1, regs1), _prstatus(0, regs0)],
-                   "OSRELEASE=6.12.0-synthetic\nBUILD-ID=" + "ab" * 20 + "\n")
-    d.attach(k.symbol, k.btf)
+                   "OSRELEASE=6.12.0-synthetic\nBUILD-ID=" + "ab" * 20 + "\n", k.symbol, k.btf)
     assert d.build_id == "ab" * 20 and d.release == "6.12.0-synthetic"
     assert [c.cpu for c in d.cpus] == [0, 1] and d.cpus[1].regs["pc"] == regs1["pc"]
     tasks = d.tasks()
@@ -120,8 +120,7 @@ def _session() -> tuple[Session, SynthKernel, list[SynthTask]]:
     regs1 = {"pc": 0xFFFF800080004444, "sp": running.stack + 0x3000, "x29": running.stack + 0x3010, "pstate": 0x5}
     k.write(running.stack + 0x3010, struct.pack("<QQ", 0, 0))  # a final frame record
     d = VmcoreDump("synthetic", registry.get("arm64"), k.memory(), [_prstatus(1, regs1)],
-                   "OSRELEASE=6.12.0-synthetic\n")
-    d.attach(k.symbol, k.btf)
+                   "OSRELEASE=6.12.0-synthetic\n", k.symbol, k.btf)
     return Session(d, None, None), k, procs  # type: ignore[arg-type]
 
 
@@ -168,10 +167,10 @@ def test_module_symbols_print_with_their_module(gen: str) -> None:
     kern = Kernel(k.memory(), k.btf, k.symbol)
     got = kern.modules()
     assert [m.name for m in got] == ["fuse", "virtio_rng"]
-    assert got[0].regions[0][1:] == (text, 0x3000)
+    assert (got[0].regions[0].base, got[0].regions[0].size) == (text, 0x3000)
     assert [n for _, n in got[0].symbols] == ["fuse_init", "fuse_dev_read", "fuse_get_req"]  # $x is a mapping symbol
     table = KernelSymbols(SymbolTable([(0xFFFF800080000000, "T", "_stext"), (0xFFFF800080100000, "T", "_end")]),
-                          [ModuleSymbols.from_json(m.to_json()) for m in got])
+                          [ModuleSymbols.of(m) for m in got])
     assert table.format(text + 0x123) == "fuse_dev_read+0x23/0x1f00 [fuse]"
     assert table.format(text + 0x2fff) == "fuse_get_req+0xfff/0x1000 [fuse]"   # to the end of the text region
     assert table.format(text + 0x10010) == "random_recv_done+0x10/0x1000 [virtio_rng]"
@@ -179,10 +178,33 @@ def test_module_symbols_print_with_their_module(gen: str) -> None:
     assert table.format(0xFFFF800080000010) == "_stext+0x10/0x100000"
 
 
+def test_a_converted_vmcore_gives_the_walks_the_same_modules(tmp_path) -> None:
+    """The modules read through BTF come back, equal, from the note ``unwind convert`` writes."""
+    k = SynthKernel()
+    procs = _procs()
+    running = procs[1].threads[1]
+    k.build(procs, [None, running])
+    text = 0xFFFF800078000000
+    mods = [k.module("fuse", text, 0x3000, [(text + 0x100, "fuse_dev_read"), (text + 0x40, "fuse_init")])]
+    k.link(k.define("modules", 16), [m + k.off("module", "list") for m in mods])
+    regs = {"pc": 0xFFFF800080004444, "sp": running.stack + 0x3000, "x29": running.stack + 0x3010, "pstate": 0x5}
+    d = VmcoreDump("synthetic", registry.get("arm64"), k.memory(), [_prstatus(1, regs)], "OSRELEASE=6.12.0\n",
+                   k.symbol, k.btf)
+    (fuse,) = d.info.modules
+    assert (fuse.name, fuse.addr, [(r.base, r.size) for r in fuse.regions]) == ("fuse", mods[0], [(text, 0x3000)])
+    assert sorted(fuse.symbols) == [(text + 0x40, "fuse_init"), (text + 0x100, "fuse_dev_read")]
+    out = tmp_path / "dump.bin"
+    convert(Session(d, None, None), d.tasks()).write(out)  # type: ignore[arg-type]
+    back = Dump.open(out).info
+    assert (back.modules, back.bpf_symbols, back.symbols, back.release) == \
+        (d.info.modules, d.info.bpf_symbols, d.info.symbols, "6.12.0")
+
+
 def test_bpf_programs_print_without_a_module() -> None:
     table = KernelSymbols(SymbolTable([(0xFFFF800080000000, "T", "_stext")]),
-                          [ModuleSymbols.bpf([["0xffff800078100000", "0xffff800078100080", "bpf_prog_6deef7357e7b4530"],
-                                              ["0xffff800078101000", "0xffff800078101200", "bpf_trampoline_12"]])])
+                          [ModuleSymbols.bpf([
+                              BpfSymbol(0xFFFF800078100000, 0xFFFF800078100080, "bpf_prog_6deef7357e7b4530"),
+                              BpfSymbol(0xFFFF800078101000, 0xFFFF800078101200, "bpf_trampoline_12")])])
     assert table.format(0xFFFF800078100010) == "bpf_prog_6deef7357e7b4530+0x10/0x80"
     assert table.format(0xFFFF8000781011FF) == "bpf_trampoline_12+0x1ff/0x200"
     assert table.format(0xFFFF800078100080) == hex(0xFFFF800078100080)
@@ -221,8 +243,8 @@ def test_a_page_excluded_from_the_dump_is_a_clean_memory_fault_stop() -> None:
     t = procs[1].threads[0]
     fp = t.stack + 0x3F00
     k.u64(t.addr + k.off("task_struct", "thread.cpu_context.fp"), fp)  # its first frame record: an excluded page
-    d = VmcoreDump("synthetic", registry.get("arm64"), _Filtered(k.memory(), fp & ~0xFFF), [], "OSRELEASE=6.12.0\n")
-    d.attach(k.symbol, k.btf)
+    d = VmcoreDump("synthetic", registry.get("arm64"), _Filtered(k.memory(), fp & ~0xFFF), [], "OSRELEASE=6.12.0\n",
+                   k.symbol, k.btf)
     s = Session(d, None, None)  # type: ignore[arg-type]
     r = s.replay(s.select(pid=201)[0], symbolize=False)
     assert r.stop.reason is StopReason.MEMORY_FAULT and "excluded from the dump" in r.stop.detail
@@ -246,10 +268,9 @@ def test_a_mutated_kernel_never_raises_anything_but_a_dump_error(seed: int) -> N
             base = rng.choice(objs)
             off = rng.randrange(0, len(k.segs[base]) - 8) & ~7
             k.u64(base + off, rng.choice([0, 2**64 - 1, rng.getrandbits(64), base, base + off, objs[0]]))
-        d = VmcoreDump("fuzz", registry.get("arm64"), k.memory(), [_prstatus(1, {"pc": 1, "sp": 2, "pstate": 5})],
-                       "OSRELEASE=6.12.0\n")
         try:
-            d.attach(k.symbol, k.btf)
+            d = VmcoreDump("fuzz", registry.get("arm64"), k.memory(), [_prstatus(1, {"pc": 1, "sp": 2, "pstate": 5})],
+                           "OSRELEASE=6.12.0\n", k.symbol, k.btf)
             s = Session(d, None, None)  # type: ignore[arg-type]
             for t in s.select(every=True):
                 s.replay(t, symbolize=False)
@@ -274,7 +295,7 @@ def test_a_real_crash_takes_each_cpus_registers_from_its_crash_notes() -> None:
     buf = note("CORE", NT_PRSTATUS, _prstatus(1, regs1)[:])
     k.write(area + k.percpu_offset[1], buf)  # cpu0's buffer stays zero: it saved nothing
     bogus = _prstatus(0, {"pc": 0x1234})
-    d = VmcoreDump("kdump", registry.get("arm64"), k.memory(), [bogus], "OSRELEASE=6.12.0\nCRASHTIME=1700000000\n")
-    d.attach(k.symbol, k.btf)
+    d = VmcoreDump("kdump", registry.get("arm64"), k.memory(), [bogus], "OSRELEASE=6.12.0\nCRASHTIME=1700000000\n",
+                   k.symbol, k.btf)
     assert [(c.cpu, c.regs["pc"]) for c in d.cpus] == [(1, regs1["pc"])]
     assert [t.pid for t in d.tasks() if t.running] == [running.pid]

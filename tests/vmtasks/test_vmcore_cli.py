@@ -94,18 +94,20 @@ def test_riscv_vmcoreinfo_found_in_memory_is_taken(tmp_path, monkeypatch) -> Non
     """What the backend finds in memory becomes the dump's VMCOREINFO (release, build-id, numbers)."""
     from unwind.formats.image import open_image
     from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
-    from unwind.formats.vmdump import VmcoreDump
+    from unwind.formats.vmdump import VmcoreFile
 
     p = tmp_path / "vmcore"
     p.write_bytes(_elf_vmcore("EM_RISCV", None))
-    dump = VmcoreDump.open(str(p))
+    vmcore = VmcoreFile.open(str(p))
     image = open_image(_slim("riscv"))
     found = VmcoreInfo.parse(f"OSRELEASE=6.12.0\nBUILD-ID={image.build_id}\nNUMBER(VA_BITS)=57\n")
-    monkeypatch.setattr(type(dump.backend), "vmcoreinfo_from_memory",
+    monkeypatch.setattr(type(vmcore.backend), "vmcoreinfo_from_memory",
                         lambda self, phys, ranges, symbol, btf=None: (found, "found it"))
-    assert dump.find_vmcoreinfo(image) == "found it"
-    assert dump.release == "6.12.0" and dump.build_id == image.build_id
-    assert dump.vmcoreinfo.get("NUMBER(VA_BITS)") == "57"
+    text, how = vmcore.vmcoreinfo_from_memory(image)
+    info = VmcoreInfo.parse(text)
+    assert how == "found it"
+    assert info.get("OSRELEASE") == "6.12.0" and info.get("BUILD-ID") == image.build_id
+    assert info.get("NUMBER(VA_BITS)") == "57"
 
 
 def test_a_release_or_build_id_not_in_the_kernels_form_is_dropped_with_a_warning() -> None:

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Hashable
 
+from .dumpinfo import DumpInfo
 from .memory import Memory
 from .stackinfo import StackInfo
 from unwind.kernel.symbols import SymbolTable
@@ -99,7 +100,8 @@ class Target:
     vmcoreinfo: dict[str, str] = field(default_factory=dict)
     symbols: SymbolTable | None = None
     image: "Image | None" = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    #: the dump's facts beyond its tasks (modules, symbol hints, what its note declares)
+    info: DumpInfo = field(default_factory=DumpInfo)
     options: Options = field(default_factory=Options)
     #: what a backend derives once per dump, image and options (symbol addresses, layouts, the generation):
     #: :meth:`unwind.session.replay.Session.target` hands the same dict to every walk with equal options; a
@@ -120,5 +122,4 @@ class Target:
             addr = self.symbols.address(name)
             if addr is not None:
                 return addr
-        hint = self.meta.get("symbols", {}).get(name)
-        return int(hint, 0) if isinstance(hint, str) else hint
+        return self.info.symbols.get(name)

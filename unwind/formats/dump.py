@@ -23,8 +23,10 @@ from construct import ConstructError
 from . import elfcore
 from unwind.core import registry
 from unwind.core.errors import DumpError
+from unwind.core.dumpinfo import DumpInfo
 from unwind.core.memory import Memory, Segment
 from .note import U64_MAX, Note, NoteError, note_bytes, read_note
+from .note_info import dump_info
 from .vmcore.notes import NoteError as ElfNoteError
 from .vmcore.notes import parse_notes
 from .vmcore.vmcoreinfo import VmcoreInfo
@@ -243,6 +245,7 @@ class Dump:
             self.memory = Memory(segments)
         except ValueError as e:
             raise DumpError(f"{self.path}: {e}") from None
+        #: the note's JSON as the file holds it, less dropped keys (what a writer copies; walks read :attr:`info`)
         self.meta: dict[str, Any]
         self.note: Note
         self.meta, self.note, self._task_keys = read_note(meta_raw.rstrip(b"\0"), self.backend.context_keys,
@@ -250,6 +253,12 @@ class Dump:
         if self.note["arch"] != self.arch:
             raise DumpError(f"{self.path}: note says arch {self.note['arch']} but the ELF machine is {self.arch}")
         self.vmcoreinfo: dict[str, str] = dict(VmcoreInfo.parse(self.vmcoreinfo_text).checked(self._warn))
+        release = self.note["kernel"]["release"] or self.vmcoreinfo.get("OSRELEASE")
+        try:
+            #: the note's facts as typed values, what the walks read (``Target.info``)
+            self.info: DumpInfo = dump_info(self.note, release)
+        except (ValueError, KeyError, TypeError) as e:
+            raise DumpError(f"{self.path}: malformed modules or bpf_symbols list: {e}") from None
         self.cpus: list[CpuState] = self._cpus(prstatus)
         self._tasks: list[Task] = [self._task(t) for t in self.note["tasks"]]
         self._tasks.sort(key=lambda t: (t.cpu is None, t.cpu if t.cpu is not None else 0))
@@ -304,7 +313,7 @@ class Dump:
     @property
     def release(self) -> str | None:
         """The kernel release: the JSON note's, else VMCOREINFO ``OSRELEASE``."""
-        return self.meta.get("kernel", {}).get("release") or self.vmcoreinfo.get("OSRELEASE")
+        return self.info.release
 
     def tasks(self) -> list[Task]:
         """Every task in the dump, running ones first in CPU order (built once, at open)."""

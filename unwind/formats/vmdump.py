@@ -6,29 +6,31 @@ JSON note, a vmcore (kdump ``/proc/vmcore``, makedumpfile, QEMU
 contexts, stacks, function-graph return stacks and kretprobe instances are
 found through BTF (:mod:`unwind.kernel.model`), the running CPUs' registers come
 from the ``NT_PRSTATUS`` notes. The result is the same :class:`Task` list,
-and a ``meta`` dict with the keys backends read from a dump's note.
+and the same :class:`~unwind.core.dumpinfo.DumpInfo` a dump's note gives.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from . import elfcore
 from unwind.core import registry
+from unwind.core.dumpinfo import DumpInfo, FtraceTrampoline, ModuleInfo
 from .dump import CpuState, DumpError
-from unwind.kernel.model import (MAX_CPUS, PID_MAX_LIMIT, Kernel, KernelError, KernelModule, KernelTask,
-                                 ftrace_trampolines)
+from unwind.kernel.kaslr import RelocatedImage, relocate_symbols, runtime_symbols
+from unwind.kernel.model import MAX_CPUS, PID_MAX_LIMIT, Kernel, KernelError, KernelTask, ftrace_trampolines
 from unwind.kernel.btf import Btf, BtfError
 from unwind.core.memory import Memory, MemoryFault
 from unwind.core.stackinfo import StackInfo
 from unwind.kernel.symbols import SymbolTable
 from unwind.core.target import Task
+from .note_info import note_keys
 from .vmcore.vmcoreinfo import VmcoreInfo
 
 if TYPE_CHECKING:
     from .image import Image
 
-#: the JSON-note keys a vmcore fills (docs/dump-format.md)
+#: the note format a conversion writes (docs/dump-format.md)
 FORMAT_VERSION = 1
 
 
@@ -36,39 +38,23 @@ def _prstatus_pid(raw: bytes) -> int:
     return int.from_bytes(raw[32:36], "little", signed=True)  # elf_prstatus.pr_pid
 
 
-class VmcoreDump:
-    """A vmcore as replay sees it.
+class VmcoreFile:
+    """A vmcore file as opened before its kernel image is known: its machine's backend, the CPUs'
+    ``NT_PRSTATUS`` notes and VMCOREINFO (which name the image: ``BUILD-ID``, ``OSRELEASE``).
+    :meth:`VmcoreDump.open` reads the kernel in it with the image."""
 
-    Built from its parts: ``memory`` reads kernel virtual addresses (page
-    tables or the direct map already applied), ``prstatus`` are the raw
-    ``NT_PRSTATUS`` descriptors in file order, ``vmcoreinfo_text`` the
-    VMCOREINFO note. Tasks need the kernel image: :meth:`attach` gives its
-    symbols and BTF (``Session.load`` calls it once the image is found).
-    """
-
-    def __init__(self, path: str, backend: "registry.ArchBackend", memory: Any, prstatus: list[bytes],
-                 vmcoreinfo_text: str, *, source: str = "vmcore", phys: Any = None) -> None:
+    def __init__(self, path: str, phys: Any, backend: "registry.ArchBackend") -> None:
         self.path = path
         self.phys = phys
         self.backend = backend
         self.arch = backend.name
-        self.memory = memory
-        self.vmcoreinfo_text = vmcoreinfo_text
         self.warnings: list[str] = []
-        self.vmcoreinfo = VmcoreInfo.parse(vmcoreinfo_text).checked(lambda msg: self.warnings.append(f"{path}: {msg}"))
-        self._prstatus = prstatus
-        self.source = source
-        self.kernel: Kernel | None = None
-        self.meta: dict[str, Any] = {"format": FORMAT_VERSION, "arch": self.arch,
-                                     "kernel": {"release": self.release}, "build_id": self.build_id,
-                                     "capture": {"tool": source}}
-        self._tasks: list[Task] | None = None
-        self._ktasks: list[KernelTask] = []
-        self.modules: list[KernelModule] = []
-        self.cpus: list[CpuState] = []
+        self.vmcoreinfo_text: str = phys.vmcoreinfo or ""
+        self.vmcoreinfo = VmcoreInfo.parse(self.vmcoreinfo_text).checked(
+            lambda msg: self.warnings.append(f"{path}: {msg}"))
 
     @classmethod
-    def open(cls, path: str) -> "VmcoreDump":
+    def open(cls, path: str) -> "VmcoreFile":
         """Open a vmcore file of any format :func:`unwind.formats.vmcore.open_vmcore` reads (memory is read lazily)."""
         from .vmcore import VmcoreError, open_vmcore
 
@@ -84,11 +70,20 @@ class VmcoreDump:
             raise DumpError(f"{path}: a vmcore of {phys.machine}, which unwind has no backend for") from None
         if not phys.vmcoreinfo and not backend.vmcoreinfo_in_memory:
             raise DumpError(f"{path}: no VMCOREINFO note (QEMU needs -device vmcoreinfo): cannot find the kernel")
-        return cls(path, backend, None, [p.desc for p in phys.prstatus], phys.vmcoreinfo or "", source=phys.format,
-                   phys=phys)
+        return cls(path, phys, backend)
 
-    def find_vmcoreinfo(self, image: Image) -> str:
-        """Fill in VMCOREINFO from the kernel's memory (QEMU writes none for riscv): the sentence saying how.
+    @property
+    def build_id(self) -> str | None:
+        """VMCOREINFO ``BUILD-ID``: the vmlinux the vmcore was taken from."""
+        return self.vmcoreinfo.get("BUILD-ID") or None
+
+    @property
+    def release(self) -> str | None:
+        """VMCOREINFO ``OSRELEASE``."""
+        return self.vmcoreinfo.get("OSRELEASE")
+
+    def vmcoreinfo_from_memory(self, image: Image) -> tuple[str, str]:
+        """VMCOREINFO read from the kernel's memory (QEMU writes none for riscv), and the sentence saying how.
 
         The image's link-time symbols and BTF locate the kernel's own
         ``vmcoreinfo_note`` (``ArchBackend.vmcoreinfo_from_memory``); a
@@ -103,18 +98,90 @@ class VmcoreDump:
         if build_id and image.build_id and build_id != image.build_id:
             raise DumpError(f"{self.path}: the kernel's VMCOREINFO names build-id {build_id}, "
                             f"{image.path} is {image.build_id}")
-        self.vmcoreinfo_text = "".join(f"{k}={v}\n" for k, v in info.items())
-        self.vmcoreinfo = VmcoreInfo.parse(self.vmcoreinfo_text).checked(
-            lambda msg: self.warnings.append(f"{self.path}: {msg}"))
-        self.meta["kernel"]["release"] = self.release
-        self.meta["build_id"] = self.build_id
-        return how
+        return "".join(f"{k}={v}\n" for k, v in info.items()), how
 
-    def _virtual_memory(self, symbol: Callable[[str], int | None]) -> Any:
-        """Kernel virtual memory over the vmcore's physical memory (the arch's page tables)."""
-        from .vmcore.virtual import VirtualMemory
 
-        return VirtualMemory(self.phys, self.backend.translator(self.vmcoreinfo, self.phys, symbol))
+class VmcoreDump:
+    """A vmcore as replay sees it: the kernel read through its image, complete once made.
+
+    ``memory`` reads kernel virtual addresses (page tables or the direct map
+    already applied), ``prstatus`` are the raw ``NT_PRSTATUS`` descriptors in
+    file order, ``vmcoreinfo_text`` the VMCOREINFO note, ``symbol`` gives
+    runtime addresses and ``btf`` the kernel's types: the CPUs, tasks,
+    modules and ftrace trampolines are read when it is made.
+    :meth:`open` makes one from a :class:`VmcoreFile` and its image.
+    """
+
+    def __init__(self, path: str, backend: "registry.ArchBackend", memory: Any, prstatus: list[bytes],
+                 vmcoreinfo_text: str, symbol: Callable[[str], int | None], btf: Btf, *,
+                 source: str = "vmcore", phys: Any = None, warnings: Sequence[str] = (),
+                 image: "Image | RelocatedImage | None" = None, symbols: SymbolTable | None = None) -> None:
+        self.path = path
+        #: the image and its symbols at the addresses the kernel ran at (:meth:`open` gives them)
+        self.image = image
+        self.symbols = symbols
+        self.phys = phys
+        self.backend = backend
+        self.arch = backend.name
+        self.memory = memory
+        self.vmcoreinfo_text = vmcoreinfo_text
+        #: ``warnings`` given first, then what reading the kernel had to skip
+        self.warnings: list[str] = list(warnings)
+        self.vmcoreinfo = VmcoreInfo.parse(vmcoreinfo_text).checked(lambda msg: self.warnings.append(f"{path}: {msg}"))
+        self._prstatus = prstatus
+        self.source = source
+        self._tasks: list[Task] | None = None
+        try:
+            self.kernel = Kernel(memory, btf, symbol, backend.kernel.CONTEXT_MEMBERS)
+            self.cpus: list[CpuState] = self._read_cpus()
+            self._ktasks: list[KernelTask] = self.kernel.tasks(self._currents(self.kernel))
+            modules = self.kernel.modules()
+            trampolines: list[FtraceTrampoline] | None = None
+            try:
+                trampolines = ftrace_trampolines(self.kernel)
+            except (MemoryFault, BtfError) as e:
+                self.kernel.warnings.append(f"ftrace_ops_list unreadable: {e}")
+        except (KernelError, BtfError) as e:
+            raise DumpError(f"{path}: {e}") from None
+        except MemoryFault as e:
+            raise DumpError(f"{path}: kernel structures unreadable: {e}") from None
+        #: the kernel's facts as every walk reads them
+        self.info = DumpInfo(
+            release=self.release, build_id=self.build_id,
+            symbols={n: a for n in ("_stext", "_etext", "init_task") if (a := symbol(n)) is not None},
+            modules=tuple(modules), bpf_symbols=tuple(self.kernel.bpf_symbols()),
+            ftrace_trampolines=None if trampolines is None else tuple(trampolines))
+        self.warnings.extend(self.kernel.warnings)
+
+    @classmethod
+    def open(cls, vmcore: VmcoreFile, image: Image, symbols: SymbolTable) -> "VmcoreDump":
+        """The kernel in ``vmcore`` read through ``image`` and its link-time ``symbols``: VMCOREINFO (from
+        memory when the file has none), the KASLR slide, BTF (the image's, else the kernel's own);
+        :attr:`image` and :attr:`symbols` are then the image as the kernel ran it."""
+        text, warnings = vmcore.vmcoreinfo_text, []
+        if not text:
+            text, how = vmcore.vmcoreinfo_from_memory(image)
+            warnings.append(how)
+        info = VmcoreInfo.parse(text).checked(lambda _msg: None)  # the dump made reports what it drops
+        slide = kaslr_offset(info, symbols, vmcore.path)
+        symbol = runtime_symbols(symbols, slide)
+        memory = _virtual_memory(vmcore, info, symbol)
+        btf = image.btf if image.btf is not None else _btf_from_memory(vmcore.path, memory, symbol)
+        return cls(vmcore.path, vmcore.backend, memory, [p.desc for p in vmcore.phys.prstatus], text, symbol, btf,
+                   source=vmcore.phys.format, phys=vmcore.phys, warnings=warnings,
+                   image=RelocatedImage(image, slide) if slide else image,
+                   symbols=relocate_symbols(symbols, slide) if slide else symbols)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The ``UNWIND`` note's keys this vmcore fills (``unwind convert`` writes them; docs/dump-format.md)."""
+        return {"format": FORMAT_VERSION, "arch": self.arch, "kernel": {"release": self.release},
+                "build_id": self.build_id, "capture": {"tool": self.source}, **note_keys(self.info)}
+
+    @property
+    def modules(self) -> tuple[ModuleInfo, ...]:
+        """The loaded modules."""
+        return self.info.modules
 
     def task_memory(self, task: Task) -> Any:
         """The memory one walk of ``task`` reads, snapshotted as plain segments: its stacks, and the modules'
@@ -122,7 +189,7 @@ class VmcoreDump:
         snapshot = getattr(self.memory, "snapshot", None)
         if snapshot is None:
             return self.memory
-        tables = [r for m in self.modules for r in m.orc_ranges()]
+        tables = [r for m in self.info.modules if m.orc is not None for r in m.orc.ranges()]
         ranges = [(s.low, s.high) for s in task.stacks if s.low] + tables
         snap = snapshot(ranges)
         return Memory(snap.segments, self._holes(snap, ranges))
@@ -144,7 +211,6 @@ class VmcoreDump:
                 pos = max(pos, end)
         return out
 
-    # -- what Session reads before the image is known ------------------------
     @property
     def build_id(self) -> str | None:
         """VMCOREINFO ``BUILD-ID``: the vmlinux the vmcore was taken from."""
@@ -154,64 +220,6 @@ class VmcoreDump:
     def release(self) -> str | None:
         """VMCOREINFO ``OSRELEASE``."""
         return self.vmcoreinfo.get("OSRELEASE")
-
-    def kaslr_offset(self, symbols: SymbolTable | None) -> int:
-        """The KASLR slide: ``KERNELOFFSET``, else ``SYMBOL(_stext)`` against the image's ``_stext``."""
-        raw = self.vmcoreinfo.get("KERNELOFFSET")
-        if raw:
-            try:
-                return int(raw, 16)
-            except ValueError:
-                raise DumpError(f"{self.path}: VMCOREINFO KERNELOFFSET={raw!r} is not hex") from None
-        stext = self.vmcoreinfo.get("SYMBOL(_stext)")
-        link = symbols.address("_stext") if symbols is not None else None
-        if stext and link is not None:
-            try:
-                return int(stext, 16) - link
-            except ValueError:
-                pass
-        return 0
-
-    # -- once the image is known -------------------------------------------------
-    def btf_from_memory(self, symbol: Callable[[str], int | None]) -> Btf:
-        """The kernel's BTF from its own memory (``__start_BTF`` .. ``__stop_BTF``), for an image without ``.BTF``."""
-        lo, hi = symbol("__start_BTF"), symbol("__stop_BTF")
-        if lo is None or hi is None or not 0 < hi - lo < 1 << 28:
-            raise DumpError(f"{self.path}: no BTF: the image has no .BTF and no __start_BTF/__stop_BTF symbols")
-        if self.memory is None:
-            self.memory = self._virtual_memory(symbol)
-        try:
-            return Btf.cached(self.memory.read(lo, hi - lo))
-        except (MemoryFault, BtfError) as e:
-            raise DumpError(f"{self.path}: the kernel's BTF in memory is unusable: {e}") from None
-
-    def attach(self, symbol: Callable[[str], int | None], btf: Btf) -> None:
-        """Read the kernel: CPUs, tasks and modules, with the image's runtime symbols and BTF."""
-        try:
-            if self.memory is None:
-                self.memory = self._virtual_memory(symbol)
-            self.kernel = Kernel(self.memory, btf, symbol, self.backend.kernel.CONTEXT_MEMBERS)
-            self.cpus = self._read_cpus()
-            self._ktasks = self.kernel.tasks(self._currents(self.kernel))
-            self.modules = self.kernel.modules()
-            try:
-                self.meta["ftrace_trampolines"] = ftrace_trampolines(self.kernel)
-            except (MemoryFault, BtfError) as e:
-                self.kernel.warnings.append(f"ftrace_ops_list unreadable: {e}")
-        except (KernelError, BtfError) as e:
-            raise DumpError(f"{self.path}: {e}") from None
-        except MemoryFault as e:
-            raise DumpError(f"{self.path}: kernel structures unreadable: {e}") from None
-        self.meta["modules"] = [m.to_json() for m in self.modules]
-        self.meta["bpf_symbols"] = [[f"{lo:#x}", f"{hi:#x}", name] for lo, hi, name in self.kernel.bpf_symbols()]
-        self.meta["symbols"] = {n: f"{a:#x}" for n in ("_stext", "_etext", "init_task")
-                                if (a := symbol(n)) is not None}
-        self.warnings.extend(self.kernel.warnings)
-
-    def _require_kernel(self) -> Kernel:
-        if self.kernel is None:
-            raise DumpError(f"{self.path}: a vmcore's tasks need the kernel image (give --vmlinux)")
-        return self.kernel
 
     # -- CPUs ----------------------------------------------------------------
     def _read_cpus(self) -> list[CpuState]:
@@ -256,7 +264,7 @@ class VmcoreDump:
 
     # crash_save_cpu() (kernel/crash_core.c) writes one note into per_cpu_ptr(crash_notes, cpu)
     def _crash_notes(self, size: int) -> dict[int, bytes]:
-        k = self._require_kernel()
+        k = self.kernel
         ptr = k.symbol("crash_notes")
         if ptr is None:
             return {}
@@ -281,7 +289,7 @@ class VmcoreDump:
     def tasks(self) -> list[Task]:
         """Every task in the kernel, running ones first in CPU order."""
         if self._tasks is None:
-            k = self._require_kernel()
+            k = self.kernel
             regs = {c.cpu: c for c in self.cpus}
             stacks = {cpu: self._percpu_stacks(k, cpu) for cpu in regs}
             out = [self._task(k, t, regs, stacks) for t in self._ktasks]
@@ -328,9 +336,44 @@ class VmcoreDump:
 
     def kernel_tasks(self) -> list[KernelTask]:
         """The tasks as ``ps`` lists them (``task_struct`` fields)."""
-        self._require_kernel()
         return list(self._ktasks)
 
     def oracles(self) -> list[dict[str, Any]]:
         """A vmcore carries no oracle traces."""
         return []
+
+
+def kaslr_offset(info: VmcoreInfo, symbols: SymbolTable, path: str) -> int:
+    """The KASLR slide: ``KERNELOFFSET``, else ``SYMBOL(_stext)`` against the image's ``_stext``."""
+    raw = info.get("KERNELOFFSET")
+    if raw:
+        try:
+            return int(raw, 16)
+        except ValueError:
+            raise DumpError(f"{path}: VMCOREINFO KERNELOFFSET={raw!r} is not hex") from None
+    stext = info.get("SYMBOL(_stext)")
+    link = symbols.address("_stext")
+    if stext and link is not None:
+        try:
+            return int(stext, 16) - link
+        except ValueError:
+            pass
+    return 0
+
+
+def _virtual_memory(vmcore: VmcoreFile, info: VmcoreInfo, symbol: Callable[[str], int | None]) -> Any:
+    """Kernel virtual memory over the vmcore's physical memory (the arch's page tables)."""
+    from .vmcore.virtual import VirtualMemory
+
+    return VirtualMemory(vmcore.phys, vmcore.backend.translator(info, vmcore.phys, symbol))
+
+
+def _btf_from_memory(path: str, memory: Any, symbol: Callable[[str], int | None]) -> Btf:
+    """The kernel's BTF from its own memory (``__start_BTF`` .. ``__stop_BTF``), for an image without ``.BTF``."""
+    lo, hi = symbol("__start_BTF"), symbol("__stop_BTF")
+    if lo is None or hi is None or not 0 < hi - lo < 1 << 28:
+        raise DumpError(f"{path}: no BTF: the image has no .BTF and no __start_BTF/__stop_BTF symbols")
+    try:
+        return Btf.cached(memory.read(lo, hi - lo))
+    except (MemoryFault, BtfError) as e:
+        raise DumpError(f"{path}: the kernel's BTF in memory is unusable: {e}") from None

@@ -11,10 +11,25 @@ from __future__ import annotations
 
 from array import array
 from functools import cached_property
-from typing import Any
+from typing import Any, Callable
 
 from unwind.formats.image import Image
 from .symbols import SymbolTable
+
+
+def runtime_symbols(symbols: SymbolTable, slide: int) -> Callable[[str], int | None]:
+    """Symbol name -> runtime address: the link address plus the KASLR ``slide``, except zero-based
+    per-CPU symbols (x86-64 before 6.15), which are offsets into each CPU's area."""
+    pcpu_lo, pcpu_hi = symbols.address("__per_cpu_start"), symbols.address("__per_cpu_end")
+    zero_based = pcpu_lo == 0 and pcpu_hi is not None
+
+    def symbol(name: str) -> int | None:
+        addr = symbols.address(name)
+        if addr is None or not slide or (zero_based and addr < pcpu_hi):  # type: ignore[operator]
+            return addr
+        return addr + slide
+
+    return symbol
 
 
 def relocate_symbols(table: SymbolTable, slide: int) -> SymbolTable:

@@ -26,13 +26,12 @@ from construct import Struct
 from .btf import Btf, BtfError
 
 if TYPE_CHECKING:
+    from unwind.core.dumpinfo import StructOffsets
     from unwind.core.registry import ArchBackend
     from unwind.core.target import Target
 
 #: the sources, in the order they are tried
 SOURCES = ("btf", "dump", "derived", "table")
-#: no struct an unwinder reads is this large: anything bigger in a dump is ignored
-_MAX_OFFSET = 1 << 20
 
 
 def offsetof(struct: Struct, member: str) -> int:
@@ -99,27 +98,15 @@ def dump_offsets(btf: Btf, backend: "ArchBackend") -> dict[str, Any]:
     return btf_offsets(btf, {**backend.layouts, **COMMON_LAYOUTS})
 
 
-def _number(v: Any) -> int | None:
-    if isinstance(v, bool):
+def dump_layout(offsets: Mapping[str, StructOffsets] | None, name: str, members: Sequence[str]) -> StructLayout | None:
+    """The layout a dump's ``offsets`` gives, or ``None`` unless it names the size and every member inside it."""
+    entry = offsets.get(name) if offsets is not None else None
+    if entry is None or entry.size is None:
         return None
-    if isinstance(v, str):
-        try:
-            v = int(v, 0)
-        except ValueError:
-            return None
-    return v if isinstance(v, int) and 0 <= v < _MAX_OFFSET else None
-
-
-def dump_layout(offsets: Any, name: str, members: Sequence[str]) -> StructLayout | None:
-    """The layout a dump's ``offsets`` gives, or ``None`` unless it names the size and every member."""
-    entry = offsets.get(name) if isinstance(offsets, Mapping) else None
-    if not isinstance(entry, Mapping) or not isinstance(entry.get("members"), Mapping):
+    found = {m: entry.members.get(m) for m in members}
+    if any(v is None or v >= entry.size for v in found.values()):
         return None
-    size = _number(entry.get("size"))
-    found = {m: _number(entry["members"].get(m)) for m in members}
-    if size is None or any(v is None or v >= size for v in found.values()):
-        return None
-    return StructLayout(name, size, found, "dump", "the dump's offsets")  # type: ignore[arg-type]
+    return StructLayout(name, entry.size, found, "dump", "the dump's offsets")  # type: ignore[arg-type]
 
 
 def image_btf(target: "Target") -> Btf | None:
@@ -137,7 +124,7 @@ def resolve_layout(target: "Target", name: str, members: Sequence[str], table: S
             return btf_layout(btf, name, members)
         except BtfError:
             pass
-    got = dump_layout(target.meta.get("offsets"), name, members)
+    got = dump_layout(target.info.offsets, name, members)
     if got is not None:
         return got
     if derive is not None:

@@ -12,12 +12,13 @@ blocked task's saved context, the per-CPU stacks) are the arch's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from .btf import Btf, BtfError
 from unwind.core.memory import MemoryFault
 from unwind.formats.note_limits import MAX_MODULE_BYTES, MAX_TRAMPOLINE_BYTES
+from unwind.core.dumpinfo import BpfSymbol, FtraceTrampoline, ModuleInfo, ModuleOrc, ModuleRegion
 from unwind.core.target import FgraphEntry, KretprobeInstance
 
 #: most tasks, threads, modules or list nodes any one walk accepts
@@ -125,36 +126,6 @@ class KernelTask:
     #: the idle task of a CPU (from ``rq->idle``, not on the task list)
     idle: bool = False
     data: bytes = b""
-
-
-@dataclass(slots=True)
-class KernelModule:
-    """One ``struct module``: its name, text range, symbols and (x86) ORC tables."""
-
-    addr: int
-    name: str
-    state: int
-    #: (base, size) of each memory region kallsyms and __module_address() look in, text first
-    regions: list[tuple[str, int, int]] = field(default_factory=list)
-    symbols: list[tuple[int, str]] = field(default_factory=list)
-    orc: dict[str, int] | None = None
-
-    def orc_ranges(self) -> list[tuple[int, int]]:
-        """Where ``mod->arch.orc_unwind_ip`` (s32 each) and ``orc_unwind`` lie, to read them with the stacks."""
-        if not self.orc:
-            return []
-        n = self.orc["num_orcs"]
-        return [(self.orc["orc_unwind_ip"], self.orc["orc_unwind_ip"] + 4 * n),
-                (self.orc["orc_unwind"], self.orc["orc_unwind"] + self.orc["entry_size"] * n)]
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``modules[]`` entry of the dump's JSON note (docs/dump-format.md)."""
-        out: dict[str, Any] = {"name": self.name, "addr": f"{self.addr:#x}", "state": self.state,
-                               "regions": [{"kind": k, "base": f"{b:#x}", "size": s} for k, b, s in self.regions],
-                               "symbols": [[f"{a:#x}", n] for a, n in self.symbols]}
-        if self.orc:
-            out["orc"] = {k: (f"{v:#x}" if k.startswith("orc_") else v) for k, v in self.orc.items()}
-        return out
 
 
 class Kernel:
@@ -528,8 +499,8 @@ class Kernel:
         return []
 
     # bpf_ksym_add() keeps every JITed program and trampoline on bpf_kallsyms (kernel/bpf/core.c)
-    def bpf_symbols(self) -> list[tuple[int, int, str]]:
-        """``(start, end, name)`` of each ``struct bpf_ksym`` on ``bpf_kallsyms`` (``__bpf_address_lookup()``)."""
+    def bpf_symbols(self) -> list[BpfSymbol]:
+        """Each ``struct bpf_ksym`` on ``bpf_kallsyms`` (``__bpf_address_lookup()``)."""
         head = self._symbol("bpf_kallsyms")
         if head is None or not self.has("bpf_ksym", "lnode"):
             return []
@@ -543,13 +514,13 @@ class Kernel:
                 name = data[name_m.offset:name_m.offset + name_m.size].split(b"\0")[0].decode("utf-8", "replace")
                 start, end = field_int(b, data, "bpf_ksym", "start"), field_int(b, data, "bpf_ksym", "end")
                 if start < end and name:
-                    out.append((start, end, name))
+                    out.append(BpfSymbol(start, end, name))
         except MemoryFault as e:
             self.warnings.append(f"bpf_kallsyms cut short: {e}")
         return out
 
     # -- modules -------------------------------------------------------------
-    def modules(self) -> list[KernelModule]:
+    def modules(self) -> list[ModuleInfo]:
         """Every module on the ``modules`` list with its regions, kallsyms and ORC tables."""
         head = self._symbol("modules")
         if head is None or not self.has("module", "list"):
@@ -566,24 +537,24 @@ class Kernel:
             self.warnings.append(f"the module list is cut short: {e}")
         return out
 
-    def module(self, addr: int) -> KernelModule:
+    def module(self, addr: int) -> ModuleInfo:
         """The ``struct module`` at ``addr``."""
         data = self.read(addr, self._sizeof("module"))
         b = self.btf
         name_m = b.member("module", "name")
         name = data[name_m.offset:name_m.offset + name_m.size].split(b"\0")[0].decode("utf-8", "replace")
-        mod = KernelModule(addr, name, field_int(b, data, "module", "state"), self._module_regions(data, name))
-        mod.symbols = self._module_symbols(data, mod)
+        regions, symbols = tuple(self._module_regions(data, name)), tuple(self._module_symbols(data, name))
+        orc = None
         if self.has("module", "arch.orc_unwind_ip"):
-            orc = {k: field_int(b, data, "module", f"arch.{k}") for k in ("orc_unwind_ip", "orc_unwind", "num_orcs")}
-            if orc["num_orcs"] > MAX_MODULE_ORCS:
-                self.warnings.append(f"module {name}: {orc['num_orcs']} ORC entries; its ORC tables are not read")
-            elif orc["num_orcs"] and orc["orc_unwind_ip"] and orc["orc_unwind"]:
-                orc["entry_size"] = self._sizeof("orc_entry")
-                mod.orc = orc
-        return mod
+            ip, entries, n = (field_int(b, data, "module", f"arch.{k}")
+                              for k in ("orc_unwind_ip", "orc_unwind", "num_orcs"))
+            if n > MAX_MODULE_ORCS:
+                self.warnings.append(f"module {name}: {n} ORC entries; its ORC tables are not read")
+            elif n and ip and entries:
+                orc = ModuleOrc(ip, entries, n, self._sizeof("orc_entry"))
+        return ModuleInfo(name, addr, field_int(b, data, "module", "state"), regions, symbols, orc)
 
-    def _module_regions(self, data: bytes, name: str) -> list[tuple[str, int, int]]:
+    def _module_regions(self, data: bytes, name: str) -> list[ModuleRegion]:
         """``mem[type].{base,size}`` (6.4+), else ``core_layout``/``init_layout`` (4.5-6.3)."""
         b = self.btf
         fields = []
@@ -599,7 +570,7 @@ class Kernel:
             base = field_int(b, data, "module", f"{path}.base")
             size = field_int(b, data, "module", f"{path}.size")
             if base and size:
-                out.append((kind, base, module_region(name, kind, base, size)))
+                out.append(ModuleRegion(kind, base, module_region(name, kind, base, size)))
         return out
 
     def _mod_mem_names(self) -> dict[int, str]:
@@ -614,7 +585,7 @@ class Kernel:
                     pass
         return self._mem_names
 
-    def _module_symbols(self, data: bytes, mod: KernelModule) -> list[tuple[int, str]]:
+    def _module_symbols(self, data: bytes, name: str) -> list[tuple[int, str]]:
         """``mod->kallsyms``: named, defined symbols of ``symtab`` (``find_kallsyms_symbol()``'s candidates)."""
         b = self.btf
         if not self.has("module", "kallsyms") or not self.has("mod_kallsyms", "symtab"):
@@ -627,11 +598,11 @@ class Kernel:
         num = field_int(b, kd, "mod_kallsyms", "num_symtab")
         strtab = field_int(b, kd, "mod_kallsyms", "strtab")
         if num > MAX_MODULE_SYMBOLS:
-            raise KernelError(f"module {mod.name}: {num} symbols")
+            raise KernelError(f"module {name}: {num} symbols")
         sym_size = self._sizeof("elf64_sym") if self._has_type("elf64_sym") else 24
         raw = self.read(symtab, num * sym_size) if num else b""
         if sym_size < ELF64_SYM_HEAD or sym_size % 8:
-            raise KernelError(f"module {mod.name}: elf64_sym is {sym_size} bytes")
+            raise KernelError(f"module {name}: elf64_sym is {sym_size} bytes")
         # st_name (u32 at 0), st_shndx (u16 at 6), st_value (u64 at 8) of entries 1.. (0 is the null symbol),
         # each field read as a column; an SHN_UNDEF (0) entry is no candidate
         view = memoryview(raw)
@@ -689,8 +660,8 @@ _MAPPING_SYMBOL = (b"$", b".L", b"L0")
 
 
 # ftrace_ops_list (kernel/trace/ftrace.c): the ops with a dynamically allocated trampoline
-def ftrace_trampolines(k: KernelReader, limit: int = 64) -> list[dict[str, Any]]:
-    """Dynamic ftrace trampolines ``{ops, addr, size, save_regs}`` (x86-64 ``orc_ftrace_find()`` needs them)."""
+def ftrace_trampolines(k: KernelReader, limit: int = 64) -> list[FtraceTrampoline]:
+    """Dynamic ftrace trampolines (x86-64 ``orc_ftrace_find()`` needs them)."""
     head, end = k.symbol("ftrace_ops_list"), k.symbol("ftrace_list_end")
     if head is None or not btf_has(k.btf, "ftrace_ops", "trampoline"):
         return []
@@ -699,7 +670,7 @@ def ftrace_trampolines(k: KernelReader, limit: int = 64) -> list[dict[str, Any]]
     except BtfError:
         save_regs = 0
     offs = {n: k.btf.offsetof("ftrace_ops", n) for n in ("next", "flags", "trampoline", "trampoline_size")}
-    out: list[dict[str, Any]] = []
+    out: list[FtraceTrampoline] = []
     seen: set[int] = set()
     ops = k.read_u64(head)
     while ops and ops != end and ops not in seen and len(seen) < limit:
@@ -708,7 +679,6 @@ def ftrace_trampolines(k: KernelReader, limit: int = 64) -> list[dict[str, Any]]
         v = {n: int.from_bytes(data[o:o + 8], "little") for n, o in offs.items()}
         # create_trampoline() copies ftrace_caller: a size of 0 or past MAX_TRAMPOLINE_BYTES is no trampoline
         if v["trampoline"] and 0 < v["trampoline_size"] <= MAX_TRAMPOLINE_BYTES:
-            out.append({"ops": f"{ops:#x}", "addr": f"{v['trampoline']:#x}", "size": v["trampoline_size"],
-                        "save_regs": bool(v["flags"] & save_regs)})
+            out.append(FtraceTrampoline(v["trampoline"], v["trampoline_size"], ops, bool(v["flags"] & save_regs)))
         ops = v["next"]
     return out

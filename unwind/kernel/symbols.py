@@ -15,7 +15,10 @@ import re
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+if TYPE_CHECKING:
+    from unwind.core.dumpinfo import BpfSymbol, ModuleInfo
 
 
 class SymbolError(Exception):
@@ -269,19 +272,15 @@ class ModuleSymbols:
         self.names = [n for _, n in pairs]
 
     @classmethod
-    def from_json(cls, entry: dict) -> "ModuleSymbols":
-        """A ``modules[]`` entry of a dump's JSON note (docs/dump-format.md); raises ``ValueError``/``KeyError``."""
-        num = lambda v: int(v, 0) if isinstance(v, str) else int(v)  # noqa: E731
-        return cls(str(entry["name"]), [(num(r["base"]), num(r["size"])) for r in entry.get("regions", [])],
-                   [(num(a), str(n)) for a, n in entry.get("symbols", [])])
+    def of(cls, module: ModuleInfo) -> "ModuleSymbols":
+        """A loaded module's kallsyms over its regions."""
+        return cls(module.name, [(r.base, r.size) for r in module.regions], module.symbols)
 
     @classmethod
-    def bpf(cls, entries: list) -> "ModuleSymbols":
-        """JITed BPF programs and trampolines ``[[start, end, name], ...]``: each its own region, printed
-        with no module (``bpf_address_lookup()`` sets none)."""
-        num = lambda v: int(v, 0) if isinstance(v, str) else int(v)  # noqa: E731
-        rows = [(num(lo), num(hi), str(name)) for lo, hi, name in entries]
-        return cls("", [(lo, hi - lo) for lo, hi, _ in rows], [(lo, name) for lo, _, name in rows])
+    def bpf(cls, entries: Sequence[BpfSymbol]) -> "ModuleSymbols":
+        """JITed BPF programs and trampolines: each its own region, printed with no module
+        (``bpf_address_lookup()`` sets none)."""
+        return cls("", [(b.start, b.end - b.start) for b in entries], [(b.start, b.name) for b in entries])
 
     def region(self, addr: int) -> tuple[int, int] | None:
         """``within_module_mem_type()``: the region holding ``addr``."""

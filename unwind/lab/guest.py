@@ -29,6 +29,7 @@ from elftools.elf.elffile import ELFFile
 from unwind.core import registry
 from unwind.core.memory import MemoryFault
 from unwind.kernel.btf import Btf, BtfError
+from unwind.formats.note_info import trampoline_json
 from unwind.kernel.model import Kernel, KernelError, KernelTask, ftrace_trampolines
 from .fetch import build_id
 from .rsp import RspClient, RspMemoryError
@@ -422,7 +423,7 @@ class CaptureSession:
                              "hit": hit_tid == c.tid if hit_tid else None})
         res.cpus = cpus
         res.meta = {"cpus": cpu_meta, "stacks": stacks_meta, "tasks": task_meta,
-                    "ftrace_trampolines": ftrace_trampolines(k),
+                    "ftrace_trampolines": [trampoline_json(t) for t in ftrace_trampolines(k)],
                     "capture": {"tool": "unwind capture", "kind": kind, "time": time.time(),
                                 "unreadable_tasks": unreadable}}
         return res

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Hashable, NamedTuple, Sequence
 
 from unwind.core import registry
 from unwind.core.callsite import CallSiteChecker
 from unwind.formats.dump import Dump, DumpError, NotADump, written_by_unwind
 from unwind.core.frame import Frame
 from unwind.formats.image import IMAGE_PATH_ENV, Image, ImageError, find_image, image_search_places
-from unwind.kernel.kaslr import RelocatedImage, relocate_symbols
 from unwind.core.memory import Memory
 from unwind.core.stackinfo import StackInfo
 from unwind.kernel.symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
@@ -35,6 +34,45 @@ _MAX_TASKS = 1 << 12
 COMMON_OPTIONS = frozenset({"complete", "record", "generation"})
 
 
+class _Walk(NamedTuple):
+    """What every walk with one set of options reads alike (a :attr:`Session._walks` entry)."""
+
+    #: the session's image and symbols, kept so the ids in the entry's key stay theirs
+    image: Image | None
+    symbols: SymbolTable | KernelSymbols | None
+    #: the options a walk reads: a copy of the caller's, with the dump's pinned generation
+    options: Options
+    #: the :attr:`Target.shared` of these options
+    shared: dict[Hashable, Any]
+    #: the dump's release
+    release: str | None
+
+
+class _Shared(NamedTuple):
+    """A :attr:`Target.shared` dict, with the image and symbols it was made over (their ids key it)."""
+
+    image: Image | None
+    symbols: SymbolTable | KernelSymbols | None
+    shared: dict[Hashable, Any]
+
+
+@dataclass(slots=True)
+class _PerTask:
+    """What every walk of one task reads alike (a :attr:`Session._per_task` entry)."""
+
+    #: the task's stacks list (its id keys the entry; kept so the id stays its)
+    stacks: list[StackInfo]
+    #: the memory its walks read (:meth:`Dump.task_memory`)
+    memory: Memory
+    #: the dump's memory and ``task_memory`` function :attr:`memory` was made with
+    dump_memory: object
+    made_by: object
+    #: whether the stacks record a freed task stack (:func:`task_stack_null`)
+    stack_null: bool
+    #: the default frame limit, once asked for
+    max_frames: int | None = None
+
+
 class Session:
     """A dump with its backend, image and symbols, ready to replay tasks."""
 
@@ -43,25 +81,21 @@ class Session:
         self.backend = dump.backend
         self.image = image
         self.symbols: SymbolTable | KernelSymbols | None = symbols
-        modules, bpf = dump.meta.get("modules"), dump.meta.get("bpf_symbols")
-        if symbols is not None and (modules or bpf):
-            try:
-                tables = [ModuleSymbols.from_json(m) for m in modules or []]
-                self.symbols = KernelSymbols(symbols, tables + ([ModuleSymbols.bpf(bpf)] if bpf else []))
-            except (ValueError, KeyError, TypeError) as e:
-                raise ReplayError(f"{dump.path}: malformed modules or bpf_symbols list: {e}") from None
+        info = dump.info
+        if symbols is not None and (info.modules or info.bpf_symbols):
+            tables = [ModuleSymbols.of(m) for m in info.modules]
+            self.symbols = KernelSymbols(symbols, tables + ([ModuleSymbols.bpf(info.bpf_symbols)]
+                                                            if info.bpf_symbols else []))
         self.warnings: list[str] = []
         self._callsites = CallSiteChecker(self.backend, image)
         #: the :attr:`_walks` entries of the options :meth:`replay` has checked (:meth:`check_options`)
-        self._checked: dict[tuple[object, ...], tuple[object, object, Options, dict[str, object], str | None]] = {}
+        self._checked: dict[tuple[object, ...], _Walk] = {}
         #: per options: the :attr:`Target.shared` of walks with those options
-        self._shared: dict[tuple[object, ...], tuple[object, object, dict[str, object]]] = {}
-        #: per options as given (and image and symbols, kept with it): the options a walk reads, its shared dict,
-        #: the dump's release
-        self._walks: dict[tuple[object, ...], tuple[object, object, Options, dict[str, object], str | None]] = {}
-        #: per task's stacks list (by id; the list is kept alive with them): [the list, the memory its walks
-        #: read, the default frame limit or None until asked]
-        self._per_task: dict[int, list] = {}
+        self._shared: dict[tuple[object, ...], _Shared] = {}
+        #: per options as given (and image and symbols, kept with it): what every walk with them reads alike
+        self._walks: dict[tuple[object, ...], _Walk] = {}
+        #: per task's stacks list (by id; the list is kept alive with them): what every walk of the task reads
+        self._per_task: dict[int, _PerTask] = {}
 
     @property
     def callsites(self) -> CallSiteChecker:
@@ -117,37 +151,29 @@ class Session:
     def _load_vmcore(cls, path: str, arch: str | None, vmlinux: str | Path | None,
                      system_map: str | Path | None) -> "Session":
         """A vmcore: its image is required (symbols, BTF); tasks are read from the kernel's own lists."""
-        from unwind.formats.vmdump import VmcoreDump
+        from unwind.formats.vmdump import VmcoreDump, VmcoreFile
 
-        dump = VmcoreDump.open(path)
-        if arch is not None and registry.get(arch).name != dump.arch:
-            raise ReplayError(f"--arch {arch} disagrees with the vmcore, which is {dump.arch}")
+        vmcore = VmcoreFile.open(path)
+        if arch is not None and registry.get(arch).name != vmcore.arch:
+            raise ReplayError(f"--arch {arch} disagrees with the vmcore, which is {vmcore.arch}")
         try:
-            image = find_image(dump.build_id, path, vmlinux)
+            image = find_image(vmcore.build_id, path, vmlinux)
         except ImageError as e:
             raise ReplayError(str(e)) from None
-        if image is None and dump.build_id is None:
+        if image is None and vmcore.build_id is None:
             raise ReplayError(f"{path}: no VMCOREINFO note, so no build-id to find the image by: give it with "
                               "--vmlinux (the kernel's own VMCOREINFO is then read from memory)")
         if image is None:
-            raise ReplayError(f"{path}: no image with build-id {dump.build_id} found: a vmcore's tasks need "
+            raise ReplayError(f"{path}: no image with build-id {vmcore.build_id} found: a vmcore's tasks need "
                               "the kernel's symbols and BTF (use --vmlinux or $UNWIND_IMAGE_PATH)")
-        if image.machine != dump.backend.elf_machine:
-            raise ReplayError(f"{image.path} is {image.machine}, the vmcore is {dump.backend.elf_machine}")
-        found = dump.find_vmcoreinfo(image) if not dump.vmcoreinfo_text else None
+        if image.machine != vmcore.backend.elf_machine:
+            raise ReplayError(f"{image.path} is {image.machine}, the vmcore is {vmcore.backend.elf_machine}")
         try:
             symbols = SymbolTable.from_system_map(system_map) if system_map is not None else image.symbols
         except (SymbolError, ImageError) as e:
             raise ReplayError(str(e)) from None
-        slide = dump.kaslr_offset(symbols)
-        symbol = runtime_symbols(symbols, slide)
-        btf = image.btf if image.btf is not None else dump.btf_from_memory(symbol)
-        dump.attach(symbol, btf)
-        if slide:  # the walk and the printers see the image where the kernel ran it
-            image, symbols = RelocatedImage(image, slide), relocate_symbols(symbols, slide)  # type: ignore[assignment]
-        session = cls(dump, image, symbols)  # type: ignore[arg-type]
-        if found:
-            session.warnings.append(found)
+        dump = VmcoreDump.open(vmcore, image, symbols)
+        session = cls(dump, dump.image, dump.symbols)  # type: ignore[arg-type]
         session.warnings.extend(dump.warnings)
         return session
 
@@ -196,52 +222,47 @@ class Session:
         return (options.complete, options.record, options.user, options.generation, options.orc_version,
                 id(self.image), id(self.symbols))
 
-    def _walk(self, options: Options, key: tuple[object, ...]) -> tuple[object, object, Options, dict[str, object],
-                                                                        str | None]:
+    def _walk(self, options: Options, key: tuple[object, ...]) -> _Walk:
         """The :attr:`_walks` entry of ``options`` (``key``): the options a walk reads (a copy: the caller's
         may change), with the image and symbols, the shared dict and the dump's release."""
         dump = self.dump
-        pinned = dump.meta.get("kernel", {}).get("generation")
-        walk = replace(options, generation=str(pinned)) if options.generation is None and pinned else \
-            replace(options)
-        hit = self._walks[key] = (self.image, self.symbols, walk, self._shared_for(walk), dump.release)
+        pinned = dump.info.generation
+        walk = replace(options, generation=pinned) if options.generation is None and pinned else replace(options)
+        hit = self._walks[key] = _Walk(self.image, self.symbols, walk, self._shared_for(walk), dump.release)
         return hit
 
-    def _target(self, task: Task, walk: tuple[object, object, Options, dict[str, object], str | None],
-                per_task: list) -> Target:
+    def _target(self, task: Task, walk: _Walk, per_task: _PerTask) -> Target:
         """The :class:`Target` of ``task`` from its :meth:`_walk` entry and :meth:`_task` entry."""
         dump = self.dump
-        return Target(self.backend.name, per_task[1], task, walk[4], dump.vmcoreinfo, walk[1],  # type: ignore[arg-type]
-                      walk[0], dump.meta, walk[2], walk[3])  # type: ignore[arg-type]
+        return Target(self.backend.name, per_task.memory, task, walk.release, dump.vmcoreinfo, walk.symbols,
+                      walk.image, dump.info, walk.options, walk.shared)
 
-    def _shared_for(self, options: Options) -> dict[str, object]:
+    def _shared_for(self, options: Options) -> dict[Hashable, Any]:
         """The :attr:`Target.shared` of walks with ``options`` over this session's image and symbols."""
         key = self._options_key(options)
         hit = self._shared.get(key)
         if hit is None:  # the image and symbols are kept with it, so their ids stay theirs
-            hit = self._shared[key] = (self.image, self.symbols, {})
-        return hit[2]
+            hit = self._shared[key] = _Shared(self.image, self.symbols, {})
+        return hit.shared
 
-    def _task(self, task: Task) -> list:
+    def _task(self, task: Task) -> _PerTask:
         """What every walk of ``task`` reads alike, worked out once per task (the copies :meth:`Dump.tasks`
-        hands out share their ``stacks`` list): ``[stacks, memory, frame limit or None, the dump's memory and
-        task_memory function they were made with, whether the stacks record a freed task stack]``. A
-        vmcore's task memory is a snapshot of its stacks (:meth:`Dump.task_memory`), read once, not per walk."""
+        hands out share their ``stacks`` list). A vmcore's task memory is a snapshot of its stacks
+        (:meth:`Dump.task_memory`), read once, not per walk."""
         stacks, memory, make = task.stacks, self.dump.memory, self.dump.task_memory
         made_by = getattr(make, "__func__", make)  # the function, not a bound method made for this call
         hit = self._per_task.get(id(stacks))
         # made again when a caller gave the dump new memory or a task_memory of its own
-        if hit is None or hit[0] is not stacks or hit[3] is not memory or hit[4] is not made_by:
+        if hit is None or hit.stacks is not stacks or hit.dump_memory is not memory or hit.made_by is not made_by:
             if len(self._per_task) >= _MAX_TASKS:  # tasks made by the caller, each with a list of its own
                 self._per_task.clear()
-            hit = self._per_task[id(stacks)] = [stacks, make(task), None, memory, made_by,
-                                                task_stack_null(stacks)]
+            hit = self._per_task[id(stacks)] = _PerTask(stacks, make(task), memory, made_by, task_stack_null(stacks))
         return hit
 
     def task_memory(self, task: Task) -> Memory:
         """The memory a walk of ``task`` reads (:meth:`Dump.task_memory`), made once per task and kept: the
         memory :meth:`replay` reads (a vmcore's snapshot of the task's stacks is not read again)."""
-        return self._task(task)[1]
+        return self._task(task).memory
 
     def unwinder(self, task: Task, options: Options | None = None) -> Unwinder:
         """An unwinder for ``task``, to drive with :func:`~unwind.core.walk.kunwind_stack_walk` and the kernel's
@@ -266,15 +287,16 @@ class Session:
             walk = self._checked[key] = self._walks.get(key) or self._walk(options, key)
         per_task = self._task(task)
         target = self._target(task, walk, per_task)
-        if task_stack_freed(task, per_task[5]):
+        if task_stack_freed(task, per_task.stack_null):
             stop = Stop(StopReason.TASK_EXITED, f"task->stack is NULL (state {task.state or '?'}): "
                                                 "try_get_task_stack() fails and the kernel prints nothing")
             verdict = ReliableResult(False, stop, "try_get_task_stack() fails (-EINVAL)") if reliable else None
             return Replay(target, [], stop, verdict)
         if max_frames is None:
-            max_frames = per_task[2]
+            max_frames = per_task.max_frames
             if max_frames is None:
-                max_frames = per_task[2] = frame_limit(task.stacks, per_task[1], self.backend.min_frame_bytes)
+                max_frames = per_task.max_frames = frame_limit(task.stacks, per_task.memory,
+                                                               self.backend.min_frame_bytes)
         unwinder = self.backend.unwinder(target)
         frames, stop = collect(unwinder, max_frames)
         verdict = None
@@ -328,21 +350,6 @@ def _vmcore_format(path: str | Path) -> bool:
     except VmcoreError:
         return False
     return fmt != "elf" or is_vmcore(path)
-
-
-def runtime_symbols(symbols: SymbolTable, slide: int) -> Callable[[str], int | None]:
-    """Symbol name -> runtime address: the link address plus the KASLR ``slide``, except zero-based
-    per-CPU symbols (x86-64 before 6.15), which are offsets into each CPU's area."""
-    pcpu_lo, pcpu_hi = symbols.address("__per_cpu_start"), symbols.address("__per_cpu_end")
-    zero_based = pcpu_lo == 0 and pcpu_hi is not None
-
-    def symbol(name: str) -> int | None:
-        addr = symbols.address(name)
-        if addr is None or not slide or (zero_based and addr < pcpu_hi):  # type: ignore[operator]
-            return addr
-        return addr + slide
-
-    return symbol
 
 
 class SymbolizingUnwinder(Unwinder):

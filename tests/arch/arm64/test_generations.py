@@ -11,6 +11,7 @@ import pytest
 
 from tests.btfbuild import BtfBuilder
 from unwind import Options, StopReason
+from unwind.core.dumpinfo import StructOffsets
 from unwind.arch.arm64 import synth as S
 from unwind.arch.arm64.structs import PtRegsLayout
 from unwind.arch.arm64.synth import (KRETPROBE_TRAMPOLINE, RETURN_TO_HANDLER, TASK_LOW, Arm64Synth, fn, ret,
@@ -37,7 +38,7 @@ def test_clean_scenarios_every_generation(name, generation, release):
     """With the release, or with none (the generation and the layout then come from the stacks)."""
     sc = S.CLEAN_SCENARIOS[name](generation)
     if not release:
-        sc.session.dump.meta["kernel"].pop("release")
+        sc.session.dump.info = sc.session.dump.info._replace(release=None)
         sc.session.dump.vmcoreinfo.pop("OSRELEASE")
     u, frames, stop = walk(sc)
     assert [f.pc for f in frames] == sc.expected
@@ -48,7 +49,7 @@ def test_clean_scenarios_every_generation(name, generation, release):
 def test_no_btf_no_offsets_no_release_derives_pt_regs_and_crosses_pt_regs(generation):
     """The acceptance case: a 7.x dump with nothing but its stacks ends cleanly across its PT_REGS record."""
     sc = S.preempted_in_irq(generation, release=False)
-    assert sc.session.image is None and "offsets" not in sc.session.dump.meta and not sc.session.dump.release
+    assert sc.session.image is None and sc.session.dump.info.offsets is None and not sc.session.dump.release
     u, frames, stop = walk(sc)
     assert [f.pc for f in frames] == sc.expected and stop.reason is StopReason.END_OF_STACK and stop.clean
     boundary = frames[sc.notes["boundary_index"]]
@@ -61,8 +62,8 @@ def test_no_btf_no_offsets_no_release_derives_pt_regs_and_crosses_pt_regs(genera
 def test_the_wrong_pt_regs_size_is_what_refuses_the_boundary():
     """The same 7.2 stacks read with 6.13's 336-byte pt_regs (given as the dump's offsets) stop at the record."""
     sc = S.preempted_in_irq("7.2")
-    sc.session.dump.meta["offsets"] = {"pt_regs": {"size": 336, "members": {"regs": 0, "pc": 256, "pstate": 264,
-                                                                            "stackframe": 296}}}
+    sc.session.dump.info = sc.session.dump.info._replace(offsets={"pt_regs": StructOffsets(
+        336, {"regs": 0, "pc": 256, "pstate": 264, "stackframe": 296})})
     u, frames, stop = walk(sc)
     assert stop.reason is StopReason.TRANSITION_REFUSED and len(frames) == sc.notes["boundary_index"] + 1
     assert u.state.layout.source.startswith("dump")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from unwind import Options, StopReason
+from unwind.core.dumpinfo import StructOffsets
 from unwind.arch.x86_64.orc import (ORC_REG_AX, ORC_REG_BP, ORC_REG_BP_INDIRECT, ORC_REG_DI, ORC_REG_DX,
                                     ORC_REG_PREV_SP, ORC_REG_R10, ORC_REG_R13, ORC_REG_SP_INDIRECT, OrcEntry)
 from unwind.arch.x86_64.synth import (END_OF_STACK, FP_FRAME, KERNEL_CS, KERNEL_SS, TEXT, UNDEFINED, USER_CS,
@@ -460,7 +461,7 @@ def test_inactive_task_frame_from_the_dump_offsets():
     frames, _ = walk(s, t)
     assert [f.pc for f in frames] != pcs(b, EXPECTED)  # the table's layout reads the wrong words
     s, t = blocked(b, build)  # a Session reads its dump's layouts once: the changed dump gets a new one
-    s.dump.meta["offsets"] = {"inactive_task_frame": {"size": 64, "members": {"bp": 48, "ret_addr": 56}}}
+    s.dump.info = s.dump.info._replace(offsets={"inactive_task_frame": StructOffsets(64, {"bp": 48, "ret_addr": 56})})
     r = s.replay(t)
     assert [f.pc for f in r.frames] == pcs(b, EXPECTED) and r.stop.clean
     assert r.basis["inactive_task_frame"].startswith("struct inactive_task_frame: 64 bytes, from dump")
@@ -502,9 +503,8 @@ def test_a_wrong_pt_regs_size_breaks_the_walk_without_the_derivation():
     """The 184-byte pt_regs read with the dump's (wrong) 168-byte offsets misses the user cs: the derived
     layout is what made the test above pass."""
     b, s, t, pt = _user_syscall_dump(184, 16)
-    s.dump.meta["offsets"] = {"pt_regs": {"size": 168, "members": {"r10": 56, "r13": 16, "di": 112, "dx": 96,
-                                                                  "ax": 80, "bp": 32, "ip": 128, "cs": 136,
-                                                                  "sp": 152}}}
+    s.dump.info = s.dump.info._replace(offsets={"pt_regs": StructOffsets(168, {
+        "r10": 56, "r13": 16, "di": 112, "dx": 96, "ax": 80, "bp": 32, "ip": 128, "cs": 136, "sp": 152})})
     r = s.replay(t)
     assert r.basis["pt_regs"].startswith("struct pt_regs: 168 bytes, from dump")
     assert r.stop.reason is not StopReason.USER_MODE
