@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from unwind.arch.arm64 import mm as arm64_mm
+from unwind.arch.riscv import mm as riscv_mm
 from unwind.arch.x86_64 import mm as x86_mm
 from unwind.core.memory import NotMapped
 from unwind.formats.vmcore.virtual import VirtualMemory
@@ -118,3 +119,26 @@ def test_x86_image_gaps_unmapped_with_pti_are_walked():
     for va in (X86_SYMBOLS["_etext"] + PAGE, X86_SYMBOLS["__end_rodata"], X86_SYMBOLS["__init_begin"]):
         with pytest.raises(NotMapped):
             tr.translate(va)
+
+
+# --- riscv64 Sv57: the KASAN shadow starts inside PAGE_OFFSET + KERN_VIRT_SIZE ---
+RISCV_V, RISCV_R, RISCV_W = 1, 2, 4
+PAGE_OFFSET_SV57 = 0xFF60000000000000
+KASAN_SHADOW_START_SV57 = 0xFFDF000000000000  # Documentation/arch/riscv/vm-layout.rst
+
+
+def test_riscv_kasan_shadow_is_not_read_through_the_linear_map():
+    phys = SparsePhys(alloc_base=0x84000000)
+    t = RadixTables(phys, [(48, 9), (39, 9), (30, 9), (21, 9), (12, 9)], lambda pa: (pa >> 12) << 10 | RISCV_V,
+                    lambda pa, lvl: (pa >> 12) << 10 | RISCV_V | RISCV_R | RISCV_W)
+    shadow_page = phys.alloc()  # kasan_populate_early_shadow() maps the shadow to pages of its own
+    t.map(KASAN_SHADOW_START_SV57, shadow_page, 4)
+    klink, load = 0xFFFFFFFF80000000, 0x80200000
+    swapper = klink + 0x1400000
+    phys.pages[(load + 0x1400000) // PAGE] = phys.pages[t.root // PAGE]
+    info = VmcoreInfo.parse(f"NUMBER(va_kernel_pa_offset)={klink - load:#x}\nSYMBOL(swapper_pg_dir)={swapper:x}\n"
+                            f"NUMBER(VA_BITS)=57\nNUMBER(PAGE_OFFSET)={PAGE_OFFSET_SV57:#x}\n"
+                            f"NUMBER(phys_ram_base)={0x80000000}\n")
+    symbols = {"_start": klink, "_end": klink + 0x2000000, "kasan_early_shadow_page": klink + 0x1800000}
+    tr = riscv_mm.translator(info, phys, symbols.get)
+    assert tr.translate(KASAN_SHADOW_START_SV57 + 0x10) == shadow_page + 0x10
