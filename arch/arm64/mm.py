@@ -8,7 +8,11 @@ bits [15:12] with 64K pages (FEAT_LPA) or PA[51:50] from bits [9:8] with
 
 The shortcuts are the kernel's ``__virt_to_phys_nodebug()``: the linear map
 ``__lm_to_phys()`` (``PHYS_OFFSET``) for ``__is_lm_address()``, and the image
-``__kimg_to_phys()`` (``kimage_voffset``) over ``[_text, _end)``.
+``__kimg_to_phys()`` (``kimage_voffset``) over the segments ``map_kernel()``
+maps and keeps mapped (:data:`KERNEL_SEGMENTS`). The rest of ``[_text, _end)``
+is walked: ``[_text, _stext)`` is vmalloc space on the kernels that leave it
+unmapped (IRQ stacks and other vmalloc memory can live there), and
+``free_initmem()`` unmaps ``[__init_begin, __init_end)``.
 """
 
 from __future__ import annotations
@@ -182,10 +186,29 @@ def linear_map(va_bits: int, page_end: int, phys_offset: int) -> LinearMap:
     return LinearMap(page_offset, page_end, (page_offset - phys_offset) & _U64)
 
 
-# __kimg_to_phys()
-def kimage_map(text: int, end: int, kimage_voffset: int) -> LinearMap:
-    """``pa = va - kimage_voffset`` over the image ``[_text, _end)``."""
-    return LinearMap(text, end, kimage_voffset)
+#: map_kernel() (arch/arm64/mm/mmu.c; arch/arm64/kernel/pi/map_kernel.c from 6.9): the image segments mapped at
+#: kimage_voffset and never unmapped. 5.9's map_kernel() maps [_text, _etext); 6.1's and 6.12's start at _stext,
+#: leaving [_text, _stext) a free hole of the vmalloc area; a later pi/map_kernel.c maps [_text, _stext) again. The
+#: init segments ([__inittext_begin, __inittext_end), [__initdata_begin, __initdata_end)) are unmapped by
+#: free_initmem() (vunmap_range(__init_begin, __init_end)) once the kernel has booted. Both are walked.
+KERNEL_SEGMENTS = (("_stext", "_etext"), ("__start_rodata", "__inittext_begin"), ("_data", "_end"))
+
+
+# __kimg_to_phys() over map_kernel_segment()
+def kimage_map(start: int, end: int, kimage_voffset: int) -> LinearMap:
+    """``pa = va - kimage_voffset`` over one segment ``[start, end)`` of the image mapping."""
+    return LinearMap(start, end, kimage_voffset)
+
+
+# map_kernel(): the segments that stay mapped at kimage_voffset
+def kimage_segments(symbol: Callable[[str], int | None], kimage_voffset: int) -> list[LinearMap]:
+    """:func:`kimage_map` over each of :data:`KERNEL_SEGMENTS` whose bounds the image's symbols give."""
+    out = []
+    for first, last in KERNEL_SEGMENTS:
+        start, end = symbol(first), symbol(last)
+        if start is not None and end is not None and start < end:
+            out.append(kimage_map(start, end, kimage_voffset))
+    return out
 
 
 def translator(info: VmcoreInfo, phys: PhysReader, symbol: Callable[[str], int | None]) -> Arm64Translator:
@@ -196,7 +219,8 @@ def translator(info: VmcoreInfo, phys: PhysReader, symbol: Callable[[str], int |
     bits (5.9+) except with 64K pages, where a 52-bit kernel keeps its 52-bit
     layout even on 48-bit hardware (drgn reads it the same way). The linear
     shortcut needs ``PHYS_OFFSET`` and is not taken on a KASAN kernel, whose
-    ``PAGE_END`` moves with the shadow; the image one needs ``_text``/``_end``.
+    ``PAGE_END`` moves with the shadow; the image one is taken over the
+    segments of :data:`KERNEL_SEGMENTS` the symbols bound.
     """
     page_size = info.number("PAGESIZE", lo=1, hi=1 << 16)
     if page_size is None or page_size.bit_length() - 1 not in GRANULES or page_size & (page_size - 1):
@@ -225,8 +249,6 @@ def translator(info: VmcoreInfo, phys: PhysReader, symbol: Callable[[str], int |
         page_end = info.word("NUMBER(MODULES_VADDR)") or _page_end(va_bits_min(va_bits, page_shift))
         if _page_offset(va_bits) < page_end:
             linear.append(linear_map(va_bits, page_end, phys_offset))
-    text, end = symbol("_text"), symbol("_end")
-    if text is not None and end is not None and text < end:
-        linear.append(kimage_map(text, end, voffset))
+    linear.extend(kimage_segments(symbol, voffset))
     return Arm64Translator(phys, (swapper - voffset) & _U64, page_shift=page_shift, va_bits=walk_bits,
                            lpa2=lpa2, linear=tuple(linear))

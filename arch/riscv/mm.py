@@ -169,8 +169,11 @@ def translator(info: VmcoreInfo, phys: PhysReader, symbol: Callable[[str], int |
     Required: ``NUMBER(va_kernel_pa_offset)`` (not written by XIP kernels) and
     ``SYMBOL(swapper_pg_dir)``. ``NUMBER(VA_BITS)`` (5.17+) picks the mode,
     Sv39 without it, as crash assumes. The linear shortcut needs
-    ``NUMBER(PAGE_OFFSET)`` and ``NUMBER(phys_ram_base)``; the image one the
-    ``_start``/``_end`` symbols.
+    ``NUMBER(PAGE_OFFSET)`` and ``NUMBER(phys_ram_base)`` and is not taken on a
+    KASAN kernel: with Sv57 the shadow (``KASAN_SHADOW_START``
+    0xffdf000000000000) begins below ``PAGE_OFFSET + KERN_VIRT_SIZE``. The image
+    one needs the ``_start``/``_end`` symbols: ``create_kernel_page_table()``
+    maps all of it, and ``free_initmem()`` only makes ``__init`` non-executable.
     """
     voffset = info.word("NUMBER(va_kernel_pa_offset)")
     swapper = info.symbol("swapper_pg_dir")
@@ -186,7 +189,8 @@ def translator(info: VmcoreInfo, phys: PhysReader, symbol: Callable[[str], int |
     linear: list[LinearMap] = []
     page_offset = info.word("NUMBER(PAGE_OFFSET)")
     phys_ram_base = info.word("NUMBER(phys_ram_base)")
-    if page_offset is not None and phys_ram_base is not None and page_offset >> 63:
+    if (page_offset is not None and phys_ram_base is not None and page_offset >> 63
+            and symbol("kasan_early_shadow_page") is None):
         linear.append(linear_map(page_offset, phys_ram_base, va_bits))
     start, end = symbol("_start"), symbol("_end")
     if start is not None and end is not None and start < end:

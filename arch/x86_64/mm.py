@@ -7,6 +7,10 @@ PUD and 2 MiB at the PMD (``_PAGE_PSE``). The shortcuts are
 ``__phys_addr_symbol()`` for the kernel image (``__START_KERNEL_map`` +
 ``phys_base``) and ``__phys_addr_nodebug()`` for the direct map
 (``page_offset_base``), taken only where the kernel's own values bound them.
+The image shortcut covers the segments that stay mapped
+(:data:`KERNEL_SEGMENTS`); the gaps ``mark_rodata_ro()`` frees and the
+``__init`` memory ``free_initmem()`` frees are walked (with PTI they are
+unmapped).
 """
 
 from __future__ import annotations
@@ -183,10 +187,29 @@ class X86_64Translator:
         return self.slow_virt_to_phys(vaddr)
 
 
+#: the image segments the high mapping keeps (level2_kernel_pgt, cleanup_highmap(), arch/x86/mm/init_64.c):
+#: mark_rodata_ro() frees [_etext, __start_rodata) and [__end_rodata, _sdata), free_initmem() frees
+#: [__init_begin, __init_end), each through free_kernel_image_pages(), which unmaps them with PTI
+#: (set_memory_np_noalias()). Those are walked.
+KERNEL_SEGMENTS = (("_text", "_etext"), ("__start_rodata", "__end_rodata"), ("_sdata", "__init_begin"),
+                   ("__init_end", "_end"))
+
+
 # __phys_addr_symbol(): the kernel image mapping
-def kernel_image_map(text: int, end: int, phys_base: int) -> LinearMap:
-    """``pa = va - __START_KERNEL_map + phys_base`` over the image ``[_text, _end)``."""
-    return LinearMap(text, end, __START_KERNEL_map - phys_base)
+def kernel_image_map(start: int, end: int, phys_base: int) -> LinearMap:
+    """``pa = va - __START_KERNEL_map + phys_base`` over one segment ``[start, end)`` of the image."""
+    return LinearMap(start, end, __START_KERNEL_map - phys_base)
+
+
+# the segments of the high mapping that stay mapped at phys_base
+def kernel_image_segments(symbol: Callable[[str], int | None], phys_base: int) -> list[LinearMap]:
+    """:func:`kernel_image_map` over each of :data:`KERNEL_SEGMENTS` whose bounds the image's symbols give."""
+    out = []
+    for first, last in KERNEL_SEGMENTS:
+        start, end = symbol(first), symbol(last)
+        if start is not None and end is not None and __START_KERNEL_map <= start < end <= _U64:
+            out.append(kernel_image_map(start, end, phys_base))
+    return out
 
 
 # __phys_addr_nodebug(): the direct map below VMALLOC_START
@@ -199,8 +222,8 @@ def translator(info: VmcoreInfo, phys: PhysReader, symbol: Callable[[str], int |
     """Build the translation of a dump from its VMCOREINFO and the image's (runtime) symbols.
 
     ``phys_base`` and ``SYMBOL(init_top_pgt)`` are required (every x86-64
-    kernel since 4.13 writes them). The image shortcut needs ``_text`` and
-    ``_end``; the direct-map one needs ``page_offset_base`` (read from the
+    kernel since 4.13 writes them). The image shortcut is taken over the
+    segments of :data:`KERNEL_SEGMENTS` the symbols bound; the direct-map one needs ``page_offset_base`` (read from the
     image) and ``VMALLOC_START`` (``NUMBER(VMALLOC_START)`` or the
     ``vmalloc_base`` variable). Without them the walk serves those ranges.
     """
@@ -218,9 +241,7 @@ def translator(info: VmcoreInfo, phys: PhysReader, symbol: Callable[[str], int |
     pgd = (pgt - __START_KERNEL_map + phys_base) & _U64
     walk = X86_64Translator(phys, pgd, l5=bool(l5), sme_mask=sme_mask)
     linear: list[LinearMap] = []
-    text, end = symbol("_text"), symbol("_end")
-    if text is not None and end is not None and __START_KERNEL_map <= text < end <= _U64:
-        linear.append(kernel_image_map(text, end, phys_base))
+    linear.extend(kernel_image_segments(symbol, phys_base))
     page_offset_base = _read_variable(walk, phys, symbol("page_offset_base"))
     vmalloc_start = info.word("NUMBER(VMALLOC_START)")
     if vmalloc_start is None:

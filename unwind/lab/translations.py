@@ -37,8 +37,9 @@ from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
 IMAGE_SYMBOLS = ("init_task", "jiffies", "linux_banner", "init_mm", "swapper_pg_dir", "__per_cpu_offset",
                  "init_uts_ns", "vmcoreinfo_note")
 #: the image symbols the translators use for their shortcuts
-SHORTCUT_SYMBOLS = ("_text", "_end", "_start", "_stext", "page_offset_base", "vmalloc_base",
-                    "kasan_early_shadow_page")
+SHORTCUT_SYMBOLS = ("_text", "_end", "_start", "_stext", "_etext", "__start_rodata", "__end_rodata",
+                    "__inittext_begin", "_data", "_sdata", "__init_begin", "__init_end", "page_offset_base",
+                    "vmalloc_base", "kasan_early_shadow_page")
 #: the link-time symbols a search for the kernel's own VMCOREINFO reads (riscv)
 FIND_SYMBOLS = ("_start", "_stext", "vmcoreinfo_note", "swapper_pg_dir", "kernel_map", "phys_ram_base", "satp_mode")
 #: bytes compared per address
