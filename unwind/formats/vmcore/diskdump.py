@@ -118,8 +118,9 @@ _POPCOUNT = bytes(bin(i).count("1") for i in range(256))
 RUN_CHUNK_BITS = 1 << 23
 #: RAM ranges a machine may have: more in bitmap 1 is a corrupt file
 MAX_RANGES = 1 << 16
-#: page descriptors read at a time when a damaged file is scanned for what it lacks
+#: page descriptors read, and bitmap bits unpacked, at a time when a damaged file is scanned for what it lacks
 DESC_CHUNK = 1 << 16
+LACKING_CHUNK_BITS = 1 << 20
 
 
 def _bit_runs(bitmap: bytes, nbits: int, path: str) -> list[tuple[int, int]]:
@@ -253,8 +254,9 @@ class DiskDump(PhysicalMemory):
                                   "end, and holds no notes: nothing is left to read")
             self._ram = self._dumped = bytes(half)
             self._rank = None
-            self.num_dumped = 0
-            self.damage = Damage("incomplete" if self.incomplete else "truncated", source.size, None, [],
+            self.num_dumped = self._descs_there = 0
+            every = [PhysRange(self._pfn_lo * bs, self._pfn_hi * bs)]
+            self.damage = Damage("incomplete" if self.incomplete else "truncated", source.size, None, every,
                                  self._detail(source, "the file ends in the bitmaps: no page is left"))
             return
         raw = self._region(source, start, 2 * half, "bitmaps")
@@ -311,8 +313,8 @@ class DiskDump(PhysicalMemory):
 
         absent: list[tuple[int, int]] = []
         index = 0
-        for base in range(0, self.max_mapnr, RUN_CHUNK_BITS):
-            n = min(RUN_CHUNK_BITS, self.max_mapnr - base)
+        for base in range(0, self.max_mapnr, LACKING_CHUNK_BITS):
+            n = min(LACKING_CHUNK_BITS, self.max_mapnr - base)
             bits = np.unpackbits(np.frombuffer(self._dumped, dtype=np.uint8, count=(n + 7) // 8, offset=base // 8),
                                  bitorder="little")[:n]
             pfns = base + np.flatnonzero(bits)
