@@ -83,6 +83,9 @@ class VmcoreDump:
         except registry.ArchError:
             raise DumpError(f"{path}: a vmcore of {phys.machine}, which unwind has no backend for") from None
         if not phys.vmcoreinfo and not backend.vmcoreinfo_in_memory:
+            if phys.damage is not None:
+                raise DumpError(f"{path}: no VMCOREINFO note, which may be beyond the end of the file ({phys.damage}): "
+                                "cannot find the kernel")
             raise DumpError(f"{path}: no VMCOREINFO note (QEMU needs -device vmcoreinfo): cannot find the kernel")
         dump = cls(path, backend, None, [p.desc for p in phys.prstatus], phys.vmcoreinfo or "", source=phys.format,
                    phys=phys)

@@ -247,7 +247,7 @@ class DiskDump(PhysicalMemory):
                               f"({half * 8} pages)")
         start = (1 + hdr.sub_hdr_size) * bs
         self._desc_start = start + 2 * half
-        self._bitmaps_cut = self._desc_start > source.size and 2 * half <= source.stored
+        self._bitmaps_cut = self._desc_start > source.size
         if self._bitmaps_cut:  # no page can be found: the notes are all that is left
             if not self.notes:
                 raise VmcoreError(f"{self.path}: truncated: the file ends at {source.size:#x}, before its bitmaps "
@@ -312,7 +312,7 @@ class DiskDump(PhysicalMemory):
         import numpy as np
 
         absent: list[tuple[int, int]] = []
-        index = 0
+        index = lost_pages = 0
         for base in range(0, self.max_mapnr, LACKING_CHUNK_BITS):
             n = min(LACKING_CHUNK_BITS, self.max_mapnr - base)
             bits = np.unpackbits(np.frombuffer(self._dumped, dtype=np.uint8, count=(n + 7) // 8, offset=base // 8),
@@ -329,12 +329,13 @@ class DiskDump(PhysicalMemory):
                 lost[lo:hi] = (d["offset"] <= 0) | (d["size"] == 0) | (d["offset"] + d["size"] > source.size)
             index += len(pfns)
             gone = pfns[lost]
+            lost_pages += len(gone)
             if len(gone):
                 breaks = np.flatnonzero(np.diff(gone) != 1)
                 starts = np.concatenate(([gone[0]], gone[breaks + 1]))
                 ends = np.concatenate((gone[breaks], [gone[-1]])) + 1
                 absent.extend(zip((starts * self.block_size).tolist(), (ends * self.block_size).tolist()))
-        if not self.notes and len(absent) and sum(e - s for s, e in absent) == self.num_dumped * self.block_size:
+        if not self.notes and lost_pages == self.num_dumped:
             raise VmcoreError(f"{self.path}: truncated: the file ends at {source.size:#x}, no page and no note is "
                               "left to read")
         where = ("the file ends in the page descriptors" if self._descs_there < self.num_dumped
