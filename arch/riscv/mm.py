@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from unwind.kernel.btf import BtfError
+from unwind.kernel.btf import BTF_MAGIC, BtfError
 from unwind.core.errors import DumpError
 from unwind.core.memory import MemoryFault, NotMapped
 from unwind.formats.vmcore.virtual import LinearMap, PhysReader, VirtualMemory, read_entry
@@ -236,7 +236,8 @@ def find_vmcoreinfo(phys: PhysReader, ranges: Iterable[tuple[int, int]], symbol:
         if found is not None:
             return found, (f"VMCOREINFO read from the kernel's vmcoreinfo_note (image loaded at "
                            f"physical {base:#x}): the dump has no VMCOREINFO note")
-        rebuilt = arch_crash_save_vmcoreinfo(phys, base, symbol, btf) if btf is not None else None
+        image_btf = btf if btf is not None else _loaded_btf(phys, base, symbol)
+        rebuilt = arch_crash_save_vmcoreinfo(phys, base, symbol, image_btf) if image_btf is not None else None
         if rebuilt is not None:
             return rebuilt, (f"VMCOREINFO rebuilt from kernel_map, phys_ram_base and satp_mode in the image "
                              f"(loaded at physical {base:#x}): the dump has no VMCOREINFO note, and the "
@@ -288,11 +289,54 @@ def arch_crash_save_vmcoreinfo(phys: PhysReader, base: int, symbol: Callable[[st
     if va_bits is None:
         return None
     slide = virt_addr - start
+    release = _osrelease(phys, base, start, symbol, btf)
+    end = symbol("_end")
+    # asm/pgtable.h, 64-bit: MODULES_VADDR = PFN_ALIGN(&_end) - SZ_2G, MODULES_END = PFN_ALIGN(&_start)
+    modules = "" if end is None else (f"NUMBER(MODULES_VADDR)={(_pfn_align(end + slide) - (2 << 30)) & _U64:#x}\n"
+                                      f"NUMBER(MODULES_END)={_pfn_align(start + slide) & _U64:#x}\n")
     return VmcoreInfo.parse(
+        (f"OSRELEASE={release}\n" if release else "") + modules +
         f"PAGESIZE={1 << PAGE_SHIFT}\nSYMBOL(swapper_pg_dir)={(swapper + slide) & _U64:x}\n"
         f"SYMBOL(_stext)={(stext + slide) & _U64:x}\nNUMBER(phys_ram_base)={phys_ram_base}\n"
         f"NUMBER(PAGE_OFFSET)={page_offset:#x}\nNUMBER(VA_BITS)={va_bits}\n"
         f"NUMBER(va_kernel_pa_offset)={va_kernel_pa_offset:#x}\n")
+
+
+def _pfn_align(addr: int) -> int:
+    """``PFN_ALIGN()``: up to the next page boundary."""
+    return (addr + (1 << PAGE_SHIFT) - 1) & ~((1 << PAGE_SHIFT) - 1)
+
+
+# crash_save_vmcoreinfo_init() (kernel/vmcore_info.c): VMCOREINFO_OSRELEASE(init_uts_ns.name.release)
+def _osrelease(phys: PhysReader, base: int, start: int, symbol: Callable[[str], int | None], btf: "Btf") -> str | None:
+    """``init_uts_ns.name.release`` in the image loaded at physical ``base`` (the walk's kernel generation)."""
+    uts = symbol("init_uts_ns")
+    if uts is None:
+        return None
+    try:
+        at = base + uts - start + btf.offsetof("uts_namespace", "name") + btf.offsetof("new_utsname", "release")
+        raw = phys.read_phys(at, 65)
+    except (BtfError, MemoryFault):
+        return None
+    text = raw.split(b"\0", 1)[0]
+    return text.decode("ascii") if text and text.isascii() and text.decode("ascii").isprintable() else None
+
+
+def _loaded_btf(phys: PhysReader, base: int, symbol: Callable[[str], int | None]) -> "Btf | None":
+    """The kernel's BTF (``__start_BTF`` .. ``__stop_BTF``) in the image loaded at physical ``base``, for an image
+    file without ``.BTF``; ``None`` unless a BTF header is there."""
+    from unwind.kernel.btf import Btf
+
+    start, lo, hi = symbol("_start"), symbol("__start_BTF"), symbol("__stop_BTF")
+    if start is None or lo is None or hi is None or not 0 < hi - lo < 1 << 28 or lo < start:
+        return None
+    at = base + lo - start
+    try:
+        if int.from_bytes(phys.read_phys(at, 2), "little") != BTF_MAGIC:
+            return None
+        return Btf.cached(phys.read_phys(at, hi - lo))
+    except (MemoryFault, BtfError):
+        return None
 
 
 def _va_pa_offset_location(symbol: Callable[[str], int | None], btf: "Btf | None") -> int | None:

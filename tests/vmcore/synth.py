@@ -14,6 +14,7 @@ import random
 import zlib
 from dataclasses import dataclass, field
 
+from unwind.core.memory import MemoryFault
 from unwind.formats import elfcore
 from unwind.formats.vmcore import codecs, diskdump, flattened
 
@@ -192,15 +193,18 @@ def kdump_file(spec: KdumpSpec) -> bytes:
     return bytes(out + data)
 
 
-def flatten(data: bytes, record: int = 4096, seed: int | None = 0, overwrite_header: bool = False) -> bytes:
+def flatten(data: bytes, record: int = 4096, seed: int | None = 0, overwrite_header: bool = False,
+            sparse: bool = True) -> bytes:
     """The flattened form of ``data``: records of at most ``record`` bytes, shuffled when ``seed`` is set.
 
-    All-zero records are left out (a gap reads as zeros after ``-R``). With
-    ``overwrite_header`` the first record is garbage later overwritten by the
-    real bytes, as when makedumpfile rewrites its header.
+    With ``sparse``, all-zero records are left out (a gap reads as zeros after
+    ``-R``); without, every block is written in order, as makedumpfile ``-F``
+    writes a file. With ``overwrite_header`` the first record is garbage later
+    overwritten by the real bytes, as when makedumpfile rewrites its header.
     """
     recs = [(o, data[o:o + record]) for o in range(0, len(data), record)]
-    recs = [r for r in recs if any(r[1])] + [recs[-1]]  # keep the last so the size is right
+    if sparse:
+        recs = [r for r in recs if any(r[1])] + [recs[-1]]  # keep the last so the size is right
     if seed is not None:
         random.Random(seed).shuffle(recs)
     if overwrite_header:
@@ -211,3 +215,19 @@ def flatten(data: bytes, record: int = 4096, seed: int | None = 0, overwrite_hea
         out += flattened.Makedumpfile_data_header.build(dict(offset=off, buf_size=len(buf))) + buf
     out += flattened.Makedumpfile_data_header.build(dict(offset=-1, buf_size=-1))
     return bytes(out)
+
+
+def kdump_of(vm, codec: int = codecs.DUMP_DH_COMPRESSED_ZLIB) -> bytes:
+    """A kdump-compressed file holding what the open vmcore ``vm`` holds: its notes, its VMCOREINFO and every
+    page it has whole (pages of zeros share one record, as QEMU writes them)."""
+    machines = {v: k for k, v in diskdump.UTS_MACHINES.items() if k != "arm64"}
+    pages: dict[int, bytes] = {}
+    for r in vm.ranges:
+        for pfn in range(r.start // 4096, -(-r.end // 4096)):
+            try:
+                pages[pfn] = vm.read_phys(pfn * 4096, 4096)
+            except MemoryFault:
+                pass
+    notes = b"".join(elfcore.note(n.name, n.type, n.desc) for n in vm.notes)
+    return kdump_file(KdumpSpec(max_mapnr=max(pages) + 1, ram=set(pages), dumped=pages, codec=codec, notes=notes,
+                                machine=machines[vm.machine], dump_level=1))

@@ -10,7 +10,8 @@ import pytest
 
 from unwind.formats.dump import DumpError
 from unwind.core.memory import MemoryFault
-from unwind.formats.vmcore import CorruptPageFault, VmcoreError, codecs, open_vmcore
+from unwind.formats.vmcore import CorruptPageFault, VmcoreError, codecs, diskdump, open_vmcore
+from unwind.formats.vmcore.errors import TruncatedFault
 
 from .synth import KdumpSpec, Load, elf_vmcore, flatten, kdump_file, notes_blob, page_bytes, vmcoreinfo
 
@@ -55,15 +56,58 @@ def _one_line_error(path: str) -> str:
     return msg
 
 
-@pytest.mark.parametrize("kind", ["kdump", "flat", "elf"])
-def test_every_truncation_is_one_line(tmp_path, kind):
-    full = {"kdump": _kdump(), "flat": flatten(_kdump(), record=2048, seed=1), "elf": _elf()}[kind]
+def _pages(vm) -> dict[int, bytes | type]:
+    """Each pfn's bytes, or the fault reading it raises."""
+    out: dict[int, bytes | type] = {}
+    for pfn in range(32):
+        try:
+            out[pfn] = vm.read_phys(pfn * 4096, 4096)
+        except MemoryFault as e:
+            assert "\n" not in str(e)
+            out[pfn] = type(e)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["kdump", "flat", "flat-in-order", "elf"])
+def test_every_truncation_keeps_what_is_left(tmp_path, kind, monkeypatch):
+    """Cut anywhere: refused in one line when no header, or neither notes nor memory, is left; else every page
+    reads as in the whole file or raises TruncatedFault, the notes are the whole file's first ones, and
+    ``damage`` says the file is cut and lists the pages that fault (a page read and the scan for what is
+    missing are two paths; the scan runs in chunks of 3 descriptors and 8 pfns here)."""
+    monkeypatch.setattr(diskdump, "DESC_CHUNK", 3)
+    monkeypatch.setattr(diskdump, "LACKING_CHUNK_BITS", 8)
+    full = {"kdump": _kdump(), "flat": flatten(_kdump(), record=2048, seed=1),
+            "flat-in-order": flatten(_kdump(), record=2048, seed=None, sparse=False), "elf": _elf()}[kind]
+    whole = tmp_path / "whole"
+    whole.write_bytes(full)
+    with open_vmcore(whole) as vm:
+        want, notes = _pages(vm), vm.notes
     path = tmp_path / "cut"
     cuts = sorted(set(range(0, 600, 7)) | set(range(600, len(full), max(1, len(full) // 97))))
+    outcomes = set()
     for cut in cuts:
         path.write_bytes(full[:cut])
-        msg = _one_line_error(str(path))
-        assert "truncated" in msg or "too short" in msg, (cut, msg)
+        try:
+            vm = open_vmcore(str(path))
+        except VmcoreError as e:
+            msg = str(e)
+            assert "\n" not in msg and msg.startswith(str(path))
+            assert "truncated" in msg or "too short" in msg, (cut, msg)
+            outcomes.add("refused")
+            continue
+        with vm:
+            assert vm.damage is not None and vm.damage.present == vm._src.size, cut
+            assert vm.notes == notes[:len(vm.notes)] and (vm.notes or vm.ranges), cut
+            pages = _pages(vm)
+            for pfn, got in pages.items():
+                assert got == want[pfn] or got is TruncatedFault, (cut, pfn, got)
+                outcomes.add("salvaged" if got == want[pfn] and got is not TruncatedFault else "absent")
+            listed = {p for r in vm.damage.absent for p in range(r.start // 4096, -(-r.end // 4096))}
+            faulting = {p for p, got in pages.items() if got is TruncatedFault}
+            # a flattened file's gaps fault too, and the ELF's size says nothing of them
+            assert listed == faulting if not kind.startswith("flat") else listed <= faulting, cut
+    # a shuffled stream that leaves out its zero blocks: cut, its gaps may be lost records, and the bitmaps are one
+    assert outcomes == ({"refused"} if kind == "flat" else {"refused", "salvaged", "absent"})
 
 
 def test_bad_magic_and_compressed_files(tmp_path):
@@ -72,7 +116,6 @@ def test_bad_magic_and_compressed_files(tmp_path):
         "text": b"this is not a vmcore at all\n" * 4,
         "gzip": gzip.compress(_elf()),
         "xz-text": lzma.compress(b"this is not a vmcore at all\n" * 4),
-        "xz-cut": lzma.compress(_elf())[:-40],
         "xz-garbage": lzma.compress(_elf())[:12] + bytes(range(256)) * 4,
         "diskdump": b"DISKDUMP" + bytes(600),
     }
@@ -84,9 +127,18 @@ def test_bad_magic_and_compressed_files(tmp_path):
     assert "not a vmcore" in msgs["text"] and "DISKDUMP" in msgs["diskdump"]
     assert "gzip-compressed; decompress it first" in msgs["gzip"]
     assert "xz-compressed, but what it holds is not a vmcore" in msgs["xz-text"]
-    assert "xz-compressed: corrupt xz data" in msgs["xz-cut"] and "corrupt xz data" in msgs["xz-garbage"]
+    assert "xz-compressed: corrupt xz data" in msgs["xz-garbage"]
     assert "cannot read" in _one_line_error(str(tmp_path / "missing"))
     assert "cannot read" in _one_line_error(str(tmp_path)) or "read error" in _one_line_error(str(tmp_path))
+
+
+def test_a_cut_xz_stream_is_read_as_far_as_it_decompresses(tmp_path):
+    p = tmp_path / "cut.xz"
+    p.write_bytes(lzma.compress(_elf())[:-40])
+    with open_vmcore(p) as vm:
+        assert vm.damage is not None and "the xz stream ends early" in str(vm.damage)
+        assert [n.name for n in vm.notes] == ["CORE", "CORE", "VMCOREINFO"]
+        assert vm.read_phys(0x1000, 4096) == page_bytes(1)
 
 
 def test_unknown_compression_in_the_header(tmp_path):

@@ -8,6 +8,7 @@ import pytest
 
 from unwind.formats import elfcore
 from unwind.core.memory import MemoryFault
+from unwind.formats.vmcore.errors import TruncatedFault
 from unwind.formats.vmcore import (CorruptPageFault, DiskDump, ElfVmcore, ExcludedPageFault, VmcoreError, codecs,
                            detect_format, is_vmcore, open_vmcore)
 
@@ -193,12 +194,13 @@ def test_kdump_incomplete_dump_faults_on_the_pages_it_never_wrote(tmp_path):
         cut = vm._desc_start + 30 * 24     # the descriptors of the first 30 dumped pages survive
     path = _write(tmp_path, "cut.kdump", full[:cut])
     with open_vmcore(path) as vm:
-        assert vm.incomplete
+        assert vm.incomplete and vm.damage is not None and vm.damage.what == "incomplete"
         dumped = sorted(RAM - EXCLUDED)
-        with pytest.raises(CorruptPageFault, match="the dump is incomplete"):
+        with pytest.raises(TruncatedFault, match="beyond the end of the file"):
             vm.read_phys(dumped[40] * 4096, 8)
-        with pytest.raises(CorruptPageFault, match="the dump is incomplete"):
+        with pytest.raises(TruncatedFault, match="beyond the end of the file"):
             vm.read_phys(dumped[5] * 4096, 8)    # its descriptor survives, its data does not
+        assert {a // 4096 for r in vm.damage.absent for a in range(r.start, r.end, 4096)} == set(dumped)
 
 
 def test_kdump_split_file_holds_only_its_pfn_range(tmp_path):

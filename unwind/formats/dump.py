@@ -167,9 +167,68 @@ def written_by_unwind(path: str | Path) -> bool:
         return False
 
 
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+_GZIP_MAGIC = b"\x1f\x8b"
+#: the most of a file's start read to find its notes (QEMU ``-p`` vmcores have megabytes of program headers)
+MAX_NOTES_END = 64 << 20
+
+
+def _head(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of the file, decompressed when it is xz or gzip (fewer where it ends, or stops
+    decompressing)."""
+    with open(path, "rb") as f:
+        magic = f.read(len(_XZ_MAGIC))
+        f.seek(0)
+        try:
+            if magic == _XZ_MAGIC:
+                dec, out = lzma.LZMADecompressor(lzma.FORMAT_XZ), bytearray()
+                while len(out) < size and not dec.eof:
+                    raw = f.read(1 << 16) if dec.needs_input else b""
+                    if dec.needs_input and not raw:
+                        break
+                    out += dec.decompress(raw, max_length=size - len(out))
+                return bytes(out)
+            if magic.startswith(_GZIP_MAGIC):
+                with gzip.GzipFile(fileobj=f) as g:
+                    return g.read(size)
+        except (lzma.LZMAError, EOFError, OSError):
+            return b""
+        return f.read(size)
+
+
+def _a_vmcore_by_its_notes(path: str) -> bool:
+    """Is the file an ELF core whose notes are a kernel's (``NT_PRSTATUS`` or ``VMCOREINFO``), whole, without an
+    ``UNWIND`` note? Reads its headers and notes only; ``False`` when they do not settle it."""
+    ehdr = _head(path, elfcore.Elf64_Ehdr.sizeof())
+    if len(ehdr) < elfcore.Elf64_Ehdr.sizeof() or ehdr[:4] != b"\x7fELF" or ehdr[4:6] != b"\x02\x01":
+        return False
+    elf = elfcore.file_header(ehdr)
+    phnum, phoff = elf["e_phnum"], elf["e_phoff"]
+    if elf["e_phentsize"] != elfcore.Elf64_Phdr.sizeof() or phoff + phnum * elf["e_phentsize"] > MAX_NOTES_END:
+        return False
+    head = _head(path, phoff + phnum * elf["e_phentsize"])
+    if len(head) < phoff + phnum * elf["e_phentsize"]:
+        return False
+    notes = [(p["p_offset"], p["p_filesz"]) for p in elfcore.program_headers(head, phoff, phnum)
+             if p["p_type"] == elfcore.PT_NOTE and p["p_filesz"]]
+    end = max((o + n for o, n in notes), default=0)
+    if not notes or end > MAX_NOTES_END:
+        return False
+    head = _head(path, end)
+    if len(head) < end:
+        return False
+    try:
+        names = {(n.name, n.type) for o, sz in notes for n in parse_notes(head[o:o + sz])}
+    except ElfNoteError:
+        return False
+    return (not any(name == elfcore.UNWIND_NOTE_NAME for name, _ in names)
+            and any(name == elfcore.VMCOREINFO_NOTE_NAME or (name == "CORE" and t == elfcore.NT_PRSTATUS)
+                    for name, t in names))
+
+
 def _decompress(raw: bytes, path: str) -> bytes:
     try:
-        if raw.startswith(b"\xfd7zXZ\x00"):
+        if raw.startswith(_XZ_MAGIC):
             dec = lzma.LZMADecompressor(lzma.FORMAT_XZ)
             data = dec.decompress(raw, max_length=MAX_DUMP_BYTES + 1)
             if len(data) > MAX_DUMP_BYTES:
@@ -177,7 +236,7 @@ def _decompress(raw: bytes, path: str) -> bytes:
             if not dec.eof:
                 raise DumpError(f"{path}: corrupt compressed dump: the xz stream is truncated")
             return data
-        if raw.startswith(b"\x1f\x8b"):
+        if raw.startswith(_GZIP_MAGIC):
             return gzip.decompress(raw)
     except (lzma.LZMAError, EOFError, OSError) as e:
         raise DumpError(f"{path}: corrupt compressed dump: {e}") from None
@@ -203,8 +262,21 @@ class Dump:
 
     @classmethod
     def open(cls, path: str | Path) -> "Dump":
-        """Open a dump file (``.xz``/``.gz`` accepted)."""
+        """Open a dump file (``.xz``/``.gz`` accepted).
+
+        A vmcore is told before the file is read whole (:class:`NotADump`): an ELF core whose notes are
+        a kernel's and hold no ``UNWIND`` note (its headers and notes read, decompressed as far as
+        they go), or an uncompressed file larger than any dump.
+        """
         try:
+            if _a_vmcore_by_its_notes(str(path)):
+                raise NotADump(f"{path}: a vmcore without the UNWIND note (give it to Session.load or the "
+                               "commands, which read vmcores)")
+            size = os.stat(path).st_size
+            with open(path, "rb") as f:
+                compressed = f.read(len(_XZ_MAGIC)).startswith((_XZ_MAGIC, _GZIP_MAGIC))
+            if not compressed and size > MAX_DUMP_BYTES:
+                raise NotADump(f"{path}: {size} bytes, more than {MAX_DUMP_BYTES >> 20} MiB: not a dump")
             raw = Path(path).read_bytes()
         except OSError as e:
             raise DumpError(f"cannot read {path}: {e.strerror}") from None

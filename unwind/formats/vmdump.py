@@ -69,6 +69,9 @@ class VmcoreFile:
         except registry.ArchError:
             raise DumpError(f"{path}: a vmcore of {phys.machine}, which unwind has no backend for") from None
         if not phys.vmcoreinfo and not backend.vmcoreinfo_in_memory:
+            if phys.damage is not None:
+                raise DumpError(f"{path}: no VMCOREINFO note, which may be beyond the end of the file ({phys.damage}): "
+                                "cannot find the kernel")
             raise DumpError(f"{path}: no VMCOREINFO note (QEMU needs -device vmcoreinfo): cannot find the kernel")
         return cls(path, phys, backend)
 
@@ -94,6 +97,11 @@ class VmcoreFile:
             info, how = self.backend.vmcoreinfo_from_memory(self.phys, ranges, image.symbols.address, image.btf)
         except registry.ArchError as e:
             raise DumpError(f"{self.path}: no VMCOREINFO note, and {e}") from None
+        except DumpError as e:
+            if self.phys.damage is None:
+                raise
+            raise DumpError(f"{self.path}: {e}; the file is {self.phys.damage.what}: the kernel's note may be "
+                            "beyond the end of the file") from None
         build_id = info.get("BUILD-ID")
         if build_id and image.build_id and build_id != image.build_id:
             raise DumpError(f"{self.path}: the kernel's VMCOREINFO names build-id {build_id}, "
@@ -158,7 +166,9 @@ class VmcoreDump:
         """The kernel in ``vmcore`` read through ``image`` and its link-time ``symbols``: VMCOREINFO (from
         memory when the file has none), the KASLR slide, BTF (the image's, else the kernel's own);
         :attr:`image` and :attr:`symbols` are then the image as the kernel ran it."""
-        text, warnings = vmcore.vmcoreinfo_text, []
+        text = vmcore.vmcoreinfo_text
+        damage = vmcore.phys.damage  # said once; the walks that reach what is missing stop on it
+        warnings = [f"{vmcore.path}: {damage}"] if damage is not None else []
         if not text:
             text, how = vmcore.vmcoreinfo_from_memory(image)
             warnings.append(how)
@@ -292,7 +302,8 @@ class VmcoreDump:
             k = self.kernel
             regs = {c.cpu: c for c in self.cpus}
             stacks = {cpu: self._percpu_stacks(k, cpu) for cpu in regs}
-            out = [self._task(k, t, regs, stacks) for t in self._ktasks]
+            unknown = set(regs) - {t.running_on for t in self._ktasks}  # CPUs whose current was not read
+            out = [self._task(k, t, regs, stacks, unknown) for t in self._ktasks]
             out.sort(key=lambda t: (t.cpu is None, t.cpu if t.cpu is not None else 0))
             self._tasks = out
         return self._tasks
@@ -311,11 +322,15 @@ class VmcoreDump:
                 self.warnings.append(f"cpu{cpu}: {kind} stack [{lo:#x}, {hi:#x}) is no address range: not read")
         return out
 
-    def _task(self, k: Kernel, t: KernelTask, cpus: dict[int, CpuState], percpu: dict[int, list[StackInfo]]) -> Task:
+    def _task(self, k: Kernel, t: KernelTask, cpus: dict[int, CpuState], percpu: dict[int, list[StackInfo]],
+              unknown: set[int]) -> Task:
         extra: dict[str, Any] = {"task": f"{t.addr:#x}", "switches": t.switches, "last_cpu": t.cpu}
         cpu = t.running_on if t.running_on in cpus else None
         if t.running_on is not None and cpu is None:
             extra["note"] = f"current on cpu{t.running_on}, which saved no registers: its saved context is stale"
+        stale = cpu is None and t.on_cpu and t.cpu in unknown
+        if stale:  # task_struct.on_cpu: it may be that CPU's current, whose registers are not its saved context
+            extra["note"] = f"on_cpu on cpu{t.cpu}, whose current could not be read: its saved context may be stale"
         stacks = [StackInfo(t.stack, t.stack + k.thread_size, "task", cpu)] if t.stack else []
         if t.stack + k.thread_size >= 2**64:  # task_stack_page() + THREAD_SIZE: the end is an address too
             stacks = []
@@ -326,7 +341,7 @@ class VmcoreDump:
         if cpu is not None:
             regs = dict(cpus[cpu].regs)
             stacks += percpu.get(cpu, [])
-        else:
+        elif not stale:
             try:
                 context = self.backend.kernel.blocked_context(k, t.addr, t.data)
             except BtfError as e:

@@ -341,14 +341,14 @@ def _vmcore_format(path: str | Path) -> bool:
 
     head = b""
     with contextlib.suppress(OSError), open(path, "rb") as f:
-        head = f.read(len(XZ_MAGIC))
-    if head == XZ_MAGIC:  # decided on the magic inside; an ELF goes to Dump.open first (NotADump)
+        head = f.read(16)
+    if head.startswith(XZ_MAGIC):  # decided on the magic inside; an ELF goes to Dump.open first (NotADump)
         inner = xz_head(str(path), 16)
         return is_flattened(inner) or inner.startswith(KDUMP_SIGNATURE)
     try:
         fmt = detect_format(path)
-    except VmcoreError:
-        return False
+    except VmcoreError:  # a damaged file whose header says vmcore: its reader says what is wrong
+        return is_flattened(head) or head.startswith(KDUMP_SIGNATURE)
     return fmt != "elf" or is_vmcore(path)
 
 

@@ -13,10 +13,20 @@ write_kdump_header/write_kdump_pages; QEMU ``dump/dump.c``), in blocks of
 A pfn set in bitmap 2 has descriptor number ``popcount(bitmap2[0..pfn))``.
 A pfn in bitmap 1 but not in bitmap 2 is RAM that was filtered out
 (``-d``): reading it raises :class:`ExcludedPageFault`.
+
+A file cut short, or one makedumpfile marked ``INCOMPLETE`` (the disk filled),
+keeps the pages whose descriptor and data are in it; the others raise
+:class:`TruncatedFault`, and :attr:`~.physmem.PhysicalMemory.damage` lists
+them. Page data follows the descriptors in pfn order, each page after the
+one before, but for the pages of zeros that all point at the one zero page
+written first: so the last descriptor that is not one of those gives the
+file's size. Only a file without its headers, or without notes and bitmaps,
+is refused.
 """
 
 from __future__ import annotations
 
+import struct
 from functools import cached_property
 from typing import Hashable, NoReturn
 
@@ -24,11 +34,12 @@ from construct import Bytes, ConstructError, Int32sl, Int32ul, Int64sl, Int64ul,
 
 from unwind.core.memory import MemoryFault
 from . import codecs
-from .errors import CorruptPageFault, ExcludedPageFault, VmcoreError
+from .elf import whole_notes
+from .errors import CorruptPageFault, ExcludedPageFault, TruncatedFault, VmcoreError
 from unwind.formats.packed import packed
 from .notes import Note, parse_notes, prstatus_notes, vmcoreinfo_text
-from .physmem import DEFAULT_CACHE_BYTES, PhysicalMemory, PhysRange
-from .source import Source
+from .physmem import DEFAULT_CACHE_BYTES, Damage, PhysicalMemory, PhysRange
+from .source import Source, SourceTruncated
 
 KDUMP_SIGNATURE = b"KDUMP   "
 DISKDUMP_SIGNATURE = b"DISKDUMP"
@@ -86,6 +97,9 @@ Page_desc = Struct(
 
 #: ``page_desc`` for the per-page lookups: offset, size, flags, page_flags
 _PAGE_DESC = packed(Page_desc)
+#: the same layout as a numpy dtype, for scanning the descriptor table of a damaged file
+_DESC_DTYPE = [(sub.name, f"<{'i' if code.islower() else 'u'}{struct.calcsize('<' + code)}")
+               for sub, code in zip(Page_desc.subcons, _PAGE_DESC.format[1:])]
 
 
 def kdump_bitmaps(half: int) -> Struct:
@@ -104,6 +118,9 @@ _POPCOUNT = bytes(bin(i).count("1") for i in range(256))
 RUN_CHUNK_BITS = 1 << 23
 #: RAM ranges a machine may have: more in bitmap 1 is a corrupt file
 MAX_RANGES = 1 << 16
+#: page descriptors read, and bitmap bits unpacked, at a time when a damaged file is scanned for what it lacks
+DESC_CHUNK = 1 << 16
+LACKING_CHUNK_BITS = 1 << 20
 
 
 def _bit_runs(bitmap: bytes, nbits: int, path: str) -> list[tuple[int, int]]:
@@ -171,6 +188,7 @@ class DiskDump(PhysicalMemory):
             self._pfn_lo, self._pfn_hi = ((sub.start_pfn_64, sub.end_pfn_64) if hdr.header_version >= 6
                                           else (sub.start_pfn, sub.end_pfn))
 
+        self._cut_notes = False
         notes = self._notes(source, hdr.header_version, sub)
         vmcoreinfo = self._vmcoreinfo(source, hdr.header_version, sub) or vmcoreinfo_text(notes)
         super().__init__(path, source, notes, prstatus_notes(notes), vmcoreinfo, cache_bytes)
@@ -179,15 +197,22 @@ class DiskDump(PhysicalMemory):
         self._read_bitmaps(source, hdr)
 
     def _notes(self, source: Source, version: int, sub) -> list[Note]:  # type: ignore[no-untyped-def]
-        """The ELF notes copied after the sub-header (header_version >= 4)."""
+        """The ELF notes copied after the sub-header (header_version >= 4); of a file cut among them, the
+        whole ones."""
         if version < 4 or sub.size_note == 0:
             return []
+        if sub.offset_note >= 0 and sub.offset_note < source.size < sub.offset_note + sub.size_note:
+            self._cut_notes = True
+            return parse_notes(whole_notes(self._region(source, sub.offset_note, source.size - sub.offset_note,
+                                                        "notes")))
         return parse_notes(self._region(source, sub.offset_note, sub.size_note, "notes"))
 
     def _vmcoreinfo(self, source: Source, version: int, sub) -> str | None:  # type: ignore[no-untyped-def]
-        """The VMCOREINFO text the sub-header points at (header_version >= 3)."""
+        """The VMCOREINFO text the sub-header points at (header_version >= 3); ``None`` past a cut."""
         if version < 3 or sub.size_vmcoreinfo == 0:
             return None
+        if 0 <= sub.offset_vmcoreinfo < source.size < sub.offset_vmcoreinfo + sub.size_vmcoreinfo:
+            return None  # cut inside it: the whole VMCOREINFO note, if any, is in the notes
         raw = self._region(source, sub.offset_vmcoreinfo, sub.size_vmcoreinfo, "vmcoreinfo")
         return raw.split(b"\0", 1)[0].decode("ascii", "replace")
 
@@ -221,6 +246,19 @@ class DiskDump(PhysicalMemory):
             raise VmcoreError(f"{self.path}: bad header: max_mapnr {self.max_mapnr} exceeds the bitmap "
                               f"({half * 8} pages)")
         start = (1 + hdr.sub_hdr_size) * bs
+        self._desc_start = start + 2 * half
+        self._bitmaps_cut = self._desc_start > source.size
+        if self._bitmaps_cut:  # no page can be found: the notes are all that is left
+            if not self.notes:
+                raise VmcoreError(f"{self.path}: truncated: the file ends at {source.size:#x}, before its bitmaps "
+                                  "end, and holds no notes: nothing is left to read")
+            self._ram = self._dumped = bytes(half)
+            self._rank = None
+            self.num_dumped = self._descs_there = 0
+            every = [PhysRange(self._pfn_lo * bs, self._pfn_hi * bs)]
+            self.damage = Damage("incomplete" if self.incomplete else "truncated", source.size, None, every,
+                                 self._detail(source, "the file ends in the bitmaps: no page is left"))
+            return
         raw = self._region(source, start, 2 * half, "bitmaps")
         maps = kdump_bitmaps(half).parse(raw)
         self._ram = maps.ram
@@ -231,16 +269,84 @@ class DiskDump(PhysicalMemory):
         per_word = np.frombuffer(_POPCOUNT, dtype=np.uint8)[dumped].reshape(-1, 8).sum(axis=1, dtype=np.int64)
         self._rank = np.cumsum(per_word) - per_word  # dumped pages before each 64-pfn word
         self.num_dumped = int(per_word.sum())
-        self._desc_start = start + 2 * half
-        desc_end = self._desc_start + self.num_dumped * Page_desc.sizeof()
-        if not self.incomplete and self.num_dumped:
-            if desc_end > source.size:
-                raise VmcoreError(f"{self.path}: truncated: {self.num_dumped} page descriptors end at "
-                                  f"{desc_end:#x}, past the file ({source.size:#x} bytes)")
-            last = Page_desc.parse(source.pread(desc_end - Page_desc.sizeof(), Page_desc.sizeof()))
-            if last.offset < 0 or last.offset + last.size > source.size:
-                raise VmcoreError(f"{self.path}: truncated: the last page's data at {last.offset:#x} "
-                                  f"(+{last.size:#x}) ends past the file ({source.size:#x} bytes)")
+        #: the descriptors the file holds (all of them unless it is cut among them)
+        self._descs_there = max(0, min(self.num_dumped, (source.size - self._desc_start) // _PAGE_DESC.size))
+        expected = self._file_end(source)
+        if self.incomplete or source.cut or expected is None or expected > source.size:
+            self.damage = self._lacking(source, expected)
+
+    def _file_end(self, source: Source) -> int | None:
+        """The size the file should have: the end of the last page's data that is not the shared zero page
+        (the eraseinfo after it included); ``None`` when the descriptors saying so are not in the file."""
+        if self._descs_there < self.num_dumped:
+            return None
+        data_start = self._desc_start + self.num_dumped * _PAGE_DESC.size
+        end = data_start
+        hi = self.num_dumped
+        try:
+            while hi > 0:
+                lo = max(0, hi - DESC_CHUNK)
+                descs = self._descs(source, lo, hi)
+                real = descs[descs["offset"] != data_start]
+                if len(real):
+                    end = int(real["offset"][-1]) + int(real["size"][-1])
+                    break
+                end = max(end, data_start + (int(descs["size"][-1]) if len(descs) else 0))
+                hi = lo
+        except SourceTruncated:  # a flattened file's descriptors fall in a lost record
+            return None
+        sub = self.sub_header
+        if self.header.header_version >= 5 and sub.size_eraseinfo and sub.offset_eraseinfo > 0:
+            end = max(end, sub.offset_eraseinfo + sub.size_eraseinfo)
+        return end
+
+    def _descs(self, source: Source, lo: int, hi: int):  # type: ignore[no-untyped-def]
+        """Page descriptors ``lo`` to ``hi`` as a numpy record array."""
+        import numpy as np
+
+        raw = source.pread(self._desc_start + lo * _PAGE_DESC.size, (hi - lo) * _PAGE_DESC.size)
+        return np.frombuffer(raw, dtype=_DESC_DTYPE)
+
+    def _lacking(self, source: Source, expected: int | None) -> Damage:
+        """What a cut or incomplete file lacks: every dumped page whose descriptor or data is not in it."""
+        import numpy as np
+
+        absent: list[tuple[int, int]] = []
+        index = lost_pages = 0
+        for base in range(0, self.max_mapnr, LACKING_CHUNK_BITS):
+            n = min(LACKING_CHUNK_BITS, self.max_mapnr - base)
+            bits = np.unpackbits(np.frombuffer(self._dumped, dtype=np.uint8, count=(n + 7) // 8, offset=base // 8),
+                                 bitorder="little")[:n]
+            pfns = base + np.flatnonzero(bits)
+            lost = np.ones(len(pfns), dtype=bool)
+            there = max(0, min(len(pfns), self._descs_there - index))
+            for lo in range(0, there, DESC_CHUNK):
+                hi = min(there, lo + DESC_CHUNK)
+                try:
+                    d = self._descs(source, index + lo, index + hi)
+                except SourceTruncated:
+                    continue
+                lost[lo:hi] = (d["offset"] <= 0) | (d["size"] == 0) | (d["offset"] + d["size"] > source.size)
+            index += len(pfns)
+            gone = pfns[lost]
+            lost_pages += len(gone)
+            if len(gone):
+                breaks = np.flatnonzero(np.diff(gone) != 1)
+                starts = np.concatenate(([gone[0]], gone[breaks + 1]))
+                ends = np.concatenate((gone[breaks], [gone[-1]])) + 1
+                absent.extend(zip((starts * self.block_size).tolist(), (ends * self.block_size).tolist()))
+        if not self.notes and lost_pages == self.num_dumped:
+            raise VmcoreError(f"{self.path}: truncated: the file ends at {source.size:#x}, no page and no note is "
+                              "left to read")
+        where = ("the file ends in the page descriptors" if self._descs_there < self.num_dumped
+                 else "page data cut" if expected is not None and expected > source.size else "")
+        return Damage("incomplete" if self.incomplete else "truncated", source.size, expected,
+                      [PhysRange(a, b) for a, b in absent], self._detail(source, where))
+
+    def _detail(self, source: Source, where: str) -> str:
+        parts = [p for p in (source.cut, "makedumpfile marked it DUMP_DH_COMPRESSED_INCOMPLETE" if self.incomplete
+                             else "", "notes cut" if self._cut_notes else "", where) if p]
+        return "; ".join(parts)
 
     def _dumped_bit(self, pfn: int) -> bool:
         return bool(self._dumped[pfn >> 3] >> (pfn & 7) & 1)
@@ -269,6 +375,8 @@ class DiskDump(PhysicalMemory):
         pfn = paddr // self.block_size
         if not self._pfn_lo <= pfn < self._pfn_hi:
             raise MemoryFault(addr, size)
+        if self._bitmaps_cut:
+            raise TruncatedFault(addr, size)
         if not self._dumped_bit(pfn):
             if self._ram_bit(pfn):
                 raise ExcludedPageFault(addr, size, pfn * self.block_size)
@@ -278,16 +386,19 @@ class DiskDump(PhysicalMemory):
     def _load(self, key: Hashable, start: int, addr: int, size: int) -> bytes:
         pfn = int(key)  # type: ignore[call-overload]
         bs = self.block_size
-        at = self._desc_start + self._desc_index(pfn) * _PAGE_DESC.size
+        index = self._desc_index(pfn)
+        at = self._desc_start + index * _PAGE_DESC.size
         src = self._src
-        if at + _PAGE_DESC.size > src.size:
-            self._missing(addr, size, start, "its descriptor is past the end of the file")
+        if index >= self._descs_there:
+            raise TruncatedFault(addr, size)
         offset, stored, flags, _page_flags = _PAGE_DESC.unpack(src.pread(at, _PAGE_DESC.size))
         codec = flags & codecs.CODEC_MASK
         if codec == 0 and stored not in (0, bs):
             raise CorruptPageFault(addr, size, start, f"uncompressed page of {stored} bytes")
         if stored > bs:
             raise CorruptPageFault(addr, size, start, f"compressed page of {stored} bytes")
+        if self.damage is not None and offset > 0 and stored and offset + stored > src.size:
+            raise TruncatedFault(addr, size)
         if stored == 0 or offset <= 0 or offset + stored > src.size:
             self._missing(addr, size, start, f"descriptor says {stored} bytes at {offset:#x}")
         if codec == 0:

@@ -13,6 +13,12 @@ pages, so a read there raises :class:`ExcludedPageFault` rather than
 returning zeros. QEMU's ``-p`` dumps clamp ``p_filesz`` to a RAM block
 instead; their tails (and any address outside every segment) are plain
 holes.
+
+A file cut short (a copy that stopped, a full disk) keeps what is in it: each
+segment's part before the end of the file reads as usual, the rest raises
+:class:`TruncatedFault`, a ``PT_NOTE`` gives its whole notes, and
+:attr:`~.physmem.PhysicalMemory.damage` says what is missing. Only a file
+with neither notes nor memory left is refused.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ from dataclasses import dataclass
 from typing import Hashable
 
 from unwind.formats import elfcore
+from unwind.formats.packed import packed
 from unwind.core.memory import MemoryFault
-from .errors import ExcludedPageFault, VmcoreError
+from .errors import ExcludedPageFault, TruncatedFault, VmcoreError
 from .notes import Note, parse_notes, prstatus_notes, vmcoreinfo_text
-from .physmem import DEFAULT_CACHE_BYTES, PhysicalMemory, PhysRange, VirtualLoad
+from .physmem import DEFAULT_CACHE_BYTES, Damage, PhysicalMemory, PhysRange, VirtualLoad, merge_ranges
 from .source import Source, SourceTruncated
 
 #: bytes per cached chunk of an ELF segment
@@ -37,11 +44,12 @@ QEMU_NOTE_NAME = "QEMU"
 
 @dataclass(frozen=True, slots=True)
 class _Extent:
-    """Physical ``[start, end)`` stored at file ``offset``."""
+    """Physical ``[start, end)`` stored at file ``offset``; the file holds it up to ``present``."""
 
     start: int
     end: int
     offset: int
+    present: int
 
 
 class ElfVmcore(PhysicalMemory):
@@ -69,22 +77,44 @@ class ElfVmcore(PhysicalMemory):
 
         notes: list[Note] = []
         loads: list[tuple[int, int, int, int, int]] = []  # paddr, vaddr, filesz, memsz, offset
-        for p_type, offset, vaddr, paddr, filesz, memsz in _program_headers(elf, source, path):
-            if filesz and offset + filesz > source.size:
-                raise VmcoreError(f"{path}: truncated: a segment at file offset {offset:#x} (+{filesz:#x}) "
-                                  f"ends past the file ({source.size:#x} bytes)")
+        headers, expected = _program_headers(elf, source, path)
+        cut_notes = 0
+        for p_type, offset, vaddr, paddr, filesz, memsz in headers:
+            if filesz:
+                expected = max(expected, offset + filesz)
             if p_type == elfcore.PT_NOTE and filesz:
-                notes.extend(parse_notes(source.pread(offset, filesz)))
+                there = max(0, min(filesz, source.size - offset))
+                cut_notes += there < filesz
+                notes.extend(parse_notes(whole_notes(source.pread(offset, there))) if there < filesz
+                             else parse_notes(source.pread(offset, filesz)))
             elif p_type == elfcore.PT_LOAD:
                 loads.append((paddr, vaddr, filesz, memsz, offset))
         super().__init__(path, source, notes, prstatus_notes(notes), vmcoreinfo_text(notes), cache_bytes)
 
         self.virtual_loads = [VirtualLoad(v, p, m) for p, v, _f, m, _o in loads if m and v != p]
-        self._extents = _file_extents(loads)
+        self._extents = _file_extents(loads, source.size)
         self._starts = [e.start for e in self._extents]
+        if expected > source.size or source.cut:
+            self.damage = self._truncation(source, expected, cut_notes, len(headers), elf)
         qemu = any(n.name == QEMU_NOTE_NAME for n in notes)
         self._tails = [] if qemu else sorted(
             (p + f, p + m) for p, _v, f, m, _o in loads if m > f)
+
+    def _truncation(self, source: Source, expected: int, cut_notes: int, headers: int,
+                    elf: dict[str, int]) -> Damage:
+        """What the cut file lacks: the segments' bytes past its end; refused when nothing is left."""
+        absent = merge_ranges([(e.present, e.end) for e in self._extents])
+        held = any(e.present > e.start for e in self._extents)
+        if not self.notes and not held:
+            raise VmcoreError(f"{self.path}: truncated: {source.size} of {expected} bytes, and neither a note nor "
+                              "a byte of memory is left")
+        detail = [source.cut] if source.cut else []
+        if headers < _phnum(elf, source, self.path):
+            detail.append(f"{headers} of {_phnum(elf, source, self.path)} program headers")
+        if cut_notes:
+            detail.append("notes cut")
+        return Damage("truncated", source.size, expected if expected > source.size else None, absent,
+                      "; ".join(detail))
 
     @property
     def ranges(self) -> list[PhysRange]:
@@ -102,7 +132,7 @@ class ElfVmcore(PhysicalMemory):
         is one read of the file (the chunk cache is for the many small reads of a walk)."""
         if size > ELF_CHUNK and paddr >= 0:
             i = bisect.bisect_right(self._starts, paddr) - 1
-            if i >= 0 and paddr + size <= self._extents[i].end:
+            if i >= 0 and paddr + size <= self._extents[i].present:
                 ext = self._extents[i]
                 with contextlib.suppress(SourceTruncated, OSError):  # read again by chunks, which say what failed
                     return self._src.pread(ext.offset + (paddr - ext.start), size)
@@ -111,6 +141,8 @@ class ElfVmcore(PhysicalMemory):
     def _locate(self, paddr: int, addr: int, size: int) -> tuple[Hashable, int]:
         i = bisect.bisect_right(self._starts, paddr) - 1
         if i >= 0 and paddr < self._extents[i].end:
+            if paddr >= self._extents[i].present:
+                raise TruncatedFault(addr, size)
             base = paddr - paddr % ELF_CHUNK
             return (i, base), max(base, self._extents[i].start)
         for lo, hi in self._tails:
@@ -121,7 +153,7 @@ class ElfVmcore(PhysicalMemory):
     def _load(self, key: Hashable, start: int, addr: int, size: int) -> bytes:
         i, base = key  # type: ignore[misc]
         ext = self._extents[i]
-        end = min(base + ELF_CHUNK, ext.end)
+        end = min(base + ELF_CHUNK, ext.present)
         return self._src.pread(ext.offset + (start - ext.start), end - start)
 
 
@@ -130,6 +162,8 @@ _SHDR_SIZE = elfcore.Elf64_Shdr.sizeof()
 #: ``e_ident[EI_CLASS]`` and ``e_ident[EI_DATA]`` (``include/uapi/linux/elf.h``: ELFCLASS32/64, ELFDATA2LSB/MSB)
 _ELF_CLASS = {1: 32, 2: 64}
 _ELF_DATA = {1: "LE", 2: "BE"}
+#: ``Elf64_Nhdr``: n_namesz, n_descsz, n_type
+_NHDR = packed(elfcore.Elf64_Nhdr)
 #: ``e_phnum`` of a file with more program headers: the count is section header 0's ``sh_info``
 PN_XNUM = 0xFFFF
 
@@ -148,30 +182,49 @@ def _machine_name(number: int) -> str | None:
     return next((k for k, v in ENUM_E_MACHINE.items() if v == number and k.startswith("EM_")), None)
 
 
-def _program_headers(elf: dict[str, int], source: Source, path: str) -> list[tuple[int, int, int, int, int, int]]:
-    """(p_type, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz) of every program header, in one read.
+def _phnum(elf: dict[str, int], source: Source, path: str) -> int:
+    """The program-header count: ``e_phnum``, or section header 0's ``sh_info`` past ``PN_XNUM``."""
+    if elf["e_phnum"] != PN_XNUM:
+        return elf["e_phnum"]
+    if elf["e_shoff"] + _SHDR_SIZE > source.size:
+        raise VmcoreError(f"{path}: truncated: e_phnum is PN_XNUM, and section header 0 at "
+                          f"{elf['e_shoff']:#x} ends past the file")
+    return elfcore.section_header(source.pread(elf["e_shoff"], _SHDR_SIZE))["sh_info"]
+
+
+def _program_headers(elf: dict[str, int], source: Source,
+                     path: str) -> tuple[list[tuple[int, int, int, int, int, int]], int]:
+    """(p_type, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz) of every program header in the file, in one
+    read, and where the table ends.
 
     QEMU ``-p`` dumps have tens of thousands of ``PT_LOAD``s: past 0xfffe, ``e_phnum`` is
     ``PN_XNUM`` and section header 0 holds the count (``sh_info``); the table is unpacked
-    in one pass.
+    in one pass. A table cut by the end of the file gives its whole entries.
     """
-    count, entsize, phoff = elf["e_phnum"], elf["e_phentsize"], elf["e_phoff"]
-    if count == PN_XNUM:
-        if elf["e_shoff"] + _SHDR_SIZE > source.size:
-            raise VmcoreError(f"{path}: truncated: e_phnum is PN_XNUM, and section header 0 at "
-                              f"{elf['e_shoff']:#x} ends past the file")
-        count = elfcore.section_header(source.pread(elf["e_shoff"], _SHDR_SIZE))["sh_info"]
+    count, entsize, phoff = _phnum(elf, source, path), elf["e_phentsize"], elf["e_phoff"]
     if count and entsize < elfcore.PHDR.size:
         raise VmcoreError(f"{path}: bad ELF header: e_phentsize {entsize}")
-    if phoff + count * entsize > source.size:
-        raise VmcoreError(f"{path}: truncated: {count} program headers at {phoff:#x} end past the file")
-    table = source.pread(phoff, count * entsize)
+    there = max(0, min(count, (source.size - phoff) // entsize if entsize else count))
+    table = source.pread(phoff, there * entsize)
     return [(t, off, va, pa, fs, ms) for t, _f, off, va, pa, fs, ms, _a in
-            (elfcore.PHDR.unpack_from(table, i * entsize) for i in range(count))]
+            (elfcore.PHDR.unpack_from(table, i * entsize) for i in range(there))], phoff + count * entsize
 
 
-def _file_extents(loads: list[tuple[int, int, int, int, int]]) -> list[_Extent]:
-    """The file-backed parts of the ``PT_LOAD``s by physical address, overlaps given to the first.
+def whole_notes(data: bytes) -> bytes:
+    """The notes of a cut note segment that are whole (each note's header gives its size)."""
+    pos = 0
+    while len(data) - pos >= _NHDR.size:
+        namesz, descsz, _type = _NHDR.unpack_from(data, pos)
+        size = _NHDR.size + namesz + (-namesz % 4) + descsz + (-descsz % 4)
+        if pos + size > len(data):
+            break
+        pos += size
+    return data[:pos]
+
+
+def _file_extents(loads: list[tuple[int, int, int, int, int]], file_size: int) -> list[_Extent]:
+    """The file-backed parts of the ``PT_LOAD``s by physical address, overlaps given to the first, each
+    with the part the file holds (all of it unless the file is cut).
 
     kdump repeats the kernel image inside a RAM range and QEMU ``-p`` maps one
     physical page at several virtual addresses: the bytes are the same.
@@ -183,5 +236,6 @@ def _file_extents(loads: list[tuple[int, int, int, int, int]]) -> list[_Extent]:
         if out and start < out[-1].end:
             start = out[-1].end
         if start < end:
-            out.append(_Extent(start, end, off + (start - p)))
+            at = off + (start - p)
+            out.append(_Extent(start, end, at, start + max(0, min(end - start, file_size - at))))
     return out

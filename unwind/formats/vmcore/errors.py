@@ -5,7 +5,8 @@ A file that cannot be read as a vmcore raises :class:`VmcoreError` (a
 exits 2). A page the file does not hold raises a
 :class:`~unwind.core.memory.MemoryFault` (:class:`~unwind.core.memory.ExcludedPage`
 for a filtered one), so a walk stops on it cleanly with the reason in the
-message.
+message. A read of memory a truncated file no longer holds raises
+:class:`TruncatedFault`.
 """
 
 from __future__ import annotations
@@ -34,3 +35,11 @@ class CorruptPageFault(MemoryFault):
         super().__init__(addr, size)
         self.page = page
         self.args = (f"page {page:#x} is corrupt in the dump: {why} (read at {addr:#x} +{size})",)
+
+
+class TruncatedFault(MemoryFault):
+    """The dump describes the memory, but the file ends before its bytes: it was cut short."""
+
+    def __init__(self, addr: int, size: int) -> None:
+        super().__init__(addr, size)
+        self.args = (f"{addr:#x} (+{size}) is beyond the end of the file (the dump is truncated)",)

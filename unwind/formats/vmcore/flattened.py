@@ -8,6 +8,11 @@ record of ``-1, -1``. ``makedumpfile -R`` writes each record at its offset;
 :class:`FlatSource` instead indexes the records once and serves reads of the
 reassembled file from them (gaps read as zeros, a later record wins where two
 overlap). The index is cached by path, size and mtime.
+
+A stream cut short (no end marker) keeps every record up to the cut, the cut
+record's bytes that are there included. Its gaps are then no longer known to
+be zeros (the records that would fill them may be the ones lost), so a read
+that touches one raises :class:`SourceTruncated`.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import TYPE_CHECKING
 from construct import Bytes, Int64sb, Padding, Struct
 
 from unwind.formats.packed import packed
-from .source import FileSource, Source
+from .source import FileSource, Source, SourceTruncated
 
 if TYPE_CHECKING:
     import numpy as np
@@ -63,30 +68,37 @@ def is_flattened(head: bytes) -> bool:
     return head[:16] == MDF_SIGNATURE + bytes(4)
 
 
-def _index_records(src: FileSource) -> np.ndarray:
-    """One pass over the record headers: rows of (offset in the reassembled file, size, offset in this file)."""
+def _index_records(src: FileSource) -> tuple[np.ndarray, str | None]:
+    """One pass over the record headers: rows of (offset in the reassembled file, size, offset in this file),
+    and where the stream is cut (``None`` when it reaches its end marker)."""
     import numpy as np  # here: a replay of the project's own dumps never opens a flattened file
 
+    if src.size < MDF_HEADER_SIZE:
+        raise FlatError(f"truncated: {src.size} bytes, shorter than the {MDF_HEADER_SIZE}-byte flattened header")
     hdr = Makedumpfile_header.parse(src.pread(0, MDF_HEADER_SIZE))
     if not is_flattened(hdr.signature) or hdr.type != MDF_TYPE_FLAT_HEADER:
         raise FlatError(f"bad flattened header (type {hdr.type}, version {hdr.version})")
     rows: list[tuple[int, int, int]] = []
     pos, hsize = MDF_HEADER_SIZE, _DATA_HEADER.size
+    cut = None
     while True:
         if pos + hsize > src.size:
-            raise FlatError(f"truncated: record header at {pos:#x} past the end of the file "
-                            "(no end marker)")
+            cut = f"the flattened stream stops at {pos:#x}, with no end marker"
+            break
         offset, buf_size = _DATA_HEADER.unpack(src.pread(pos, hsize))
         if offset == END_FLAG_FLAT_HEADER:
             break
         if offset < 0 or buf_size < 0:
             raise FlatError(f"bad record at {pos:#x}: offset {offset}, size {buf_size}")
-        if pos + hsize + buf_size > src.size:
-            raise FlatError(f"truncated: record at {pos:#x} (+{buf_size:#x}) ends past the end of the file")
+        if pos + hsize + buf_size > src.size:  # the bytes of the record that are there still hold
+            cut = f"the flattened stream stops inside the record at {pos:#x}"
+            buf_size = src.size - pos - hsize
         if buf_size:
             rows.append((offset, buf_size, pos + hsize))
+        if cut:
+            break
         pos += hsize + buf_size
-    return _resolve_overlaps(np.array(rows, dtype=np.int64).reshape(-1, 3))
+    return _resolve_overlaps(np.array(rows, dtype=np.int64).reshape(-1, 3)), cut
 
 
 def _resolve_overlaps(rows: np.ndarray) -> np.ndarray:
@@ -130,19 +142,20 @@ def _cache_path(src: FileSource) -> Path:
     return base / (hashlib.sha256(key).hexdigest()[:32] + ".npy")
 
 
-def load_index(src: FileSource) -> np.ndarray:
-    """The record index, from the on-disk cache when the file has not changed."""
+def load_index(src: FileSource) -> tuple[np.ndarray, str | None]:
+    """The record index and where the stream is cut, from the on-disk cache when the file has not changed
+    (only whole streams are cached)."""
     import numpy as np
 
     path = _cache_path(src)
     try:
         rows = np.load(path, allow_pickle=False)
         if rows.ndim == 2 and rows.shape[1] == 3 and rows.dtype == np.int64:
-            return rows
+            return rows, None
     except (OSError, ValueError):
         pass
-    rows = _index_records(src)
-    if len(rows) >= CACHE_MIN_RECORDS:
+    rows, cut = _index_records(src)
+    if cut is None and len(rows) >= CACHE_MIN_RECORDS:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
@@ -150,7 +163,7 @@ def load_index(src: FileSource) -> np.ndarray:
             os.replace(tmp, path)
         except OSError:
             pass  # a read-only cache only costs the next open another pass
-    return rows
+    return rows, cut
 
 
 class FlatSource(Source):
@@ -159,7 +172,7 @@ class FlatSource(Source):
     def __init__(self, src: FileSource) -> None:
         self._file = src
         self.path = src.path
-        rows = load_index(src)
+        rows, self.cut = load_index(src)
         self._dst = rows[:, 0].tolist()
         self._len = rows[:, 1].tolist()
         self._at = rows[:, 2].tolist()
@@ -171,13 +184,17 @@ class FlatSource(Source):
         self._check(offset, size)
         out = bytearray(size)  # gaps between records read as zeros, as after makedumpfile -R
         end = offset + size
+        covered = 0
         i = max(bisect.bisect_right(self._dst, offset) - 1, 0)
         while i < len(self._dst) and self._dst[i] < end:
             d, n = self._dst[i], self._len[i]
             lo, hi = max(d, offset), min(d + n, end)
             if lo < hi:
                 out[lo - offset:hi - offset] = self._file.pread(self._at[i] + (lo - d), hi - lo)
+                covered += hi - lo
             i += 1
+        if self.cut and covered < size:  # the records resolved to disjoint pieces: a shortfall is a gap
+            raise SourceTruncated(offset, size, self.size)
         return bytes(out)
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Hashable
 
 from unwind.core.memory import MemoryFault
-from .errors import VmcoreError
+from .errors import TruncatedFault, VmcoreError
 from .notes import Note, PrStatus
 from .source import Source, SourceTruncated
 from .vmcoreinfo import VmcoreInfo
@@ -43,6 +43,60 @@ class VirtualLoad:
     size: int
 
 
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """What a damaged file lacks, said once when it is opened.
+
+    ``expected`` is the size the file's own structure gives it (``None`` when the
+    cut hides it), ``present`` the bytes there; ``absent`` the physical ranges the
+    dump describes but no longer holds; ``what`` names the damage
+    (``"truncated"``, ``"incomplete"``), ``detail`` where it shows.
+    """
+
+    what: str
+    present: int
+    expected: int | None
+    absent: list[PhysRange]
+    detail: str = ""
+
+    def __str__(self) -> str:
+        head = f"{self.what}{f' ({self.detail})' if self.detail else ''}"
+        if self.expected is not None and self.expected > self.present:
+            size = f"{_mb(self.expected - self.present)} of {_mb(self.expected)} missing"
+        else:
+            size = f"{_mb(self.present)} there"
+        return f"{head}: {size} ({_absent_text(self.absent)})"
+
+
+def _mb(n: int) -> str:
+    """Bytes as people read them: ``268 MB``, ``0.7 MB``, ``7.5 kB``."""
+    if n < 100_000:
+        return f"{n / 1e3:.1f} kB"
+    return f"{n / 1e6:.1f} MB" if n < 10_000_000 else f"{n / 1e6:.0f} MB"
+
+
+def _absent_text(absent: list[PhysRange]) -> str:
+    """``physical 0x..-0x.. absent``, or the span and count when there are many ranges."""
+    if not absent:
+        return "no memory absent"
+    if len(absent) <= 3:
+        return "physical " + ", ".join(f"{r.start:#x}-{r.end:#x}" for r in absent) + " absent"
+    total = sum(r.end - r.start for r in absent)
+    return (f"physical {absent[0].start:#x}-{absent[-1].end:#x} absent in {len(absent)} ranges, "
+            f"{_mb(total)}")
+
+
+def merge_ranges(ranges: list[tuple[int, int]]) -> list[PhysRange]:
+    """``[start, end)`` pairs sorted and merged where they touch."""
+    out: list[PhysRange] = []
+    for start, end in sorted(r for r in ranges if r[1] > r[0]):
+        if out and start <= out[-1].end:
+            out[-1] = PhysRange(out[-1].start, max(out[-1].end, end))
+        else:
+            out.append(PhysRange(start, end))
+    return out
+
+
 @dataclass(slots=True)
 class Chunk:
     """Decoded bytes at physical address ``start``."""
@@ -63,7 +117,8 @@ class PhysicalMemory:
       ``machine_source`` says where it came from;
     - ``block_size``: the format's storage unit (a diskdump block, 4096 for ELF);
     - ``page_size``: the dumped kernel's ``PAGESIZE`` from VMCOREINFO, else ``block_size``;
-    - ``virtual_loads``: ELF ``PT_LOAD`` virtual mappings (empty for diskdump).
+    - ``virtual_loads``: ELF ``PT_LOAD`` virtual mappings (empty for diskdump);
+    - ``damage``: what a truncated or incomplete file lacks (:class:`Damage`), else ``None``.
     """
 
     format: str
@@ -71,6 +126,7 @@ class PhysicalMemory:
     machine_source: str
     block_size: int
     virtual_loads: list[VirtualLoad]
+    damage: Damage | None = None
 
     def __init__(self, path: str, source: Source, notes: list[Note], prstatus: list[PrStatus],
                  vmcoreinfo: str | None, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
@@ -111,8 +167,8 @@ class PhysicalMemory:
             return chunk
         try:
             data = self._load(key, start, addr, size)
-        except SourceTruncated as e:
-            raise VmcoreError(f"{self.path}: truncated: {e}") from None
+        except SourceTruncated:  # every read is bounded by the file: the structure points past its end
+            raise TruncatedFault(addr, size) from None
         except OSError as e:
             raise VmcoreError(f"{self.path}: read error: {e.strerror or e}") from None
         chunk = Chunk(start, data)

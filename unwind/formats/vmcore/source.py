@@ -28,6 +28,9 @@ class Source:
     size: int
     #: bytes actually stored on disk (bounds any single region a header may ask for)
     stored: int
+    #: why the source itself ends early (an xz stream without its end, a flattened stream without its
+    #: end marker), else ``None``; a format reader also finds a plain file cut by its own structure
+    cut: str | None = None
 
     def pread(self, offset: int, size: int) -> bytes:
         """Exactly ``size`` bytes at ``offset``, or :class:`SourceTruncated`."""
@@ -91,7 +94,8 @@ class XzSource(Source):
     xz has no cheap random access in the standard library (``lzma`` streams only), so the whole
     file is decompressed into a :class:`tempfile.SpooledTemporaryFile`: memory up to
     :data:`XZ_SPOOL_BYTES`, an unnamed file in ``$TMPDIR`` past it (gone when closed), at most
-    :data:`XZ_MAX_BYTES`.
+    :data:`XZ_MAX_BYTES`. A stream cut short gives what decompresses (a prefix of the file inside:
+    LZMA decodes in order) and says so in :attr:`cut`; corrupt data is refused.
     """
 
     def __init__(self, path: str, limit: int | None = None) -> None:
@@ -105,16 +109,31 @@ class XzSource(Source):
             raise
 
     def _decompress(self, path: str, limit: int) -> int:
+        """Decompress every stream of the file into the spool; a stream cut short keeps what it gave."""
         total = 0
+        dec = lzma.LZMADecompressor(lzma.FORMAT_XZ)
         try:
-            with open(path, "rb") as f, lzma.LZMAFile(f) as xz:
-                while chunk := xz.read(_CHUNK):
+            with open(path, "rb") as f:
+                raw = b""
+                while True:
+                    if dec.eof:  # xz files may hold several streams, one after the other
+                        raw = (dec.unused_data or f.read(_CHUNK)).lstrip(b"\0")  # stream padding
+                        if not raw:
+                            break
+                        dec = lzma.LZMADecompressor(lzma.FORMAT_XZ)
+                    elif dec.needs_input and not raw:
+                        raw = f.read(_CHUNK)
+                        if not raw:
+                            self.cut = "the xz stream ends early"
+                            break
+                    chunk = dec.decompress(raw, max_length=_CHUNK)
+                    raw = b""
                     total += len(chunk)
                     if total > limit:
                         raise XzError(f"decompresses to more than {limit >> 20} MiB: decompress it by hand "
                                       "(xz -dk) and give the result")
                     self._file.write(chunk)
-        except (lzma.LZMAError, EOFError) as e:
+        except lzma.LZMAError as e:
             raise XzError(f"corrupt xz data: {e}") from None
         return total
 

@@ -10,7 +10,8 @@ pages it has seen. Nothing here is arch-specific: the page-table walks live in
 No read leaves the dump: a virtual address the kernel does not map raises
 :class:`~unwind.core.memory.NotMapped`; a physical page the dump does not hold
 raises the physical reader's :class:`~unwind.core.memory.MemoryFault` (or
-:class:`~unwind.core.memory.ExcludedPage`), re-raised at the virtual address.
+:class:`~unwind.core.memory.ExcludedPage`, or :class:`~.errors.TruncatedFault` for a
+page, or a page table, past the end of a cut file), re-raised at the virtual address.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Iterable, Protocol
 
 from unwind.core.memory import ExcludedPage, Memory, MemoryFault, NotMapped, Segment
+from .errors import TruncatedFault
 
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
@@ -70,6 +72,8 @@ def read_entry(phys: PhysReader, paddr: int, vaddr: int, what: str) -> int:
     """The little-endian u64 page-table entry at ``paddr``, read while translating ``vaddr``."""
     try:
         return _U64.unpack(phys.read_phys(paddr, 8))[0]
+    except TruncatedFault:  # the table is past the end of a cut file: whether it maps vaddr is unknown
+        raise TruncatedFault(vaddr, 1) from None
     except MemoryFault:
         raise NotMapped(vaddr, 1, f"the {what} entry at physical {paddr:#x} is not in the dump") from None
 
@@ -106,10 +110,14 @@ class VirtualMemory:
             paddr = self.page_phys(addr)
         except NotMapped as e:
             raise NotMapped(addr, size, e.reason) from None
+        except TruncatedFault:
+            raise TruncatedFault(addr, size) from None
         try:
             return self.phys.read_phys(paddr, size)
         except ExcludedPage:
             raise ExcludedPage(addr, size) from None
+        except TruncatedFault:
+            raise TruncatedFault(addr, size) from None
         except MemoryFault:
             raise MemoryFault(addr, size) from None
 
@@ -127,7 +135,7 @@ class VirtualMemory:
             n = min(end, (addr | mask) + 1) - addr
             try:
                 paddr = self.page_phys(addr)
-            except NotMapped:
+            except (NotMapped, TruncatedFault):
                 paddr = -1
             if run_size and paddr == run_phys + run_size:
                 run_size += n
