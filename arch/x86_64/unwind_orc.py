@@ -268,7 +268,9 @@ class DumpConstants:
         sym = target.symbol_address
         self.return_to_handler = sym("return_to_handler")
         self.rethook_trampoline = sym("arch_rethook_trampoline")
-        self.ret_from_fork_asm = sym("ret_from_fork_asm")
+        # __unwind_start()'s signal test: the entry a new task first runs, ret_from_fork_asm (6.5+); before
+        # "x86: Rewrite ret_from_fork() in C" (6.1) the assembly entry was ret_from_fork itself
+        self.ret_from_fork_asm = sym("ret_from_fork_asm") or sym("ret_from_fork")
 
     def _pt_regs(self) -> tuple[StructLayout, dict[str, int], int, int, int]:
         """``struct pt_regs``, its offsets, size, IRET frame offset and size: resolved on the first call."""
@@ -418,7 +420,7 @@ class OrcUnwinder(Unwinder):
 
     @property
     def ret_from_fork_asm(self) -> int | None:
-        """``ret_from_fork_asm``'s address."""
+        """The address of the entry a new task first runs (``ret_from_fork_asm``; 6.1: ``ret_from_fork``)."""
         return self.c.consts.ret_from_fork_asm
 
     # READ_ONCE_NOCHECK(): a word of captured memory (the segment of the last read is kept)
