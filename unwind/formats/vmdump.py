@@ -308,7 +308,8 @@ class VmcoreDump:
         cpu = t.running_on if t.running_on in cpus else None
         if t.running_on is not None and cpu is None:
             extra["note"] = f"current on cpu{t.running_on}, which saved no registers: its saved context is stale"
-        stacks = [StackInfo(t.stack, t.stack + k.thread_size, "task", cpu)] if t.stack else []
+        # a NULL task->stack (an exited task's, freed at its last switch) is kept as the capture keeps it: low 0
+        stacks = [StackInfo(t.stack, t.stack + k.thread_size, "task", cpu)]
         if t.stack + k.thread_size >= 2**64:  # task_stack_page() + THREAD_SIZE: the end is an address too
             stacks = []
             why = f"task->stack {t.stack:#x} + THREAD_SIZE runs past the address space: no stack"
