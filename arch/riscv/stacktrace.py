@@ -120,6 +120,8 @@ class KernelLayout:
     exc_frame: tuple[int, int]
     #: task_pt_regs(tsk) below the task stack's top: sizeof(struct pt_regs) aligned to STACK_ALIGN
     pt_regs_space: int
+    #: ``.head.text``, ``[_start, _stext)``: head.S's boot code (``_start_kernel``), not kernel text
+    head_text: tuple[int, int]
 
     @classmethod
     def of(cls, target: Target) -> "KernelLayout":
@@ -166,6 +168,7 @@ class KernelLayout:
             exc_frame=(rfe, rfe + 1) if rfe >= 0 else (exc if exc is not None else -1,
                                                        exc_end if exc_end is not None else -1),
             pt_regs_space=align(pt_regs.size, STACK_ALIGN),
+            head_text=(_or_none(sym("_start")), _or_none(sym("_stext"))),
         )
 
 
@@ -964,7 +967,21 @@ class RiscvUnwinder(Unwinder):
     def _bad_pc_stop(self, pc: int, fp: int, where: str) -> UnwindStop:
         if pc == 0 and fp == 0:
             return UnwindStop(StopReason.END_OF_STACK, f"zero record ({where})")
+        lo, hi = self.k.head_text
+        if lo <= pc < hi:
+            return self._head_text_stop(pc, where)
         return UnwindStop(StopReason.BAD_PC, f"{pc:#x} from {where} is not kernel text")
+
+    # walk_stackframe(): if (!__kernel_text_address(pc)) break; head.S's code lies before _stext
+    def _head_text_stop(self, pc: int, where: str) -> UnwindStop:
+        """The boot hart's idle task: its chain ends in head.S's ``_start_kernel``, which called
+        ``start_kernel()``; that code is in ``.head.text``, which ``__kernel_text_address()`` does not count,
+        so the kernel's walk ends there without printing it."""
+        sym = self.t.symbols.lookup(pc) if self.t.symbols is not None else None
+        name = f" ({sym.name}+{sym.offset:#x})" if sym is not None else ""
+        return UnwindStop(StopReason.END_OF_STACK,
+                          f"{pc:#x}{name} from {where} is in .head.text, the boot code before _stext: not kernel "
+                          "text, so walk_stackframe() ends there without printing it")
 
 
 #: the stop when fp_is_valid() fails on a zero fp
