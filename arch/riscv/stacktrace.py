@@ -948,8 +948,28 @@ class RiscvUnwinder(Unwinder):
             return UnwindStop(StopReason.TRANSITION_REFUSED, f"fp {fp:#x} is below sp+16 = {low:#x}: "
                                                              "the record would not move up the stack")
         if fp < UPPER_HALF:
+            if self._before_handler_prologue():
+                return self._handler_entry_stop(fp, window)
             window += " (a user address: s0 still holds the user sp, as at the trap entry)"
         return UnwindStop(StopReason.OUTSIDE_STACK, f"fp {fp:#x} outside {window}")
+
+    # handle_exception calls the trap handler with ra in the entry code; s0 is user mode's until its prologue
+    def _before_handler_prologue(self) -> bool:
+        """Is the walk at its first step from the CPU's registers, in a handler the trap entry called
+        (``ra`` in ``[handle_exception, ret_from_exception_end)``; 6.1: ``ret_from_exception``)?"""
+        lo, hi = self.exc_frame
+        return (not self.sp_from_record and self.t.task.regs is not None and self.pc == self.regs_epc
+                and lo <= self.regs_ra < hi)
+
+    def _handler_entry_stop(self, fp: int, window: str) -> UnwindStop:
+        """The kernel's walk from a CPU stopped in a trap handler before its prologue: ``fp_is_valid()``
+        fails on the user's s0 after the handler's pc, so ``walk_stackframe()`` ends there."""
+        sym = self.t.symbols.lookup(self.pc) if self.t.symbols is not None else None
+        name = sym.name if sym is not None else f"{self.pc:#x}"
+        return UnwindStop(StopReason.KERNEL_LIMIT,
+                          f"fp {fp:#x} outside {window} is s0 as user mode left it: the trap entry called {name} "
+                          f"(ra {self.regs_ra:#x}), whose prologue has not set s0 yet; fp_is_valid() fails, so "
+                          "walk_stackframe() ends after the handler's pc (--complete goes on from ra)")
 
     # the end of every task's chain: the first kernel frame of a task has task_pt_regs(tsk) as its fp
     def _first_frame_stop(self, fp: int, sp: int, pc: int) -> UnwindStop:
