@@ -57,3 +57,27 @@ def test_chain_into_head_text_ends_cleanly_unprinted(tmp_path, capsys) -> None:
     assert main(["replay", "--task", str(PID), "--vmlinux", str(IMAGE), str(bad)]) == 0
     out = capsys.readouterr().out
     assert "_start_kernel" not in out.split("-- stop:")[0]
+
+
+VMCORE = ROOT / "corpora" / "riscv" / "6.12.117+deb13-riscv64" / "vmcore" / "stop-001-random.elf.xz"
+VMCORE_IMAGE = next(VMCORE.parent.parent.glob("vmlinux-*.slim.xz"))
+
+
+def test_idle_tasks_of_a_real_vmcore_end_in_head_text(capsys) -> None:
+    """The 6.12 vmcore's idle tasks: the boot hart's chain ends in _start_kernel (it called start_kernel()),
+    a secondary hart's in secondary_start_sbi (smp_callin() was called from .head.text): both unprinted,
+    clean ends; the last line each prints is the C function head.S called."""
+    s = Session.load(VMCORE, vmlinux=VMCORE_IMAGE)
+    start, stext = s.symbols.address("_start"), s.symbols.address("_stext")
+    assert start is not None and stext is not None
+    idle = {t.comm: t for t in s.select(every=True) if t.pid == 0}
+    for comm, last, entry in (("swapper/0", "start_kernel", "_start_kernel"),
+                              ("swapper/1", "smp_callin", "secondary_start_sbi")):
+        r = s.replay(idle[comm], Options())
+        assert r.frames[-1].symbol.startswith(last + "+")
+        assert r.stop.reason is StopReason.END_OF_STACK and r.stop.clean
+        ret = int(r.stop.detail.split()[0], 16)
+        assert start <= ret < stext and f"({entry}+" in r.stop.detail
+    capsys.readouterr()
+    assert main(["replay", "--all", "--vmlinux", str(VMCORE_IMAGE), str(VMCORE)]) == 0
+    assert "(ERROR)" not in capsys.readouterr().out
