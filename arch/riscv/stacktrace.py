@@ -994,9 +994,10 @@ class RiscvUnwinder(Unwinder):
 
     # walk_stackframe(): if (!__kernel_text_address(pc)) break; head.S's code lies before _stext
     def _head_text_stop(self, pc: int, where: str) -> UnwindStop:
-        """The boot hart's idle task: its chain ends in head.S's ``_start_kernel``, which called
-        ``start_kernel()``; that code is in ``.head.text``, which ``__kernel_text_address()`` does not count,
-        so the kernel's walk ends there without printing it."""
+        """An idle task: its chain ends in head.S, the boot hart's in ``_start_kernel`` (which called
+        ``start_kernel()``), a secondary hart's in ``secondary_start_sbi`` (which called ``smp_callin()``); that
+        code is in ``.head.text``, which ``__kernel_text_address()`` does not count, so the kernel's walk ends
+        there without printing it."""
         sym = self.t.symbols.lookup(pc) if self.t.symbols is not None else None
         name = f" ({sym.name}+{sym.offset:#x})" if sym is not None else ""
         return UnwindStop(StopReason.END_OF_STACK,
