@@ -117,6 +117,8 @@ class KernelLayout:
     exc_frame: tuple[int, int]
     #: task_pt_regs(tsk) below the task stack's top: sizeof(struct pt_regs) aligned to STACK_ALIGN
     pt_regs_space: int
+    #: ``.head.text``, ``[_start, _stext)``: head.S's boot code (``_start_kernel``), not kernel text
+    head_text: tuple[int, int]
 
     @classmethod
     def of(cls, target: Target) -> "KernelLayout":
@@ -163,6 +165,7 @@ class KernelLayout:
             exc_frame=(rfe, rfe + 1) if rfe >= 0 else (exc if exc is not None else -1,
                                                        exc_end if exc_end is not None else -1),
             pt_regs_space=align(pt_regs.size, STACK_ALIGN),
+            head_text=(_or_none(sym("_start")), _or_none(sym("_stext"))),
         )
 
 
@@ -884,8 +887,28 @@ class RiscvUnwinder(Unwinder):
             return UnwindStop(StopReason.TRANSITION_REFUSED, f"fp {fp:#x} is below sp+16 = {low:#x}: "
                                                              "the record would not move up the stack")
         if fp < UPPER_HALF:
+            if self._before_handler_prologue():
+                return self._handler_entry_stop(fp, window)
             window += " (a user address: s0 still holds the user sp, as at the trap entry)"
         return UnwindStop(StopReason.OUTSIDE_STACK, f"fp {fp:#x} outside {window}")
+
+    # handle_exception calls the trap handler with ra in the entry code; s0 is user mode's until its prologue
+    def _before_handler_prologue(self) -> bool:
+        """Is the walk at its first step from the CPU's registers, in a handler the trap entry called
+        (``ra`` in ``[handle_exception, ret_from_exception_end)``; 6.1: ``ret_from_exception``)?"""
+        lo, hi = self.exc_frame
+        return (not self.sp_from_record and self.t.task.regs is not None and self.pc == self.regs_epc
+                and lo <= self.regs_ra < hi)
+
+    def _handler_entry_stop(self, fp: int, window: str) -> UnwindStop:
+        """The kernel's walk from a CPU stopped in a trap handler before its prologue: ``fp_is_valid()``
+        fails on the user's s0 after the handler's pc, so ``walk_stackframe()`` ends there."""
+        sym = self.t.symbols.lookup(self.pc) if self.t.symbols is not None else None
+        name = sym.name if sym is not None else f"{self.pc:#x}"
+        return UnwindStop(StopReason.KERNEL_LIMIT,
+                          f"fp {fp:#x} outside {window} is s0 as user mode left it: the trap entry called {name} "
+                          f"(ra {self.regs_ra:#x}), whose prologue has not set s0 yet; fp_is_valid() fails, so "
+                          "walk_stackframe() ends after the handler's pc (--complete goes on from ra)")
 
     # the end of every task's chain: the first kernel frame of a task has task_pt_regs(tsk) as its fp
     def _first_frame_stop(self, fp: int, sp: int, pc: int) -> UnwindStop:
@@ -903,7 +926,22 @@ class RiscvUnwinder(Unwinder):
     def _bad_pc_stop(self, pc: int, fp: int, where: str) -> UnwindStop:
         if pc == 0 and fp == 0:
             return UnwindStop(StopReason.END_OF_STACK, f"zero record ({where})")
+        lo, hi = self.k.head_text
+        if lo <= pc < hi:
+            return self._head_text_stop(pc, where)
         return UnwindStop(StopReason.BAD_PC, f"{pc:#x} from {where} is not kernel text")
+
+    # walk_stackframe(): if (!__kernel_text_address(pc)) break; head.S's code lies before _stext
+    def _head_text_stop(self, pc: int, where: str) -> UnwindStop:
+        """An idle task: its chain ends in head.S, the boot hart's in ``_start_kernel`` (which called
+        ``start_kernel()``), a secondary hart's in ``secondary_start_sbi`` (which called ``smp_callin()``); that
+        code is in ``.head.text``, which ``__kernel_text_address()`` does not count, so the kernel's walk ends
+        there without printing it."""
+        sym = self.t.symbols.lookup(pc) if self.t.symbols is not None else None
+        name = f" ({sym.name}+{sym.offset:#x})" if sym is not None else ""
+        return UnwindStop(StopReason.END_OF_STACK,
+                          f"{pc:#x}{name} from {where} is in .head.text, the boot code before _stext: not kernel "
+                          "text, so walk_stackframe() ends there without printing it")
 
 
 #: the stop when fp_is_valid() fails on a zero fp

@@ -437,7 +437,7 @@ def trap_entry(offset: int = 0x4, from_user: bool = False) -> Scenario:
 def syscall_entry() -> Scenario:
     """A CPU stopped at ``do_trap_ecall_u+0``: s0 is still the user sp, ra ``handle_exception+0x14a``.
 
-    Faithful: the pc, then the user-space fp ends the walk. Complete: the
+    Faithful: the pc, then the user-space fp ends the kernel's walk (a clean, truncated stop). Complete: the
     entry proof (sp not moved either) gives ``handle_exception+0x14a`` and the
     user pt_regs at sp, where the walk ends cleanly.
     """
@@ -448,7 +448,7 @@ def syscall_entry() -> Scenario:
     p_user, exc_ra = _user_syscall_base(s, st)
     pc = s.at("do_trap_ecall_u")
     s.sd.running_task(pid, "ls", cpu, {"pc": pc, "ra": exc_ra, "sp": p_user, "s0": USER_STACK_TOP - 0x100})
-    return Scenario(s, pid, [pc], StopReason.OUTSIDE_STACK, [pc, exc_ra], StopReason.USER_MODE,
+    return Scenario(s, pid, [pc], StopReason.KERNEL_LIMIT, [pc, exc_ra], StopReason.USER_MODE,
                     complete_flags={exc_ra: Flag.COMPLETE})
 
 

@@ -23,6 +23,8 @@ from typing import Callable, Mapping, Sequence
 from unwind.core.dumpinfo import ModuleInfo, ModuleOrc
 from unwind.core.frame import FLAGS as _FLAGS
 from unwind.core.frame import Flag, Frame, Provenance, Source
+from unwind.kernel.layout import StructLayout, resolve_layout
+from unwind.kernel.symbols import Symbol
 from unwind.core.memory import Memory, MemoryFault
 from unwind.core.target import Target
 from unwind.core.walk import StopReason, Unwinder, UnwindStop
@@ -252,7 +254,9 @@ class DumpConstants:
         sym = target.symbol_address
         self.return_to_handler = sym("return_to_handler")
         self.rethook_trampoline = sym("arch_rethook_trampoline")
-        self.ret_from_fork_asm = sym("ret_from_fork_asm")
+        # __unwind_start()'s signal test: the entry a new task first runs, ret_from_fork_asm (6.5+); before
+        # "x86: Rewrite ret_from_fork() in C" (6.1) the assembly entry was ret_from_fork itself
+        self.ret_from_fork_asm = sym("ret_from_fork_asm") or sym("ret_from_fork")
         #: ftrace_graph_ret_addr() of the dumped kernel walks its shadow stack down from *idx (v6.11+)
         self.fgraph_idx = fgraph_idx(kernel_generation(target)[0])
 
@@ -404,7 +408,7 @@ class OrcUnwinder(Unwinder):
 
     @property
     def ret_from_fork_asm(self) -> int | None:
-        """``ret_from_fork_asm``'s address."""
+        """The address of the entry a new task first runs (``ret_from_fork_asm``; 6.1: ``ret_from_fork``)."""
         return self.c.consts.ret_from_fork_asm
 
     # READ_ONCE_NOCHECK(): a word of captured memory (the segment of the last read is kept)
@@ -646,10 +650,12 @@ class OrcUnwinder(Unwinder):
             if prov is not None:
                 prov.rule = f"no ORC entry for {ip:#x}: orc_fp_entry {ORC_FP_ENTRY} (a guess; unreliable)"
             return ORC_FP_ENTRY, Source.FP_GUESS
-        if orc.type == ORC_TYPE_UNDEFINED:
+        if orc.type == ORC_TYPE_UNDEFINED:  # goto err: the walk ends, unwind_error() set
             self.error = True
-            raise UndefinedOrc(StopReason.UNKNOWN_METADATA, f"ORC entry for {ip:#x} is UNDEFINED"
-                               f"{self.undefined_why(ip)}", ip)
+            skipped = self.stack_frame_non_standard(ip)
+            # a function objtool was told to skip is where the kernel's own walk ends; elsewhere the ip is wrong
+            reason = StopReason.KERNEL_LIMIT if skipped is not None else StopReason.UNKNOWN_METADATA
+            raise UndefinedOrc(reason, f"ORC entry for {ip:#x} is UNDEFINED{self.undefined_why(skipped)}", ip)
         if orc.type == ORC_TYPE_END_OF_STACK:  # every walk of a blocked task ends here: the detail is made when read
             return UnwindStop(StopReason.END_OF_STACK, lambda: orc_end_detail(ip))
         if prov is not None:  # the rule is written when read
@@ -657,18 +663,24 @@ class OrcUnwinder(Unwinder):
             prov.rule = lambda: f"ORC at {ip:#x} ({which}): {orc}"
         return orc, Source.ORC_CALL
 
-    def undefined_why(self, ip: int) -> str:
-        """Why an ip has an UNDEFINED entry, when its whole function has no ORC (objtool skipped it)."""
+    # objtool's STACK_FRAME_NON_STANDARD(): the function's whole range is one UNDEFINED entry
+    def stack_frame_non_standard(self, ip: int) -> Symbol | None:
+        """The function holding ``ip`` when it has no ORC at all (objtool skipped it), else ``None``."""
         sym = self.target.symbols.lookup(ip) if self.target.symbols is not None else None
-        hint = "; --complete looks for the caller" if not self.target.options.complete else ""
         i = self.table.find_index(ip)
         if sym is None or sym.offset >= sym.size or i < 0 or not self.stext <= ip < self.etext:
-            return f" ({hint[2:]})" if hint else ""
+            return None
         end = self.table.ip(i + 1) if i + 1 < len(self.table) else self.etext
-        if self.table.ip(i) <= sym.addr and sym.addr + sym.size <= end:
-            return (f" ({sym.name} has no ORC at all: objtool skipped it, as STACK_FRAME_NON_STANDARD "
-                    f"asks{hint})")
-        return f" ({hint[2:]})" if hint else ""
+        return sym if self.table.ip(i) <= sym.addr and sym.addr + sym.size <= end else None
+
+    def undefined_why(self, skipped: Symbol | None) -> str:
+        """Why an ip has an UNDEFINED entry: ``skipped``, its function, has no ORC at all (objtool skipped
+        it), and the kernel's walk ends there with an error."""
+        hint = "; --complete looks for the caller" if not self.target.options.complete else ""
+        if skipped is None:
+            return f" ({hint[2:]})" if hint else ""
+        return (f" ({skipped.name} has no ORC at all: objtool skipped it, as STACK_FRAME_NON_STANDARD asks, "
+                f"and unwind_next_frame() ends the walk there with unwind_error() set{hint})")
 
     def complete_undefined(self, stop: UndefinedOrc, error: bool, prov: Provenance | None) -> Frame:
         """Complete mode past an UNDEFINED entry: the caller proven by its call (:mod:`.complete`)."""

@@ -213,7 +213,8 @@ def stack_walk_reliable(unwinder: Unwinder, consume_pc: Callable[[int], bool],
     stop = kunwind_stack_walk(unwinder, consume, max_frames)
     if refusal:
         return ReliableResult(False, stop, refusal[0])
-    if stop.reason is StopReason.CONSUMER_STOPPED or not stop.clean:
+    # a walk the kernel's unwinder ends early (truncated) is one whose reliable walk fails too
+    if stop.reason is StopReason.CONSUMER_STOPPED or not stop.clean or stop.truncated:
         return ReliableResult(False, stop, str(stop))
     return ReliableResult(True, stop)
 

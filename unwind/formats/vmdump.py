@@ -331,7 +331,8 @@ class VmcoreDump:
         stale = cpu is None and t.on_cpu and t.cpu in unknown
         if stale:  # task_struct.on_cpu: it may be that CPU's current, whose registers are not its saved context
             extra["note"] = f"on_cpu on cpu{t.cpu}, whose current could not be read: its saved context may be stale"
-        stacks = [StackInfo(t.stack, t.stack + k.thread_size, "task", cpu)] if t.stack else []
+        # a NULL task->stack (an exited task's, freed at its last switch) is kept as the capture keeps it: low 0
+        stacks = [StackInfo(t.stack, t.stack + k.thread_size, "task", cpu)]
         if t.stack + k.thread_size >= 2**64:  # task_stack_page() + THREAD_SIZE: the end is an address too
             stacks = []
             why = f"task->stack {t.stack:#x} + THREAD_SIZE runs past the address space: no stack"

@@ -285,12 +285,27 @@ def test_running_task_in_user_mode_has_no_kernel_frames():
 
 
 def test_undefined_entry_is_an_error():
+    """An UNDEFINED row inside a function that has ORC: the return address is where no frame can be."""
+    b = kernel()
+    b.func("asm_thing", 0x40, (0, call(8)), (8, UNDEFINED), (0x10, call(8)))
+    s, t = blocked(b, lambda st, a: st.put(TASK_LO + 0x3000, 0, 0, 0, 0, 0, 0, a["asm_thing"] + 9)
+                   and TASK_LO + 0x3000)
+    frames, stop = walk(s, t)
+    assert len(frames) == 1 and stop.reason is StopReason.UNKNOWN_METADATA and "UNDEFINED" in stop.detail
+    assert not stop.clean
+
+
+def test_undefined_function_is_where_the_kernels_walk_ends():
+    """A function with no ORC at all (objtool's STACK_FRAME_NON_STANDARD): unwind_next_frame() ends there
+    with unwind_error() set; a clean, truncated stop, and the reliable walk fails."""
     b = kernel()
     b.func("asm_thing", 0x40, (0, UNDEFINED))
     s, t = blocked(b, lambda st, a: st.put(TASK_LO + 0x3000, 0, 0, 0, 0, 0, 0, a["asm_thing"] + 9)
                    and TASK_LO + 0x3000)
     frames, stop = walk(s, t)
-    assert len(frames) == 1 and stop.reason is StopReason.UNKNOWN_METADATA and "UNDEFINED" in stop.detail
+    assert len(frames) == 1 and stop.reason is StopReason.KERNEL_LIMIT and stop.clean and stop.truncated
+    assert "asm_thing has no ORC at all" in stop.detail and "STACK_FRAME_NON_STANDARD" in stop.detail
+    assert not stack_walk_reliable(s.backend.unwinder(s.target(t, Options())), lambda pc: True).ok
 
 
 def test_orc_missing_pc_falls_back_to_frame_pointers_and_is_unreliable():
