@@ -109,6 +109,8 @@ class FakeGdb(types.ModuleType):
         self.core = core
         self.params: dict[str, Any] = {}
         self.written: list[str] = []
+        self.stderr: list[str] = []
+        self.STDERR = 2
         self.commands: dict[str, Any] = {}
         self.unwinders: list[Any] = []
         self.invalidated = 0
@@ -169,8 +171,8 @@ class FakeGdb(types.ModuleType):
     def invalidate_cached_frames(self) -> None:
         self.invalidated += 1
 
-    def write(self, text: str) -> None:
-        self.written.append(text)
+    def write(self, text: str, stream: int = 0) -> None:
+        (self.stderr if stream == self.STDERR else self.written).append(text)
 
     # -- what gdb itself does --
     def backtrace(self, cpu: int, pc: str, limit: int = 512) -> list[int]:

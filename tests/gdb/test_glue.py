@@ -130,6 +130,7 @@ def test_unwinder_leaves_frames_it_cannot_walk_to_gdb() -> None:
     gdb = FakeGdb(lambda a, s: None, {0: {"pc": 0x1234, "sp": 0x10}}, [], None)
     gdbtarget.install(gdb)
     assert gdb.backtrace(0, "pc") == [0x1234]  # no image: gdb's own unwinders, not this one
+    assert len(gdb.stderr) == 1 and gdb.stderr[0].startswith("unwind: no kernel image: ")
 
 
 def test_script_makes_the_installation_importable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -246,7 +246,7 @@ def _kernel_dump(gdb: Any, mem: GdbMemory, image: Image, switch: bool) -> tuple[
     except (registry.ArchError, ImageError) as e:
         raise GdbError(str(e)) from None
     text = kernel_vmcoreinfo(mem, symbols)
-    dump = VmcoreDump("<gdb>", backend, mem, _threads_prstatus(gdb, backend, switch), text, source="gdb")
+    dump = VmcoreDump("the kernel in gdb's memory", backend, mem, _threads_prstatus(gdb, backend, switch), text, source="gdb")
     if not text:
         dump.warnings.append("the kernel's VMCOREINFO (vmcoreinfo_data) is unreadable at its link address: "
                              "no release, no KASLR offset (boot with nokaslr)")
@@ -296,9 +296,10 @@ class FrameId:
 
 @dataclass(slots=True)
 class Walk:
-    """One CPU's walk from gdb's frame 0, and the stack address gdb identifies each frame by."""
+    """One CPU's walk from gdb's frame 0 (by ``backend``), and the stack address gdb identifies each frame by."""
 
     key: tuple[int, ...]
+    backend: registry.ArchBackend
     frames: list[Frame]
     ids: list[int]
 
@@ -328,12 +329,21 @@ class GdbState:
         self.walks: dict[int, Walk] = {}
         #: set while the session is made: gdb asks the unwinder for frame 0 as its threads are read
         self.busy = False
+        #: what :meth:`tell` said last
+        self._told: str | None = None
 
     def reset(self, *_: Any) -> None:
         """Forget the session and the walks (a gdb event handler)."""
         self._session = None
         self._key = None
+        self._told = None
         self.walks.clear()
+
+    def tell(self, text: str) -> None:
+        """Say ``text`` on gdb's stderr once (the unwinder is asked again for every frame gdb shows)."""
+        if text != self._told:
+            self._told = text
+            self.gdb.write(f"{text}\n", self.gdb.STDERR)
 
     def _target_key(self) -> tuple[Any, ...]:
         gdb = self.gdb
@@ -387,12 +397,12 @@ class FrameUnwinder:
             return None
         try:
             walk = self._walk(pending, thread) if level == 0 else state.walks.get(thread.num)
-        except (GdbError, ReplayError, DumpError, ImageError, registry.ArchError, MemoryFault):
-            return None  # no kernel here: gdb's own unwinders
-        session = state._session
-        if walk is None or session is None or level >= max(len(walk.frames), 1):
+        except (GdbError, ReplayError, DumpError, ImageError, registry.ArchError, MemoryFault) as e:
+            state.tell(f"unwind: {e}: gdb's own unwinders go on")  # no kernel here to walk
             return None
-        backend = session.backend
+        if walk is None or level >= max(len(walk.frames), 1):
+            return None
+        backend = walk.backend
         pc = register_value(pending.read_register(_gdb_name(backend, backend.pc_reg)))
         if not walk.frames:  # the kernel walks nothing here (a CPU in user mode): gdb's frame 0 alone
             sp = register_value(pending.read_register(_gdb_name(backend, backend.sp_reg)))
@@ -422,7 +432,7 @@ class FrameUnwinder:
             return walk
         task = replace(state.cpu_task(session, thread_cpu(thread)), regs=regs)
         frames = session.replay(task, Options(), symbolize=False).frames
-        walk = state.walks[thread.num] = Walk(key, frames, frame_ids(frames))
+        walk = state.walks[thread.num] = Walk(key, backend, frames, frame_ids(frames))
         return walk
 
 
