@@ -67,6 +67,9 @@ class Arm64Backend(ArchBackend):
     e_machine = 183
     # struct user_pt_regs: x0..x30, sp, pc, pstate
     prstatus_regs = tuple(f"x{i}" for i in range(31)) + ("sp", "pc", "pstate")
+    gdb_arch = "aarch64"
+    fp_reg = "x29"
+    gdb_registers = {"pstate": "cpsr"}
     pc_reg = "pc"
     sp_reg = "sp"
     # thread.cpu_context (x19..x28, fp, sp, pc); "caller" marks a walk started from a caller

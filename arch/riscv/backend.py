@@ -68,6 +68,9 @@ class RiscvBackend(ArchBackend):
     e_flags = 0x5  # EF_RISCV_RVC | EF_RISCV_FLOAT_ABI_DOUBLE, as the kernel image
     # struct user_regs_struct: pc, then x1..x31 by ABI name
     prstatus_regs = structs.member_names(structs.user_regs_struct)
+    gdb_arch = "riscv:rv64"
+    fp_reg = "s0"
+    gdb_registers = {"s0": "fp"}
     pc_reg = "pc"
     sp_reg = "sp"
     # thread.ra, thread.sp, thread.s[0..11]

@@ -84,6 +84,8 @@ class X86_64Backend(ArchBackend):
     prstatus_regs = ("r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "rax", "rcx",
                      "rdx", "rsi", "rdi", "orig_rax", "rip", "cs", "eflags", "rsp", "ss", "fs_base",
                      "gs_base", "ds", "es", "fs", "gs")
+    gdb_arch = "i386:x86-64"
+    fp_reg = "rbp"
     pc_reg = "rip"
     sp_reg = "rsp"
     # thread.sp, and the inactive_task_frame members above it

@@ -74,6 +74,12 @@ class ArchBackend(ABC):
     #: the fewest stack bytes one frame consumes (the default frame limit, ``unwind.core.walk.frame_limit``):
     #: an arm64 or riscv frame record {fp, lr} is 16
     min_frame_bytes: ClassVar[int] = 16
+    #: gdb's name of this architecture (``set architecture``), and the register holding the frame pointer
+    #: (a :attr:`prstatus_regs` name): ``unwind gdb`` hands back pc, sp and fp for each caller
+    gdb_arch: ClassVar[str | None] = None
+    fp_reg: ClassVar[str | None] = None
+    #: gdb's names of the :attr:`prstatus_regs` it spells otherwise (those absent are spelt alike)
+    gdb_registers: ClassVar[dict[str, str]] = {}
 
     @abstractmethod
     def unwinder(self, target: "Target") -> "Unwinder":

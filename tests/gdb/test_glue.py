@@ -1,0 +1,150 @@
+"""The gdb glue (unwind.session.gdbtarget) over a stand-in gdb module: the frames gdb would unwind, and
+``unwind-bt``/``unwind-ps``, against ``unwind replay``/``unwind ps`` of the same dump or vmcore read
+from the file."""
+
+from __future__ import annotations
+
+import lzma
+from pathlib import Path
+
+import pytest
+
+from unwind.cli.gdb import SCRIPT, script_path, split_args
+from unwind.cli.tasks import ps_lines
+from unwind.core.memory import Memory, MemoryFault, Segment
+from unwind.session import gdbtarget
+from unwind.session.output import replay_text
+from unwind.session.replay import Session
+
+from .fakegdb import FakeGdb
+
+REPO = Path(__file__).resolve().parents[2]
+DUMPS = ["corpora/x86_64/6.12.117+deb13-amd64/stop-004-random.bin.xz",
+         "corpora/arm64/6.12.117+deb13-arm64/stop-002-irq-arch_timer_handler_virt.bin.xz",
+         "corpora/riscv/6.12.117+deb13-riscv64/stop-000-random.bin.xz"]
+VMCORES = ["corpora/x86_64/6.12.117+deb13-amd64/vmcore/stop-001-random.elf.xz",
+           "corpora/arm64/6.12.117+deb13-arm64/vmcore/stop-000-random.elf.xz"]
+
+
+def _reader(mem: object):
+    def read(addr: int, size: int) -> bytes | None:
+        try:
+            return mem.read(addr, size)  # type: ignore[attr-defined]
+        except MemoryFault:
+            return None
+    return read
+
+
+def _gdb_regs(session: Session, regs: dict[str, int]) -> dict[str, int]:
+    names = session.backend.gdb_registers
+    return {names.get(k, k): v for k, v in regs.items()}
+
+
+def _fake_for(session: Session, core: str | None) -> FakeGdb:
+    """gdb as it would be over the session's file: its memory, one thread per CPU, the image loaded."""
+    cpus = {c.cpu: _gdb_regs(session, c.regs) for c in session.dump.cpus}
+    image = session.image
+    path = getattr(image, "image", image).path  # a RelocatedImage wraps the file's
+    return FakeGdb(_reader(session.dump.memory), cpus, [str(path)], core)
+
+
+def _with_vmcoreinfo(session: Session, gdb: FakeGdb) -> FakeGdb:
+    """The kernel's ``vmcoreinfo_data`` page holding the vmcore's VMCOREINFO note text, where the vmcore
+    (a slice of the guest's memory) left it out: a live kernel's memory has it."""
+    symbols = session.symbols
+    data, size = symbols.address("vmcoreinfo_data"), symbols.address("vmcoreinfo_size")
+    text = session.dump.vmcoreinfo_text.encode()
+    page = 0xFFFF_FFFF_FFFF_0000  # an address no kernel memory of the dump is at
+    extra = Memory([Segment(data, page.to_bytes(8, "little")), Segment(size, len(text).to_bytes(8, "little")),
+                    Segment(page, text)])
+    inner = gdb._read
+    gdb._read = lambda addr, n: extra.read(addr, n) if extra.contains(addr, n) else inner(addr, n)
+    return gdb
+
+
+def _check(session: Session, gdb: FakeGdb, blocked: int = 6) -> None:
+    gdbtarget.install(gdb)
+    pc = session.backend.gdb_registers.get(session.backend.pc_reg, session.backend.pc_reg)
+    running = [t for t in session.dump.tasks() if t.running]
+    assert running
+    for task in running:  # a CPU the kernel walks nothing of (user mode) is gdb's frame 0 alone
+        want = [f.pc for f in session.replay(task).frames] or [task.regs[session.backend.pc_reg]]
+        assert gdb.backtrace(task.cpu, pc) == want, task.describe()
+    assert gdb.run("unwind-ps").splitlines() == ps_lines(session)
+    pids = list(dict.fromkeys(t.pid for t in session.dump.tasks() if not t.running))[:blocked]
+    for pid in pids:  # pid 0 is every CPU's idle task: `unwind replay --task 0` shows them all
+        want = [line for t in session.select(pid=pid) for line in replay_text(session, session.replay(t))]
+        got = [ln for ln in gdb.run("unwind-bt", str(pid)).splitlines() if not ln.startswith("unwind: warning")]
+        assert got == want, pid
+
+
+@pytest.mark.parametrize("dump", DUMPS, ids=lambda d: d.split("/")[1])
+def test_project_dump_in_gdb_walks_as_replay(dump: str, tmp_path: Path) -> None:
+    path = REPO / dump
+    core = tmp_path / "core"
+    core.write_bytes(lzma.decompress(path.read_bytes()))  # gdb opens it uncompressed
+    session = Session.load(path)
+    _check(session, _fake_for(session, str(core)))
+
+
+@pytest.mark.parametrize("vmcore", VMCORES, ids=lambda d: d.split("/")[1])
+def test_kernel_in_gdb_memory_walks_as_vmcore_replay(vmcore: str) -> None:
+    """No dump note: the tasks come from the kernel's own lists in gdb's memory (as on QEMU's gdbstub)."""
+    session = Session.load(REPO / vmcore)
+    _check(session, _with_vmcoreinfo(session, _fake_for(session, None)), blocked=4)
+
+
+def test_snapshot_reads_what_gdb_can_down_to_words() -> None:
+    lo = 0xFFFF800000010000
+    data = bytes(range(256)) * 32
+    readable = Memory([Segment(lo + 100, data[100:4997])])
+    gdb = FakeGdb(_reader(readable), {}, [], None)
+    snap = gdbtarget.GdbMemory(gdb).snapshot([(lo, lo + 8192)])
+    # gdb refuses any read reaching outside [lo+100, lo+4997): the aligned words inside it are what is kept
+    assert [(s.start - lo, s.end - lo) for s in snap.segments] == [(104, 4992)]
+    assert snap.read(lo + 104, 8) == data[104:112]
+
+
+def test_frame_ids_grow_outwards_across_a_stack_switch() -> None:
+    from unwind.core.frame import Frame
+
+    frames = [Frame(1, sp=0x9000), Frame(2, sp=0x9100), Frame(3, sp=0x1000), Frame(4, sp=None), Frame(5, sp=0x9200)]
+    assert gdbtarget.frame_ids(frames) == [0x9000, 0x9100, 0x9101, 0x9102, 0x9200]
+
+
+def test_bad_arguments_and_no_image_are_one_line(tmp_path: Path) -> None:
+    gdb = FakeGdb(lambda a, s: None, {0: {}}, [], None)
+    gdbtarget.install(gdb)
+    for arg in ("12 13", "--bogus", "x"):
+        with pytest.raises(gdb.GdbError, match="usage: unwind-bt"):
+            gdb.run("unwind-bt", arg)
+    with pytest.raises(gdb.GdbError, match="no kernel image"):
+        gdb.run("unwind-ps")
+    (tmp_path / "x").write_bytes(b"not an ELF")
+    gdb.params[gdbtarget.VMLINUX_PARAMETER] = str(tmp_path / "x")
+    with pytest.raises(gdb.GdbError, match="not an ELF"):
+        gdb.run("unwind-ps")
+
+
+def test_unwinder_leaves_frames_it_cannot_walk_to_gdb() -> None:
+    gdb = FakeGdb(lambda a, s: None, {0: {"pc": 0x1234, "sp": 0x10}}, [], None)
+    gdbtarget.install(gdb)
+    assert gdb.backtrace(0, "pc") == [0x1234]  # no image: gdb's own unwinders, not this one
+    assert len(gdb.stderr) == 1 and gdb.stderr[0].startswith("unwind: no kernel image: ")
+
+
+def test_script_makes_the_installation_importable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UNWIND_CACHE", str(tmp_path))
+    path = script_path()
+    text = path.read_text()
+    assert path.parent == tmp_path / "gdb" and "gdbtarget.install(gdb)" in text
+    import unwind
+    assert str(Path(unwind.__file__).resolve().parent.parent) in text
+    assert "{" not in text and SCRIPT.count("{") > 0  # every field filled
+
+
+def test_gdb_arguments_pass_through() -> None:
+    assert split_args(["--vmlinux", "v", "-batch", "-ex", "bt", "--script", "core"]) == (
+        ["--vmlinux", "v"], ["-batch", "-ex", "bt", "--script", "core"])
+    assert split_args(["--script"]) == (["--script"], [])
+    assert split_args(["--", "--script"]) == ([], ["--script"])

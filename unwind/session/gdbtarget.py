@@ -1,0 +1,532 @@
+"""Inside gdb: the kernel's own unwinders as gdb frame unwinders, and ``unwind-bt``/``unwind-ps``.
+
+gdb (on QEMU's gdbstub, a vmcore or one of the project's dumps) gives the
+memory (``Inferior.read_memory``) and each CPU's registers (one gdb thread per
+CPU; ``PendingFrame.read_register`` while it unwinds). This module presents
+them as the project's own inputs, so the walk is the arch backend's, as in
+``unwind replay``:
+
+- :class:`GdbMemory` reads kernel virtual memory through gdb and snapshots a
+  task's stacks as a :class:`~unwind.core.memory.Memory` (what
+  :meth:`VmcoreDump.task_memory` reads);
+- :func:`open_session` makes a :class:`~unwind.session.replay.Session`: the
+  tasks the note of the project's dump lists when gdb has one open as its
+  core, else the tasks read through BTF from the kernel in gdb's memory
+  (:mod:`unwind.kernel.model`, as for a vmcore), the CPUs' registers from gdb's threads;
+- :class:`FrameUnwinder` walks a CPU with :meth:`Session.replay` from the
+  registers of gdb's frame 0 and hands each caller back as gdb's ``UnwindInfo``
+  (pc, sp and the frame pointer the walk establishes).
+
+Nothing here imports gdb: :func:`install` is given the ``gdb`` module (the
+script ``unwind gdb --script`` names calls it), so a stand-in tests the glue.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from unwind.core import registry
+from unwind.core.errors import DumpError
+from unwind.core.frame import Frame
+from unwind.core.memory import Memory, MemoryFault, Segment
+from unwind.core.target import Options, Task
+from unwind.formats import elfcore
+from unwind.formats.dump import Dump, written_by_unwind
+from unwind.formats.image import Image, ImageError, open_image
+from unwind.formats.vmdump import VmcoreDump
+from unwind.kernel.btf import BtfError
+from unwind.kernel.kaslr import RelocatedImage, relocate_symbols
+from unwind.kernel.symbols import SymbolTable
+from .output import replay_text
+from .replay import ReplayError, Session, runtime_symbols
+
+#: bytes gdb is asked for at once when a stack is snapshotted, then the pieces tried where that fails
+_PAGE = 4096
+_PIECES = (512, 64, 8)
+#: ``kernel/vmcore_info.c`` (``crash_core.c`` before 6.9): the kernel's own VMCOREINFO text is at most a page
+_VMCOREINFO_MAX = 4096
+#: the name gdb lists the unwinder by (``info unwinder``)
+UNWINDER_NAME = "unwind-kernel"
+#: the gdb parameter naming the kernel image when gdb loaded none (``set unwind-vmlinux IMAGE``)
+VMLINUX_PARAMETER = "unwind-vmlinux"
+_U64 = (1 << 64) - 1
+
+
+class GdbError(Exception):
+    """What a gdb command reports as one line (raised as ``gdb.GdbError`` by :func:`install`'s commands)."""
+
+
+class GdbMemory:
+    """Kernel virtual memory as gdb reads it; a read gdb refuses is a :class:`MemoryFault`."""
+
+    def __init__(self, gdb: Any) -> None:
+        self.gdb = gdb
+
+    def read(self, addr: int, size: int) -> bytes:
+        """``size`` bytes at ``addr``."""
+        if size < 0 or addr < 0 or addr + size > 1 << 64:
+            raise MemoryFault(addr, size)
+        try:
+            return bytes(self.gdb.selected_inferior().read_memory(addr, size))
+        except (self.gdb.error, OverflowError, ValueError):
+            raise MemoryFault(addr, size) from None
+
+    def read_u64(self, addr: int) -> int:
+        """The little-endian 64-bit word at ``addr``."""
+        return int.from_bytes(self.read(addr, 8), "little")
+
+    def read_u32(self, addr: int) -> int:
+        """The little-endian 32-bit word at ``addr``."""
+        return int.from_bytes(self.read(addr, 4), "little")
+
+    def snapshot(self, ranges: Iterable[tuple[int, int]]) -> Memory:
+        """The readable bytes of ``ranges`` as plain segments: a page at a time, and where gdb refuses a
+        page (a core holds only part of it), its pieces down to single words."""
+        found: list[tuple[int, bytes]] = []
+        for lo, hi in sorted(set(ranges)):
+            pos = lo
+            while pos < hi:
+                end = min((pos // _PAGE + 1) * _PAGE, hi)
+                self._read_piece(pos, end, 0, found)
+                pos = end
+        return Memory(_merged(found))
+
+    def _read_piece(self, lo: int, hi: int, depth: int, found: list[tuple[int, bytes]]) -> None:
+        try:
+            found.append((lo, self.read(lo, hi - lo)))
+            return
+        except MemoryFault:
+            if depth == len(_PIECES):
+                return
+        step = _PIECES[depth]
+        pos = lo
+        while pos < hi:
+            end = min((pos // step + 1) * step, hi)
+            self._read_piece(pos, end, depth + 1, found)
+            pos = end
+
+
+def _merged(pieces: list[tuple[int, bytes]]) -> list[Segment]:
+    """Adjacent pieces joined into segments (a stack read in pages is one segment)."""
+    out: list[Segment] = []
+    start, chunks, end = None, [], None
+    for addr, data in sorted(pieces, key=lambda p: p[0]):
+        if start is not None and addr == end:
+            chunks.append(data)
+            end += len(data)
+            continue
+        if start is not None:
+            out.append(Segment(start, b"".join(chunks)))
+        start, chunks, end = addr, [data], addr + len(data)
+    if start is not None:
+        out.append(Segment(start, b"".join(chunks)))
+    return out
+
+
+class GdbNoteDump(Dump):
+    """One of the project's dumps gdb has open as its core: the tasks its note lists, and the memory it
+    captured as gdb reads it (set :attr:`gdb_memory` after :meth:`Dump.open`)."""
+
+    gdb_memory: GdbMemory | None = None
+    _through_gdb: Memory | None = None
+
+    def task_memory(self, task: Task) -> Memory:
+        """All the dump's captured ranges, read through gdb once (a walk may read past its own stacks, as
+        the replay of the file does)."""
+        if self.gdb_memory is None:
+            return self.memory
+        if self._through_gdb is None:
+            self._through_gdb = self.gdb_memory.snapshot((s.start, s.end) for s in self.memory.segments)
+        return self._through_gdb
+
+
+# -- what gdb has open ---------------------------------------------------------
+
+_CORE_FILE = re.compile(r"Local core dump file:\s*`(.+?)',")
+
+
+def core_file(gdb: Any) -> str | None:
+    """The core file gdb has open (``info target``), or ``None`` (a live target)."""
+    name = getattr(gdb.current_progspace(), "core_filename", None)
+    if name:
+        return str(name)
+    try:
+        m = _CORE_FILE.search(gdb.execute("info target", to_string=True))
+    except gdb.error:
+        return None
+    return m.group(1) if m else None
+
+
+def kernel_image(gdb: Any) -> Image:
+    """The kernel image: ``set unwind-vmlinux IMAGE``, else the first file gdb loaded that is one."""
+    named = gdb.parameter(VMLINUX_PARAMETER)
+    candidates = [named] if named else [o.filename for o in gdb.objfiles() if o.filename]
+    problems = []
+    for path in candidates:
+        try:
+            return open_image(Path(path).resolve())
+        except ImageError as e:
+            problems.append(str(e))
+    if named:
+        raise GdbError(problems[0])
+    raise GdbError("no kernel image: load the vmlinux (or slim image) in gdb (`file IMAGE`) or "
+                   f"`set {VMLINUX_PARAMETER} IMAGE`" + (f" ({problems[0]})" if problems else ""))
+
+
+def thread_cpu(thread: Any) -> int:
+    """The CPU a gdb thread is: QEMU's gdbstub and a core's ``NT_PRSTATUS`` (``pr_pid``) number
+    them from 1; gdb's own number where the thread has none."""
+    lwp = thread.ptid[1] or thread.ptid[2]
+    return (lwp or thread.num) - 1
+
+
+def register_value(value: Any) -> int:
+    """A register's ``gdb.Value`` as an unsigned 64-bit number."""
+    return int(value) & _U64
+
+
+def frame_registers(backend: registry.ArchBackend, read: Callable[[str], Any],
+                    error: type[Exception]) -> dict[str, int]:
+    """The ``NT_PRSTATUS`` registers of a frame by the backend's names (``read`` takes gdb's name);
+    a register gdb does not know is left out."""
+    regs = {}
+    for name in backend.prstatus_regs:
+        try:
+            regs[name] = register_value(read(backend.gdb_registers.get(name, name)))
+        except (error, ValueError):
+            continue
+    return regs
+
+
+def _threads_prstatus(gdb: Any, backend: registry.ArchBackend, switch: bool) -> list[bytes]:
+    """One ``NT_PRSTATUS`` per gdb thread (CPU), as QEMU writes them (``pr_pid`` = CPU + 1); with
+    ``switch``, each thread's registers (gdb's threads are switched to), else zeros: a frame unwinder must
+    not switch threads, and its own CPU's registers come from its frame."""
+    names = backend.prstatus_regs
+    out = []
+    selected = gdb.selected_thread()
+    try:
+        for thread in sorted(gdb.selected_inferior().threads(), key=thread_cpu):
+            regs: dict[str, int] = {}
+            if switch:
+                thread.switch()
+                regs = frame_registers(backend, gdb.newest_frame().read_register, gdb.error)
+            out.append(elfcore.prstatus_bytes(len(names), [regs.get(n, 0) for n in names], thread_cpu(thread) + 1))
+    finally:
+        if switch and selected is not None:
+            selected.switch()
+    return out
+
+
+# kernel/vmcore_info.c: vmcoreinfo_data holds the text VMCOREINFO notes carry (crash_core.c before 6.9)
+def kernel_vmcoreinfo(mem: GdbMemory, symbols: SymbolTable) -> str:
+    """The kernel's own VMCOREINFO text (``vmcoreinfo_data``, ``vmcoreinfo_size``), or ``""``."""
+    data, size = symbols.address("vmcoreinfo_data"), symbols.address("vmcoreinfo_size")
+    if data is None or size is None:
+        return ""
+    try:
+        n = mem.read_u64(size)
+        if not 0 < n <= _VMCOREINFO_MAX:
+            return ""
+        return mem.read(mem.read_u64(data), n).split(b"\0", 1)[0].decode("ascii", "replace")
+    except MemoryFault:
+        return ""
+
+
+def _kernel_dump(gdb: Any, mem: GdbMemory, image: Image, switch: bool) -> tuple[VmcoreDump, Image, SymbolTable]:
+    """The kernel in gdb's memory as a vmcore is read (tasks through BTF), the CPUs from gdb's threads
+    (their registers read with ``switch``)."""
+    try:
+        backend = registry.for_machine(image.machine)
+        symbols = image.symbols
+    except (registry.ArchError, ImageError) as e:
+        raise GdbError(str(e)) from None
+    text = kernel_vmcoreinfo(mem, symbols)
+    dump = VmcoreDump("the kernel in gdb's memory", backend, mem, _threads_prstatus(gdb, backend, switch), text, source="gdb")
+    if not text:
+        dump.warnings.append("the kernel's VMCOREINFO (vmcoreinfo_data) is unreadable at its link address: "
+                             "no release, no KASLR offset (boot with nokaslr)")
+    slide = dump.kaslr_offset(symbols)
+    symbol = runtime_symbols(symbols, slide)
+    try:
+        dump.attach(symbol, image.btf if image.btf is not None else dump.btf_from_memory(symbol))
+    except (DumpError, BtfError) as e:
+        raise GdbError(str(e)) from None
+    if slide:
+        return dump, RelocatedImage(image, slide), relocate_symbols(symbols, slide)  # type: ignore[return-value]
+    return dump, image, symbols
+
+
+def open_session(gdb: Any, switch: bool = True) -> Session:
+    """A :class:`Session` over what gdb has open: the project's dump (its note's tasks, gdb's memory) or
+    the kernel itself (live, or a vmcore gdb reads; ``switch``: each CPU's registers read from its thread,
+    which a frame unwinder must not do)."""
+    mem = GdbMemory(gdb)
+    image = kernel_image(gdb)
+    core = core_file(gdb)
+    if core is not None and written_by_unwind(core):
+        try:
+            dump = GdbNoteDump.open(core)
+        except DumpError as e:
+            raise GdbError(str(e)) from None
+        if image.build_id and dump.build_id and image.build_id != dump.build_id:
+            raise GdbError(f"{image.path}: build-id {image.build_id} does not match the dump's {dump.build_id}")
+        dump.gdb_memory = mem
+        session = Session(dump, image, image.symbols)
+    else:
+        kdump, image, symbols = _kernel_dump(gdb, mem, image, switch)
+        session = Session(kdump, image, symbols)  # type: ignore[arg-type]
+    session.warnings.extend(session.dump.warnings)
+    return session
+
+
+# -- the frame unwinder ----------------------------------------------------------
+
+@dataclass(slots=True)
+class FrameId:
+    """gdb's frame id: the attributes ``PendingFrame.create_unwind_info`` reads (``gdb.Value`` each)."""
+
+    sp: Any
+    pc: Any
+
+
+@dataclass(slots=True)
+class Walk:
+    """One CPU's walk from gdb's frame 0 (by ``backend``), and the stack address gdb identifies each frame by."""
+
+    key: tuple[int, ...]
+    backend: registry.ArchBackend
+    frames: list[Frame]
+    ids: list[int]
+
+
+def frame_ids(frames: list[Frame]) -> list[int]:
+    """Each frame's stack address for gdb's frame id: its sp, made to grow outwards where the walk moves
+    to a stack below the last (gdb stops at a caller whose id is inner to its callee's)."""
+    out: list[int] = []
+    for f in frames:
+        here = f.sp if f.sp is not None else f.fp
+        last = out[-1] if out else -1
+        out.append(here if here is not None and here > last else last + 1)
+    return out
+
+
+class GdbState:
+    """What the unwinder and the commands share: the session over gdb's target, made when first needed
+    and dropped when the target changes (it runs, a file is loaded, memory or a register is written)."""
+
+    def __init__(self, gdb: Any) -> None:
+        self.gdb = gdb
+        self._session: Session | None = None
+        self._key: tuple[Any, ...] | None = None
+        #: the session was made by the unwinder: without the other CPUs' registers
+        self._made_unwinding = False
+        #: the walk of each thread (by gdb's number) from its frame 0
+        self.walks: dict[int, Walk] = {}
+        #: set while the session is made: gdb asks the unwinder for frame 0 as its threads are read
+        self.busy = False
+        #: what :meth:`tell` said last
+        self._told: str | None = None
+
+    def reset(self, *_: Any) -> None:
+        """Forget the session and the walks (a gdb event handler)."""
+        self._session = None
+        self._key = None
+        self._told = None
+        self.walks.clear()
+
+    def tell(self, text: str) -> None:
+        """Say ``text`` on gdb's stderr once (the unwinder is asked again for every frame gdb shows)."""
+        if text != self._told:
+            self._told = text
+            self.gdb.write(f"{text}\n", self.gdb.STDERR)
+
+    def _target_key(self) -> tuple[Any, ...]:
+        gdb = self.gdb
+        inferior = gdb.selected_inferior()
+        return (inferior.num, inferior.pid, core_file(gdb), tuple(o.filename for o in gdb.objfiles()),
+                gdb.parameter(VMLINUX_PARAMETER))
+
+    def session(self, unwinding: bool = False) -> Session:
+        """The session over gdb's current target (``unwinding``: asked by the frame unwinder, which must
+        leave gdb's threads and frames as they are)."""
+        key = self._target_key()
+        if self._session is None or key != self._key or (self._made_unwinding and not unwinding):
+            self.walks.clear()
+            self.busy = True
+            try:
+                self._session = open_session(self.gdb, switch=not unwinding)
+            finally:
+                self.busy = False
+            self._key = key
+            self._made_unwinding = unwinding
+            if not unwinding:  # frames gdb made while the threads were read
+                self.gdb.invalidate_cached_frames()
+        return self._session
+
+    def cpu_task(self, session: Session, cpu: int) -> Task:
+        """The task running on ``cpu``."""
+        try:
+            return session.select(cpu=cpu)[0]
+        except ReplayError as e:
+            raise GdbError(str(e)) from None
+
+
+class FrameUnwinder:
+    """gdb's frame unwinder for a kernel: every frame the arch's walk of the CPU finds, in order."""
+
+    def __init__(self, state: GdbState) -> None:
+        self.name = UNWINDER_NAME
+        self.enabled = True
+        self.state = state
+
+    def __call__(self, pending: Any) -> Any:
+        """The ``UnwindInfo`` of ``pending`` (gdb's frame at ``pending.level()``), or ``None`` to leave it
+        to gdb's own unwinders (not a frame of the walk, or no kernel to walk)."""
+        state = self.state
+        if state.busy:
+            return None
+        gdb = state.gdb
+        level = pending.level()
+        thread = gdb.selected_thread()
+        if thread is None:
+            return None
+        try:
+            walk = self._walk(pending, thread) if level == 0 else state.walks.get(thread.num)
+        except (GdbError, ReplayError, DumpError, ImageError, registry.ArchError, MemoryFault) as e:
+            state.tell(f"unwind: {e}: gdb's own unwinders go on")  # no kernel here to walk
+            return None
+        if walk is None or level >= max(len(walk.frames), 1):
+            return None
+        backend = walk.backend
+        pc = register_value(pending.read_register(_gdb_name(backend, backend.pc_reg)))
+        if not walk.frames:  # the kernel walks nothing here (a CPU in user mode): gdb's frame 0 alone
+            sp = register_value(pending.read_register(_gdb_name(backend, backend.sp_reg)))
+            return pending.create_unwind_info(FrameId(gdb.Value(sp), gdb.Value(pc)))
+        frame = walk.frames[level]
+        if pc != frame.pc:
+            return None
+        info = pending.create_unwind_info(FrameId(gdb.Value(walk.ids[level]), gdb.Value(frame.pc)))
+        if level + 1 < len(walk.frames):
+            caller = walk.frames[level + 1]
+            for reg, value in ((backend.pc_reg, caller.pc), (backend.sp_reg, caller.sp), (backend.fp_reg, caller.fp)):
+                if reg is None or value is None:
+                    continue
+                name = _gdb_name(backend, reg)
+                info.add_saved_register(name, gdb.Value(value).cast(pending.read_register(name).type))
+        return info  # the last frame saves no pc: gdb ends the backtrace there
+
+    def _walk(self, pending: Any, thread: Any) -> Walk:
+        """The walk of the thread's CPU from the registers of its frame 0 (kept while they stay)."""
+        state = self.state
+        session = state.session(unwinding=True)
+        backend = session.backend
+        regs = frame_registers(backend, pending.read_register, state.gdb.error)
+        key = tuple(regs.values())
+        walk = state.walks.get(thread.num)
+        if walk is not None and walk.key == key:
+            return walk
+        task = replace(state.cpu_task(session, thread_cpu(thread)), regs=regs)
+        frames = session.replay(task, Options(), symbolize=False).frames
+        walk = state.walks[thread.num] = Walk(key, backend, frames, frame_ids(frames))
+        return walk
+
+
+def _gdb_name(backend: registry.ArchBackend, reg: str) -> str:
+    return backend.gdb_registers.get(reg, reg)
+
+
+# -- the commands ------------------------------------------------------------------
+
+BT_USAGE = "usage: unwind-bt [PID|all] [--complete] [--explain]"
+
+
+def unwind_bt(state: GdbState, argument: str) -> list[str]:
+    """``unwind-bt [PID|all] [--complete] [--explain]``: the trace the kernel prints for the task running
+    on the selected thread's CPU, the task ``PID`` (a blocked one too) or every task."""
+    try:
+        words = shlex.split(argument)
+    except ValueError as e:
+        raise GdbError(f"{e}; {BT_USAGE}") from None
+    flags = {w for w in words if w.startswith("--")}
+    which = [w for w in words if not w.startswith("--")]
+    if flags - {"--complete", "--explain"} or len(which) > 1 or (which and which[0] != "all"
+                                                                 and not which[0].isdigit()):
+        raise GdbError(BT_USAGE)
+    session = state.session()
+    options = Options(complete="--complete" in flags, record="--explain" in flags)
+    try:
+        if not which:
+            thread = state.gdb.selected_thread()
+            if thread is None:
+                raise GdbError("no thread selected: give a PID")
+            tasks = [state.cpu_task(session, thread_cpu(thread))]
+        else:
+            tasks = session.select(every=True) if which[0] == "all" else session.select(pid=int(which[0]))
+        out: list[str] = [f"unwind: warning: {w}" for w in session.warnings]
+        for task in tasks:
+            out.extend(replay_text(session, session.replay(task, options), "--explain" in flags))
+    except ReplayError as e:
+        raise GdbError(str(e)) from None
+    return out
+
+
+def unwind_ps(state: GdbState, argument: str) -> list[str]:
+    """``unwind-ps``: the task list, as ``unwind ps`` prints it."""
+    from unwind.cli.tasks import ps_lines
+
+    if argument.strip():
+        raise GdbError("usage: unwind-ps")
+    return ps_lines(state.session())
+
+
+def install(gdb: Any) -> GdbState:
+    """Register the unwinder, the ``unwind-bt`` and ``unwind-ps`` commands and the ``unwind-vmlinux``
+    parameter in ``gdb``; the state they share."""
+    state = GdbState(gdb)
+
+    class Vmlinux(gdb.Parameter):  # type: ignore[name-defined,misc]
+        """The kernel image (vmlinux or slim) unwind reads symbols, ORC and BTF from, when it is not
+        the file gdb loaded."""
+
+        set_doc = "Set the kernel image unwind reads."
+        show_doc = "Show the kernel image unwind reads."
+
+        def __init__(self) -> None:
+            super().__init__(VMLINUX_PARAMETER, gdb.COMMAND_FILES, gdb.PARAM_OPTIONAL_FILENAME)
+
+        def get_set_string(self) -> str:
+            state.reset()
+            return ""
+
+    def command(name: str, run: Callable[[GdbState, str], list[str]], doc: str) -> None:
+        class Command(gdb.Command):  # type: ignore[name-defined,misc]
+            __doc__ = doc
+
+            def __init__(self) -> None:
+                super().__init__(name, gdb.COMMAND_STACK)
+
+            def invoke(self, argument: str, from_tty: bool) -> None:
+                try:
+                    lines = run(state, argument)
+                except GdbError as e:
+                    raise gdb.GdbError(str(e)) from None
+                gdb.write("".join(f"{line}\n" for line in lines))
+
+        Command()
+
+    Vmlinux()
+    command("unwind-bt", unwind_bt, f"The kernel's trace of a task.\n{BT_USAGE}\nWithout PID: the task "
+            "running on the selected thread's CPU; all: every task, blocked ones too.")
+    command("unwind-ps", unwind_ps, "The kernel's tasks: pid, CPU, task_struct, state, comm (> running).")
+    for event in ("cont", "new_objfile", "clear_objfiles", "memory_changed", "register_changed", "exited"):
+        registry_of = getattr(gdb.events, event, None)
+        if registry_of is not None:
+            registry_of.connect(state.reset)
+    unwinder = type("KernelUnwinder", (FrameUnwinder, gdb.unwinder.Unwinder), {})(state)
+    gdb.unwinder.register_unwinder(None, unwinder, replace=True)
+    return state
