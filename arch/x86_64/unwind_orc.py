@@ -23,7 +23,6 @@ from typing import Callable, Mapping, Sequence
 from unwind.core.dumpinfo import ModuleInfo, ModuleOrc
 from unwind.core.frame import FLAGS as _FLAGS
 from unwind.core.frame import Flag, Frame, Provenance, Source
-from unwind.kernel.layout import StructLayout, resolve_layout
 from unwind.kernel.symbols import Symbol
 from unwind.core.memory import Memory, MemoryFault
 from unwind.core.target import Target
