@@ -12,7 +12,8 @@ from unwind.core.walk import Stop, Unwinder
 
 from . import mm, structs
 from .liveness import LiveRaProver
-from .stacktrace import KernelLayout, RiscvUnwinder, UserUnwinder
+from .stacktrace import KernelLayout, RiscvUnwinder
+from .user import UserUnwinder
 
 if TYPE_CHECKING:
     from unwind.session.batch import Job, Walked

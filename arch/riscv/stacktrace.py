@@ -34,7 +34,7 @@ import struct
 from dataclasses import dataclass
 
 from unwind.core.frame import Flag, Frame, Provenance, Source
-from unwind.core.memory import Memory, MemoryFault
+from unwind.core.memory import MemoryFault
 from unwind.core.stackinfo import StackInfo, StackSet
 from unwind.core.target import Target
 from unwind.formats.vmcore.vmcoreinfo import vmcoreinfo_number
@@ -46,17 +46,13 @@ from unwind.kernel.kretprobe import rethook_find_ret_addr
 from unwind.kernel.layout import StructLayout, resolve_layout
 
 from .liveness import LiveRaProver, Proof
-from .structs import (PT_REGS_MEMBERS, PT_REGS_TABLE, SR_SPP, STACK_ALIGN, STACKFRAME_FP, STACKFRAME_RA,
+from .ptregs import derived_pt_regs
+from .structs import (PT_REGS_MEMBERS, PT_REGS_TABLE, SR_SPP, STACK_ALIGN, UPPER_HALF, STACKFRAME_FP, STACKFRAME_RA,
                       STACKFRAME_SIZE)
 
 MASK64 = (1 << 64) - 1
-#: without ``_stext``/``_etext`` every upper-half address counts as kernel text
-UPPER_HALF = 1 << 63
-#: the user address limit when VMCOREINFO has no ``NUMBER(VA_BITS)``: TASK_SIZE_64 of Sv57
-DEFAULT_VA_BITS = 57
 
 _STACKFRAME = struct.Struct("<QQ")  # struct stackframe {fp, ra}, read in one go
-_U64 = struct.Struct("<Q").unpack_from  # one word of a record, read from its segment
 #: walk_stackframe() passes the walked task, not current, to ftrace_graph_ret_addr(): 6.12 passes
 #: current, 7.2 the task (the release in between that changed it is not pinned down here)
 FGRAPH_OF_TASK_SINCE = (7, 0)
@@ -146,7 +142,7 @@ class KernelLayout:
         exc = sym("handle_exception")
         exc_end = sym("ret_from_exception_end")
         pt_regs = resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE,
-                                 lambda: derived_pt_regs(target, PT_REGS_TABLE))
+                                 lambda: derived_pt_regs(target, PT_REGS_TABLE, fp_is_valid))
         gen = walk_generation(target)
         rfe = _or_none(sym("ret_from_exception")) if exc_end is None else -1
         return cls(
@@ -189,91 +185,6 @@ def thread_size(target: Target) -> int:
             if s.kind == kind and s.high > s.low:
                 return s.high - s.low
     return 0
-
-
-#: frame records followed per task when the pt_regs place is derived from the stacks
-_DERIVE_RECORDS = 512
-#: blocked tasks looked at for it
-_DERIVE_TASKS = 32
-#: no riscv pt_regs is larger (36 words today)
-_DERIVE_MAX = 1024
-#: sstatus.SPIE: set in every task's first pt_regs (U-mode runs with interrupts on; copy_thread()'s SR_PIE)
-_SR_SPIE = 0x20
-#: copy_thread(): a kernel thread's pt_regs is zeroed but for status = SR_PP | SR_PIE
-_KTHREAD_STATUS = SR_SPP | _SR_SPIE
-
-
-# task_pt_regs() (asm/processor.h) from the stacks' side: the first kernel frame's fp
-def chain_end(mem: Memory, sp: int, fp: int, stack: StackInfo, ts: int) -> int | None:
-    """The last frame pointer of the record chain from ``(sp, fp)`` that stays on ``stack``, as
-    walk_stackframe() follows it (fp_is_valid() at each step)."""
-    last = None
-    start = end = 0  # the segment of the last record read: [start, end) holds data
-    data = b""
-    for _ in range(_DERIVE_RECORDS):
-        if not (stack.low < fp <= stack.high and fp_is_valid(fp, sp, ts)):
-            break
-        last = fp
-        addr = fp - STACKFRAME_SIZE + STACKFRAME_FP
-        if not (start <= addr and addr + 8 <= end):
-            try:
-                seg = mem.segment(addr, 8)
-            except MemoryFault:
-                break
-            start, end, data = seg.start, seg.end, seg.data
-        sp, fp = fp, _U64(data, addr - start)[0]
-    return last
-
-
-def first_pt_regs(mem: Memory, addr: int, table: StructLayout) -> bool:
-    """Is a task's first pt_regs at ``addr``: a user-mode one (SPIE set, SPP clear, epc a non-zero user
-    address), or the one copy_thread() leaves a kernel thread (zero epc, status SR_PP | SR_PIE)?"""
-    try:
-        epc, status = mem.read_u64(addr + table["epc"]), mem.read_u64(addr + table["status"])
-    except MemoryFault:
-        return False
-    user = status & (SR_SPP | _SR_SPIE) == _SR_SPIE and 0 < epc < UPPER_HALF
-    return user or (epc == 0 and status == _KTHREAD_STATUS)
-
-
-def _blocked_starts(target: Target) -> list[tuple[int, int, StackInfo]]:
-    """(sp, fp, task stack) of the blocked tasks the dump lists (the same for every task walked)."""
-    out: list[tuple[int, int, StackInfo]] = []
-    last: dict[int | None, StackInfo] = {}  # each pid's task stack: the last the dump lists
-    for st in target.info.stacks:
-        if st.kind == "task":
-            last[st.pid] = StackInfo(st.low, st.high, "task", None)
-    for t in target.info.blocked:
-        if len(out) >= _DERIVE_TASKS:
-            break
-        st, sp, fp = last.get(t.pid), t.context.get("sp"), t.context.get("s0")
-        if st is not None and sp is not None and fp is not None:
-            out.append((sp, fp, st))
-    return out
-
-
-def derived_pt_regs(target: Target, table: StructLayout) -> StructLayout | None:
-    """``struct pt_regs`` placed where the tasks' record chains end (task_pt_regs(tsk) = top -
-    ALIGN(sizeof(struct pt_regs), STACK_ALIGN)), when a first pt_regs sits there: the most common
-    distance below the stack top; the member offsets stay the table's.
-
-    Each chain is followed with its own stack's size as THREAD_SIZE, so the answer is the dump's,
-    whichever task is being walked."""
-    votes: dict[int, int] = {}
-    for sp, fp, stack in _blocked_starts(target):
-        end = chain_end(target.mem, sp, fp, stack, stack.high - stack.low)
-        if end is None:
-            continue
-        dist = stack.high - end
-        if (dist % STACK_ALIGN == 0 and max(table.offsets.values()) + 8 <= dist <= _DERIVE_MAX
-                and first_pt_regs(target.mem, end, table)):
-            votes[dist] = votes.get(dist, 0) + 1
-    if not votes:
-        return None
-    dist = max(votes, key=lambda d: (votes[d], -d))
-    return StructLayout("pt_regs", dist, dict(table.offsets), "derived",
-                        f"{votes[dist]} of {sum(votes.values())} task record chains end at top-{dist:#x} on a "
-                        f"first pt_regs, so ALIGN(sizeof, {STACK_ALIGN}) = {dist} (other offsets: {table.detail})")
 
 
 # include/linux/align.h: ALIGN()
@@ -954,78 +865,3 @@ def first_frame_detail(target: Target, pt: StructLayout, fp: int, sp: int, pc: i
     name = f" {sym.name}," if sym is not None else ""
     return (f"reached{name} the first frame of the task: its record's fp {sp:#x} is task_pt_regs(tsk) "
             f"({pt.source} sizeof(pt_regs) {pt.size}); the saved fp {fp:#x} is not a frame")
-
-
-def user_task_size(target: Target) -> int:
-    """TASK_SIZE_64 = PGDIR_SIZE * PTRS_PER_PGD / 2 = 2^(VA_BITS - 1)."""
-    bits = vmcoreinfo_number(target.vmcoreinfo, "NUMBER(VA_BITS)")  # bounded to [32, 64]
-    return 1 << ((bits if bits is not None else DEFAULT_VA_BITS) - 1)
-
-
-# arch/riscv/kernel/stacktrace.c:214-226 arch_stack_walk_user()
-class UserUnwinder(Unwinder):
-    """``arch_stack_walk_user()``: epc, then ``regs->ra`` with the first record's fp, then records."""
-
-    def __init__(self, target: Target) -> None:
-        self.t = target
-        self.mem = target.mem
-        self.record = target.options.record
-        self.task_size = user_task_size(target)
-        self.fp = 0
-        self.reg_ra = 0
-        self.first = True
-
-    def start(self) -> Frame:
-        """``consume_entry(cookie, regs->epc)`` with ``fp = regs->s0``."""
-        regs = self.t.task.user_regs
-        if regs is None:
-            raise UnwindStop(StopReason.MISSING_REGISTER, "no user registers in the dump for this task")
-        try:
-            epc = regs["epc"] if "epc" in regs else regs["pc"]
-            self.fp, self.reg_ra = regs["s0"], regs["ra"]
-        except KeyError as e:
-            raise UnwindStop(StopReason.MISSING_REGISTER, f"user regs have no {e.args[0]}") from None
-        prov = None
-        if self.record:
-            prov = Provenance("arch_stack_walk_user: regs->epc first")
-            prov.note(f"user regs: epc {epc:#x}, s0 {self.fp:#x}, ra {self.reg_ra:#x}")
-        return Frame(epc, regs.get("sp"), self.fp, Source.REGS_PC, "user", _BOUNDARY, prov)
-
-    def next(self) -> Frame:
-        """The loop ``while (fp && !(fp & 0x7)) fp = unwind_user_frame(..., fp, 0)``."""
-        fp, reg_ra = self.fp, self.reg_ra if self.first else 0
-        if not self.first:
-            if fp == 0:
-                raise UnwindStop(StopReason.END_OF_STACK, "user fp is 0")
-            if fp & 7:
-                raise UnwindStop(StopReason.MISALIGNED_FP, f"user fp {fp:#x}")
-        self.first = False
-        return self._unwind_user_frame(fp, reg_ra)
-
-    # arch/riscv/kernel/stacktrace.c:189-212 unwind_user_frame()
-    def _unwind_user_frame(self, fp: int, reg_ra: int) -> Frame:
-        tail = (fp - STACKFRAME_SIZE) & MASK64
-        # access_ok(user_frame_tail, sizeof(buftail))
-        if tail > self.task_size - STACKFRAME_SIZE:
-            if fp == 0:
-                raise UnwindStop(StopReason.END_OF_STACK, "user s0 is 0: no frame record")
-            raise UnwindStop(StopReason.OUTSIDE_STACK, f"user record at {tail:#x} is above TASK_SIZE "
-                                                       f"{self.task_size:#x}")
-        try:
-            new_fp = self.mem.read_u64(tail + STACKFRAME_FP)
-            ra = self.mem.read_u64(tail + STACKFRAME_RA)
-        except MemoryFault as e:
-            raise UnwindStop(StopReason.MEMORY_FAULT, f"user record at {tail:#x} unreadable "
-                                                      f"(__copy_from_user_inatomic fails): {e}") from None
-        pc = reg_ra or ra
-        self.fp = new_fp
-        if not pc:
-            raise UnwindStop(StopReason.END_OF_STACK, f"ra 0 in the user record at {tail:#x}")
-        prov = None
-        if self.record:
-            prov = Provenance("unwind_user_frame: {fp, ra} at fp - 16" + (", ra from regs->ra" if reg_ra else ""))
-            prov.read(tail + STACKFRAME_FP, 8, new_fp, "buftail.fp")
-            prov.read(tail + STACKFRAME_RA, 8, ra, "buftail.ra" + (" (unused)" if reg_ra else ""))
-            prov.note(f"access_ok: record below TASK_SIZE {self.task_size:#x}")
-        source = Source.LIVE_LR if reg_ra else Source.FRAME
-        return Frame(pc, None, new_fp, source, "user", _NONE, prov)

@@ -73,3 +73,6 @@ PT_S0 = offsetof(pt_regs, "s0")
 PT_STATUS = offsetof(pt_regs, "status")
 
 assert PT_SIZE == 288 and PT_S0 == 64 and STACKFRAME_SIZE == 16
+
+#: without ``_stext``/``_etext`` every upper-half address counts as kernel text
+UPPER_HALF = 1 << 63

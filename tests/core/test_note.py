@@ -240,7 +240,7 @@ def test_a_dump_drops_a_bad_vmcoreinfo_number_with_a_warning():
 
 
 def test_riscv_user_task_size_with_a_huge_va_bits():
-    from unwind.arch.riscv.stacktrace import DEFAULT_VA_BITS, user_task_size
+    from unwind.arch.riscv.user import DEFAULT_VA_BITS, user_task_size
 
     class T:
         vmcoreinfo = {"NUMBER(VA_BITS)": "1" + "0" * 30}

@@ -176,7 +176,7 @@ class VmcoreDump:
         slide = kaslr_offset(info, symbols, vmcore.path)
         symbol = runtime_symbols(symbols, slide)
         memory = _virtual_memory(vmcore, info, symbol)
-        btf = image.btf if image.btf is not None else _btf_from_memory(vmcore.path, memory, symbol)
+        btf = image.btf if image.btf is not None else btf_from_memory(vmcore.path, memory, symbol)
         return cls(vmcore.path, vmcore.backend, memory, [p.desc for p in vmcore.phys.prstatus], text, symbol, btf,
                    source=vmcore.phys.format, phys=vmcore.phys, warnings=warnings,
                    image=RelocatedImage(image, slide) if slide else image,
@@ -384,7 +384,7 @@ def _virtual_memory(vmcore: VmcoreFile, info: VmcoreInfo, symbol: Callable[[str]
     return VirtualMemory(vmcore.phys, vmcore.backend.translator(info, vmcore.phys, symbol))
 
 
-def _btf_from_memory(path: str, memory: Any, symbol: Callable[[str], int | None]) -> Btf:
+def btf_from_memory(path: str, memory: Any, symbol: Callable[[str], int | None]) -> Btf:
     """The kernel's BTF from its own memory (``__start_BTF`` .. ``__stop_BTF``), for an image without ``.BTF``."""
     lo, hi = symbol("__start_BTF"), symbol("__stop_BTF")
     if lo is None or hi is None or not 0 < hi - lo < 1 << 28:

@@ -37,12 +37,13 @@ from unwind.core.target import Options, Task
 from unwind.formats import elfcore
 from unwind.formats.dump import Dump, written_by_unwind
 from unwind.formats.image import Image, ImageError, open_image
-from unwind.formats.vmdump import VmcoreDump
+from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
+from unwind.formats.vmdump import VmcoreDump, btf_from_memory, kaslr_offset
 from unwind.kernel.btf import BtfError
-from unwind.kernel.kaslr import RelocatedImage, relocate_symbols
+from unwind.kernel.kaslr import RelocatedImage, relocate_symbols, runtime_symbols
 from unwind.kernel.symbols import SymbolTable
 from .output import replay_text
-from .replay import ReplayError, Session, runtime_symbols
+from .replay import ReplayError, Session
 
 #: bytes gdb is asked for at once when a stack is snapshotted, then the pieces tried where that fails
 _PAGE = 4096
@@ -246,19 +247,20 @@ def _kernel_dump(gdb: Any, mem: GdbMemory, image: Image, switch: bool) -> tuple[
     except (registry.ArchError, ImageError) as e:
         raise GdbError(str(e)) from None
     text = kernel_vmcoreinfo(mem, symbols)
-    dump = VmcoreDump("the kernel in gdb's memory", backend, mem, _threads_prstatus(gdb, backend, switch), text, source="gdb")
-    if not text:
-        dump.warnings.append("the kernel's VMCOREINFO (vmcoreinfo_data) is unreadable at its link address: "
-                             "no release, no KASLR offset (boot with nokaslr)")
-    slide = dump.kaslr_offset(symbols)
-    symbol = runtime_symbols(symbols, slide)
+    warnings = [] if text else ["the kernel's VMCOREINFO (vmcoreinfo_data) is unreadable at its link address: "
+                                "no release, no KASLR offset (boot with nokaslr)"]
+    path = "the kernel in gdb's memory"
     try:
-        dump.attach(symbol, image.btf if image.btf is not None else dump.btf_from_memory(symbol))
+        slide = kaslr_offset(VmcoreInfo.parse(text).checked(lambda _msg: None), symbols, path)
+        symbol = runtime_symbols(symbols, slide)
+        btf = image.btf if image.btf is not None else btf_from_memory(path, mem, symbol)
+        dump = VmcoreDump(path, backend, mem, _threads_prstatus(gdb, backend, switch), text, symbol, btf,
+                          source="gdb", warnings=warnings,
+                          image=RelocatedImage(image, slide) if slide else image,
+                          symbols=relocate_symbols(symbols, slide) if slide else symbols)
     except (DumpError, BtfError) as e:
         raise GdbError(str(e)) from None
-    if slide:
-        return dump, RelocatedImage(image, slide), relocate_symbols(symbols, slide)  # type: ignore[return-value]
-    return dump, image, symbols
+    return dump, dump.image, dump.symbols  # type: ignore[return-value]
 
 
 def open_session(gdb: Any, switch: bool = True) -> Session:

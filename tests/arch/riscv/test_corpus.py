@@ -237,12 +237,13 @@ def test_7x_fgraph_faithful_prints_return_to_handler_and_complete_recovers():
 def test_pt_regs_derived_from_the_stacks_equals_btf(path):
     """The pt_regs place a dump without BTF or offsets would derive (where the record chains end on a
     first pt_regs) equals the kernel's BTF: ALIGN(sizeof(struct pt_regs), STACK_ALIGN)."""
-    from unwind.arch.riscv.stacktrace import derived_pt_regs
+    from unwind.arch.riscv.ptregs import derived_pt_regs
+    from unwind.arch.riscv.stacktrace import fp_is_valid
     from unwind.arch.riscv.structs import PT_REGS_TABLE, STACK_ALIGN
 
     s = load_session(path)
     task = next(t for t in s.select(every=True) if t.cpu is None)
-    got = derived_pt_regs(s.target(task, Options()), PT_REGS_TABLE)
+    got = derived_pt_regs(s.target(task, Options()), PT_REGS_TABLE, fp_is_valid)
     size = s.image.btf.sizeof("pt_regs")
     assert got is not None and got.size == (size + STACK_ALIGN - 1) // STACK_ALIGN * STACK_ALIGN
     assert got.detail.startswith(f"32 of 32 task record chains end at top-{got.size:#x}")
