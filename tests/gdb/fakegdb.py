@@ -1,4 +1,4 @@
-"""A stand-in for gdb's Python module: the parts :mod:`unwind.session.gdbtarget` uses, over a memory and
+"""A stand-in for gdb's Python module: the parts :mod:`unwind.cli.gdbtarget` uses, over a memory and
 per-CPU registers given by the test, and gdb's unwinding loop (each frame's caller from the saved
 registers of the frame's ``UnwindInfo``)."""
 

@@ -1,4 +1,4 @@
-"""The gdb glue (unwind.session.gdbtarget) over a stand-in gdb module: the frames gdb would unwind, and
+"""The gdb glue (unwind.cli.gdbtarget) over a stand-in gdb module: the frames gdb would unwind, and
 ``unwind-bt``/``unwind-ps``, against ``unwind replay``/``unwind ps`` of the same dump or vmcore read
 from the file."""
 
@@ -12,7 +12,7 @@ import pytest
 from unwind.cli.gdb import SCRIPT, script_path, split_args
 from unwind.cli.tasks import ps_lines
 from unwind.core.memory import Memory, MemoryFault, Segment
-from unwind.session import gdbtarget
+from unwind.cli import gdbtarget
 from unwind.session.output import replay_text
 from unwind.session.replay import Session
 

@@ -1,4 +1,4 @@
-"""``unwind gdb``: gdb with the kernel's own unwinders registered (:mod:`unwind.session.gdbtarget`).
+"""``unwind gdb``: gdb with the kernel's own unwinders registered (:mod:`unwind.cli.gdbtarget`).
 
 gdb embeds a Python of its own: the script gdb sources puts this
 installation's folders on its ``sys.path`` and registers the unwinder and the
@@ -20,7 +20,7 @@ from typing import Sequence
 import unwind
 from unwind.core import registry
 from unwind.formats.cachefile import cache_dir
-from unwind.session.gdbtarget import VMLINUX_PARAMETER
+from unwind.cli.gdbtarget import VMLINUX_PARAMETER
 
 #: the gdb programs tried, the one that reads every architecture first
 GDB_PROGRAMS = ("gdb-multiarch", "gdb")
@@ -44,7 +44,7 @@ for folder in {sites!r}:
     site.addsitedir(folder)
 
 import gdb.unwinder  # noqa: E402  (the folders above first)
-from unwind.session import gdbtarget
+from unwind.cli import gdbtarget
 
 gdbtarget.install(gdb)
 '''

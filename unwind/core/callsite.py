@@ -14,13 +14,15 @@ the instruction text is decoded by capstone only when it is read.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 from weakref import WeakKeyDictionary
 
 from .frame import FLAGS as _FLAGS
 from .frame import Flag, Frame
-from unwind.formats.image import Image
 from .registry import ArchBackend
+
+if TYPE_CHECKING:
+    from unwind.formats.image import Image
 
 # IntFlag's & and | run Python code (~0.5 us each): the per-frame path works on the int value
 # and picks the resulting Flag from a table of every combination

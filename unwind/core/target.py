@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable
 from .dumpinfo import DumpInfo
 from .memory import Memory
 from .stackinfo import StackInfo
-from unwind.kernel.symbols import SymbolTable
 
 if TYPE_CHECKING:
+    from unwind.kernel.symbols import SymbolTable
     from unwind.formats.image import Image
 
 

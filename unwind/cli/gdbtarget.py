@@ -42,8 +42,8 @@ from unwind.formats.vmdump import VmcoreDump, btf_from_memory, kaslr_offset
 from unwind.kernel.btf import BtfError
 from unwind.kernel.kaslr import RelocatedImage, relocate_symbols, runtime_symbols
 from unwind.kernel.symbols import SymbolTable
-from .output import replay_text
-from .replay import ReplayError, Session
+from unwind.session.output import replay_text
+from unwind.session.replay import ReplayError, Session
 
 #: bytes gdb is asked for at once when a stack is snapshotted, then the pieces tried where that fails
 _PAGE = 4096
@@ -479,7 +479,7 @@ def unwind_bt(state: GdbState, argument: str) -> list[str]:
 
 def unwind_ps(state: GdbState, argument: str) -> list[str]:
     """``unwind-ps``: the task list, as ``unwind ps`` prints it."""
-    from unwind.cli.tasks import ps_lines
+    from .tasks import ps_lines
 
     if argument.strip():
         raise GdbError("usage: unwind-ps")
