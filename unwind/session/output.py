@@ -81,8 +81,8 @@ def replay_json(session: Session, r: Replay, explain: bool = False,
         out["basis"] = dict(r.basis)
     if sources is not None:
         out["schema"] = JSON_SCHEMA
-        out["lines_image"] = None if sources.image is None else {"path": str(sources.image.path),
-                                                                 "build_dir": sources.index and sources.index.comp_dir}
+        out["lines_image"] = None if sources.image is None or sources.index is None else {
+            "path": str(sources.image.path), "build_dir": sources.index.comp_dir}
     return out
 
 
