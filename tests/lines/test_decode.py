@@ -118,6 +118,18 @@ def test_console_trace_lines_decode_as_addr2line_says(prog: Path, arch: str) -> 
     assert got == [w if w is not None else line for line, w in zip(lines, want)]
 
 
+def test_a_trace_frame_repeating_the_register_pc_is_that_pc(prog: Path) -> None:
+    """arm64 before 6.13 and riscv print a trace from registers starting at the pc, unmarked."""
+    pc = _pc_inside_inlines(prog)
+    ret = return_addresses(prog)[0][1]
+    name = _frame(prog, pc).split("+")[0]
+    lines = [f"[ 1658.611725] pc : {_frame(prog, pc)}", "[ 1658.612000] Call trace:", f"[ 1658.612001]  {_frame(prog, pc)}",
+             f"[ 1658.612002]  {_frame(prog, ret)}"]
+    got = list(Decoder(prog).decode(lines))
+    assert got[2] == f"[ 1658.612001]  {name} ({_code(prog, pc)})"
+    assert got[3] == f"[ 1658.612002]  {_frame(prog, ret).split('+')[0]} ({_code(prog, ret - 1)})"
+
+
 def test_the_command_reads_a_file_or_stdin(prog: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     lines, want = _styles(prog)["x86_64"]
@@ -160,8 +172,8 @@ def test_an_image_without_dwarf_is_one_line_exit_2(tmp_path: Path, capsys: pytes
 
 def test_the_symbol_decoded_is_the_last_of_the_line_with_its_module_and_marker() -> None:
     sym = find_symbol("[  1.5] RIP: 0010:foo_bar.cold+0x1c/0x40 [mod_x 0123abcd] (PF)")
-    assert (sym.segment, sym.name, sym.offset, sym.module, sym.info, sym.in_place) == \
-        ("0010:", "foo_bar.cold", 0x1c, "mod_x", " (PF)", True)
+    assert (sym.segment, sym.name, sym.offset, sym.module, sym.info, sym.pc_register, sym.in_place) == \
+        ("0010:", "foo_bar.cold", 0x1c, "mod_x", " (PF)", True, True)
     assert find_symbol(" ? 0xffffffffc020c099") is None
     assert find_symbol("<4>[ 3.2] lr : a+0x4/0x8").in_place is False
     assert find_symbol(" ret_from_fork+0x0/0x20").in_place is True  # a function's entry: no call before it

@@ -7,8 +7,9 @@ It does what the kernel's ``scripts/decode_stacktrace.sh`` does, without binutil
 word dropped; every other line passes through unchanged. The address is the symbol's in the image (or,
 for a ``[module]`` frame, its offset in the module's ``.ko``, found by name under ``--modules``) plus the
 offset. A return address is decoded at its call (``address - 1``, as ``%pB`` and gdb do); an exception
-pc (a register line's ``pc``/``RIP``/``epc``, an arm64 frame marked ``(P)``) and a function's entry
-(``+0x0``) where they stand. Timestamps, log levels, caller ids and the arm64 source markers
+pc where it stands: a register line's ``pc``/``RIP``/``epc``, the trace's frame that repeats it (the first
+frame of a trace from registers, before 6.13 unmarked), an arm64 frame marked ``(P)``; a function's entry
+(``+0x0``) too. Timestamps, log levels, caller ids and the arm64 source markers
 (``(P)``, ``(C)``, ``(F)``, ``(CF)``, ...) are kept as they are.
 """
 
@@ -18,7 +19,7 @@ import argparse
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Iterator, TextIO
 
@@ -47,8 +48,15 @@ class TraceSymbol:
     module: str | None
     module_text: str
     info: str
+    #: the value of a register line that holds an exception pc (``RIP:``, ``pc :``, ``epc :``)
+    pc_register: bool
     #: decoded where it stands (an exception pc, a function entry), not at the call before it
     in_place: bool
+
+    @property
+    def key(self) -> tuple[str | None, str, int]:
+        """What names the address: module, symbol, offset."""
+        return self.module, self.name, self.offset
 
 
 def find_symbol(line: str) -> TraceSymbol | None:
@@ -60,9 +68,10 @@ def find_symbol(line: str) -> TraceSymbol | None:
         return None
     offset = int(found["off"], 16)
     info = found["info"] or ""
-    in_place = bool(_PC_LABEL.search(line[:found.start()])) or "P" in info or offset == 0
+    pc_register = bool(_PC_LABEL.search(line[:found.start()]))
     return TraceSymbol(found.start(), found.end(), found["segment"] or "", found["name"], offset,
-                       found["modname"], found["module"] or "", info, in_place)
+                       found["modname"], found["module"] or "", info, pc_register,
+                       pc_register or "P" in info or offset == 0)
 
 
 class ObjectLines:
@@ -102,6 +111,8 @@ class Decoder:
         self.modules_dir = Path(modules) if modules is not None else None
         self._modules: dict[str, ObjectLines | None] = {}
         self._warn = warn
+        #: the last exception pc a register line showed: a trace frame repeating it is that pc
+        self._exception_pc: tuple[str | None, str, int] | None = None
 
     def module(self, name: str) -> ObjectLines | None:
         """The module's ``.ko`` (``_`` and ``-`` alike, compressed or not) with DWARF under ``--modules``."""
@@ -127,6 +138,10 @@ class Decoder:
         sym = find_symbol(line)
         if sym is None:
             return line
+        if sym.pc_register:
+            self._exception_pc = sym.key
+        elif sym.key == self._exception_pc:
+            sym = replace(sym, in_place=True)
         obj = self.vmlinux if sym.module is None else self.module(sym.module)
         code = obj.locations(sym) if obj is not None else None
         if code is None:
