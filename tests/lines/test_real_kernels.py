@@ -12,6 +12,7 @@ import pytest
 
 from unwind.cli.decode import Decoder, find_symbol
 from unwind.core.target import Options
+from unwind.formats.dwarf_lines import SourceLine
 from unwind.session.lines import FrameLines, decode_address
 from unwind.session.replay import Session
 
@@ -46,20 +47,20 @@ def test_every_frame_of_the_corpus_matches_addr2line(arch: str, monkeypatch: pyt
         pytest.skip(f"no corpus dumps of {kernel.release}")
     monkeypatch.setenv("UNWIND_IMAGE_PATH", str(kernel.vmlinux.parent))
     lines = None
-    wanted: dict[int, list[str]] = {}
+    levels: dict[int, list[SourceLine]] = {}
     for dump in dumps:
         session = Session.load(dump)
         lines = FrameLines.of_session(session)
         assert lines.index is not None, lines.note
         for r in session.replay_all(Options(), session.select(every=True)):
             for f in r.frames:
-                wanted.setdefault(decode_address(f), [])
+                levels[decode_address(f)] = lines.of_frame(f)
     assert lines is not None and lines.index is not None
-    oracle = addr2line(kernel.vmlinux, sorted(wanted))
-    got = {a: [x for s in lines.index.lookup(a) for x in (s.function or "??", f"{s.file}:{s.line}")] or ["??", "??:0"]
-           for a in wanted}
-    bad = {hex(a): (got[a], oracle[a]) for a in wanted if got[a] != oracle[a]}
-    assert not bad, f"{len(bad)} of {len(wanted)} differ: {list(bad.items())[:5]}"
+    oracle = addr2line(kernel.vmlinux, sorted(levels))
+    got = {a: [x for s in levels[a] for x in (s.function or "??", f"{s.file}:{s.line}")] or ["??", "??:0"]
+           for a in levels}
+    bad = {hex(a): (got[a], oracle[a]) for a in levels if got[a] != oracle[a]}
+    assert not bad, f"{len(bad)} of {len(levels)} differ: {list(bad.items())[:5]}"
     assert sum(len(v) > 2 for v in got.values()) > 0  # inline chains were checked too
 
 
@@ -90,7 +91,7 @@ def test_the_recorded_console_decodes_as_addr2line_says(arch: str) -> None:
     comp = decoder.vmlinux.index.comp_dir
     bad = []
     for line, out, addr in checks:
-        if oracle[addr] == ["??:0"]:  # no line: decode_stacktrace.sh leaves the symbol as it is
+        if oracle[addr][0].endswith((":0", ":?")):  # no line: decode_stacktrace.sh leaves the symbol as it is
             ok = out == line
         else:
             ok = f" ({' '.join(x.removeprefix(f'{comp}/') for x in oracle[addr])})" in out

@@ -9,7 +9,7 @@ stripped vmlinux), of another image of the same build-id found the usual way (``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from unwind.core.frame import Frame, Source
@@ -79,10 +79,17 @@ class FrameLines:
             return cls(None, note=f"--lines: {image.path}: {e}: no source lines")
 
     def of_frame(self, frame: Frame) -> list[SourceLine]:
-        """The frame's source position, innermost inlined function first; empty when unknown."""
+        """The frame's source position, innermost inlined function first; empty when unknown. Code
+        without a DWARF subprogram (assembly) is named by the image's symbol, as ``addr2line`` names it."""
         if self.index is None:
             return []
-        return self.index.lookup((decode_address(frame) - self.slide) % 2**64)
+        addr = (decode_address(frame) - self.slide) % 2**64
+        levels = self.index.lookup(addr)
+        if len(levels) == 1 and levels[0].function is None and self.image is not None:
+            sym = self.image.symbols.lookup(addr)
+            if sym is not None:
+                levels = [replace(levels[0], function=sym.name)]
+        return levels
 
     def text(self, frame: Frame) -> list[str]:
         """The lines printed under the frame's trace line."""
