@@ -28,7 +28,7 @@ DISTRIBUTION = "kernel-unwind"
 
 #: modules that add subcommands: each has ``add_commands(subparsers)``
 _COMMAND_MODULES = ("unwind.lab.cli", "unwind.cli.corpus", "unwind.dev.bench.cli", "unwind.cli.triage",
-                    "unwind.cli.tasks", "unwind.dev.fuzz.cli", "unwind.cli.gdb")
+                    "unwind.cli.tasks", "unwind.dev.fuzz.cli", "unwind.cli.gdb", "unwind.cli.decode")
 
 #: the input errors every subcommand turns into exit status 2
 INPUT_ERRORS: tuple[type[Exception], ...] = (DumpError, ImageError, ArchError, ReplayError, OSError)
@@ -67,6 +67,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     tasks = session.select(pid=args.task, cpu=args.cpu, every=args.all)
     for w in session.warnings:
         print(f"unwind: warning: {w}", file=sys.stderr)
+    sources = None
+    if args.lines:
+        from unwind.session.lines import FrameLines
+
+        sources = FrameLines.of_session(session)
+        if sources.note:
+            print(f"unwind: note: {sources.note}", file=sys.stderr)
     status = 0
     # --all walks the tasks in one batch (unwind.session.batch, numpy); a few tasks walk one by one, so a
     # replay of the running tasks starts without numpy
@@ -74,9 +81,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
                else (session.replay(t, options, reliable=args.reliable, max_frames=args.max_frames) for t in tasks))
     for r in replays:
         if args.json:
-            print(json.dumps(replay_json(session, r, args.explain)))
+            print(json.dumps(replay_json(session, r, args.explain, sources=sources)))
         else:
-            print("\n".join(replay_text(session, r, args.explain)))
+            print("\n".join(replay_text(session, r, args.explain, sources=sources)))
         if not r.stop.clean:
             status = 1
     return status
@@ -138,6 +145,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     r.add_argument("--reliable", action="store_true", help="also run the reliable walk and give its verdict")
     r.add_argument("--json", action="store_true", help="one JSON object per task (docs/json.md)")
     r.add_argument("--explain", action="store_true", help="show each frame's provenance")
+    r.add_argument("--lines", action="store_true", help="show each frame's source file:line and inline chain "
+                   "(from the image's DWARF: a -dbg vmlinux)")
     r.add_argument("--complete", action="store_true",
                    help="recover frames the kernel drops where the dump proves them (flagged)")
     r.add_argument("--user", action="store_true", help="walk the user stack (riscv)")

@@ -35,8 +35,9 @@ _MAX_HEADER = 1 << 20
 #: the environment variable bounding every cache folder, in MiB (default: FOLDER_LIMITS)
 LIMIT_ENV = "UNWIND_CACHE_MAX_MB"
 #: the most each folder may hold, in bytes: a few dozen kernels' worth of each entry
-#: (a symbol table ~7 MiB, a BTF index ~1 MiB, an unpacked slim image ~10 MiB)
-FOLDER_LIMITS = {"symbols": 512 << 20, "orc": 256 << 20, "btf": 256 << 20, "images": 2 << 30}
+#: (a symbol table ~7 MiB, a BTF index ~1 MiB, an unpacked slim image ~10 MiB); a kernel's source-line
+#: index is the largest entry and the slowest to rebuild
+FOLDER_LIMITS = {"symbols": 512 << 20, "orc": 256 << 20, "btf": 256 << 20, "images": 2 << 30, "lines": 1 << 30}
 _DEFAULT_LIMIT = 256 << 20
 _VERSIONED = re.compile(r"(?P<key>.+)-v(?P<version>\d+)\.[^.]+")
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from contextlib import contextmanager
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Iterator
 
 from construct import ConstructError
 from elftools.common.exceptions import ELFError
@@ -173,6 +173,12 @@ class Image:
     def build_id(self) -> str | None:
         """The hex NT_GNU_BUILD_ID, or ``None``."""
         return self._headers.build_id
+
+    @property
+    def sections_with_contents(self) -> frozenset[str]:
+        """The names of the sections the file holds bytes of (not ``SHT_NOBITS``): a slim image keeps the
+        headers of sections it dropped."""
+        return frozenset(h.name for h in self._headers.sections if h.type not in ("SHT_NOBITS", "SHT_NULL"))
 
     @cached_property
     def symbols(self) -> SymbolTable:
@@ -486,12 +492,13 @@ def open_image(path: Path) -> Image:
 
 
 def find_image(build_id: str | None, dump_path: str | Path | None = None, explicit: str | Path | None = None,
-               release: str | None = None) -> Image | None:
+               release: str | None = None, accept: Callable[[Image], bool] | None = None) -> Image | None:
     """Find the kernel image of ``build_id``: ``explicit`` (``--vmlinux``), then ``$UNWIND_IMAGE_PATH``
     with its subfolders, the dump's folder and three parents, the debuginfo store
     (``/usr/lib/debug/.build-id/xx/yyyy.debug``, ``/usr/lib/debug/boot/vmlinux-<release>``) and the
     kernels ``unwind kernels fetch`` put in the cache. Candidates are checked by build-id; an explicit
     image whose build-id differs is refused. ``None`` when nothing matches (or no build-id is known).
+    ``accept`` narrows the search to the images it accepts (one with DWARF, say).
     """
     if explicit is not None:
         img = open_image(Path(explicit).resolve())
@@ -513,8 +520,10 @@ def find_image(build_id: str | None, dump_path: str | Path | None = None, explic
                 img = open_image(cand.resolve())
             except ImageError:
                 continue
-            if img.build_id == build_id:
+            if img.build_id == build_id and (accept is None or accept(img)):
                 return img
         elif image_build_id(cand) == build_id:
-            return open_image(cand.resolve())
+            img = open_image(cand.resolve())
+            if accept is None or accept(img):
+                return img
     return None

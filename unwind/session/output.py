@@ -7,12 +7,19 @@ JSON reader.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from unwind.core.frame import Frame
 from .replay import Replay, Session
 from unwind.core.trace import TraceLine
 from unwind.core.walk import Stop, StopReason
+
+if TYPE_CHECKING:
+    from .lines import FrameLines
+
+#: the version of the JSON schema (``docs/json.md``); an object says it (``"schema"``) only where it uses
+#: a field newer than version 1 (``frames[].lines``)
+JSON_SCHEMA = 2
 
 
 def _hex(v: int | None) -> str | None:
@@ -39,8 +46,9 @@ def stop_json(stop: Stop) -> dict[str, Any]:
 
 
 def replay_json(session: Session, r: Replay, explain: bool = False,
-                lines: list[TraceLine] | None = None) -> dict[str, Any]:
-    """One replay as the documented JSON object: everything the text shows, as data."""
+                lines: list[TraceLine] | None = None, sources: "FrameLines | None" = None) -> dict[str, Any]:
+    """One replay as the documented JSON object: everything the text shows, as data; with ``sources``
+    (``--lines``) each frame's source lines too."""
     t = r.task
     lines = trace_lines(session, r) if lines is None else lines
     index = {id(f): i for i, f in enumerate(r.frames)}
@@ -52,6 +60,8 @@ def replay_json(session: Session, r: Replay, explain: bool = False,
     for f in r.frames:
         at, line = printed.get(id(f), (None, None))
         frames.append(frame_json(f, explain, line, at))
+        if sources is not None:
+            frames[-1]["lines"] = sources.to_json(f)
     image = session.image
     out: dict[str, Any] = {
         "arch": session.backend.name,
@@ -69,6 +79,10 @@ def replay_json(session: Session, r: Replay, explain: bool = False,
         out["reliable"] = {"ok": r.reliable.ok, "reason": r.reliable.reason}
     if r.basis:
         out["basis"] = dict(r.basis)
+    if sources is not None:
+        out["schema"] = JSON_SCHEMA
+        out["lines_image"] = None if sources.image is None or sources.index is None else {
+            "path": str(sources.image.path), "build_dir": sources.index.comp_dir}
     return out
 
 
@@ -88,11 +102,16 @@ def stop_text(stop: Stop) -> str:
 
 
 def replay_text(session: Session, r: Replay, explain: bool = False,
-                lines: list[TraceLine] | None = None) -> list[str]:
-    """The kernel-style trace, a header naming the task, and the stop reason at the end."""
+                lines: list[TraceLine] | None = None, sources: "FrameLines | None" = None) -> list[str]:
+    """The kernel-style trace, a header naming the task, and the stop reason at the end; with ``sources``
+    (``--lines``) each frame's source lines under the first line that prints it."""
     out = [f"{r.task.describe()}:"]
+    shown: set[int] = set()
     for line in trace_lines(session, r) if lines is None else lines:
         out.append(line.text)
+        if sources is not None and line.frame is not None and id(line.frame) not in shown:
+            shown.add(id(line.frame))
+            out.extend(sources.text(line.frame))
         if explain and line.frame is not None:
             out.extend(explain_lines(line.frame))
     if explain:

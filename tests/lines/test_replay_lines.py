@@ -1,0 +1,65 @@
+"""``unwind replay --lines``: a frame's source lines under its trace line and in the JSON; an image
+without DWARF leaves the output as it was, with one note."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from unwind.cli.main import main
+from unwind.core.frame import Flag, Frame, Source
+from unwind.formats.dwarf_lines import index_for
+from unwind.session.lines import FrameLines
+
+from .conftest import addr2line, return_addresses, symbols
+
+ROOT = Path(__file__).resolve().parents[2]
+DUMP = ROOT / "corpora" / "x86_64" / "6.12.117+deb13-amd64" / "stop-004-random.bin.xz"
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache without any fetched -dbg vmlinux: the corpus' slim image is the only one found."""
+    monkeypatch.setenv("UNWIND_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("UNWIND_IMAGE_PATH", raising=False)
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_without_dwarf_the_text_is_unchanged_and_one_note_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, plain, _ = _run(capsys, "replay", str(DUMP))
+    rc_lines, text, err = _run(capsys, "replay", str(DUMP), "--lines")
+    assert (rc_lines, text) == (rc, plain)
+    notes = [line for line in err.splitlines() if "--lines" in line]
+    assert len(notes) == 1 and "has no DWARF" in notes[0] and notes[0].startswith("unwind: note: ")
+
+
+def test_without_dwarf_the_json_adds_empty_lines_and_the_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    _, plain, _ = _run(capsys, "replay", str(DUMP), "--json")
+    _, with_lines, _ = _run(capsys, "replay", str(DUMP), "--json", "--lines")
+    for a, b in zip(plain.splitlines(), with_lines.splitlines(), strict=True):
+        doc = json.loads(b)
+        assert doc.pop("schema") == 2 and doc.pop("lines_image") is None
+        assert all(f.pop("lines") == [] for f in doc["frames"])
+        assert doc == json.loads(a)
+
+
+def test_frame_lines_decode_a_return_address_at_its_call(prog: Path) -> None:
+    sources = FrameLines(index_for(prog))
+    rets = [r for _, r in return_addresses(prog)]
+    start, size = symbols(prog)["bottom"]
+    pcs = [a for a in range(start, start + size) if len(addr2line(prog, [a])[a]) == 6][:1]
+    frames = [Frame(r, source=Source.FRAME) for r in rets] + [Frame(pc, source=Source.REGS_PC, flags=Flag.BOUNDARY)
+                                                              for pc in pcs]
+    want = addr2line(prog, [r - 1 for r in rets] + pcs)
+    for f, at in zip(frames, [r - 1 for r in rets] + pcs):
+        got = [x for s in sources.of_frame(f) for x in (s.function, f"{prog.parent}/{s.location(sources.index.comp_dir)}")]
+        assert got == want[at]
+        assert [d["line"] for d in sources.to_json(f)] == [int(x.rsplit(":", 1)[1]) for x in want[at][1::2]]
+    assert len(sources.text(frames[-1])) == 3 and sources.text(frames[-1])[1].startswith("       (inlined by) ")
