@@ -12,8 +12,8 @@ from __future__ import annotations
 import lzma
 from pathlib import Path
 
-from elftools.elf.elffile import ELFFile
 
+from tests.elf_offsets import file_offset
 from unwind import Session
 from unwind.cli.main import main
 from unwind.core.walk import StopReason
@@ -23,14 +23,6 @@ HERE = ROOT / "corpora" / "x86_64" / "6.12.117+deb13-amd64"
 VMCORE = HERE / "vmcore" / "stop-001-random.elf.xz"
 IMAGE = next(HERE.glob("vmlinux-*.slim.xz"))
 EXIT_ZOMBIE, TASK_DEAD = 0x20, 0x80  # include/linux/sched.h
-
-
-def _file_offset(path: Path, paddr: int) -> int:
-    with open(path, "rb") as f:
-        for seg in ELFFile(f).iter_segments("PT_LOAD"):
-            if seg["p_paddr"] <= paddr < seg["p_paddr"] + seg["p_filesz"]:
-                return seg["p_offset"] + paddr - seg["p_paddr"]
-    raise AssertionError(f"physical {paddr:#x} is in no segment")
 
 
 def _zombie(tmp_path: Path) -> tuple[Path, int, str]:
@@ -43,7 +35,7 @@ def _zombie(tmp_path: Path) -> tuple[Path, int, str]:
     raw = bytearray(plain.read_bytes())
     for member, value in (("stack", 0), ("exit_state", EXIT_ZOMBIE), ("__state", TASK_DEAD)):
         m = btf.member("task_struct", member)
-        at = _file_offset(plain, translator.translate(kt.addr + m.offset))
+        at = file_offset(plain, translator.translate(kt.addr + m.offset), "p_paddr")
         raw[at:at + m.size] = value.to_bytes(m.size, "little")
     bad = tmp_path / "zombie.elf"
     bad.write_bytes(bytes(raw))

@@ -9,21 +9,13 @@ from __future__ import annotations
 import lzma
 from pathlib import Path
 
-from elftools.elf.elffile import ELFFile
 
+from tests.elf_offsets import file_offset
 from unwind import Options, Session
 
 ROOT = Path(__file__).resolve().parents[3]
 DUMP = ROOT / "corpora" / "arm64" / "6.12.117+deb13-arm64" / "stop-002-irq-arch_timer_handler_virt.bin.xz"
 GARBAGE = 0xFFFF8FFFFFFFF3C0  # a kernel address far above _end
-
-
-def _file_offset(path: Path, vaddr: int) -> int:
-    with open(path, "rb") as f:
-        for seg in ELFFile(f).iter_segments("PT_LOAD"):
-            if seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_filesz"]:
-                return seg["p_offset"] + vaddr - seg["p_vaddr"]
-    raise AssertionError(f"{vaddr:#x} is in no segment")
 
 
 def test_return_address_past_end_prints_bare(tmp_path) -> None:
@@ -37,7 +29,7 @@ def test_return_address_past_end_prints_bare(tmp_path) -> None:
     end = s.symbols.address("_end")
     assert end is not None and GARBAGE > end
     raw = bytearray(plain.read_bytes())
-    at = _file_offset(plain, slot)
+    at = file_offset(plain, slot)
     raw[at:at + 8] = GARBAGE.to_bytes(8, "little")
     bad = tmp_path / "bad.bin"
     bad.write_bytes(bytes(raw))

@@ -12,8 +12,8 @@ from __future__ import annotations
 import lzma
 from pathlib import Path
 
-from elftools.elf.elffile import ELFFile
 
+from tests.elf_offsets import file_offset
 from unwind import Options, Session
 from unwind.cli.main import main
 from unwind.core.walk import StopReason
@@ -22,14 +22,6 @@ ROOT = Path(__file__).resolve().parents[3]
 DUMP = ROOT / "corpora" / "riscv" / "7.2.13+deb14-riscv64" / "stop-000-random.bin.xz"
 IMAGE = next(DUMP.parent.glob("vmlinux-*.slim.xz"))
 PID = 2  # kthreadd, blocked in schedule()
-
-
-def _file_offset(path: Path, vaddr: int) -> int:
-    with open(path, "rb") as f:
-        for seg in ELFFile(f).iter_segments("PT_LOAD"):
-            if seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_filesz"]:
-                return seg["p_offset"] + vaddr - seg["p_vaddr"]
-    raise AssertionError(f"{vaddr:#x} is in no segment")
 
 
 def test_chain_into_head_text_ends_cleanly_unprinted(tmp_path, capsys) -> None:
@@ -43,7 +35,7 @@ def test_chain_into_head_text_ends_cleanly_unprinted(tmp_path, capsys) -> None:
     ret = entry + 0x100  # a return address in _start_kernel, below _stext
     # frames[2]'s pc is the ra of the record {fp, ra} at frames[1]'s fp - 16
     raw = bytearray(plain.read_bytes())
-    at = _file_offset(plain, frames[1].fp - 8)
+    at = file_offset(plain, frames[1].fp - 8)
     assert int.from_bytes(raw[at:at + 8], "little") == frames[2].pc
     raw[at:at + 8] = ret.to_bytes(8, "little")
     bad = tmp_path / "head.bin"

@@ -12,8 +12,8 @@ from __future__ import annotations
 import lzma
 from pathlib import Path
 
-from elftools.elf.elffile import ELFFile
 
+from tests.elf_offsets import file_offset
 from unwind import Options, Session
 from unwind.cli.main import main
 from unwind.core.walk import StopReason
@@ -22,14 +22,6 @@ ROOT = Path(__file__).resolve().parents[3]
 DUMP = ROOT / "corpora" / "x86_64" / "6.1.0-57-amd64" / "stop-001-random.bin.xz"
 PID = 2  # kthreadd, blocked in schedule()
 IMAGE = next(DUMP.parent.glob("vmlinux-*.slim.xz"))
-
-
-def _file_offset(path: Path, vaddr: int) -> int:
-    with open(path, "rb") as f:
-        for seg in ELFFile(f).iter_segments("PT_LOAD"):
-            if seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_filesz"]:
-                return seg["p_offset"] + vaddr - seg["p_vaddr"]
-    raise AssertionError(f"{vaddr:#x} is in no segment")
 
 
 def _never_run(tmp_path: Path) -> tuple[Path, Session]:
@@ -42,7 +34,7 @@ def _never_run(tmp_path: Path) -> tuple[Path, Session]:
     entry = s.symbols.address("ret_from_fork")
     assert entry is not None and s.symbols.address("ret_from_fork_asm") is None  # 6.1: the entry is asm
     raw = bytearray(plain.read_bytes())
-    at = _file_offset(plain, task.context["sp"] + 6 * 8)
+    at = file_offset(plain, task.context["sp"] + 6 * 8)
     assert int.from_bytes(raw[at:at + 8], "little") != entry
     raw[at:at + 8] = entry.to_bytes(8, "little")
     bad = tmp_path / "never-run.bin"
