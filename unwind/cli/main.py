@@ -212,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (*INPUT_ERRORS, UsageError) as e:
         if args.debug:
             raise
+        for w in getattr(e, "warnings", ()):
+            print(f"unwind: warning: {w}", file=sys.stderr)
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"unwind: error: {msg}", file=sys.stderr)
         return 2
