@@ -44,6 +44,16 @@ class KretprobeInstance:
     fp: int
 
 
+@dataclass(frozen=True, slots=True)
+class Lack:
+    """What a dump lacks that a walk of a task needs: the walk stops on it, saying so."""
+
+    #: one sentence: which member or CPU, at which address, and why it is missing
+    what: str
+    #: the missing thing is its CPU's registers (else memory of the task)
+    registers: bool = False
+
+
 @dataclass(slots=True)
 class Task:
     """A task in a dump.
@@ -51,7 +61,9 @@ class Task:
     ``regs`` are the registers of the CPU it runs on (a running task);
     ``context`` is the saved context of a blocked task. ``stacks`` are the
     stacks the kernel would let a walk of this task use: the task stack,
-    plus the per-CPU stacks of its CPU when it was running there.
+    plus the per-CPU stacks of its CPU when it was running there. ``cpu``
+    is set for every task running on a CPU, even one whose registers the
+    dump lacks (``lacks`` then says so).
     """
 
     pid: int | None
@@ -65,6 +77,8 @@ class Task:
     kretprobes: list[KretprobeInstance] = field(default_factory=list)
     user_regs: dict[str, int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: what the dump lacks that a walk needs (a walk stops on it), else ``None``
+    lacks: Lack | None = None
 
     @property
     def running(self) -> bool:
@@ -73,7 +87,7 @@ class Task:
 
     def describe(self) -> str:
         """``pid 12 (sh) on cpu1`` style text."""
-        where = f" on cpu{self.cpu}" if self.running else " blocked"
+        where = f" on cpu{self.cpu}" if self.cpu is not None else " blocked"
         pid = "?" if self.pid is None else str(self.pid)
         return f"pid {pid} ({self.comm}){where}"
 
