@@ -131,7 +131,7 @@ def test_convert_keeps_every_task_and_replays_the_same(tmp_path) -> None:
     convert(session, tasks).write(out)
     again = Session(Dump.open(out), None, None)
     back = again.select(every=True)
-    key = lambda t: (t.pid, -1 if t.cpu is None else t.cpu, t.extra["task"])  # noqa: E731
+    key = lambda t: (t.pid, t.cpu if t.running else -1, t.extra["task"])  # noqa: E731
     assert sorted(map(key, back)) == sorted(map(key, tasks))
     by = {key(t): t for t in back}
     for t in tasks:
@@ -151,8 +151,14 @@ def test_ps_lists_every_task_with_its_task_struct() -> None:
     rows = [ln.lstrip(">").split() for ln in lines[1:]]
     assert sorted(int(r[0]) for r in rows) == [0, 0, 100, 200, 201, 202, 300]
     running = [ln for ln in lines if ln.startswith(">")]
-    # only cpu1 saved registers: its task is the one running; cpu0's swapper shows its saved context
-    assert len(running) == 1 and f"{procs[1].threads[1].addr:016x}" in running[0] and "worker-t2" in running[0]
+    # only cpu1 saved registers: cpu0's swapper runs too, and says its registers are missing; its stale saved
+    # context is not walked
+    assert len(running) == 2 and f"{procs[1].threads[1].addr:016x}" in running[1] and "worker-t2" in running[1]
+    assert running[0].split()[1:4] == ["0", "0", f"{k.symbols['init_task']:016x}"]
+    assert running[0].endswith("(cpu0's registers are not in the dump (no NT_PRSTATUS note for it))")
+    swapper = next(t for t in session.dump.tasks() if t.cpu == 0)
+    r = session.replay(swapper)
+    assert r.frames == [] and r.stop.reason is StopReason.MISSING_REGISTER and "cpu0's registers" in r.stop.detail
 
 
 @pytest.mark.parametrize("gen", ["new", "old"])
