@@ -145,3 +145,23 @@ def test_no_task_drgn_lists_is_lost(vmcore: Path, tmp_path_factory) -> None:
         assert ours is not None, t
         assert ours.pid in (t["pid"], None) and ours.comm in (t["comm"], "?")
     assert len(listed) > len(drgn["tasks"])  # and each CPU's idle task, which is on no list drgn reads
+
+
+#: what the routes to a task read, per generation (the 6.12 slices' images carry no BTF: the kernel's own,
+#: read from the vmcores above, has them)
+ROUTES = (("pid_namespace", "idr.idr_rt.xa_head"), ("xa_node", "slots"), ("pid", "tasks"),
+          ("task_struct", "pid_links"), ("task_struct", "tasks"), ("signal_struct", "thread_head"),
+          ("task_struct", "thread_node"))
+
+
+@pytest.mark.parametrize("image", sorted(ROOT.glob("corpora/*/[67].*/vmlinux-*")), ids=lambda p: p.parent.name)
+def test_every_generation_keeps_the_routes_to_its_tasks(image: Path) -> None:
+    from unwind.formats.image import open_image
+
+    btf = open_image(image).btf
+    if btf is None:
+        pytest.skip("a slim image without BTF")
+    assert all(btf.has_member(s, m) for s, m in ROUTES)
+    assert btf.enum_value("PIDTYPE_PID") == 0  # include/linux/pid_types.h: the first pid_type
+    # kernel/sched/signal.h: 6.7 dropped thread_group, for_each_thread() reads signal->thread_head
+    assert btf.has_member("task_struct", "thread_group") == image.parent.name.startswith("6.1.")

@@ -219,11 +219,11 @@ def test_bpf_programs_print_without_a_module() -> None:
 class _Filtered:
     """A vmcore's memory with one page makedumpfile excluded: reads there raise ExcludedPage."""
 
-    def __init__(self, mem, page: int) -> None:
-        self.mem, self.page = mem, page
+    def __init__(self, mem, page: int, size: int = 4096) -> None:
+        self.mem, self.page, self.size = mem, page, size
 
     def read(self, addr: int, size: int) -> bytes:
-        if addr < self.page + 4096 and addr + size > self.page:
+        if addr < self.page + self.size and addr + size > self.page:
             raise ExcludedPage(addr, size)
         return self.mem.read(addr, size)
 
@@ -305,3 +305,19 @@ def test_a_real_crash_takes_each_cpus_registers_from_its_crash_notes() -> None:
                    k.symbol, k.btf)
     assert [(c.cpu, c.regs["pc"]) for c in d.cpus] == [(1, regs1["pc"])]
     assert [t.pid for t in d.tasks() if t.running] == [running.pid]
+
+
+@pytest.mark.parametrize("gen", ["new", "old"])
+def test_a_thread_ring_cut_by_a_lost_task_struct_is_read_back_from_its_head(gen: str) -> None:
+    """The middle thread's task_struct is not in the dump: the thread after it is reached backwards round its
+    group's ring (``signal->thread_head``, or ``thread_group`` in the old layout), and the lost one is named."""
+    k = SynthKernel(gen)
+    procs = _procs()
+    everyone, _ = k.build(procs, [None, None])
+    lost = procs[1].threads[0]
+    kern = Kernel(_Filtered(k.memory(), lost.addr, 0x400), k.btf, k.symbol)
+    got = {t.addr for t in kern.tasks()}
+    assert got == {t.addr for t in everyone} - {lost.addr}
+    assert [t.addr for t in kern.lost_tasks] == [lost.addr]
+    assert kern.lost_tasks[0].why.startswith(f"task_struct.pid at {lost.addr + k.off('task_struct', 'pid'):#x}: ")
+    assert any("read backwards from its head" in w for w in kern.warnings)
