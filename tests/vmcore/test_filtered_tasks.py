@@ -163,5 +163,5 @@ def test_every_generation_keeps_the_routes_to_its_tasks(image: Path) -> None:
         pytest.skip("a slim image without BTF")
     assert all(btf.has_member(s, m) for s, m in ROUTES)
     assert btf.enum_value("PIDTYPE_PID") == 0  # include/linux/pid_types.h: the first pid_type
-    # kernel/sched/signal.h: 6.7 dropped thread_group, for_each_thread() reads signal->thread_head
+    # 6.7 dropped thread_group; for_each_thread() (include/linux/sched/signal.h) reads signal->thread_head
     assert btf.has_member("task_struct", "thread_group") == image.parent.name.startswith("6.1.")
