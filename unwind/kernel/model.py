@@ -368,12 +368,12 @@ class Kernel:
         except _Cut as e:
             self.warnings.append(f"{what}: {e}; read backwards from its head")
         try:
-            yield from self._follow(head, 8, seen, limit)
+            yield from self._follow(head, self.offsetof("list_head", "prev"), seen, limit)
         except _Cut as e:
             self.warnings.append(f"{what} backwards: {e}")
 
     def _follow(self, head: int, link: int, seen: set[int], limit: int) -> Iterator[int]:
-        """The nodes from ``head`` through the pointer at ``link`` (0 ``next``, 8 ``prev``) until the head,
+        """The nodes from ``head`` through the pointer at ``link`` (``next``'s offset 0, or ``prev``'s) until the head,
         or (backwards) a node ``seen`` already; :class:`_Cut` says why a walk ended anywhere else."""
         try:
             node = self.read_u64(head + link)
@@ -513,17 +513,17 @@ class Kernel:
             except (MemoryFault, KernelError):
                 pass
         out: list[KernelTask] = []
-        found: set[int] = set()
+        found: dict[int, KernelTask | None] = {}
         groups: set[int] = set()
         self.lost_tasks = []
 
         def add(addr: int, is_idle: bool) -> KernelTask | None:
             if addr in found or not addr or len(found) >= MAX_TASKS:
-                return None
-            found.add(addr)
+                return found.get(addr)
             try:
-                t = self.task(addr)
+                t = found[addr] = self.task(addr)
             except (MemoryFault, KernelError, BtfError) as e:
+                found[addr] = None
                 self.lost_tasks.append(LostTask(addr, str(e)))
                 return None
             t.running_on = running.get(addr)
@@ -532,11 +532,12 @@ class Kernel:
             return t
 
         def add_group(t: KernelTask | None) -> None:
-            if t is None or self._thread_group(t) in groups:
+            if t is None or self._thread_group(t) in groups or t.addr in groups:
                 return
             groups.add(self._thread_group(t))
             try:
                 for thread in self.threads(t):
+                    groups.add(thread)  # a thread_group ring has no head: each of its tasks names it
                     add(thread, False)
             except (MemoryFault, KernelError) as e:
                 self.warnings.append(f"threads of task {t.addr:#x} cut short: {e}")
@@ -563,7 +564,7 @@ class Kernel:
                 by_pid.setdefault(t.pid, t)
         for cpu in cpus:
             pid = note_pids.get(cpu)
-            if pid is None or pid == 0 and cpu != 0:  # another CPU's idle task is on no list
+            if pid is None or (pid == 0 and cpu != 0):  # another CPU's idle task is on no list
                 continue
             t = by_pid.pop(pid, None)
             if t is None:
