@@ -130,9 +130,9 @@ class KernelTask:
     missing: tuple[str, ...] = ()
 
     def lacks(self, members: Iterable[str]) -> str | None:
-        """The first of ``members`` the dump lacks, as a sentence (``None``: all were read)."""
-        wanted = tuple(members)
-        return next((m for m in self.missing if m.split(" ", 1)[0] in wanted), None)
+        """The first of ``members`` (in their order) the dump lacks, as a sentence (``None``: all were read)."""
+        by_member = {m.split(" ", 1)[0]: m for m in self.missing}
+        return next((by_member[m] for m in members if m in by_member), None)
 
 
 @dataclass(frozen=True, slots=True)
