@@ -26,12 +26,16 @@ class Type:
     """A register's type: 8 bytes."""
 
     name: str = "uint64"
+    sizeof: int = 8
 
 
 class Value:
     """gdb.Value of a register or a number."""
 
-    def __init__(self, value: int, type_: Type | None = None) -> None:
+    def __init__(self, value: int | bytes, type_: Type | None = None) -> None:
+        if isinstance(value, bytes):  # gdb.Value(buffer, type): the type's bytes
+            assert type_ is not None and len(value) == type_.sizeof
+            value = int.from_bytes(value, "little")
         self.value = int(value)
         self.type = type_ or Type("long")
 

@@ -15,7 +15,8 @@ them as the project's own inputs, so the walk is the arch backend's, as in
   (:mod:`unwind.kernel.model`, as for a vmcore), the CPUs' registers from gdb's threads;
 - :class:`FrameUnwinder` walks a CPU with :meth:`Session.replay` from the
   registers of gdb's frame 0 and hands each caller back as gdb's ``UnwindInfo``
-  (pc, sp and the frame pointer the walk establishes).
+  with the registers the walk establishes for it (the backend's ``frame_registers``: pc, sp and the
+  frame pointer, the return-address register, every register of a ``pt_regs`` crossed).
 
 Nothing here imports gdb: :func:`install` is given the ``gdb`` module (the
 script ``unwind gdb --script`` names calls it), so a stand-in tests the glue.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -33,7 +34,7 @@ from unwind.core import registry
 from unwind.core.errors import DumpError
 from unwind.core.frame import Frame
 from unwind.core.memory import Memory, MemoryFault, Segment
-from unwind.core.target import Options, Task
+from unwind.core.target import Options, Target, Task
 from unwind.formats import elfcore
 from unwind.formats.dump import Dump, written_by_unwind
 from unwind.formats.image import Image, ImageError, open_image
@@ -190,6 +191,13 @@ def register_value(value: Any) -> int:
     return int(value) & _U64
 
 
+def register_bytes(gdb: Any, value: int, kind: Any) -> Any:
+    """``value`` as a ``gdb.Value`` of the register type ``kind``, made from its bytes (a flags or
+    segment type accepts no cast from a number); every arch here is little-endian."""
+    size = kind.sizeof
+    return gdb.Value((value & ((1 << 8 * size) - 1)).to_bytes(size, "little"), kind)
+
+
 def frame_registers(backend: registry.ArchBackend, read: Callable[[str], Any],
                     error: type[Exception]) -> dict[str, int]:
     """The ``NT_PRSTATUS`` registers of a frame by the backend's names (``read`` takes gdb's name);
@@ -298,12 +306,22 @@ class FrameId:
 
 @dataclass(slots=True)
 class Walk:
-    """One CPU's walk from gdb's frame 0 (by ``backend``), and the stack address gdb identifies each frame by."""
+    """One CPU's walk from gdb's frame 0 (by ``backend``, of ``target``), and the stack address gdb
+    identifies each frame by."""
 
     key: tuple[int, ...]
     backend: registry.ArchBackend
+    target: Target
     frames: list[Frame]
     ids: list[int]
+    _registers: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    def registers(self, index: int) -> dict[str, int]:
+        """The registers the walk establishes for ``frames[index]`` (:meth:`ArchBackend.frame_registers`)."""
+        regs = self._registers.get(index)
+        if regs is None:
+            regs = self._registers[index] = self.backend.frame_registers(self.frames, index, self.target)
+        return regs
 
 
 def frame_ids(frames: list[Frame]) -> list[int]:
@@ -414,12 +432,13 @@ class FrameUnwinder:
             return None
         info = pending.create_unwind_info(FrameId(gdb.Value(walk.ids[level]), gdb.Value(frame.pc)))
         if level + 1 < len(walk.frames):
-            caller = walk.frames[level + 1]
-            for reg, value in ((backend.pc_reg, caller.pc), (backend.sp_reg, caller.sp), (backend.fp_reg, caller.fp)):
-                if reg is None or value is None:
-                    continue
+            for reg, value in walk.registers(level + 1).items():
                 name = _gdb_name(backend, reg)
-                info.add_saved_register(name, gdb.Value(value).cast(pending.read_register(name).type))
+                try:
+                    kind = pending.read_register(name).type
+                except (gdb.error, ValueError):
+                    continue  # a register gdb does not have for this target (orig_rax on QEMU's stub)
+                info.add_saved_register(name, register_bytes(gdb, value, kind))
         return info  # the last frame saves no pc: gdb ends the backtrace there
 
     def _walk(self, pending: Any, thread: Any) -> Walk:
@@ -433,8 +452,9 @@ class FrameUnwinder:
         if walk is not None and walk.key == key:
             return walk
         task = replace(state.cpu_task(session, thread_cpu(thread)), regs=regs)
-        frames = session.replay(task, Options(), symbolize=False).frames
-        walk = state.walks[thread.num] = Walk(key, backend, frames, frame_ids(frames))
+        replay = session.replay(task, Options(), symbolize=False)
+        frames = replay.frames
+        walk = state.walks[thread.num] = Walk(key, backend, replay.target, frames, frame_ids(frames))
         return walk
 
 
