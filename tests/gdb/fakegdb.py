@@ -180,18 +180,23 @@ class FakeGdb(types.ModuleType):
 
     # -- what gdb itself does --
     def backtrace(self, cpu: int, pc: str, limit: int = 512) -> list[int]:
-        """gdb's unwinding of thread ``cpu + 1``: frame 0 from its registers, each caller from the saved
-        registers the unwinders hand back; ends where none claims a frame or the pc is not saved."""
+        """gdb's unwinding of thread ``cpu + 1``: the pc of each frame (:meth:`frames`)."""
+        return [regs[pc] for regs in self.frames(cpu, pc, limit)]
+
+    def frames(self, cpu: int, pc: str, limit: int = 512) -> list[dict[str, int]]:
+        """gdb's unwinding of thread ``cpu + 1``: frame 0's registers, then the registers each caller was
+        handed (the saved registers of its callee's ``UnwindInfo``); ends where no unwinder claims a frame
+        or the pc is not saved."""
         self.thread = self.threads[[t.num for t in self.threads].index(cpu + 1)]
         regs = dict(self.cpus[cpu])
-        pcs = [regs[pc]]
+        out = [regs]
         for level in range(limit):
             info = next((i for u in self.unwinders if (i := u(PendingFrame(level, regs))) is not None), None)
             if info is None or pc not in info.saved:
                 break
             regs = {**regs, **info.saved}
-            pcs.append(regs[pc])
-        return pcs
+            out.append(dict(info.saved))
+        return out
 
     def run(self, command: str, argument: str = "") -> str:
         """A command as gdb runs it: its output, or the ``GdbError`` it raised."""

@@ -6,22 +6,30 @@ from __future__ import annotations
 
 import lzma
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from unwind.cli.gdb import SCRIPT, script_path, split_args
 from unwind.cli.tasks import ps_lines
 from unwind.core.memory import Memory, MemoryFault, Segment
+from unwind.core.target import Task
 from unwind.cli import gdbtarget
 from unwind.session.output import replay_text
 from unwind.session.replay import Session
 
+from . import ptregs_oracle
 from .fakegdb import FakeGdb
 
 REPO = Path(__file__).resolve().parents[2]
 DUMPS = ["corpora/x86_64/6.12.117+deb13-amd64/stop-004-random.bin.xz",
          "corpora/arm64/6.12.117+deb13-arm64/stop-002-irq-arch_timer_handler_virt.bin.xz",
          "corpora/riscv/6.12.117+deb13-riscv64/stop-000-random.bin.xz"]
+#: dumps whose running CPUs cross exception boundaries: x86-64 ORC REGS, arm64 v6.13+ meta records, and
+#: arm64 v6.12's {x29, ELR} record in pt_regs->stackframe
+BOUNDARIES = ["corpora/x86_64/6.12.117+deb13-amd64/stop-004-random.bin.xz",
+              "corpora/arm64/7.2.13+deb14-arm64/stop-002-irq-arch_timer_handler_virt.bin.xz",
+              "corpora/arm64/6.12.117+deb13-arm64/stop-002-irq-arch_timer_handler_virt.bin.xz"]
 VMCORES = ["corpora/x86_64/6.12.117+deb13-amd64/vmcore/stop-001-random.elf.xz",
            "corpora/arm64/6.12.117+deb13-arm64/vmcore/stop-000-random.elf.xz"]
 
@@ -148,3 +156,35 @@ def test_gdb_arguments_pass_through() -> None:
         ["--vmlinux", "v"], ["-batch", "-ex", "bt", "--script", "core"])
     assert split_args(["--script"]) == (["--script"], [])
     assert split_args(["--", "--script"]) == ([], ["--script"])
+
+
+def pt_regs_checked(session: Session, frames_of: Callable[[Task], list[dict[str, int]]]) -> int:
+    """How many caller frames gdb got the registers of the ``pt_regs`` the kernel saved (found and read
+    from the dump file by :mod:`.ptregs_oracle`) with; a register of such a frame that differs fails."""
+    checked = 0
+    for task in (t for t in session.dump.tasks() if t.running):
+        stacks = [(st.low, st.high) for st in task.stacks]
+        for level, regs in enumerate(frames_of(task)[1:], 1):
+            words = ptregs_oracle.find(session.backend.name, session.dump.memory, stacks, regs, session.image.btf)
+            if words is None:
+                continue
+            got = {n: regs.get(n) for n in words if n in regs or n not in GDB_LACKS}
+            assert got == {n: v for n, v in words.items() if n in got}, (task.describe(), level)
+            checked += 1
+    return checked
+
+
+#: registers gdb-multiarch has no frame register for on these targets
+GDB_LACKS = frozenset({"orig_rax"})
+
+
+@pytest.mark.parametrize("dump", BOUNDARIES, ids=lambda d: "/".join(d.split("/")[1:3]))
+def test_caller_after_exception_gets_the_saved_pt_regs(dump: str, tmp_path: Path) -> None:
+    path = REPO / dump
+    core = tmp_path / "core"
+    core.write_bytes(lzma.decompress(path.read_bytes()))
+    session = Session.load(path)
+    gdb = _fake_for(session, str(core))
+    gdbtarget.install(gdb)
+    pc = session.backend.gdb_registers.get(session.backend.pc_reg, session.backend.pc_reg)
+    assert pt_regs_checked(session, lambda task: gdb.frames(task.cpu, pc)) >= 1
