@@ -188,3 +188,27 @@ def test_caller_after_exception_gets_the_saved_pt_regs(dump: str, tmp_path: Path
     gdbtarget.install(gdb)
     pc = session.backend.gdb_registers.get(session.backend.pc_reg, session.backend.pc_reg)
     assert pt_regs_checked(session, lambda task: gdb.frames(task.cpu, pc)) >= 1
+
+
+def test_kaslr_slide_is_found_from_a_cpu_pc_and_checked_by_vmcoreinfo() -> None:
+    """A kernel loaded at its link address plus a slide (by construction: the image's text around a pc
+    and the VMCOREINFO text, both at the slid addresses): the slide is the one whose KERNELOFFSET agrees."""
+    image = Session.load(REPO / DUMPS[0]).image
+    symbols = image.symbols
+    slide = 0x2A00000
+    pc = symbols.address("schedule") + 0x20
+    data, size = symbols.address("vmcoreinfo_data"), symbols.address("vmcoreinfo_size")
+    page = 0xFFFF_8880_0123_4000
+
+    def memory(offset: str) -> Memory:
+        text = f"OSRELEASE=6.12.117+deb13-amd64\nKERNELOFFSET={offset}\n".encode()
+        window = image.text(pc - 64, 128)
+        return Memory([Segment(pc + slide - 64, window), Segment(size + slide, len(text).to_bytes(8, "little")),
+                       Segment(data + slide, page.to_bytes(8, "little")), Segment(page, text)])
+
+    good = FakeGdb(_reader(memory(f"{slide:x}")), {}, [], None)
+    text, found = gdbtarget.kernel_vmcoreinfo_kaslr(gdbtarget.GdbMemory(good), image, [pc + slide])
+    assert found == slide and f"KERNELOFFSET={slide:x}" in text
+    assert gdbtarget.kernel_vmcoreinfo(gdbtarget.GdbMemory(good), symbols) == ""  # nothing at the link address
+    wrong = FakeGdb(_reader(memory(f"{slide + 0x200000:x}")), {}, [], None)  # the kernel says another slide
+    assert gdbtarget.kernel_vmcoreinfo_kaslr(gdbtarget.GdbMemory(wrong), image, [pc + slide]) == ("", 0)
