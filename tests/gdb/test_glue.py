@@ -78,6 +78,8 @@ def _check(session: Session, gdb: FakeGdb, blocked: int = 6) -> None:
     for task in running:  # a CPU the kernel walks nothing of (user mode) is gdb's frame 0 alone
         want = [f.pc for f in session.replay(task).frames] or [task.regs[session.backend.pc_reg]]
         assert gdb.backtrace(task.cpu, pc) == want, task.describe()
+        gdb.reset()  # the target ran: frame 0 is an inlined function's now (gdb's levels count 2 inline frames)
+        assert gdb.backtrace(task.cpu, pc, inline=2) == want, task.describe()
     assert gdb.run("unwind-ps").splitlines() == ps_lines(session)
     pids = list(dict.fromkeys(t.pid for t in session.dump.tasks() if not t.running))[:blocked]
     for pid in pids:  # pid 0 is every CPU's idle task: `unwind replay --task 0` shows them all
