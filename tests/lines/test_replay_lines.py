@@ -45,7 +45,7 @@ def test_without_dwarf_the_json_adds_empty_lines_and_the_schema(capsys: pytest.C
     _, with_lines, _ = _run(capsys, "replay", str(DUMP), "--json", "--lines")
     for a, b in zip(plain.splitlines(), with_lines.splitlines(), strict=True):
         doc = json.loads(b)
-        assert doc.pop("schema") == 2 and doc.pop("lines_image") is None
+        assert doc.pop("schema") == 3 and doc.pop("lines_image") is None
         assert all(f.pop("lines") == [] for f in doc["frames"])
         assert doc == json.loads(a)
 
