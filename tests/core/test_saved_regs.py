@@ -119,7 +119,12 @@ def test_regs_text_and_json(capsys):
         obj = json.loads(line)
         assert obj["task"]["running"] and obj["saved_regs"] is None
     assert main(["replay", str(dump), "--task", "1", "--json"]) == 0
-    assert "saved_regs" not in json.loads(capsys.readouterr().out)
+    obj = json.loads(capsys.readouterr().out)
+    assert "saved_regs" not in obj
+    # every object names its schema: the newest version docs/json.md's table lists
+    table = [line.split("|")[1].strip() for line in (ROOT / "docs/json.md").read_text().splitlines()
+             if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert obj["schema"] == max(int(v) for v in table) == 3
 
 
 def test_riscv_vmcore_context_is_the_captured_one_and_whole():

@@ -18,8 +18,7 @@ from unwind.core.walk import Stop, StopReason
 if TYPE_CHECKING:
     from .lines import FrameLines
 
-#: the version of the JSON schema (``docs/json.md``); an object says it (``"schema"``) only where it uses
-#: a field newer than version 1 (``frames[].lines``, ``saved_regs``)
+#: the version of the JSON schema (``docs/json.md``), which every object names (``"schema"``)
 JSON_SCHEMA = 3
 
 
@@ -85,6 +84,7 @@ def replay_json(session: Session, r: Replay, explain: bool = False,
             frames[-1]["lines"] = sources.to_json(f)
     image = session.image
     out: dict[str, Any] = {
+        "schema": JSON_SCHEMA,
         "arch": session.backend.name,
         "kernel": session.dump.release,
         "dump": {"path": str(session.dump.path), "build_id": session.dump.build_id},
@@ -101,10 +101,8 @@ def replay_json(session: Session, r: Replay, explain: bool = False,
     if r.basis:
         out["basis"] = dict(r.basis)
     if regs:
-        out["schema"] = JSON_SCHEMA
         out["saved_regs"] = saved_regs_json(session.backend.saved_regs(r.target))
     if sources is not None:
-        out["schema"] = JSON_SCHEMA
         out["lines_image"] = None if sources.image is None or sources.index is None else {
             "path": str(sources.image.path), "build_dir": sources.index.comp_dir}
     return out
