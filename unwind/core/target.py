@@ -103,10 +103,15 @@ class SavedRegs:
 class Options:
     """How to walk: faithful or complete, with or without provenance, overrides."""
 
+    #: recover what the kernel's walk drops where the dump proves it (``--complete``); each such frame is flagged
     complete: bool = False
+    #: keep each frame's :class:`~unwind.core.frame.Provenance`: the rule and the words read (``--explain``)
     record: bool = False
+    #: walk the user stack too (riscv, ``--user``)
     user: bool = False
+    #: the kernel generation whose unwinder to follow (``6.1``, ``6.13``), instead of the dump's release
     generation: str | None = None
+    #: the ORC format generation (x86-64, ``--orc-version``), refused where the image names another
     orc_version: str | None = None
 
 
