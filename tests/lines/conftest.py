@@ -34,11 +34,12 @@ def prog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("prog"), "-g", "-O2")
 
 
-def addr2line(path: Path, addrs: list[int], functions: bool = True) -> dict[int, list[str]]:
-    """``addr2line -a -i [-f] -e path`` per address: its output lines (``function``, ``file:line`` pairs
-    with ``-f``), the ``(discriminator N)`` notes dropped."""
+def addr2line(path: Path, addrs: list[int], functions: bool = True, section: str | None = None) -> dict[int, list[str]]:
+    """``addr2line -a -i [-f] [-j section] -e path`` per address (with ``section``, offsets in it): its output
+    lines (``function``, ``file:line`` pairs with ``-f``), the ``(discriminator N)`` notes dropped."""
     tool = _tool("addr2line")
-    out = subprocess.run([tool, "-a", "-i", *(["-f"] if functions else []), "-e", str(path), *map(hex, addrs)],
+    out = subprocess.run([tool, "-a", "-i", *(["-f"] if functions else []), *(["-j", section] if section else []),
+                          "-e", str(path), *map(hex, addrs)],
                          check=True, capture_output=True, text=True).stdout
     result: dict[int, list[str]] = {}
     current: list[str] = []

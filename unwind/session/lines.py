@@ -4,18 +4,23 @@ Each frame's pc is decoded where the kernel's ``%pB`` and gdb decode it: a retur
 (``pc - 1``, the call instruction, not the one after it), a pc taken from exception registers where it
 stands. The lines come from the DWARF of the session's image, or, when that image has none (a slim or
 stripped vmlinux), of another image of the same build-id found the usual way (``-dbg`` vmlinux in
-``/usr/lib/debug`` or fetched into the cache); a vmcore's KASLR slide is taken off first.
+``/usr/lib/debug`` or fetched into the cache); a vmcore's KASLR slide is taken off first. A frame in a
+module is named by the module's kallsyms (``name+offset``, as the trace prints it) and looked up at that
+symbol in the module's ``.ko`` found by name under a folder (``--modules DIR``).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
 from unwind.core.frame import Frame, Source
 from unwind.formats.dwarf_lines import DwarfLinesError, LineIndex, SourceLine, has_dwarf
 from unwind.formats.image import Image, ImageError, find_image
+from unwind.formats.object_lines import ModuleFiles
 from unwind.kernel.kaslr import RelocatedImage
+from unwind.kernel.symbols import KernelSymbols
 from .replay import Session
 
 #: the indent of a frame's source lines under its trace line (that of ``--explain``)
@@ -52,10 +57,22 @@ class FrameLines:
     image: Image | None = None
     #: a one-line note for the user when no lines can be shown
     note: str | None = None
+    #: the modules' ``.ko`` files, and the runtime symbols that say which module holds a pc
+    modules: ModuleFiles | None = None
+    symbols: KernelSymbols | None = None
 
     @classmethod
-    def of_session(cls, session: Session) -> "FrameLines":
-        """The lines of ``session``'s image, or of an image of the same build-id that has DWARF."""
+    def of_session(cls, session: Session, modules: str | os.PathLike[str] | None = None) -> "FrameLines":
+        """The lines of ``session``'s image, or of an image of the same build-id that has DWARF; a
+        module's frames from its ``.ko`` under the folder ``modules``."""
+        lines = cls._of_image(session)
+        if modules is not None:
+            lines.modules = ModuleFiles(modules)
+            lines.symbols = session.symbols if isinstance(session.symbols, KernelSymbols) else None
+        return lines
+
+    @classmethod
+    def _of_image(cls, session: Session) -> "FrameLines":
         image = session.image
         slide = 0
         if isinstance(image, RelocatedImage):
@@ -81,6 +98,9 @@ class FrameLines:
     def of_frame(self, frame: Frame) -> list[SourceLine]:
         """The frame's source position, innermost inlined function first; empty when unknown. Code
         without a DWARF subprogram (assembly) is named by the image's symbol, as ``addr2line`` names it."""
+        module = self.symbols.module_at(decode_address(frame)) if self.symbols is not None else None
+        if module is not None:
+            return self._of_module_frame(decode_address(frame))
         if self.index is None:
             return []
         addr = (decode_address(frame) - self.slide) % 2**64
@@ -91,12 +111,29 @@ class FrameLines:
                 levels = [replace(levels[0], function=sym.name)]
         return levels
 
+    def _of_module_frame(self, addr: int) -> list[SourceLine]:
+        """``addr`` in a module: its kallsyms symbol and offset (``module_address_lookup()``), looked up in
+        the module's ``.ko``."""
+        assert self.symbols is not None and self.modules is not None
+        sym = self.symbols.lookup(addr)
+        obj = self.modules.find(sym.module) if sym is not None and sym.module else None
+        if sym is None or obj is None:
+            return []
+        return obj.lookup(sym.name, sym.offset)
+
+    def base(self, frame: Frame) -> str | None:
+        """The build folder stripped from the frame's file names: its module's or the image's."""
+        sym = self.symbols.lookup(decode_address(frame)) if self.symbols is not None else None
+        obj = self.modules.find(sym.module) if self.modules is not None and sym is not None and sym.module else None
+        if obj is not None:
+            return obj.index.comp_dir
+        return self.index.comp_dir if self.index is not None else None
+
     def text(self, frame: Frame) -> list[str]:
         """The lines printed under the frame's trace line."""
-        base = self.index.comp_dir if self.index is not None else None
-        return [_PAD + t for t in inline_text(self.of_frame(frame), base)]
+        return [_PAD + t for t in inline_text(self.of_frame(frame), self.base(frame))]
 
     def to_json(self, frame: Frame) -> list[dict[str, Any]]:
         """``frames[].lines``: ``{"function", "file", "line"}`` per level, innermost first."""
-        base = self.index.comp_dir if self.index is not None else None
+        base = self.base(frame)
         return [s.to_json(base) for s in self.of_frame(frame)]
