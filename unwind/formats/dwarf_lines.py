@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 #: the layout of ``$UNWIND_CACHE/lines/<build-id>-vN.arrays``
 _CACHE_VERSION = 1
+#: the same for a relocatable object (``<build-id>-rel-vN.arrays``): its addresses are those of its sections
+#: placed by :func:`section_addresses`
+_REL_CACHE_VERSION = 2
 #: ``sh_flags``: the section occupies memory at run time
 SHF_ALLOC = 0x2
 #: "no such entry" in the index's 32-bit columns (a row that ends a sequence, a subprogram's parent)
@@ -170,7 +173,9 @@ class LineIndex:
         if not has_dwarf(image.sections_with_contents):
             return None
         folder = cache_dir("lines") if image.build_id else None
-        path = folder / f"{image.build_id}-v{_CACHE_VERSION}.arrays" if folder is not None else None
+        name = (f"{image.build_id}-rel-v{_REL_CACHE_VERSION}" if image.elf["e_type"] == "ET_REL"
+                else f"{image.build_id}-v{_CACHE_VERSION}")
+        path = folder / f"{name}.arrays" if folder is not None else None
         if path is not None and path.exists():
             try:
                 meta, arrays = read_arrays(path)
