@@ -11,8 +11,9 @@ from other processes falls on both alike; figures are medians of the children's 
 - **drgn** (``--drgn-python PY``, a Python with drgn; the dump a vmcore): what a drgn user runs for the
   same listing: ``Program.set_core_dump``, ``load_debug_info`` of the same ``-dbg`` vmlinux, then for
   every task (``for_each_task``) its ``stack_trace`` and each frame's ``name`` and ``source()`` (drgn's
-  inline frames included). drgn keeps no index between runs: each child indexes the DWARF again (in C,
-  on every core; ``process_time`` counts all its threads).
+  inline frames included), at most 64 frames a task (drgn loops on some arm64 stacks, as
+  ``benchkit.DRGN_MAX_FRAMES`` says). drgn keeps no index between runs: each child indexes the DWARF
+  again (in C, on every core; ``process_time`` counts all its threads).
 
 Each round runs without, with, drgn, one after the other. ::
 
@@ -89,7 +90,8 @@ for task in for_each_task(prog):
         trace = prog.stack_trace(task)
     except (ValueError, LookupError, drgn.FaultError):
         continue
-    for frame in trace:
+    for i in range(min(len(trace), 64)):  # drgn loops on some arm64 stacks (benchkit.DRGN_MAX_FRAMES)
+        frame = trace[i]
         frames += 1
         try:
             file, line, _ = frame.source()
