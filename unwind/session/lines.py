@@ -18,9 +18,9 @@ from typing import Any
 from unwind.core.frame import Frame, Source
 from unwind.formats.dwarf_lines import DwarfLinesError, LineIndex, SourceLine, has_dwarf
 from unwind.formats.image import Image, ImageError, find_image
-from unwind.formats.object_lines import ModuleFiles
+from unwind.formats.object_lines import ModuleFiles, ObjectLines
 from unwind.kernel.kaslr import RelocatedImage
-from unwind.kernel.symbols import KernelSymbols
+from unwind.kernel.symbols import KernelSymbols, Symbol
 from .replay import Session
 
 #: the indent of a frame's source lines under its trace line (that of ``--explain``)
@@ -98,9 +98,10 @@ class FrameLines:
     def of_frame(self, frame: Frame) -> list[SourceLine]:
         """The frame's source position, innermost inlined function first; empty when unknown. Code
         without a DWARF subprogram (assembly) is named by the image's symbol, as ``addr2line`` names it."""
-        module = self.symbols.module_at(decode_address(frame)) if self.symbols is not None else None
+        module = self._in_module(frame)
         if module is not None:
-            return self._of_module_frame(decode_address(frame))
+            sym, obj = module
+            return obj.lookup(sym.name, sym.offset) if sym is not None and obj is not None else []
         if self.index is None:
             return []
         addr = (decode_address(frame) - self.slide) % 2**64
@@ -111,22 +112,23 @@ class FrameLines:
                 levels = [replace(levels[0], function=sym.name)]
         return levels
 
-    def _of_module_frame(self, addr: int) -> list[SourceLine]:
-        """``addr`` in a module: its kallsyms symbol and offset (``module_address_lookup()``), looked up in
-        the module's ``.ko``."""
-        assert self.symbols is not None and self.modules is not None
+    def _in_module(self, frame: Frame) -> tuple[Symbol | None, ObjectLines | None] | None:
+        """For a frame in a module (``__module_address()``, with ``--modules``): its kallsyms symbol
+        (``module_address_lookup()``) and the module's ``.ko``, each ``None`` when unknown; ``None`` for
+        a frame in no module."""
+        if self.symbols is None or self.modules is None:
+            return None
+        addr = decode_address(frame)
+        if self.symbols.module_at(addr) is None:
+            return None
         sym = self.symbols.lookup(addr)
-        obj = self.modules.find(sym.module) if sym is not None and sym.module else None
-        if sym is None or obj is None:
-            return []
-        return obj.lookup(sym.name, sym.offset)
+        return sym, self.modules.find(sym.module) if sym is not None and sym.module else None
 
     def base(self, frame: Frame) -> str | None:
         """The build folder stripped from the frame's file names: its module's or the image's."""
-        sym = self.symbols.lookup(decode_address(frame)) if self.symbols is not None else None
-        obj = self.modules.find(sym.module) if self.modules is not None and sym is not None and sym.module else None
-        if obj is not None:
-            return obj.index.comp_dir
+        module = self._in_module(frame)
+        if module is not None:
+            return module[1].index.comp_dir if module[1] is not None else None
         return self.index.comp_dir if self.index is not None else None
 
     def text(self, frame: Frame) -> list[str]:
