@@ -84,14 +84,22 @@ def test_an_exception_pc_in_a_module_is_decoded_where_it_stands(ko: Path) -> Non
     frame = Frame(runtime["bottom"] + pc - start, source=Source.REGS_PC, flags=Flag.BOUNDARY)
     assert [x for s in lines.of_frame(frame) for x in (s.function, s.file + ":" + str(s.line))] == want[pc]
     assert lines.text(frame)[1].lstrip().startswith("(inlined by) ")
-    assert lines.modules is not None and lines.modules.missing == []
+    assert lines.modules is not None and lines.modules.problems == {}
 
 
 def test_a_module_without_its_ko_has_no_lines_and_is_named(ko: Path, tmp_path: Path) -> None:
     runtime, lines = loaded(ko)
     lines.modules = ModuleFiles(tmp_path)
     assert lines.of_frame(Frame(runtime["callee"] + 1, source=Source.FRAME)) == []
-    assert lines.modules.missing == ["t_mod"]
+    assert lines.modules.problems == {"t_mod": f"no .ko of that name under {tmp_path}"}
+
+
+def test_a_module_ko_without_dwarf_is_named_with_why(ko: Path, tmp_path: Path) -> None:
+    runtime, lines = loaded(ko)
+    build(tmp_path, "-O2", "-c", name="t_mod.ko")
+    lines.modules = ModuleFiles(tmp_path)
+    assert lines.of_frame(Frame(runtime["callee"] + 1, source=Source.FRAME)) == []
+    assert "has no DWARF" in lines.modules.problems["t_mod"]
 
 
 def test_decode_finds_a_module_symbol_in_its_own_section(ko: Path, tmp_path: Path,

@@ -89,9 +89,8 @@ class Decoder:
         """The module's ``.ko`` with DWARF under ``--modules``; a warning, once, when there is none."""
         found = self.modules.find(name) if self.modules is not None else None
         if found is None and name not in self._warned and self._warn is not None:
-            where = f"under {self.modules.folder}" if self.modules is not None else "(no --modules DIR given)"
-            print(f"unwind: warning: no {name}.ko with DWARF {where}: its frames are left as they are",
-                  file=self._warn)
+            why = self.modules.problems[name] if self.modules is not None else "no --modules DIR given"
+            print(f"unwind: warning: module {name}: {why}: its frames are left as they are", file=self._warn)
         self._warned.add(name)
         return found
 

@@ -90,9 +90,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print("\n".join(replay_text(session, r, args.explain, sources=sources)))
         if not r.stop.clean:
             status = 1
-    if sources is not None and sources.modules is not None and sources.modules.missing:
-        print(f"unwind: note: --lines: no .ko with DWARF under {args.modules} for "
-              f"{', '.join(sources.modules.missing)}: their frames have no source lines", file=sys.stderr)
+    for name, why in sources.modules.problems.items() if sources is not None and sources.modules is not None else ():
+        print(f"unwind: note: --lines: module {name}: {why}: its frames have no source lines", file=sys.stderr)
     return status
 
 

@@ -85,23 +85,23 @@ class ModuleFiles:
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.folder = Path(folder)
         self._found: dict[str, ObjectLines | None] = {}
+        #: why a module asked for has no lines: no ``.ko`` of its name, or what was wrong with each found
+        self.problems: dict[str, str] = {}
 
     def find(self, name: str) -> ObjectLines | None:
-        """The module's ``.ko`` with DWARF, or ``None`` (:attr:`missing` then names it)."""
+        """The module's ``.ko`` with DWARF, or ``None`` (:attr:`problems` then says why)."""
         if name not in self._found:
-            self._found[name] = next((obj for obj in map(_open, module_files(self.folder, name)) if obj), None)
+            self._found[name] = self._open(name)
         return self._found[name]
 
-    @property
-    def missing(self) -> list[str]:
-        """The modules asked for that have no ``.ko`` with DWARF under the folder."""
-        return sorted(name for name, obj in self._found.items() if obj is None)
-
-
-def _open(path: Path) -> ObjectLines | None:
-    try:
-        return ObjectLines(path)
-    except ImageError:
+    def _open(self, name: str) -> ObjectLines | None:
+        errors = []
+        for path in module_files(self.folder, name):
+            try:
+                return ObjectLines(path)
+            except ImageError as e:
+                errors.append(str(e))
+        self.problems[name] = "; ".join(errors) or f"no .ko of that name under {self.folder}"
         return None
 
 
