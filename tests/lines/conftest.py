@@ -34,18 +34,21 @@ def prog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("prog"), "-g", "-O2")
 
 
-def addr2line(path: Path, addrs: list[int], functions: bool = True) -> dict[int, list[str]]:
-    """``addr2line -a -i [-f] -e path`` per address: its output lines (``function``, ``file:line`` pairs
-    with ``-f``), the ``(discriminator N)`` notes dropped."""
-    tool = _tool("addr2line")
-    out = subprocess.run([tool, "-a", "-i", *(["-f"] if functions else []), "-e", str(path), *map(hex, addrs)],
+def addr2line(path: Path, addrs: list[int], functions: bool = True, section: str | None = None,
+              tool: str = "addr2line") -> dict[int, list[str]]:
+    """``addr2line -a -i [-f] [-j section] -e path`` per address (with ``section``, offsets in it): its output
+    lines (``function``, ``file:line`` pairs with ``-f``), the ``(discriminator N)`` notes dropped. ``tool``:
+    binutils' (the default) or ``llvm-addr2line``, which takes the same options."""
+    found = _tool(tool)
+    out = subprocess.run([found, "-a", "-i", *(["-f"] if functions else []), *(["-j", section] if section else []),
+                          "-e", str(path), *map(hex, addrs)],
                          check=True, capture_output=True, text=True).stdout
     result: dict[int, list[str]] = {}
     current: list[str] = []
     for line in out.splitlines():
         if re.fullmatch(r"0x[0-9a-f]+", line):
             current = result.setdefault(int(line, 16), [])
-        else:
+        elif line:
             current.append(line.split(" (discriminator")[0])
     return result
 

@@ -5,7 +5,7 @@ It does what the kernel's ``scripts/decode_stacktrace.sh`` does, without binutil
 ``epc :`` or `` ra :`` register line, an x86 ``? `` guess, a ``[module]`` frame) has the symbol replaced by
 ``name (file:line ...)``, the locations of the inline chain innermost first, and any ``[<address>]``
 word dropped; every other line passes through unchanged. The address is the symbol's in the image (or,
-for a ``[module]`` frame, its offset in the module's ``.ko``, found by name under ``--modules``) plus the
+for a ``[module]`` frame, its place in the module's ``.ko``, found by name under ``--modules``) plus the
 offset. A return address is decoded at its call (``address - 1``, as ``%pB`` and gdb do); an exception
 pc where it stands: a register line's ``pc``/``RIP``/``epc``, the trace's frame that repeats it (the first
 frame of a trace from registers, before 6.13 unmarked), an arm64 frame marked ``(P)``; a function's entry
@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, TextIO
 
 from unwind.formats.console import SYMBOL_RE
-from unwind.formats.dwarf_lines import DwarfLinesError, LineIndex, has_dwarf
-from unwind.formats.image import Image, ImageError
+from unwind.formats.object_lines import ModuleFiles, ObjectLines
 
 #: a register line's label whose value is an exception pc: x86 ``RIP:``, arm64 ``pc :``, riscv ``epc :``
 _PC_LABEL = re.compile(r"(?:\bRIP: |\bpc : |\bepc : )$")
@@ -71,64 +70,30 @@ def find_symbol(line: str) -> TraceSymbol | None:
                        pc_register or "P" in info or offset == 0)
 
 
-class ObjectLines:
-    """An ELF file's symbols and source lines (the vmlinux, or a module's ``.ko``)."""
-
-    def __init__(self, path: Path) -> None:
-        self.image = Image(path)
-        if not has_dwarf(self.image.sections_with_contents):
-            raise ImageError(f"{path} has no DWARF (.debug_info, .debug_line): give a -dbg vmlinux or "
-                             "a module built with debug info")
-        try:
-            index = LineIndex.of_image(self.image)
-        except DwarfLinesError as e:
-            raise ImageError(f"{path}: {e}") from None
-        assert index is not None
-        self.index = index
-
-    def locations(self, sym: TraceSymbol) -> list[str] | None:
-        """``file:line`` per level of the inline chain, innermost first, or ``None`` when unknown."""
-        try:
-            base = self.image.symbols.address(sym.name)
-        except ImageError:
-            return None
-        if base is None:
-            return None
-        addr = base + sym.offset - (0 if sym.in_place else 1)
-        levels = self.index.lookup(addr)
-        return [s.location(self.index.comp_dir) for s in levels] or None
-
-
 class Decoder:
     """Decodes console lines against a vmlinux (any ELF with symbols and DWARF) and its modules."""
 
     def __init__(self, vmlinux: str | os.PathLike[str], modules: str | os.PathLike[str] | None = None,
                  warn: TextIO | None = None) -> None:
         self.vmlinux = ObjectLines(Path(vmlinux))
-        self.modules_dir = Path(modules) if modules is not None else None
-        self._modules: dict[str, ObjectLines | None] = {}
+        self.modules = ModuleFiles(modules) if modules is not None else None
+        self._warned: set[str] = set()
         self._warn = warn
         #: the last exception pc a register line showed: a trace frame repeating it is that pc
         self._exception_pc: tuple[str | None, str, int] | None = None
 
     def module(self, name: str) -> ObjectLines | None:
-        """The module's ``.ko`` (``_`` and ``-`` alike, compressed or not) with DWARF under ``--modules``."""
-        if name in self._modules:
-            return self._modules[name]
-        found = None
-        if self.modules_dir is not None:
-            for path in _module_files(self.modules_dir, name):
-                try:
-                    found = ObjectLines(path)
-                    break
-                except ImageError:
-                    continue
-        if found is None and self._warn is not None:
-            where = f"under {self.modules_dir}" if self.modules_dir else "(no --modules DIR given)"
-            print(f"unwind: warning: no {name}.ko with DWARF {where}: its frames are left as they are",
-                  file=self._warn)
-        self._modules[name] = found
+        """The module's ``.ko`` with DWARF under ``--modules``; a warning, once, when there is none."""
+        found = self.modules.find(name) if self.modules is not None else None
+        if found is None and name not in self._warned and self._warn is not None:
+            why = self.modules.problems[name] if self.modules is not None else "no --modules DIR given"
+            print(f"unwind: warning: module {name}: {why}: its frames are left as they are", file=self._warn)
+        self._warned.add(name)
         return found
+
+    def locations(self, obj: ObjectLines, sym: TraceSymbol) -> list[str]:
+        """``file:line`` per level of ``sym``'s inline chain, decoded at the call or in place."""
+        return obj.locations(sym.name, sym.offset - (0 if sym.in_place else 1))
 
     def decode_line(self, line: str) -> str:
         """``line`` with its frame decoded, or unchanged."""
@@ -140,8 +105,8 @@ class Decoder:
         elif sym.key == self._exception_pc:
             sym = replace(sym, in_place=True)
         obj = self.vmlinux if sym.module is None else self.module(sym.module)
-        code = obj.locations(sym) if obj is not None else None
-        if code is None:
+        code = self.locations(obj, sym) if obj is not None else []
+        if not code:
             return line
         prefix = _RAW_ADDRESS.sub("", line[:sym.start])
         return f"{prefix}{sym.segment}{sym.name} ({' '.join(code)}){sym.module_text}{sym.info}{line[sym.end:]}"
@@ -150,16 +115,6 @@ class Decoder:
         """Each line decoded (without its line end)."""
         for line in lines:
             yield self.decode_line(line.rstrip("\r\n"))
-
-
-def _module_files(folder: Path, name: str) -> list[Path]:
-    """``name.ko*`` under ``folder``, ``_`` and ``-`` taken alike (``find -name "${module//_/[-_]}.ko*"``)."""
-    want = re.compile(re.escape(name).replace("_", "[-_]").replace(r"\-", "[-_]") + r"\.ko(\.xz)?")
-    out = []
-    for root, dirs, files in os.walk(folder, onerror=lambda e: None):
-        dirs.sort()
-        out.extend(Path(root) / f for f in sorted(files) if want.fullmatch(f))
-    return out
 
 
 def cmd_decode(args: argparse.Namespace) -> int:

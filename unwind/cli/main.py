@@ -60,6 +60,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     """``unwind replay``: print each selected task's trace."""
     from unwind.session.output import replay_json, replay_text
 
+    if args.modules is not None and not args.lines:
+        raise UsageError("--modules DIR gives the modules' source lines: it needs --lines")
+    if args.modules is not None and not os.path.isdir(args.modules):
+        raise UsageError(f"--modules {args.modules}: not a folder")
     session = load_session(args.dump, arch=args.arch, vmlinux=args.vmlinux, system_map=args.system_map)
     options = Options(complete=args.complete, record=args.explain, user=args.user,
                       generation=args.generation, orc_version=args.orc_version)
@@ -71,7 +75,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.lines:
         from unwind.session.lines import FrameLines
 
-        sources = FrameLines.of_session(session)
+        sources = FrameLines.of_session(session, args.modules)
         if sources.note:
             print(f"unwind: note: {sources.note}", file=sys.stderr)
     status = 0
@@ -86,6 +90,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print("\n".join(replay_text(session, r, args.explain, sources=sources, regs=args.regs)))
         if not r.stop.clean:
             status = 1
+    for name, why in sources.modules.problems.items() if sources is not None and sources.modules is not None else ():
+        print(f"unwind: note: --lines: module {name}: {why}: its frames have no source lines", file=sys.stderr)
     return status
 
 
@@ -147,6 +153,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     r.add_argument("--explain", action="store_true", help="show each frame's provenance")
     r.add_argument("--lines", action="store_true", help="show each frame's source file:line and inline chain "
                    "(from the image's DWARF: a -dbg vmlinux)")
+    r.add_argument("--modules", metavar="DIR", help="with --lines: folder searched for the modules' .ko files "
+                   "with DWARF, by name (a module frame's lines come from its .ko)")
     r.add_argument("--regs", action="store_true", help="show a blocked task's saved context (arm64 "
                    "thread.cpu_context, x86-64 thread.sp and its inactive_task_frame, riscv thread.ra/sp/s0-s11)")
     r.add_argument("--complete", action="store_true",

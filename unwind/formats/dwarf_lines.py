@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 
 #: the layout of ``$UNWIND_CACHE/lines/<build-id>-vN.arrays``
 _CACHE_VERSION = 1
+#: the same for a relocatable object (``<build-id>-rel-vN.arrays``): its addresses are those of its sections
+#: placed by :func:`section_addresses`
+_REL_CACHE_VERSION = 2
+#: ``sh_flags``: the section occupies memory at run time
+SHF_ALLOC = 0x2
 #: "no such entry" in the index's 32-bit columns (a row that ends a sequence, a subprogram's parent)
 NONE = 0xFFFFFFFF
 #: the sections an image needs for source lines
@@ -168,7 +173,9 @@ class LineIndex:
         if not has_dwarf(image.sections_with_contents):
             return None
         folder = cache_dir("lines") if image.build_id else None
-        path = folder / f"{image.build_id}-v{_CACHE_VERSION}.arrays" if folder is not None else None
+        name = (f"{image.build_id}-rel-v{_REL_CACHE_VERSION}" if image.elf["e_type"] == "ET_REL"
+                else f"{image.build_id}-v{_CACHE_VERSION}")
+        path = folder / f"{name}.arrays" if folder is not None else None
         if path is not None and path.exists():
             try:
                 meta, arrays = read_arrays(path)
@@ -365,12 +372,30 @@ class _Builder:
         return LineIndex({"build_id": build_id, "comp_dir": comp_dir}, arrays)
 
 
+def section_addresses(elf: "ELFFile") -> dict[int, int]:
+    """The address of each allocated section of a relocatable object (a module's ``.ko``), keyed by section
+    number: one after the other in section order, each at its alignment, as ``bfd``'s ``place_sections``
+    places them for ``addr2line`` (in the file they all start at 0). Empty for a linked image."""
+    if elf["e_type"] != "ET_REL":
+        return {}
+    out, end = {}, 0
+    for i, sec in enumerate(elf.iter_sections()):
+        if sec["sh_flags"] & SHF_ALLOC:
+            align = max(1, sec["sh_addralign"])
+            end = (end + align - 1) // align * align
+            out[i] = end
+            end += sec["sh_size"]
+    return out
+
+
 def build_index(elf: "ELFFile", build_id: str | None) -> LineIndex:
-    """Read ``elf``'s DWARF with pyelftools into a :class:`LineIndex`."""
+    """Read ``elf``'s DWARF with pyelftools into a :class:`LineIndex`; a relocatable object's sections
+    placed by :func:`section_addresses`."""
     from elftools.common.exceptions import DWARFError, ELFError
 
     try:
-        dwarf = elf.get_dwarf_info()
+        placed = section_addresses(elf)
+        dwarf = (_placed(elf, placed) if placed else elf).get_dwarf_info()
         builder = _Builder(dwarf)
         for cu in dwarf.iter_CUs():
             builder.compile_unit(cu)
@@ -382,6 +407,30 @@ def build_index(elf: "ELFFile", build_id: str | None) -> LineIndex:
         if type(e).__module__.startswith("elftools.construct"):
             raise DwarfLinesError(f"unreadable DWARF: {e}") from None
         raise
+
+
+def _placed(elf: "ELFFile", addresses: dict[int, int]) -> "ELFFile":
+    """``elf`` whose DWARF relocations add each symbol's section address (``addresses``) to its value, so the
+    DWARF of a relocatable object's sections does not overlap at 0."""
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    class PlacedSymbols(SymbolTableSection):
+        """The symbol table as the relocations see it: ``st_value`` plus the symbol's section address."""
+
+        def get_symbol(self, n: int) -> Any:
+            sym = super().get_symbol(n)
+            shndx = sym["st_shndx"]
+            if isinstance(shndx, int):
+                sym.entry["st_value"] += addresses.get(shndx, 0)
+            return sym
+
+    class PlacedELF(ELFFile):
+        def _make_symbol_table_section(self, section_header: Any, name: str) -> SymbolTableSection:
+            strtab = self._get_linked_strtab_section(section_header["sh_link"])
+            return PlacedSymbols(section_header, name, elffile=self, stringtable=strtab)
+
+    return PlacedELF(elf.stream)
 
 
 def _forget(dwarf: "DWARFInfo", cu: "CompileUnit") -> None:

@@ -4,18 +4,23 @@ Each frame's pc is decoded where the kernel's ``%pB`` and gdb decode it: a retur
 (``pc - 1``, the call instruction, not the one after it), a pc taken from exception registers where it
 stands. The lines come from the DWARF of the session's image, or, when that image has none (a slim or
 stripped vmlinux), of another image of the same build-id found the usual way (``-dbg`` vmlinux in
-``/usr/lib/debug`` or fetched into the cache); a vmcore's KASLR slide is taken off first.
+``/usr/lib/debug`` or fetched into the cache); a vmcore's KASLR slide is taken off first. A frame in a
+module is named by the module's kallsyms (``name+offset``, as the trace prints it) and looked up at that
+symbol in the module's ``.ko`` found by name under a folder (``--modules DIR``).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
 from unwind.core.frame import Frame, Source
 from unwind.formats.dwarf_lines import DwarfLinesError, LineIndex, SourceLine, has_dwarf
 from unwind.formats.image import Image, ImageError, find_image
+from unwind.formats.object_lines import ModuleFiles, ObjectLines
 from unwind.kernel.kaslr import RelocatedImage
+from unwind.kernel.symbols import KernelSymbols, Symbol
 from .replay import Session
 
 #: the indent of a frame's source lines under its trace line (that of ``--explain``)
@@ -52,10 +57,22 @@ class FrameLines:
     image: Image | None = None
     #: a one-line note for the user when no lines can be shown
     note: str | None = None
+    #: the modules' ``.ko`` files, and the runtime symbols that say which module holds a pc
+    modules: ModuleFiles | None = None
+    symbols: KernelSymbols | None = None
 
     @classmethod
-    def of_session(cls, session: Session) -> "FrameLines":
-        """The lines of ``session``'s image, or of an image of the same build-id that has DWARF."""
+    def of_session(cls, session: Session, modules: str | os.PathLike[str] | None = None) -> "FrameLines":
+        """The lines of ``session``'s image, or of an image of the same build-id that has DWARF; a
+        module's frames from its ``.ko`` under the folder ``modules``."""
+        lines = cls._of_image(session)
+        if modules is not None:
+            lines.modules = ModuleFiles(modules)
+            lines.symbols = session.symbols if isinstance(session.symbols, KernelSymbols) else None
+        return lines
+
+    @classmethod
+    def _of_image(cls, session: Session) -> "FrameLines":
         image = session.image
         slide = 0
         if isinstance(image, RelocatedImage):
@@ -81,6 +98,10 @@ class FrameLines:
     def of_frame(self, frame: Frame) -> list[SourceLine]:
         """The frame's source position, innermost inlined function first; empty when unknown. Code
         without a DWARF subprogram (assembly) is named by the image's symbol, as ``addr2line`` names it."""
+        module = self._in_module(frame)
+        if module is not None:
+            sym, obj = module
+            return obj.lookup(sym.name, sym.offset) if sym is not None and obj is not None else []
         if self.index is None:
             return []
         addr = (decode_address(frame) - self.slide) % 2**64
@@ -91,12 +112,30 @@ class FrameLines:
                 levels = [replace(levels[0], function=sym.name)]
         return levels
 
+    def _in_module(self, frame: Frame) -> tuple[Symbol | None, ObjectLines | None] | None:
+        """For a frame in a module (``__module_address()``, with ``--modules``): its kallsyms symbol
+        (``module_address_lookup()``) and the module's ``.ko``, each ``None`` when unknown; ``None`` for
+        a frame in no module."""
+        if self.symbols is None or self.modules is None:
+            return None
+        addr = decode_address(frame)
+        if self.symbols.module_at(addr) is None:
+            return None
+        sym = self.symbols.lookup(addr)
+        return sym, self.modules.find(sym.module) if sym is not None and sym.module else None
+
+    def base(self, frame: Frame) -> str | None:
+        """The build folder stripped from the frame's file names: its module's or the image's."""
+        module = self._in_module(frame)
+        if module is not None:
+            return module[1].index.comp_dir if module[1] is not None else None
+        return self.index.comp_dir if self.index is not None else None
+
     def text(self, frame: Frame) -> list[str]:
         """The lines printed under the frame's trace line."""
-        base = self.index.comp_dir if self.index is not None else None
-        return [_PAD + t for t in inline_text(self.of_frame(frame), base)]
+        return [_PAD + t for t in inline_text(self.of_frame(frame), self.base(frame))]
 
     def to_json(self, frame: Frame) -> list[dict[str, Any]]:
         """``frames[].lines``: ``{"function", "file", "line"}`` per level, innermost first."""
-        base = self.index.comp_dir if self.index is not None else None
+        base = self.base(frame)
         return [s.to_json(base) for s in self.of_frame(frame)]
