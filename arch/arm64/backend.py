@@ -13,7 +13,7 @@ from unwind.core.walk import Stop, Unwinder
 from . import mm
 from .structs import PT_REGS_MEMBERS
 from .ptrauth import kernel_pac_mask, ptrauth_strip_kernel_insn_pac
-from .stacktrace import Arm64Unwinder, user_mode, walk_generation
+from .stacktrace import Arm64Unwinder, user_mode, walk_constants, walk_generation
 
 if TYPE_CHECKING:
     from unwind.session.batch import Job, Walked
@@ -91,6 +91,13 @@ class Arm64Backend(ArchBackend):
         """Every instruction is 4 bytes: the word before ``ret`` is no call encoding, so none ends there."""
         code = text(ret - 4, 4)
         return code is not None and not _is_call_word(int.from_bytes(code, "little"))
+
+    def frame_registers(self, frames: list[Frame], index: int, target: Target) -> dict[str, int]:
+        """x29 and the return address of a frame record; every register of a ``pt_regs`` crossed."""
+        from .caller_regs import frame_registers
+
+        _, gen, layout = walk_constants(target)
+        return frame_registers(frames, index, target, layout, gen.meta_records)
 
     def unwinder(self, target: Target) -> Unwinder:
         """``kunwind_stack_walk()`` of the dumped kernel's generation (v6.12 or v6.13+)."""

@@ -108,6 +108,12 @@ class RiscvBackend(ArchBackend):
         return (half is not None and code is not None and not _is_c_jalr(int.from_bytes(half, "little"))
                 and not _is_link_jump(int.from_bytes(code, "little")))
 
+    def frame_registers(self, frames: list[Frame], index: int, target: Target) -> dict[str, int]:
+        """s0, sp and the return address of a frame record; every register of a ``pt_regs`` crossed."""
+        from .caller_regs import frame_registers
+
+        return frame_registers(frames, index, target)
+
     def unwinder(self, target: Target) -> Unwinder:
         """``walk_stackframe()`` of the task, or ``arch_stack_walk_user()`` with ``options.user``."""
         if target.options.user:

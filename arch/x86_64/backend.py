@@ -112,6 +112,12 @@ class X86_64Backend(ArchBackend):
                 return None
         return 5
 
+    def frame_registers(self, frames: list[Frame], index: int, target: Target) -> dict[str, int]:
+        """rip, rsp and rbp of an ORC frame; the registers of a ``pt_regs`` crossed."""
+        from .caller_regs import frame_registers
+
+        return frame_registers(frames, index, target)
+
     def unwinder(self, target: Target) -> Unwinder:
         """An ORC walk over the tables of ``target.image`` (full, stripped or slim)."""
         return OrcUnwinder(target, target.per_dump("x86_64.orc", orc_table))
