@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import lzma
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,99 @@ def test_complete_takes_only_a_return_from_a_call_to_that_function(kdump, monkey
     cut = s.replay(task, Options(complete=True))
     assert len(cut.frames) == 1 and cut.stop.reason is StopReason.KERNEL_LIMIT
     assert "no return address above sp follows a call" in cut.stop.detail
+
+
+# -- every committed true kdump --------------------------------------------------------------------------------
+
+#: the true kdumps: /proc/vmcore of a panic (sysrq c), cut to what unwind and drgn read, beside the console of the
+#: kernel that panicked (``unwind lab kdump``, ``unwind lab kdump-slice``)
+KDUMPS = sorted((HERE.parents[1]).glob("*/*/vmcore/kdump-*.elf.xz"))
+#: panic()'s header: print_modules(), then dump_stack()'s "CPU: 0 UID: 0 PID: 1 Comm: init ..." (lib/dump_stack.c)
+_HEADER = re.compile(r"^CPU: (\d+) UID: \d+ PID: (\d+) Comm: (\S+)")
+#: a trace line: x86 and arm64 " [? ]sym+off/len", riscv "[<address>] sym+off/len"
+_FRAME = re.compile(r"^(?: \? | |\[<[0-9a-f]+>\] )(\S+)")
+
+
+@dataclass(frozen=True)
+class PanicConsole:
+    """What the panicking kernel printed: the CPU and task of dump_stack()'s header, and its trace."""
+
+    cpu: int
+    pid: int
+    comm: str
+    #: from the line after "Call trace:" to the last frame line (x86's register block and </TASK> included)
+    trace: list[str]
+
+
+def panic_console(vmcore: Path) -> PanicConsole:
+    """The console kept beside a kdump vmcore, read as the kernel printed it (timestamps dropped)."""
+    lines = [_STAMP.sub("", ln) for ln in vmcore.with_name(vmcore.name.split(".")[0] + ".console.txt")
+             .read_text().splitlines()]
+    cpu, pid, comm = next(m.groups() for ln in lines if (m := _HEADER.match(ln)))
+    start = next(i for i, ln in enumerate(lines) if ln.lower() == "call trace:") + 1
+    end = max(i for i, ln in enumerate(lines) if ln.startswith((" ", "[<"))) + 1
+    return PanicConsole(int(cpu), int(pid), comm, lines[start:end])
+
+
+def _symbol(line: str) -> str:
+    m = _FRAME.match(line)
+    return m.group(1) if m else ""
+
+
+def _after_panic(trace: list[str]) -> list[str]:
+    """The lines after panic()'s own frame: the console's is its dump_stack() call, ours its __crash_kexec()
+    call; the callers below are the same calls."""
+    i = next(i for i, ln in enumerate(trace) if _symbol(ln).startswith("panic+"))
+    return [ln for ln in trace[i + 1:] if not ln.startswith("Code: ")]
+
+
+def _kdump_id(p: Path) -> str:
+    return f"{p.parts[-4]}-{p.name.split('.')[0]}"
+
+
+def _slim(vmcore: Path) -> str:
+    return str(next(vmcore.parents[1].glob("vmlinux-*.slim.xz")))
+
+
+@pytest.mark.parametrize("vmcore", KDUMPS, ids=_kdump_id)
+def test_replay_shows_the_crash_cpu_first(vmcore: Path, capsys) -> None:
+    """Plain ``replay`` lists the running tasks with the CPU that panicked first, as crash's ``bt`` starts from
+    the panic task: the CPU and task the kernel named in its own panic header."""
+    con = panic_console(vmcore)
+    rc, out = _run(capsys, "replay", str(vmcore), "--vmlinux", _slim(vmcore))
+    heads = [ln for ln in out if re.match(r"pid \d+ \(.*\) on cpu\d+:$", ln)]
+    assert heads[0] == f"pid {con.pid} ({con.comm}) on cpu{con.cpu}:"
+    assert len(heads) >= 2  # the other CPUs follow
+
+
+@pytest.mark.parametrize("vmcore", KDUMPS, ids=_kdump_id)
+def test_complete_crash_cpu_equals_the_console_panic_trace(vmcore: Path, capsys) -> None:
+    """``--complete`` on the crash CPU: from panic() down, line for line the trace the kernel printed."""
+    con = panic_console(vmcore)
+    rc, out = _run(capsys, "replay", str(vmcore), "--vmlinux", _slim(vmcore), "--cpu", str(con.cpu), "--complete")
+    assert rc == 0 and out[0] == f"pid {con.pid} ({con.comm}) on cpu{con.cpu}:"
+    ours = out[1:next(i for i, ln in enumerate(out) if ln.startswith("-- stop"))]
+    expected = _after_panic(con.trace)
+    assert len(expected) >= 5
+    assert _after_panic(ours) == expected
+
+
+@pytest.mark.parametrize("value,first", [(1, 1), (-1, 0)], ids=["panic_cpu=1", "PANIC_CPU_INVALID"])
+def test_the_cpu_panic_cpu_names_leads(value: int, first: int, monkeypatch, capsys) -> None:
+    """The order comes from the kernel's panic_cpu (kernel/panic.c), not from the CPU numbers: on the arm64 kdump
+    (cpu0 panicked) the word set to 1 puts cpu1 first; PANIC_CPU_INVALID (no panic, as in QEMU's dumps) leaves
+    CPU order."""
+    from unwind.kernel.model import Kernel
+
+    vmcore = next(v for v in KDUMPS if v.parts[-4] == "arm64")
+    real = Kernel.read
+
+    def read(self: Kernel, addr: int, size: int) -> bytes:
+        if size == 4 and addr == self.symbol("panic_cpu"):
+            return value.to_bytes(4, "little", signed=True)
+        return real(self, addr, size)
+
+    monkeypatch.setattr(Kernel, "read", read)
+    rc, out = _run(capsys, "replay", str(vmcore), "--vmlinux", _slim(vmcore))
+    heads = [ln for ln in out if re.match(r"pid \d+ \(.*\) on cpu\d+:$", ln)]
+    assert [h.rsplit("cpu", 1)[1] for h in heads] == [f"{first}:", f"{1 - first}:"]

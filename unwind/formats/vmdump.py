@@ -211,18 +211,25 @@ class VmcoreDump:
 
     def _holes(self, snap: Memory, ranges: list[tuple[int, int]]) -> list[tuple[int, int, type[MemoryFault]]]:
         """The parts of ``ranges`` the snapshot lacks, each with the fault the vmcore gives there
-        (a page makedumpfile excluded, a page the page tables do not map)."""
+        (a page makedumpfile excluded, a page the page tables do not map, a page past the end of a cut file),
+        page by page: one hole may span pages that fault for different reasons."""
         out: list[tuple[int, int, type[MemoryFault]]] = []
+        step = 1 << getattr(self.memory, "page_shift", 12)
         for lo, hi in ranges:
             pos = lo
             for start, end in snap.captured(lo, hi) + [(hi, hi)]:
-                if pos < start:
+                while pos < start:
+                    stop = min(start, (pos // step + 1) * step)
                     try:
                         self.memory.read(pos, 1)
                         fault: type[MemoryFault] = MemoryFault
                     except MemoryFault as e:
                         fault = type(e)
-                    out.append((pos, start, fault))
+                    if out and out[-1][1] == pos and out[-1][2] is fault:
+                        out[-1] = (out[-1][0], stop, fault)
+                    else:
+                        out.append((pos, stop, fault))
+                    pos = stop
                 pos = max(pos, end)
         return out
 
@@ -342,7 +349,8 @@ class VmcoreDump:
 
     # -- tasks ---------------------------------------------------------------
     def tasks(self) -> list[Task]:
-        """Every task in the kernel, running ones first in CPU order."""
+        """Every task in the kernel, running ones first: the CPU that panicked, then the others in CPU
+        order (crash's ``bt`` also starts from the panic task)."""
         if self._tasks is None:
             k = self.kernel
             regs = {c.cpu: c for c in self.cpus}
@@ -350,9 +358,22 @@ class VmcoreDump:
             unknown = set(regs) - {t.running_on for t in self._ktasks}  # CPUs whose current was not read
             out = [self._task(k, t, regs, stacks, unknown) for t in self._ktasks]
             out += [_lost_task(t) for t in self._lost]
-            out.sort(key=lambda t: (t.cpu is None, t.cpu if t.cpu is not None else 0))
+            first = self._panic_cpu(k)
+            out.sort(key=lambda t: (t.cpu is None, t.cpu != first, t.cpu if t.cpu is not None else 0))
             self._tasks = out
         return self._tasks
+
+    # panic() (kernel/panic.c) claims panic_cpu with atomic_try_cmpxchg(&panic_cpu, PANIC_CPU_INVALID, this_cpu)
+    def _panic_cpu(self, k: Kernel) -> int | None:
+        """The CPU that called ``panic()``, when ``panic_cpu`` names one that saved registers."""
+        addr = k.symbol("panic_cpu")
+        if addr is None:
+            return None
+        try:
+            cpu = int.from_bytes(k.read(addr, 4), "little", signed=True)
+        except MemoryFault:
+            return None
+        return cpu if any(c.cpu == cpu for c in self.cpus) else None
 
     def _percpu_stacks(self, k: Kernel, cpu: int) -> list[StackInfo]:
         try:

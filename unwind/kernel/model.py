@@ -501,7 +501,9 @@ class Kernel:
         running: dict[int, int] = {}
         idle: list[int] = []
         unread: list[int] = []
-        for cpu in sorted(set(self.online_cpus()) | set(cpus)):
+        # a CPU the crash IPI stopped has left __cpu_online_mask (arm64 and riscv ipi_cpu_crash_stop() call
+        # set_cpu_online(cpu, false) after crash_save_cpu()), yet its registers and its current are in the dump
+        for cpu in sorted(set(self.online_cpus()) | set(cpus) | set(current or {})):
             try:
                 curr = (current or {}).get(cpu) or self.rq_task(cpu, "curr")
                 running.setdefault(curr, cpu)

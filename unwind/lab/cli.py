@@ -207,6 +207,38 @@ def cmd_drgn_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lab_kdump(args: argparse.Namespace) -> int:
+    """Crash a guest whose kexec'd crash kernel saves /proc/vmcore (see ``unwind lab kdump -h``)."""
+    from .kdump import KdumpOptions, run_kdump
+
+    try:
+        opts = KdumpOptions(mem=parse_mem(args.mem), smp=args.smp, crashkernel=parse_mem(args.crashkernel),
+                            kaslr=not args.nokaslr, timeout=args.timeout)
+        for p in run_kdump(find_kernel(canonical_arch(args.arch), args.release), Path(args.output), opts,
+                           args.index):
+            print(p)
+    except (*LAB_ERRORS, subprocess.CalledProcessError) as e:
+        return _fail(str(e).splitlines()[0])
+    return 0
+
+
+def cmd_lab_kdump_slice(args: argparse.Namespace) -> int:
+    """Cut a true kdump to the pages the project and drgn read, for the corpus."""
+    from .vmcores import VmcoreToolError, kdump_slice
+
+    elf = Path(args.vmcore)
+    console = elf.with_name(elf.name.split(".")[0] + ".console.txt")
+    try:
+        if not console.exists():
+            raise LabError(f"no {console.name} beside {elf.name}")
+        for p in kdump_slice(elf, console, Path(args.vmlinux), Path(args.slim), canonical_arch(args.arch),
+                             Path(args.output)):
+            print(p)
+    except (*LAB_ERRORS, VmcoreToolError) as e:
+        return _fail(str(e).splitlines()[0])
+    return 0
+
+
 def _osrelease(vmcoreinfo: str) -> str:
     for line in vmcoreinfo.splitlines():
         if line.startswith("OSRELEASE="):
@@ -272,6 +304,31 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--system-map", required=True)
     rp.add_argument("dumps", nargs="+")
     rp.set_defaults(func=cmd_reparse)
+    kd = lsub.add_parser("kdump", help="a true kdump: panic a guest, its kexec'd crash kernel saves /proc/vmcore",
+                         description="Boot the fetched kernel with crashkernel= and KASLR as built; /init loads "
+                         "the same kernel with Debian's kexec -p and crashes with sysrq c; the capture kernel "
+                         "copies /proc/vmcore to a virtio disk. Writes kdump-NNN.elf, kdump-NNN.console.txt "
+                         "(the panicking kernel's console from the sysrq line on) and the full console.")
+    kd.add_argument("--arch", required=True)
+    kd.add_argument("--release", help="which fetched kernel (default: the newest version fetched)")
+    kd.add_argument("--mem", default="1G", help="guest memory (default 1G)")
+    kd.add_argument("--smp", type=int, default=2)
+    kd.add_argument("--crashkernel", default="256M", help="memory reserved for the crash kernel (default 256M)")
+    kd.add_argument("--nokaslr", action="store_true", help="boot the panicking kernel with nokaslr")
+    kd.add_argument("--index", type=int, default=0, help="number the files kdump-NNN (default 0)")
+    kd.add_argument("--timeout", type=float, default=1800.0, help="seconds until the guest must power off")
+    kd.add_argument("-o", "--output", required=True, help="folder for the vmcore and the console")
+    kd.set_defaults(func=cmd_lab_kdump)
+    ks = lsub.add_parser("kdump-slice", help="cut a true kdump to what unwind and drgn read, for the corpus",
+                         description="Write VMCORE's slice (xz; the pages ps and replay --all read with either "
+                         "image, the page tables behind every page they translate, and what drgn reads), its "
+                         "console and drgn's task oracle to OUTPUT.")
+    ks.add_argument("--arch", required=True)
+    ks.add_argument("--vmlinux", required=True, help="the debug vmlinux")
+    ks.add_argument("--slim", required=True, help="the committed slim image")
+    ks.add_argument("-o", "--output", required=True, help="the corpus folder (corpora/ARCH/RELEASE/vmcore)")
+    ks.add_argument("vmcore", help="kdump-NNN.elf, with kdump-NNN.console.txt beside it")
+    ks.set_defaults(func=cmd_lab_kdump_slice)
     st = lsub.add_parser("stop", help="quit the guest")
     st.add_argument("--arch", required=True)
     st.set_defaults(func=cmd_lab_stop)

@@ -73,9 +73,10 @@ def _module_members(debs: list[Path]) -> dict[str, tuple[Path, str]]:
     return found
 
 
-def fetch_modules(k: Kernel, names: tuple[str, ...] = LAB_MODULES) -> list[str]:
-    """Extract ``names`` and what they depend on from ``k``'s packages; returns the load order."""
-    dest = k.root / "modules"
+def fetch_modules(k: Kernel, names: tuple[str, ...] = LAB_MODULES, folder: str = "modules") -> list[str]:
+    """Extract ``names`` and what they depend on from ``k``'s packages into ``<kernel>/<folder>/``;
+    returns the load order."""
+    dest = k.root / folder
     order_file = dest / "order"
     if order_file.exists() and set(names) <= set(order_file.read_text().split()):
         return order_file.read_text().split()

@@ -226,7 +226,8 @@ def pages_read_by_unwind(vmcore: Path, vmlinux: Path) -> set[int]:
     """Page frame numbers the project reads from ``vmcore`` to list its tasks and replay them all.
 
     Runs ``unwind ps`` and ``unwind replay --all`` (plain, and ``--reliable --complete --json``)
-    in this process with :meth:`PhysicalMemory.read_phys` wrapped to record each page it reads.
+    in this process with ``read_phys`` of :class:`PhysicalMemory` (and of each reader that overrides
+    it) wrapped to record each page it reads.
     """
     import contextlib
     import io
@@ -235,23 +236,112 @@ def pages_read_by_unwind(vmcore: Path, vmlinux: Path) -> set[int]:
     from unwind.formats.vmcore.physmem import PhysicalMemory
 
     pages: set[int] = set()
-    orig = PhysicalMemory.read_phys
 
-    def recording(self, paddr: int, size: int) -> bytes:
-        if size > 0:
-            pages.update(range(paddr >> 12, ((paddr + size - 1) >> 12) + 1))
-        return orig(self, paddr, size)
+    def recording(orig):
+        def read_phys(self, paddr: int, size: int) -> bytes:
+            if size > 0:
+                pages.update(range(paddr >> 12, ((paddr + size - 1) >> 12) + 1))
+            return orig(self, paddr, size)
+        return read_phys
 
+    # every reader class that defines its own read_phys (the ELF reader reads big extents at once)
+    classes, todo = [], [PhysicalMemory]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if "read_phys" in cls.__dict__:
+            classes.append((cls, cls.__dict__["read_phys"]))
     common = [str(vmcore), "--vmlinux", str(vmlinux)]
-    PhysicalMemory.read_phys = recording
+    for cls, orig in classes:
+        cls.read_phys = recording(orig)
     try:
         for args in (["ps", *common], ["replay", *common, "--all"],
                      ["replay", *common, "--all", "--reliable", "--complete", "--json"]):
             with contextlib.redirect_stdout(io.StringIO()):
                 main(args)
     finally:
-        PhysicalMemory.read_phys = orig
+        for cls, orig in classes:
+            cls.read_phys = orig
     return pages
+
+
+def pages_walked_by_unwind(vmcore: Path, vmlinux: Path) -> set[int]:
+    """Page frame numbers of the page tables behind every page a full replay reads.
+
+    A replay translates most addresses by a shortcut (kernel image, linear map); the translation
+    cross-check (``tests/vmcore/test_corpus_translation.py``) walks the page tables for each of
+    them as well. This runs ``ps`` and ``replay --all`` (plain, and ``--reliable --complete --json``)
+    recording each page :class:`VirtualMemory` translates, then walks every one with the
+    shortcuts off, recording the table pages read.
+    """
+    import contextlib
+    import copy
+    import io
+
+    from unwind.cli.main import main
+    from unwind.core.memory import MemoryFault
+    from unwind.formats.vmcore.virtual import VirtualMemory
+
+    seen: dict[int, tuple[object, set[int]]] = {}
+    page_phys = VirtualMemory.page_phys
+
+    def recording(self: VirtualMemory, vaddr: int) -> int:
+        seen.setdefault(id(self.translator), (self.translator, set()))[1].add(vaddr >> self.page_shift)
+        return page_phys(self, vaddr)
+
+    common = [str(vmcore), "--vmlinux", str(vmlinux)]
+    VirtualMemory.page_phys = recording
+    try:
+        for args in (["ps", *common], ["replay", *common, "--all"],
+                     ["replay", *common, "--all", "--reliable", "--complete", "--json"]):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                main(args)
+    finally:
+        VirtualMemory.page_phys = page_phys
+    tables: set[int] = set()
+    for tr, vpages in seen.values():
+        walk = copy.copy(tr)
+        walk.linear = ()
+        phys = tr.phys
+
+        class Recording:
+            def read_phys(self, paddr: int, size: int) -> bytes:
+                tables.update(range(paddr >> 12, ((paddr + max(size, 1) - 1) >> 12) + 1))
+                return phys.read_phys(paddr, size)
+
+        walk.phys = Recording()
+        for vpage in vpages:
+            with contextlib.suppress(MemoryFault):
+                walk.translate(vpage << tr.page_shift)
+    return tables
+
+
+def kdump_slice(elf: Path, console: Path, vmlinux: Path, slim: Path, arch: str, dest: Path) -> list[Path]:
+    """Commit-sized files of a true kdump in ``dest``: the slice of ``/proc/vmcore`` (xz) holding what
+    the project reads with either image, the page tables behind it (:func:`pages_walked_by_unwind`)
+    and what drgn reads; the panicking kernel's console; drgn's task oracle of the full file (xz JSON)."""
+    import lzma
+
+    dest.mkdir(parents=True, exist_ok=True)
+    stem = _stem(elf)
+    pages = pages_read_by_unwind(elf, vmlinux) | pages_read_by_unwind(elf, slim)
+    pages |= pages_walked_by_unwind(elf, slim)
+    drgn_json = dest / f".{stem}.drgn-tasks.json"
+    if arch in DRGN_ARCHES:
+        pages |= pages_read_by_drgn(elf.resolve(), vmlinux, arch=arch, json_out=drgn_json)
+    sliced = dest / f"{stem}.elf"
+    slice_elf(elf, sliced, pages)
+    out = [dest / f"{stem}.elf.xz", dest / console.name]
+    with open(sliced, "rb") as f, lzma.open(out[0], "wb", preset=9) as xz:
+        shutil.copyfileobj(f, xz)
+    sliced.unlink()
+    shutil.copyfile(console, out[1])
+    if drgn_json.exists():
+        out.append(dest / f"{stem}.drgn-tasks.json.xz")
+        with lzma.open(out[-1], "wt", preset=9) as xz:
+            xz.write(drgn_json.read_text())
+        drgn_json.unlink()
+    return out
 
 
 _PREAD = re.compile(r"pread64\((\d+), .*, (\d+), (\d+)\)\s+=\s+(\d+)$")

@@ -1,0 +1,78 @@
+"""``unwind lab kdump`` helpers that need no QEMU: the console cut, the vmcore's length on the disk, the disk's
+transport, and the kexec library closure's refusal of a library it cannot place."""
+
+from __future__ import annotations
+
+import lzma
+from pathlib import Path
+
+import pytest
+
+from unwind.lab.boot import LabError
+from unwind.lab.fetch import FetchError, Kernel
+from unwind.lab.kdump import disk_transport, elf_size, kexec_tree, panic_console
+
+CORPORA = Path(__file__).resolve().parents[2] / "corpora"
+KDUMPS = sorted(CORPORA.glob("*/*/vmcore/kdump-*.elf.xz"))
+
+FULL = """[    9.0] Run /init as init process
+kexec_crash_loaded: 1
+CRASHING NOW
+[   90.1] sysrq: Trigger a crash
+[   90.2] Kernel panic - not syncing: sysrq triggered crash
+[   90.3] Call trace:
+[   90.4]  panic+0x160/0x378
+[   90.5] Bye!
+[    0.000000] Booting Linux on physical CPU 0x0000000000 [0x000f0510]
+[    0.000000] Linux version 6.12.117+deb13-arm64
+"""
+
+
+def test_the_console_kept_is_the_panicking_kernels_from_the_sysrq_line_on() -> None:
+    kept = panic_console(FULL).splitlines()
+    assert kept[0] == "[   90.1] sysrq: Trigger a crash" and kept[-1] == "[   90.5] Bye!"
+    riscv = FULL.replace("[    0.000000] Booting Linux on physical CPU 0x0000000000 [0x000f0510]\n", "")
+    assert panic_console(riscv).splitlines()[-1] == "[   90.5] Bye!"  # riscv's first line is "Linux version"
+
+
+def test_a_console_without_the_crash_is_refused() -> None:
+    with pytest.raises(LabError, match="no 'sysrq: Trigger a crash'"):
+        panic_console("[    9.0] Run /init as init process\n")
+
+
+@pytest.mark.parametrize("vmcore", KDUMPS, ids=lambda p: p.parts[-4])
+def test_the_vmcore_ends_where_its_elf_headers_say_not_where_the_disk_does(vmcore: Path, tmp_path: Path) -> None:
+    """The capture kernel writes /proc/vmcore to the start of a larger disk: the file is cut at its last segment."""
+    data = lzma.decompress(vmcore.read_bytes())
+    disk = tmp_path / "disk.raw"
+    disk.write_bytes(data + b"\0" * 65536)
+    assert elf_size(disk) == len(data)
+
+
+def _kernel(tmp_path: Path, arch: str, config: str) -> Kernel:
+    (tmp_path / "config").write_text(config)
+    return Kernel(arch, "6.12.117+deb13-test", tmp_path)
+
+
+def test_the_disk_uses_the_transport_the_kernel_has_built_in(tmp_path: Path) -> None:
+    assert disk_transport(_kernel(tmp_path, "arm64", "CONFIG_VIRTIO_BLK=m\nCONFIG_VIRTIO_PCI=y\n"
+                                  "CONFIG_VIRTIO_MMIO=m\n")) == ("virtio-blk-pci", ("virtio_blk",))
+    assert disk_transport(_kernel(tmp_path, "riscv", "CONFIG_VIRTIO_BLK=m\nCONFIG_VIRTIO_MMIO=m\n")) == \
+        ("virtio-blk-device", ("virtio_blk", "virtio_mmio"))
+    with pytest.raises(LabError, match="neither virtio PCI nor virtio MMIO"):
+        disk_transport(_kernel(tmp_path, "x86_64", "CONFIG_VIRTIO_BLK=y\n"))
+
+
+def test_kexec_needing_a_library_of_no_known_package_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """The closure fetches only what DT_NEEDED names; a name it cannot place is one line, not a guess."""
+    import unwind.lab.kdump as kdump
+
+    root = tmp_path / "tools" / "kexec-arm64" / "usr" / "sbin"
+    root.mkdir(parents=True)
+    (root / "kexec").write_bytes(b"")
+    monkeypatch.setattr(kdump, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(kdump, "ensure_apt_source", lambda suite, arch: None)
+    monkeypatch.setattr(kdump, "_interp", lambda path: "/lib/ld-linux-aarch64.so.1")
+    monkeypatch.setattr(kdump, "_needed", lambda path: ["libnowhere.so.9"])
+    with pytest.raises(FetchError, match="kexec needs libnowhere.so.9: no Debian package"):
+        kexec_tree("arm64")
