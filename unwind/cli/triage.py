@@ -47,6 +47,10 @@ DEFAULT_DEPTH = 6
 CHUNK = 8
 
 _ELF_CORE = 4
+#: names a skip table keeps the answer of at most
+_ASKED_MAX = 1 << 16
+#: ``Flag.UNRELIABLE`` as an int (a frame's flags are tested as ints in the per-frame loop)
+_UNRELIABLE = Flag.UNRELIABLE.value
 
 
 # --- signatures --------------------------------------------------------------------------------
@@ -56,6 +60,8 @@ class SkipTable:
     """Per-arch fnmatch patterns of the plumbing a signature starts after."""
 
     patterns: dict[str, tuple[str, ...]]
+    #: each (arch, name) asked so far, and the answer (a fleet's traces repeat the same few hundred names)
+    _asked: dict[tuple[str, str], bool] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "SkipTable":
@@ -76,7 +82,13 @@ class SkipTable:
 
     def skips(self, arch: str, name: str) -> bool:
         """True when ``name`` is plumbing on ``arch``."""
-        return any(fnmatch.fnmatchcase(name, p) for p in self.for_arch(arch))
+        key = (arch, name)
+        hit = self._asked.get(key)
+        if hit is None:
+            if len(self._asked) >= _ASKED_MAX:
+                self._asked.clear()
+            hit = self._asked[key] = any(fnmatch.fnmatchcase(name, p) for p in self.for_arch(arch))
+        return hit
 
 
 def function_name(printed: str) -> str:
@@ -221,7 +233,7 @@ def triage_dump(path: str, depth: int = DEFAULT_DEPTH, complete: bool = False,
         local: dict[tuple[str, str, tuple[str, ...]], Bucket] = {}
         for task in tasks:
             r = session.replay(task, options)
-            printed = [f.symbol or hex(f.pc) for f in r.frames if not f.flags & Flag.UNRELIABLE]
+            printed = [f.symbol or hex(f.pc) for f in r.frames if not f.flags._value_ & _UNRELIABLE]
             names = [function_name(p) for p in printed]
             kind = "running" if task.running else "blocked"
             state = "R" if task.running else (task.state or "?")

@@ -184,7 +184,8 @@ class ArchBackend(ABC):
         return None
 
     def symbolize(self, frame: "Frame", target: "Target") -> str:
-        """The symbol text the kernel would print for this frame (``%pS`` by default)."""
+        """The symbol text the kernel would print for this frame (``%pS`` by default): a function of the
+        frame's ``pc`` and ``source`` and of ``target.symbols`` alone (a session keeps each answer)."""
         if target.symbols is None:
             return hex(frame.pc)
         return target.symbols.format(frame.pc)

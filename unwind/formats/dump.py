@@ -363,16 +363,16 @@ class Dump:
     def _cpus(self, prstatus: list[bytes]) -> list[CpuState]:
         names = self.backend.prstatus_regs
         layout = elfcore.elf_prstatus(len(names))
+        reg_offset, reg_format = elfcore.prstatus_regs_format(len(names))
         cpu_meta = {c["cpu"]: c for c in self.note["cpus"]}
         cpus = []
         for i, raw in enumerate(prstatus):
             if len(raw) < layout.sizeof():
                 raise DumpError(f"{self.path}: NT_PRSTATUS {i} is {len(raw)} bytes, expected {layout.sizeof()}")
-            pr = layout.parse(raw)
             cm = cpu_meta.get(i, {})
             normalised = cm.get("normalised")
             cpus.append(CpuState(
-                cpu=i, regs=dict(zip(names, pr.pr_reg)), pid=cm.get("pid"), mode=cm.get("mode", "kernel"),
+                cpu=i, regs=dict(zip(names, reg_format.unpack_from(raw, reg_offset))), pid=cm.get("pid"), mode=cm.get("mode", "kernel"),
                 sysregs=dict(cm["sysregs"]) if cm.get("sysregs") else None,
                 normalised=normalised if isinstance(normalised, str) else None))
         return cpus

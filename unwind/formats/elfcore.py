@@ -9,6 +9,8 @@ section of any ELF file pyelftools opened, bounded by that file.
 
 from __future__ import annotations
 
+import struct
+
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -131,6 +133,18 @@ def elf_prstatus(nregs: int) -> Struct:
         "pr_fpvalid" / Int32ul,
         Padding(4),
     )
+
+
+@lru_cache(maxsize=None)
+def prstatus_regs_format(nregs: int) -> tuple[int, struct.Struct]:
+    """Where ``pr_reg`` sits in :func:`elf_prstatus` (the size of the members before it) and its ``struct``
+    format: a dump's CPUs are read from there without parsing the rest of each note."""
+    offset = 0
+    for sub in elf_prstatus(nregs).subcons:
+        if sub.name == "pr_reg":
+            return offset, struct.Struct(f"<{nregs}Q")
+        offset += sub.sizeof()
+    raise AssertionError("elf_prstatus has no pr_reg")
 
 
 def note(name: str, ntype: int, desc: bytes) -> bytes:

@@ -590,8 +590,7 @@ class BatchReplay(Sequence["Replay"]):
         target = session.target(task, job.options)
         frames = frames_all[offsets[lane]:offsets[lane + 1]]
         if self._symbolize:
-            for frame in frames:
-                frame.symbol = session.backend.symbolize(frame, target)
+            session.symbolize(frames, target)
         reason, detail = rec.stop_kinds[walked.stop_codes()[lane]]
         constants = rec.constants[self._job_index]
         # the detail formatted when read, as the scalar walk's stops are

@@ -37,6 +37,8 @@ class ReplayError(Exception):
 
 #: tasks a session keeps the memory and frame limit of (a vmcore task's memory holds its stacks' bytes)
 _MAX_TASKS = 1 << 12
+#: (pc, source) texts a session keeps of its symbolised frames before it starts again
+_MAX_NAMES = 1 << 16
 #: :class:`Options` fields every backend acts on
 COMMON_OPTIONS = frozenset({"complete", "record", "generation"})
 
@@ -103,6 +105,8 @@ class Session:
         self._walks: dict[tuple[object, ...], _Walk] = {}
         #: per task's stacks list (by id; the list is kept alive with them): what every walk of the task reads
         self._per_task: dict[int, _PerTask] = {}
+        #: the symbol table :meth:`symbolize` last named frames over, and its texts by (pc, source value)
+        self._names: tuple[object, dict[tuple[int, str], str]] = (None, {})
 
     @property
     def callsites(self) -> CallSiteChecker:
@@ -332,11 +336,27 @@ class Session:
         if reliable:
             verdict = stack_walk_reliable(self.backend.unwinder(target), lambda pc: True, max_frames)
         if symbolize:
-            for f in frames:
-                f.symbol = self.backend.symbolize(f, target)
+            self.symbolize(frames, target)
         self._callsites.annotate_frames(frames)
         return Replay(target, frames, stop, verdict, unwinder.basis())
 
+
+    def symbolize(self, frames: Sequence[Frame], target: Target) -> None:
+        """Set each frame's ``symbol`` to what the kernel prints (:meth:`ArchBackend.symbolize`). That text
+        depends on the frame's pc and source and the target's symbols only, so it is made once per
+        (pc, source) over one symbol table: the walks of a dump return to the same few hundred pcs."""
+        held, names = self._names
+        if held is not target.symbols:
+            held, names = self._names = (target.symbols, {})
+        name = self.backend.symbolize
+        for f in frames:
+            key = (f.pc, f.source._value_)
+            text = names.get(key)
+            if text is None:
+                if len(names) >= _MAX_NAMES:
+                    names.clear()
+                text = names[key] = name(f, target)
+            f.symbol = text
 
     def replay_all(self, options: Options | None = None, tasks: Sequence[Task] | None = None, *,
                    reliable: bool = False, max_frames: int | None = None, symbolize: bool = True,

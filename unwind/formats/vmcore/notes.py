@@ -10,20 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from construct import Bytes, ConstructError, Int32ul, Padding, Struct, this
-
 from unwind.formats import elfcore
+from unwind.formats.packed import packed
 
-#: one note: header, then name and descriptor each padded to 4 bytes
-Elf64_Note = Struct(
-    "n_namesz" / Int32ul,
-    "n_descsz" / Int32ul,
-    "n_type" / Int32ul,
-    "name" / Bytes(this.n_namesz),
-    Padding(-this.n_namesz % 4),
-    "desc" / Bytes(this.n_descsz),
-    Padding(-this.n_descsz % 4),
-)
+#: the note header (``Elf64_Nhdr``) as a ``struct`` format; the name and the descriptor follow it, each padded
+#: to 4 bytes
+_NHDR = packed(elfcore.Elf64_Nhdr)
 
 #: ``struct elf_prstatus`` up to ``pr_reg``: 112 bytes on LP64 (``include/linux/elfcore.h``)
 PRSTATUS_REG_OFFSET = 112
@@ -62,18 +54,19 @@ class PrStatus:
 def parse_notes(data: bytes) -> list[Note]:
     """Every note in a note segment, in order, up to an all-zero header or the end."""
     notes: list[Note] = []
-    pos = 0
-    while len(data) - pos >= elfcore.Elf64_Nhdr.sizeof():
-        head = elfcore.Elf64_Nhdr.parse(data[pos:pos + 12])
-        if head.n_namesz == 0 and head.n_descsz == 0 and head.n_type == 0:
+    pos, size = 0, len(data)
+    while size - pos >= _NHDR.size:
+        namesz, descsz, ntype = _NHDR.unpack_from(data, pos)
+        if namesz == 0 and descsz == 0 and ntype == 0:
             break  # /proc/vmcore pads each CPU's buffer with an empty note
-        try:
-            n = Elf64_Note.parse(data[pos:])
-        except ConstructError:
-            raise NoteError(f"note {len(notes)} at offset {pos:#x} runs past its segment") from None
-        name = n.name.split(b"\0", 1)[0].decode("ascii", "replace")
-        notes.append(Note(name, n.n_type, bytes(n.desc)))
-        pos += 12 + n.n_namesz + (-n.n_namesz % 4) + n.n_descsz + (-n.n_descsz % 4)
+        name_at = pos + _NHDR.size
+        desc_at = name_at + namesz + (-namesz % 4)
+        end = desc_at + descsz + (-descsz % 4)
+        if end > size:  # the name, the descriptor or their padding past the segment
+            raise NoteError(f"note {len(notes)} at offset {pos:#x} runs past its segment")
+        name = bytes(data[name_at:name_at + namesz]).split(b"\0", 1)[0].decode("ascii", "replace")
+        notes.append(Note(name, ntype, bytes(data[desc_at:desc_at + descsz])))
+        pos = end
     return notes
 
 
