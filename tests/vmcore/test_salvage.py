@@ -22,6 +22,7 @@ import pytest
 from unwind.core.memory import MemoryFault
 from unwind.core.walk import StopReason
 from unwind.formats.dump import DumpError
+from unwind.formats.image import Image
 from unwind.formats.vmcore import open_vmcore
 from unwind.session.replay import ReplayError, Session
 
@@ -76,6 +77,7 @@ def _uncut(vmcore: Path, fmt: str, tmp: Path) -> dict[tuple[int, str], tuple]:
     assert not isinstance(got, str), got
     tasks, warnings = got
     assert not any("truncated" in w for w in warnings)
+    assert not any("BTF from the image" in w for w in warnings)  # the dump's own BTF is read first
     return tasks
 
 
@@ -207,3 +209,28 @@ def test_a_riscv_vmcoreinfo_past_the_cut_is_rebuilt_as_the_kernel_wrote_it(tmp_p
     keys = dict(rebuilt.dump.vmcoreinfo)
     assert {"NUMBER(MODULES_VADDR)", "NUMBER(MODULES_END)", "NUMBER(va_kernel_pa_offset)"} <= set(keys)
     assert all(dict(note.dump.vmcoreinfo)[k] == v for k, v in keys.items()), keys
+
+
+@pytest.mark.parametrize("vmcore", VMCORES, ids=lambda p: f"{p.parts[-4]}-{p.name.split('.')[0]}")
+def test_a_vmcore_whose_btf_is_damaged_is_read_with_the_images(vmcore: Path, tmp_path_factory) -> None:
+    """The kernel's own BTF is read from the dump when it parses; with its header broken (two bytes of the
+    magic, found in the file by the image's ``.BTF`` bytes), the image's ``.BTF`` is used, the warning says so
+    once, and every task walks as in the intact file."""
+    btf = Image(_image(vmcore)).section(".BTF")
+    if btf is None:
+        pytest.skip(f"{_image(vmcore).name} carries no .BTF: nothing to fall back to")
+    tmp = tmp_path_factory.getbasetemp()
+    data = bytearray(_whole(vmcore, "elf", tmp))
+    at = data.find(btf[1][:256])
+    if at < 0:
+        pytest.skip("the kernel's BTF is not in this file (a slice without it)")
+    assert data[at:at + 2] == b"\x9f\xeb"  # BTF_MAGIC 0xeB9F, little-endian
+    data[at:at + 2] = b"\0\0"
+    path = tmp_path_factory.mktemp("btf") / f"{vmcore.stem}.btf-broken.elf"
+    path.write_bytes(bytes(data))
+    got = _replay(path, _image(vmcore))
+    assert not isinstance(got, str), got
+    tasks, warnings = got
+    said = [w for w in warnings if "BTF from the image" in w]
+    assert len(said) == 1 and str(_image(vmcore).name) in said[0] and "BTF" in said[0], warnings
+    assert tasks == _uncut(vmcore, "elf", tmp)

@@ -196,34 +196,94 @@ def _head(path: str, size: int) -> bytes:
         return f.read(size)
 
 
-def _a_vmcore_by_its_notes(path: str) -> bool:
-    """Is the file an ELF core whose notes are a kernel's (``NT_PRSTATUS`` or ``VMCOREINFO``), whole, without an
-    ``UNWIND`` note? Reads its headers and notes only; ``False`` when they do not settle it."""
+def _note_names(path: str) -> set[tuple[str, int]] | None:
+    """The (name, type) of every note of the ELF core at ``path``, from its headers and notes only (decompressed
+    as far as they go); ``None`` when they do not settle it (not a 64-bit little-endian ELF, headers or notes
+    past :data:`MAX_NOTES_END` or the file's end, a malformed note)."""
     ehdr = _head(path, elfcore.Elf64_Ehdr.sizeof())
     if len(ehdr) < elfcore.Elf64_Ehdr.sizeof() or ehdr[:4] != b"\x7fELF" or ehdr[4:6] != b"\x02\x01":
-        return False
+        return None
     elf = elfcore.file_header(ehdr)
     phnum, phoff = elf["e_phnum"], elf["e_phoff"]
     if elf["e_phentsize"] != elfcore.Elf64_Phdr.sizeof() or phoff + phnum * elf["e_phentsize"] > MAX_NOTES_END:
-        return False
+        return None
     head = _head(path, phoff + phnum * elf["e_phentsize"])
     if len(head) < phoff + phnum * elf["e_phentsize"]:
-        return False
+        return None
     notes = [(p["p_offset"], p["p_filesz"]) for p in elfcore.program_headers(head, phoff, phnum)
              if p["p_type"] == elfcore.PT_NOTE and p["p_filesz"]]
     end = max((o + n for o, n in notes), default=0)
-    if not notes or end > MAX_NOTES_END:
-        return False
+    if end > MAX_NOTES_END:
+        return None
     head = _head(path, end)
     if len(head) < end:
-        return False
+        return None
     try:
-        names = {(n.name, n.type) for o, sz in notes for n in parse_notes(head[o:o + sz])}
+        return {(n.name, n.type) for o, sz in notes for n in parse_notes(head[o:o + sz])}
     except ElfNoteError:
-        return False
+        return None
+
+
+def _a_vmcore_by_its_notes(names: set[tuple[str, int]]) -> bool:
+    """Are ``names`` a kernel's notes (``NT_PRSTATUS`` or ``VMCOREINFO``) without an ``UNWIND`` note?"""
     return (not any(name == elfcore.UNWIND_NOTE_NAME for name, _ in names)
             and any(name == elfcore.VMCOREINFO_NOTE_NAME or (name == "CORE" and t == elfcore.NT_PRSTATUS)
                     for name, t in names))
+
+
+def _head_refusal(path: str, names: set[tuple[str, int]] | None) -> DumpError | None:
+    """Why a file is no dump, told from its start alone (its ELF header, program headers and notes), so that it
+    is refused before it is read whole: a vmcore (:class:`NotADump`), an ELF core without the ``UNWIND`` note, an
+    ELF header the dump reader refuses. ``None`` when the start does not settle it."""
+    if names is not None:
+        if _a_vmcore_by_its_notes(names):
+            return NotADump(f"{path}: a vmcore without the UNWIND note (give it to Session.load or the "
+                            "commands, which read vmcores)")
+        if not any(name == elfcore.UNWIND_NOTE_NAME for name, _ in names):
+            return DumpError(f"{path}: missing the UNWIND note (not a dump written by unwind)")
+        return None
+    head = _head(path, elfcore.Elf64_Ehdr.sizeof())
+    if head[:4] != b"\x7fELF":
+        return None  # not an ELF file: the whole is small or compressed, and the dump reader says what it is
+    try:
+        _checked_elf_header(head, path, _uncompressed_size(path))
+    except DumpError as e:
+        return e
+    return None
+
+
+def _uncompressed_size(path: str) -> int | None:
+    """The size of an uncompressed file (``None`` for an xz or gzip one, whose size is not known unread)."""
+    with open(path, "rb") as f:
+        if f.read(len(_XZ_MAGIC)).startswith((_XZ_MAGIC, _GZIP_MAGIC)):
+            return None
+        return os.fstat(f.fileno()).st_size
+
+
+def _checked_elf_header(data: bytes, path: str, size: int | None) -> tuple[dict[str, int], registry.ArchBackend]:
+    """The ELF header's fields and the arch of its machine, checked before the program headers are read
+    (``size``: the file's, when known, for the program headers' end)."""
+    if data[:4] != b"\x7fELF":
+        raise DumpError(f"{path}: not an ELF file")
+    if len(data) < elfcore.Elf64_Ehdr.sizeof():
+        raise DumpError(f"{path}: truncated ELF header")
+    if data[4] != 2:
+        raise DumpError(f"{path}: not a 64-bit ELF (class {data[4]})")
+    if data[5] != 1:
+        raise DumpError(f"{path}: not little-endian")
+    elf = elfcore.file_header(data)
+    if elf["e_type"] != elfcore.ET_CORE:
+        raise DumpError(f"{path}: not an ELF core file (e_type {elf['e_type']})")
+    try:
+        backend = registry.for_e_machine(elf["e_machine"])
+    except registry.ArchError as e:
+        raise DumpError(f"{path}: unknown machine {elf['e_machine']}"
+                        + (f" ({e})" if registry.no_backend_found() else "")) from None
+    if elf["e_phentsize"] != elfcore.Elf64_Phdr.sizeof():
+        raise DumpError(f"{path}: e_phentsize is {elf['e_phentsize']}, not {elfcore.Elf64_Phdr.sizeof()}")
+    if size is not None and elf["e_phoff"] + elf["e_phnum"] * elf["e_phentsize"] > size:
+        raise DumpError(f"{path}: truncated: program headers past the end of the file")
+    return elf, backend
 
 
 def _decompress(raw: bytes, path: str) -> bytes:
@@ -264,14 +324,15 @@ class Dump:
     def open(cls, path: str | Path) -> "Dump":
         """Open a dump file (``.xz``/``.gz`` accepted).
 
-        A vmcore is told before the file is read whole (:class:`NotADump`): an ELF core whose notes are
-        a kernel's and hold no ``UNWIND`` note (its headers and notes read, decompressed as far as
-        they go), or an uncompressed file larger than any dump.
+        A file is refused before it is read whole when its start settles it (:func:`_head_refusal`): a
+        vmcore (:class:`NotADump`: an ELF core whose notes are a kernel's and hold no ``UNWIND`` note), an
+        ELF core without the ``UNWIND`` note, a broken ELF header; and an uncompressed file larger than
+        any dump.
         """
         try:
-            if _a_vmcore_by_its_notes(str(path)):
-                raise NotADump(f"{path}: a vmcore without the UNWIND note (give it to Session.load or the "
-                               "commands, which read vmcores)")
+            refused = _head_refusal(str(path), _note_names(str(path)))
+            if refused is not None:
+                raise refused
             size = os.stat(path).st_size
             with open(path, "rb") as f:
                 compressed = f.read(len(_XZ_MAGIC)).startswith((_XZ_MAGIC, _GZIP_MAGIC))
@@ -337,27 +398,8 @@ class Dump:
 
     def _elf_header(self, data: bytes) -> dict[str, int]:
         """The ELF header's fields, checked before the program headers are read."""
-        if data[:4] != b"\x7fELF":
-            raise DumpError(f"{self.path}: not an ELF file")
-        if len(data) < elfcore.Elf64_Ehdr.sizeof():
-            raise DumpError(f"{self.path}: truncated ELF header")
-        if data[4] != 2:
-            raise DumpError(f"{self.path}: not a 64-bit ELF (class {data[4]})")
-        if data[5] != 1:
-            raise DumpError(f"{self.path}: not little-endian")
-        elf = elfcore.file_header(data)
-        if elf["e_type"] != elfcore.ET_CORE:
-            raise DumpError(f"{self.path}: not an ELF core file (e_type {elf['e_type']})")
-        try:
-            self.backend = registry.for_e_machine(elf["e_machine"])
-        except registry.ArchError as e:
-            raise DumpError(f"{self.path}: unknown machine {elf['e_machine']}"
-                            + (f" ({e})" if registry.no_backend_found() else "")) from None
+        elf, self.backend = _checked_elf_header(data, self.path, len(data))
         self.arch = self.backend.name
-        if elf["e_phentsize"] != elfcore.Elf64_Phdr.sizeof():
-            raise DumpError(f"{self.path}: e_phentsize is {elf['e_phentsize']}, not {elfcore.Elf64_Phdr.sizeof()}")
-        if elf["e_phoff"] + elf["e_phnum"] * elf["e_phentsize"] > len(data):
-            raise DumpError(f"{self.path}: truncated: program headers past the end of the file")
         return elf
 
     def _cpus(self, prstatus: list[bytes]) -> list[CpuState]:

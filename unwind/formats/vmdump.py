@@ -169,7 +169,7 @@ class VmcoreDump:
     @classmethod
     def open(cls, vmcore: VmcoreFile, image: Image, symbols: SymbolTable) -> "VmcoreDump":
         """The kernel in ``vmcore`` read through ``image`` and its link-time ``symbols``: VMCOREINFO (from
-        memory when the file has none), the KASLR slide, BTF (the image's, else the kernel's own);
+        memory when the file has none), the KASLR slide, BTF (:func:`kernel_btf`);
         :attr:`image` and :attr:`symbols` are then the image as the kernel ran it."""
         text = vmcore.vmcoreinfo_text
         damage = vmcore.phys.damage  # said once; the walks that reach what is missing stop on it
@@ -181,7 +181,9 @@ class VmcoreDump:
         slide = kaslr_offset(info, symbols, vmcore.path)
         symbol = runtime_symbols(symbols, slide)
         memory = _virtual_memory(vmcore, info, symbol)
-        btf = image.btf if image.btf is not None else btf_from_memory(vmcore.path, memory, symbol)
+        btf, elsewhere = kernel_btf(vmcore.path, memory, symbol, image)
+        if elsewhere is not None:
+            warnings.append(elsewhere)
         return cls(vmcore.path, vmcore.backend, memory, [p.desc for p in vmcore.phys.prstatus], text, symbol, btf,
                    source=vmcore.phys.format, phys=vmcore.phys, warnings=warnings,
                    image=RelocatedImage(image, slide) if slide else image,
@@ -465,6 +467,18 @@ def _virtual_memory(vmcore: VmcoreFile, info: VmcoreInfo, symbol: Callable[[str]
     from .vmcore.virtual import VirtualMemory
 
     return VirtualMemory(vmcore.phys, vmcore.backend.translator(info, vmcore.phys, symbol))
+
+
+def kernel_btf(path: str, memory: Any, symbol: Callable[[str], int | None], image: Image) -> tuple[Btf, str | None]:
+    """The kernel's BTF: its own, in the dump, when it reads whole and parses; else the image's ``.BTF`` (a
+    dump cut short before it, a page of it left out) with the warning that says where it came from."""
+    try:
+        return btf_from_memory(path, memory, symbol), None
+    except DumpError as e:
+        if image.btf is None:
+            raise
+        why = str(e).removeprefix(f"{path}: ")
+        return image.btf, f"{path}: BTF from the image {image.path} ({why})"
 
 
 def btf_from_memory(path: str, memory: Any, symbol: Callable[[str], int | None]) -> Btf:
