@@ -61,7 +61,7 @@ def test_version_is_the_distributions(capsys):
 
 def test_debug_after_the_subcommand_shows_the_traceback(capsys):
     argv = ["replay", str(X86 / "stop-004-random.bin.xz"), "--task", "999999"]
-    assert main(argv) == 2 and "no task with pid 999999" in capsys.readouterr().err
+    assert main(argv) == 2 and "--task 999999 matched no task" in capsys.readouterr().err
     with pytest.raises(ReplayError):
         main([*argv, "--debug"])
     with pytest.raises(ReplayError):

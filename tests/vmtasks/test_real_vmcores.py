@@ -55,12 +55,12 @@ def test_every_task_replays_as_from_the_capture(arch: str, vmcore: Path) -> None
     img = _vmlinux(arch)
     vm = Session.load(vmcore, vmlinux=img)
     cap = Session.load(vmcore.with_name(vmcore.name.split(".")[0] + ".bin.xz"), vmlinux=img)
-    by_task = {t.extra["task"]: t for t in vm.dump.tasks()}
+    by_task = {t.task_struct: t for t in vm.dump.tasks()}
     checked = 0
     for t in cap.dump.tasks():
-        key = t.extra.get("task") or next(c["current"] for c in cap.dump.meta["cpus"] if c["cpu"] == t.cpu)
+        key = t.task_struct or int(next(c["current"] for c in cap.dump.meta["cpus"] if c["cpu"] == t.cpu), 16)
         u = by_task[key]
-        assert (u.pid, u.comm, u.cpu) == (t.pid, t.comm, t.cpu)
+        assert (u.pid, u.comm, u.running_cpu) == (t.pid, t.comm, t.running_cpu)
         r1, r2 = cap.replay(t, Options(), symbolize=False), vm.replay(u, Options(), symbolize=False)
         p1, p2 = [f.pc for f in r1.frames], [f.pc for f in r2.frames]
         if _normalised(cap, t.cpu):
@@ -108,8 +108,8 @@ def test_ps_lists_what_drgn_for_each_task_lists(oracle: Path) -> None:
     if not vmcore.exists():
         pytest.skip(f"no {vmcore}")
     s = Session.load(vmcore, vmlinux=_vmlinux(arch))
-    ours = {(t.pid, t.comm, t.extra["task"]) for t in s.dump.tasks()}
-    theirs = {(t["pid"], t["comm"], t["task"]) for t in rec["tasks"]}
+    ours = {(t.pid, t.comm, t.task_struct) for t in s.dump.tasks()}
+    theirs = {(t["pid"], t["comm"], int(t["task"], 16)) for t in rec["tasks"]}
     # drgn's for_each_task() walks init_task.tasks without init_task; crash's ps (and ours) also lists
     # each CPU's idle task (pid 0)
     assert {x for x in ours if x[0] != 0} == theirs
@@ -127,9 +127,9 @@ def test_convert_replays_identically(arch: str, vmcore: Path, tmp_path: Path) ->
     out = tmp_path / "small.bin.xz"
     convert(vm, tasks).write(out)
     small = Session(Dump.open(out), vm.image, vm.image.symbols)
-    back = {t.extra["task"]: t for t in small.dump.tasks()}
+    back = {t.task_struct: t for t in small.dump.tasks()}
     for t in tasks:
-        a, b = vm.replay(t), small.replay(back[t.extra["task"]])
+        a, b = vm.replay(t), small.replay(back[t.task_struct])
         assert [(f.pc, f.symbol) for f in a.frames] == [(f.pc, f.symbol) for f in b.frames]
         assert a.stop.reason == b.stop.reason and a.stop.detail == b.stop.detail
     assert out.stat().st_size < vmcore.stat().st_size // 100
@@ -183,7 +183,7 @@ def test_makedumpfile_files_replay_as_drgn_on_the_elf(vmcore: Path) -> None:
     recover fgraph/kretprobe returns: those tasks are left out)."""
     drgn = json.loads(vmcore.with_name(vmcore.name.split(".")[0] + ".drgn-tasks.json").read_text())
     s = Session.load(vmcore)  # the image by build-id ($UNWIND_CACHE kernels)
-    tasks = {int(str(t.extra["task"]), 0): t for t in s.dump.tasks()}
+    tasks = {t.task_struct: t for t in s.dump.tasks()}
     assert {int(t["task"], 16) for t in drgn["tasks"] if t["pid"]} <= set(tasks)
     checked = 0
     for t in drgn["tasks"]:

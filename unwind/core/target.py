@@ -52,6 +52,10 @@ class Task:
     ``context`` is the saved context of a blocked task. ``stacks`` are the
     stacks the kernel would let a walk of this task use: the task stack,
     plus the per-CPU stacks of its CPU when it was running there.
+
+    ``cpu`` is the CPU a running task runs on, else the CPU a blocked task last ran on
+    (``task_cpu()``); :attr:`running` says which. ``task_struct``, ``ppid``, ``tgid``,
+    ``kthread`` and a blocked task's ``cpu`` are ``None`` where the dump does not say.
     """
 
     pid: int | None
@@ -64,12 +68,26 @@ class Task:
     fgraph: list[FgraphEntry] = field(default_factory=list)
     kretprobes: list[KretprobeInstance] = field(default_factory=list)
     user_regs: dict[str, int] | None = None
+    #: what the dump says beyond these fields (``switches``, a capture's ``note``), by the note's keys
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the address of its ``task_struct``
+    task_struct: int | None = None
+    #: ``task->real_parent->tgid``, as ``ps`` and sysrq-t print it
+    ppid: int | None = None
+    #: ``task->tgid``: the pid of its thread group's leader
+    tgid: int | None = None
+    #: a kernel thread (``task->flags & PF_KTHREAD``)
+    kthread: bool | None = None
 
     @property
     def running(self) -> bool:
-        """True for the task that was running on a CPU when the dump was taken."""
+        """True for the task that was running on a CPU when the dump was taken (its ``cpu`` is that CPU)."""
         return self.regs is not None
+
+    @property
+    def running_cpu(self) -> int | None:
+        """The CPU the task runs on, ``None`` for a blocked task."""
+        return self.cpu if self.regs is not None else None
 
     def describe(self) -> str:
         """``pid 12 (sh) on cpu1`` style text."""

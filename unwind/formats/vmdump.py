@@ -304,7 +304,7 @@ class VmcoreDump:
             stacks = {cpu: self._percpu_stacks(k, cpu) for cpu in regs}
             unknown = set(regs) - {t.running_on for t in self._ktasks}  # CPUs whose current was not read
             out = [self._task(k, t, regs, stacks, unknown) for t in self._ktasks]
-            out.sort(key=lambda t: (t.cpu is None, t.cpu if t.cpu is not None else 0))
+            out.sort(key=lambda t: (not t.running, t.running_cpu or 0))
             self._tasks = out
         return self._tasks
 
@@ -324,7 +324,7 @@ class VmcoreDump:
 
     def _task(self, k: Kernel, t: KernelTask, cpus: dict[int, CpuState], percpu: dict[int, list[StackInfo]],
               unknown: set[int]) -> Task:
-        extra: dict[str, Any] = {"task": f"{t.addr:#x}", "switches": t.switches, "last_cpu": t.cpu}
+        extra: dict[str, Any] = {"switches": t.switches}
         cpu = t.running_on if t.running_on in cpus else None
         if t.running_on is not None and cpu is None:
             extra["note"] = f"current on cpu{t.running_on}, which saved no registers: its saved context is stale"
@@ -347,8 +347,9 @@ class VmcoreDump:
                 context = self.backend.kernel.blocked_context(k, t.addr, t.data)
             except BtfError as e:
                 extra["note"] = f"no saved context: {e}"
-        return Task(pid=t.pid, comm=t.comm, state=t.state, cpu=cpu, regs=regs, context=context, stacks=stacks,
-                    fgraph=k.fgraph(t), kretprobes=k.kretprobes(t), extra=extra)
+        return Task(pid=t.pid, comm=t.comm, state=t.state, cpu=t.cpu if cpu is None else cpu, regs=regs,
+                    context=context, stacks=stacks, fgraph=k.fgraph(t), kretprobes=k.kretprobes(t), extra=extra,
+                    task_struct=t.addr, ppid=t.ppid, tgid=t.tgid, kthread=t.kthread)
 
     def kernel_tasks(self) -> list[KernelTask]:
         """The tasks as ``ps`` lists them (``task_struct`` fields)."""
