@@ -115,6 +115,33 @@ def test_ps_lists_what_drgn_for_each_task_lists(oracle: Path) -> None:
     assert {x for x in ours if x[0] != 0} == theirs
 
 
+@pytest.mark.parametrize("arch,vmcore", [c for c in _cases() if c[1].name.endswith(".elf")],
+                         ids=lambda v: getattr(v, "name", v))
+def test_ps_json_gives_what_drgn_reads(arch: str, vmcore: Path, capsys) -> None:
+    """``ps --json``'s parent, thread group, kernel-thread flag, CPU, state and command against drgn's
+    reading of the same task_struct (``real_parent->tgid``, ``tgid``, ``PF_KTHREAD``, ``task_cpu()``)."""
+    pytest.importorskip("drgn")
+    from drgn.helpers.linux.pid import for_each_task
+    from drgn.helpers.linux.sched import task_cpu, task_state_to_char
+
+    from unwind.cli.main import main
+    from unwind.lab.translations import drgn_program
+
+    img = _vmlinux(arch)
+    prog = drgn_program(vmcore, img, arch)
+    pf_kthread = 0x00200000  # include/linux/sched.h: a macro, so not in the debug info drgn reads
+    theirs = {hex(t.value_()): {"pid": int(t.pid), "ppid": int(t.real_parent.tgid), "tgid": int(t.tgid),
+                                "kthread": bool(t.flags & pf_kthread), "cpu": int(task_cpu(t)),
+                                "state": task_state_to_char(t), "comm": t.comm.string_().decode(errors="replace")}
+              for t in for_each_task(prog)}
+    capsys.readouterr()
+    assert main(["ps", str(vmcore), "--vmlinux", str(img), "--json"]) == 0
+    ours = {o["task_struct"]: o for o in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert set(theirs) <= set(ours)
+    for addr, want in theirs.items():
+        assert {k: ours[addr][k] for k in want} == want, addr
+
+
 @pytest.mark.parametrize("arch,vmcore", [c for c in _cases() if c[1].name.endswith(".elf")][:3],
                          ids=lambda v: getattr(v, "name", v))
 def test_convert_replays_identically(arch: str, vmcore: Path, tmp_path: Path) -> None:

@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from .replay import Session
     from .result import Replay
 
-#: the state letters ``ps`` prints (``task_index_to_char()``)
-STATE_LETTERS = TASK_STATE_CHARS
+#: the state letters ``ps`` prints: ``task_index_to_char()``'s, and ``?`` for a state it cannot name or the
+#: dump does not give
+STATE_LETTERS = TASK_STATE_CHARS + "?"
 
 
 class FilterError(ValueError):
@@ -67,7 +68,8 @@ class TaskFilter:
 
     def task_values(self, task: Task) -> set[str]:
         """The values (:meth:`values`) ``task`` has without its walk."""
-        out = {f"--state {task.state}"} if task.state in self.states else set()
+        state = _state(task)
+        out = {f"--state {state}"} if state in self.states else set()
         if self.comm is not None and self.comm.search(task.comm):
             out.add(f"--comm {self.comm.pattern}")
         if task.pid in self.pids:
@@ -76,7 +78,7 @@ class TaskFilter:
 
     def matches_task(self, task: Task) -> bool:
         """Whether ``task`` has every property but ``function`` (which needs its frames)."""
-        return ((not self.states or task.state in self.states)
+        return ((not self.states or _state(task) in self.states)
                 and (self.comm is None or self.comm.search(task.comm) is not None)
                 and (not self.pids or task.pid in self.pids))
 
@@ -145,6 +147,11 @@ def _with_function(session: "Session", tasks: Sequence[Task], f: TaskFilter, opt
 def _any_with_function(session: "Session", tasks: Sequence[Task], f: TaskFilter, options: Options | None) -> bool:
     """Whether any of ``tasks`` has a frame in ``f.function`` (the filter's other values left them out)."""
     return any(_with_function(session, tasks, f, options))
+
+
+def _state(task: Task) -> str:
+    """The letter ``ps`` shows for the task's state."""
+    return task.state or "?"
 
 
 def _split(values: str | Iterable[object]) -> list[str]:
