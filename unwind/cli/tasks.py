@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from unwind.formats.dump import DumpWriter
-from unwind.session.replay import Session, load_session
+from unwind.session.replay import ReplayError, Session, load_session
 from unwind.core.target import Task
 
 
@@ -125,7 +125,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
         print(f"unwind: warning: {w}", file=sys.stderr)
     tasks = selected(session, args, f)
     w = convert(session, tasks)
-    w.write(args.output)
+    try:
+        w.write(args.output)
+    except OSError as e:
+        raise ReplayError(f"cannot write {args.output}: {e.strerror or e}") from None
     print(f"wrote {args.output}: {len(tasks)} task{'s' * (len(tasks) != 1)}", file=sys.stderr)
     return 0
 

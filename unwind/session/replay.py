@@ -167,8 +167,9 @@ class Session:
             raise ReplayError(f"{path}: no VMCOREINFO note, so no build-id to find the image by: give it with "
                               "--vmlinux (the kernel's own VMCOREINFO is then read from memory)")
         if image is None:
-            raise ReplayError(f"{path}: no image with build-id {vmcore.build_id} found: a vmcore's tasks need "
-                              "the kernel's symbols and BTF (use --vmlinux or $UNWIND_IMAGE_PATH)")
+            raise ReplayError(f"{path}: no image with build-id {vmcore.build_id} found (looked in "
+                              f"{', '.join(image_search_places(path, None))}): a vmcore's tasks need the kernel's "
+                              f"symbols and BTF (use --vmlinux or ${IMAGE_PATH_ENV})")
         if image.machine != vmcore.backend.elf_machine:
             raise ReplayError(f"{image.path} is {image.machine}, the vmcore is {vmcore.backend.elf_machine}")
         try:
