@@ -41,6 +41,7 @@ from unwind.core.target import Target
 from unwind.kernel.fgraph import ftrace_graph_ret_addr
 from unwind.kernel.kretprobe import kretprobe_find_ret_addr
 
+from .caller_regs import el1_pt_regs
 from .ptrauth import ptrauth_strip_kernel_insn_pac
 
 if TYPE_CHECKING:
@@ -294,7 +295,7 @@ class Completer:
             base = state.regs
         else:
             base = record_at - layout.stackframe
-            if not self._is_el1_pt_regs(base, frame):
+            if frame.fp is None or not el1_pt_regs(state.mem, layout, base, frame.pc, frame.fp):
                 return None
             if frame.provenance is not None:
                 frame.provenance.note(f"this record is the {{x29, ELR}} stackframe of an EL1 pt_regs at {base:#x} "
@@ -304,19 +305,6 @@ class Completer:
         except MemoryFault:
             return None
         return self._live_lr(frame, x30, base + layout.reg(30), "pt_regs.regs[30]")
-
-    def _is_el1_pt_regs(self, base: int, frame: Frame) -> bool:
-        """v6.12: is the record just read the ``{x29, ELR}`` stackframe of an EL1 ``pt_regs``?"""
-        layout = self.state.layout
-        mem = self.state.mem
-        try:
-            pc = mem.read_u64(base + layout.pc)
-            x29 = mem.read_u64(base + layout.reg(29))
-            pstate = mem.read_u64(base + layout.pstate)
-        except MemoryFault:
-            return False
-        el1 = (pstate & 0xC) == 0x4 and not pstate & 0x10
-        return el1 and pc == frame.pc and x29 == frame.fp
 
     def _live_lr(self, frame: Frame, x30: int, addr: int | None, origin: str) -> Frame | None:
         """The frame of ``x30`` when the proof holds (stripped and recovered as the kernel would)."""

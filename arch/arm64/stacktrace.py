@@ -246,6 +246,13 @@ class DumpConstants:
         return cls(gen, layout, pac_mask, pac_why, target.symbol_address("return_to_handler"), tramp, basis)
 
 
+def walk_constants(target: Target) -> tuple[DumpConstants, Generation, PtRegsLayout]:
+    """The dump's constants, and the generation and ``struct pt_regs`` the walk of ``target.task`` follows."""
+    consts = target.per_dump("arm64", DumpConstants.of)
+    gen = consts.generation or walk_generation(target)
+    return consts, gen, consts.layout or pt_regs_layout(target, gen)
+
+
 def walk_basis(gen: Generation, layout: PtRegsLayout) -> dict[str, str]:
     """The generation followed and the layouts read, and why (``--explain``, the JSON)."""
     return {"generation": gen.name, "generation_why": gen.why, "pt_regs": layout.describe()}
@@ -576,9 +583,8 @@ class Arm64Unwinder(Unwinder):
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.consts = consts = target.per_dump("arm64", DumpConstants.of)
-        self.generation = gen = consts.generation or walk_generation(target)
-        self.state = KunwindState(target, gen, consts.layout or pt_regs_layout(target, gen), consts)
+        self.consts, self.generation, layout = walk_constants(target)
+        self.state = KunwindState(target, self.generation, layout, self.consts)
         # read on every step: set here (an instance attribute reads faster than a class-level default)
         self.completer: Completer | None = None
         #: frames to report before the next step (complete mode; an empty tuple in a faithful walk)
@@ -694,7 +700,8 @@ class Arm64Unwinder(Unwinder):
         if cur is not self._stack_obj:
             self._stack_obj = cur
             self._stack_label = cur.kind
-        frame = Frame(state.pc, None, state.fp, source, self._stack_label, flags, state.prov)
+        frame = Frame(state.pc, None, state.fp, source, self._stack_label, flags, state.prov,
+                      pt_regs=state.regs if source is _SRC_REGS_PC else None)
         if state.prov is not None:
             stack = frame.stack
             state.prov.note(lambda: f"record at {record_at:#x} on the {stack} stack")

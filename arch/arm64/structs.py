@@ -28,7 +28,7 @@ from functools import lru_cache
 
 from construct import Array, Int32sl, Int32ul, Int64ul, Struct
 
-from unwind.kernel.layout import StructLayout, table_layout
+from unwind.kernel.layout import StructLayout, offsetof, table_layout
 
 # asm/stacktrace/frame.h
 FRAME_META_TYPE_NONE = 0
@@ -51,6 +51,11 @@ _user_pt_regs = (
     "pc" / Int64ul,
     "pstate" / Int64ul,
 )
+
+# arch/arm64/include/uapi/asm/ptrace.h: struct user_pt_regs, the head of every struct pt_regs
+user_pt_regs = Struct(*_user_pt_regs)
+#: where ``sp`` follows ``regs[31]``: its offset from ``regs``
+USER_PT_REGS_SP = offsetof(user_pt_regs, "sp") - offsetof(user_pt_regs, "regs")
 
 # v6.12 arch/arm64/include/asm/ptrace.h (little-endian)
 pt_regs_v6_12 = Struct(

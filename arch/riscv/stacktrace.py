@@ -583,7 +583,8 @@ class RiscvUnwinder(Unwinder):
                 self.live = (epc, self.mem.read_u64(regs + pt["ra"]), f"pt_regs->ra at {regs + pt['ra']:#x}")
             except MemoryFault:
                 self.live = None
-        return Frame(epc, self.sp, s0, Source.EXCEPTION_FRAME, self._kind(regs), self.beyond | _BOUNDARY, prov)
+        return Frame(epc, self.sp, s0, Source.EXCEPTION_FRAME, self._kind(regs), self.beyond | _BOUNDARY, prov,
+                     pt_regs=regs)
 
     # complete mode: the caller whose return address is only in ra (entry, frameless leaf, epilogue)
     def _next_live_ra(self) -> Frame | None:

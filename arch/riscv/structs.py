@@ -60,6 +60,9 @@ def member_names(struct: Struct) -> tuple[str, ...]:
 PT_REGS_MEMBERS = ("epc", "ra", "s0", "status")
 #: the table's ``struct pt_regs``
 PT_REGS_TABLE: StructLayout = table_layout("pt_regs", pt_regs, PT_REGS_MEMBERS, "6.1-7.2 table (288 bytes)")
+#: the members of ``struct pt_regs`` the exception return (``restore_all``) loads into registers
+RESTORED_MEMBERS = ("epc", *GPR_NAMES)
+RESTORED_TABLE: StructLayout = table_layout("pt_regs", pt_regs, RESTORED_MEMBERS, "6.1-7.2 table (288 bytes)")
 #: STACK_ALIGN (asm/processor.h): task_pt_regs() rounds sizeof(struct pt_regs) up to it
 STACK_ALIGN = 16
 

@@ -20,7 +20,7 @@ from unwind.dev.synth import SynthDump, SynthStack
 from unwind.core.target import Task
 from unwind.core.walk import StopReason
 
-from .structs import PT_SIZE, SR_SPP, STACKFRAME_SIZE, pt_regs
+from .structs import GPR_NAMES, PT_SIZE, SR_SPP, STACKFRAME_SIZE, pt_regs
 
 TEXT_BASE = 0xFFFFFFFF80000000
 THREAD_SIZE = 0x4000
@@ -108,6 +108,8 @@ class RiscvSynth:
             at += size
         self.addr["_etext"] = at
         self.code: dict[int, bytes] = {}
+        #: each ``struct pt_regs`` built, by address: its members' values
+        self.built_pt_regs: dict[int, dict[str, int]] = {}
         self.raw = b""
         self.sd.symbol_hints.update({k: hex(v) for k, v in self.addr.items()})
 
@@ -128,12 +130,12 @@ class RiscvSynth:
         """The ``struct stackframe {fp, ra}`` at ``fp - 16``."""
         stack.put(fp - STACKFRAME_SIZE, next_fp, ra)
 
-    @staticmethod
-    def pt_regs(stack: SynthStack, addr: int, **regs: int) -> None:
-        """A ``struct pt_regs`` at ``addr``; unnamed members are zero."""
+    def pt_regs(self, stack: SynthStack, addr: int, **regs: int) -> None:
+        """A ``struct pt_regs`` at ``addr``; unnamed members are zero (every member kept in :attr:`built_pt_regs`)."""
         values = {sub.name: 0 for sub in pt_regs.subcons}
         values.update(regs)
         stack.put_bytes(addr, pt_regs.build(values))
+        self.built_pt_regs[addr] = values
 
     def function_code(self, name: str, code: bytes) -> None:
         """Give ``name`` real instructions (padded with zeros to its symbol size)."""
@@ -352,7 +354,10 @@ def exception_on_syscall(leaf_code: bool = True) -> Scenario:
     leaf_sp = fp_e - 0x40
     p_k = leaf_sp - PT_SIZE
     epc, lost = s.at("__clear_user", 0xE), s.at("read_zero", 0x5E)  # at its sw: a store page fault
-    s.pt_regs(st, p_k, epc=epc, ra=lost, sp=leaf_sp, s0=fp_e, status=SR_SPP, cause=15, badaddr=0x2AAAAC0000)
+    # every other register distinct: a register read from the wrong slot shows
+    others = {name: 0x5A00 + 8 * i for i, name in enumerate(GPR_NAMES) if name not in ("ra", "sp", "s0")}
+    s.pt_regs(st, p_k, epc=epc, ra=lost, sp=leaf_sp, s0=fp_e, status=SR_SPP, cause=15, badaddr=0x2AAAAC0000,
+              **others)
     fp_f = p_k                                                   # do_page_fault
     s.record(st, fp_f, leaf_sp, s.at("handle_exception", 0x14A))
     fp_g = fp_f - 0x50                                           # handle_mm_fault, running

@@ -140,8 +140,8 @@ def _states(frames: list[Frame]) -> list[_State]:
     out = []
     for f in frames:
         extra = f.extra or {}
-        if f.source in (Source.ORC_REGS, Source.ORC_REGS_PARTIAL) and extra.get("regs") is not None:
-            out.append(_State(f, extra["regs"] + IRET_FRAME_OFFSET, extra["regs"], bool(extra.get("partial"))))
+        if f.source in (Source.ORC_REGS, Source.ORC_REGS_PARTIAL) and f.pt_regs is not None:
+            out.append(_State(f, f.pt_regs + IRET_FRAME_OFFSET, f.pt_regs, f.source is Source.ORC_REGS_PARTIAL))
         elif f.sp is not None:
             out.append(_State(f, f.sp - 8))
         if extra.get("user_regs") is not None:  # the walk's last state: user-mode regs, then done

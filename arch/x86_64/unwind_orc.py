@@ -631,8 +631,8 @@ class OrcUnwinder(Unwinder):
                                   f"sp {self.sp:#x}")
         if not self.stext <= self.ip < self.etext:
             self.check_text(self.ip)
-        frame = self.last = Frame(self.ip, self.sp, self.bp, source, stack, _FLAGS[flags], prov)
-        frame.extra = {"regs": regs.addr if regs is not None else None, "partial": not self.full_regs}
+        frame = self.last = Frame(self.ip, self.sp, self.bp, source, stack, _FLAGS[flags], prov,
+                                  pt_regs=regs.addr if regs is not None else None)
         return frame
 
     # unwind_orc.c:485-510, past orc_find(): modules, ftrace trampolines, the frame-pointer guess, the ends

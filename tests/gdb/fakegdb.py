@@ -26,12 +26,16 @@ class Type:
     """A register's type: 8 bytes."""
 
     name: str = "uint64"
+    sizeof: int = 8
 
 
 class Value:
     """gdb.Value of a register or a number."""
 
-    def __init__(self, value: int, type_: Type | None = None) -> None:
+    def __init__(self, value: int | bytes, type_: Type | None = None) -> None:
+        if isinstance(value, bytes):  # gdb.Value(buffer, type): the type's bytes
+            assert type_ is not None and len(value) == type_.sizeof
+            value = int.from_bytes(value, "little")
         self.value = int(value)
         self.type = type_ or Type("long")
 
@@ -116,8 +120,9 @@ class FakeGdb(types.ModuleType):
         self.invalidated = 0
         self.error, self.MemoryError, self.GdbError, self.Value = error, MemoryError, GdbError, Value
         self.COMMAND_STACK = self.COMMAND_FILES = self.PARAM_OPTIONAL_FILENAME = 0
-        self.events = types.SimpleNamespace(**{e: types.SimpleNamespace(connect=lambda f: None)
-                                               for e in ("cont", "new_objfile", "exited")})
+        self.handlers: dict[str, list[Callable[..., None]]] = {e: [] for e in ("cont", "new_objfile", "exited")}
+        self.events = types.SimpleNamespace(**{e: types.SimpleNamespace(connect=self.handlers[e].append)
+                                               for e in self.handlers})
         gdb = self
 
         class Parameter:
@@ -175,19 +180,31 @@ class FakeGdb(types.ModuleType):
         (self.stderr if stream == self.STDERR else self.written).append(text)
 
     # -- what gdb itself does --
-    def backtrace(self, cpu: int, pc: str, limit: int = 512) -> list[int]:
-        """gdb's unwinding of thread ``cpu + 1``: frame 0 from its registers, each caller from the saved
-        registers the unwinders hand back; ends where none claims a frame or the pc is not saved."""
+    def reset(self) -> None:
+        """The target ran (``gdb.events.cont``)."""
+        for handler in self.handlers["cont"]:
+            handler(None)
+
+    def backtrace(self, cpu: int, pc: str, limit: int = 512, inline: int = 0) -> list[int]:
+        """gdb's unwinding of thread ``cpu + 1``: the pc of each frame (:meth:`frames`)."""
+        return [regs[pc] for regs in self.frames(cpu, pc, limit, inline)]
+
+    def frames(self, cpu: int, pc: str, limit: int = 512, inline: int = 0) -> list[dict[str, int]]:
+        """gdb's unwinding of thread ``cpu + 1``: frame 0's registers, then the registers each caller was
+        handed (the saved registers of its callee's ``UnwindInfo``); ends where no unwinder claims a frame
+        or the pc is not saved. ``inline``: frame 0 is that many inline frames deep (gdb's inline
+        unwinder claims them; their levels come first)."""
         self.thread = self.threads[[t.num for t in self.threads].index(cpu + 1)]
         regs = dict(self.cpus[cpu])
-        pcs = [regs[pc]]
+        out = [regs]
         for level in range(limit):
-            info = next((i for u in self.unwinders if (i := u(PendingFrame(level, regs))) is not None), None)
+            info = next((i for u in self.unwinders if (i := u(PendingFrame(level + inline, regs))) is not None),
+                        None)
             if info is None or pc not in info.saved:
                 break
             regs = {**regs, **info.saved}
-            pcs.append(regs[pc])
-        return pcs
+            out.append(dict(info.saved))
+        return out
 
     def run(self, command: str, argument: str = "") -> str:
         """A command as gdb runs it: its output, or the ``GdbError`` it raised."""

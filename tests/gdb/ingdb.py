@@ -43,7 +43,7 @@ def decompressed(path: Path, folder: Path) -> Path:
     return out
 
 
-def _image_of(dump: Path) -> Path:
+def image_of(dump: Path) -> Path:
     images = sorted(dump.parent.glob("vmlinux-*.slim.xz"))
     assert len(images) == 1, f"{dump.parent}: {images}"
     return images[0]
@@ -83,7 +83,7 @@ def compare(dump: Path, tmp: Path) -> Compared:
     """Every running CPU's ``bt`` and every task's ``unwind-bt`` against the replay of ``dump``."""
     session = Session.load(dump, vmlinux=None)
     core = decompressed(dump, tmp)
-    image = decompressed(_image_of(dump), tmp)
+    image = decompressed(image_of(dump), tmp)
     running = [t for t in session.dump.tasks() if t.running]
     commands = []
     for t in running:
@@ -108,6 +108,20 @@ def compare(dump: Path, tmp: Path) -> Compared:
         if want_text != got_text:
             got.task_mismatch.append(want_text.splitlines()[0])
     return got
+
+
+_REGISTER = re.compile(r"^(\w+)\s+(0x[0-9a-f]+)\s", re.M)
+
+
+def frames_registers(image: Path, core: Path, cpu: int, levels: int) -> list[dict[str, int]]:
+    """``info registers`` in each of frames 0 .. ``levels - 1`` of thread ``cpu + 1`` (a register gdb shows
+    as ``<not saved>`` is left out)."""
+    commands = [f"thread {cpu + 1}"]
+    for level in range(levels):
+        commands += [f"frame {level}", "info registers"]
+    out = split(run_gdb(image, core, commands), len(commands))
+    return [{m.group(1): int(m.group(2), 16) for m in _REGISTER.finditer(out[2 + 2 * level])}
+            for level in range(levels)]
 
 
 def _per_task(text: str) -> list[str]:

@@ -6,22 +6,30 @@ from __future__ import annotations
 
 import lzma
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from unwind.cli.gdb import SCRIPT, script_path, split_args
 from unwind.cli.tasks import ps_lines
 from unwind.core.memory import Memory, MemoryFault, Segment
+from unwind.core.target import Task
 from unwind.cli import gdbtarget
 from unwind.session.output import replay_text
 from unwind.session.replay import Session
 
+from . import ptregs_oracle
 from .fakegdb import FakeGdb
 
 REPO = Path(__file__).resolve().parents[2]
 DUMPS = ["corpora/x86_64/6.12.117+deb13-amd64/stop-004-random.bin.xz",
          "corpora/arm64/6.12.117+deb13-arm64/stop-002-irq-arch_timer_handler_virt.bin.xz",
          "corpora/riscv/6.12.117+deb13-riscv64/stop-000-random.bin.xz"]
+#: dumps whose running CPUs cross exception boundaries: x86-64 ORC REGS, arm64 v6.13+ meta records, and
+#: arm64 v6.12's {x29, ELR} record in pt_regs->stackframe
+BOUNDARIES = ["corpora/x86_64/6.12.117+deb13-amd64/stop-004-random.bin.xz",
+              "corpora/arm64/7.2.13+deb14-arm64/stop-002-irq-arch_timer_handler_virt.bin.xz",
+              "corpora/arm64/6.12.117+deb13-arm64/stop-002-irq-arch_timer_handler_virt.bin.xz"]
 VMCORES = ["corpora/x86_64/6.12.117+deb13-amd64/vmcore/stop-001-random.elf.xz",
            "corpora/arm64/6.12.117+deb13-arm64/vmcore/stop-000-random.elf.xz"]
 
@@ -70,6 +78,8 @@ def _check(session: Session, gdb: FakeGdb, blocked: int = 6) -> None:
     for task in running:  # a CPU the kernel walks nothing of (user mode) is gdb's frame 0 alone
         want = [f.pc for f in session.replay(task).frames] or [task.regs[session.backend.pc_reg]]
         assert gdb.backtrace(task.cpu, pc) == want, task.describe()
+        gdb.reset()  # the target ran: frame 0 is an inlined function's now (gdb's levels count 2 inline frames)
+        assert gdb.backtrace(task.cpu, pc, inline=2) == want, task.describe()
     assert gdb.run("unwind-ps").splitlines() == ps_lines(session)
     pids = list(dict.fromkeys(t.pid for t in session.dump.tasks() if not t.running))[:blocked]
     for pid in pids:  # pid 0 is every CPU's idle task: `unwind replay --task 0` shows them all
@@ -148,3 +158,59 @@ def test_gdb_arguments_pass_through() -> None:
         ["--vmlinux", "v"], ["-batch", "-ex", "bt", "--script", "core"])
     assert split_args(["--script"]) == (["--script"], [])
     assert split_args(["--", "--script"]) == ([], ["--script"])
+
+
+def pt_regs_checked(session: Session, frames_of: Callable[[Task], list[dict[str, int]]]) -> int:
+    """How many caller frames gdb got the registers of the ``pt_regs`` the kernel saved (found and read
+    from the dump file by :mod:`.ptregs_oracle`) with; a register of such a frame that differs fails."""
+    checked = 0
+    for task in (t for t in session.dump.tasks() if t.running):
+        stacks = [(st.low, st.high) for st in task.stacks]
+        for level, regs in enumerate(frames_of(task)[1:], 1):
+            words = ptregs_oracle.find(session.backend.name, session.dump.memory, stacks, regs, session.image.btf)
+            if words is None:
+                continue
+            got = {n: regs.get(n) for n in words if n in regs or n not in GDB_LACKS}
+            assert got == {n: v for n, v in words.items() if n in got}, (task.describe(), level)
+            checked += 1
+    return checked
+
+
+#: registers gdb-multiarch has no frame register for on these targets
+GDB_LACKS = frozenset({"orig_rax"})
+
+
+@pytest.mark.parametrize("dump", BOUNDARIES, ids=lambda d: "/".join(d.split("/")[1:3]))
+def test_caller_after_exception_gets_the_saved_pt_regs(dump: str, tmp_path: Path) -> None:
+    path = REPO / dump
+    core = tmp_path / "core"
+    core.write_bytes(lzma.decompress(path.read_bytes()))
+    session = Session.load(path)
+    gdb = _fake_for(session, str(core))
+    gdbtarget.install(gdb)
+    pc = session.backend.gdb_registers.get(session.backend.pc_reg, session.backend.pc_reg)
+    assert pt_regs_checked(session, lambda task: gdb.frames(task.cpu, pc)) >= 1
+
+
+def test_kaslr_slide_is_found_from_a_cpu_pc_and_checked_by_vmcoreinfo() -> None:
+    """A kernel loaded at its link address plus a slide (by construction: the image's text around a pc
+    and the VMCOREINFO text, both at the slid addresses): the slide is the one whose KERNELOFFSET agrees."""
+    image = Session.load(REPO / DUMPS[0]).image
+    symbols = image.symbols
+    slide = 0x2A00000
+    pc = symbols.address("schedule") + 0x20
+    data, size = symbols.address("vmcoreinfo_data"), symbols.address("vmcoreinfo_size")
+    page = 0xFFFF_8880_0123_4000
+
+    def memory(offset: str) -> Memory:
+        text = f"OSRELEASE=6.12.117+deb13-amd64\nKERNELOFFSET={offset}\n".encode()
+        window = image.text(pc - 64, 128)
+        return Memory([Segment(pc + slide - 64, window), Segment(size + slide, len(text).to_bytes(8, "little")),
+                       Segment(data + slide, page.to_bytes(8, "little")), Segment(page, text)])
+
+    good = FakeGdb(_reader(memory(f"{slide:x}")), {}, [], None)
+    text, found = gdbtarget.kernel_vmcoreinfo_kaslr(gdbtarget.GdbMemory(good), image, [pc + slide])
+    assert found == slide and f"KERNELOFFSET={slide:x}" in text
+    assert gdbtarget.kernel_vmcoreinfo(gdbtarget.GdbMemory(good), symbols) == ""  # nothing at the link address
+    wrong = FakeGdb(_reader(memory(f"{slide + 0x200000:x}")), {}, [], None)  # the kernel says another slide
+    assert gdbtarget.kernel_vmcoreinfo_kaslr(gdbtarget.GdbMemory(wrong), image, [pc + slide]) == ("", 0)

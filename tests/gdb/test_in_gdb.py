@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from .ingdb import GDB, REPO, compare
+from unwind.session.replay import Session
+
+from .ingdb import GDB, REPO, compare, decompressed, frames_registers, image_of
+from .test_glue import BOUNDARIES, pt_regs_checked
 
 needs_gdb = pytest.mark.skipif(shutil.which(GDB) is None, reason=f"{GDB} not installed (Debian package {GDB})")
 #: one dump per arch, the default suite's share
@@ -51,3 +54,18 @@ def test_gdb_of_another_python_is_refused_saying_which(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert r.stderr == (f"unwind: error: {fake} embeds Python 3.99, unwind runs on Python {ours}: install unwind "
                         "for Python 3.99 (its compiled dependencies load in one version only)\n")
+
+
+@needs_gdb
+@pytest.mark.parametrize("dump", BOUNDARIES, ids=lambda d: "/".join(d.split("/")[1:3]))
+def test_info_registers_after_exception_is_the_saved_pt_regs(dump: str, tmp_path: Path) -> None:
+    """``frame N`` + ``info registers`` in gdb-multiarch, for a frame past an exception boundary: the words
+    of the ``pt_regs`` the kernel saved there, read from the dump file."""
+    path = REPO / dump
+    session = Session.load(path)
+    core, image = decompressed(path, tmp_path), decompressed(image_of(path), tmp_path)
+
+    def frames_of(task):
+        return frames_registers(image, core, task.cpu, len(session.replay(task).frames))
+
+    assert pt_regs_checked(session, frames_of) >= 1

@@ -106,3 +106,12 @@ def test_cli_refuses_in_one_line(tmp_path, monkeypatch) -> None:
     r = subprocess.run([sys.executable, "-m", "unwind", "lab", "boot", "--arch", "x86_64", "--qemu-args", "'open"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "bad --qemu-args" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_kaslr_guest_boots_without_nokaslr_and_is_another_guest(tmp_path) -> None:
+    k = _kernel(tmp_path)
+    words = {o.kaslr: qemu_command(k, tmp_path, tmp_path / "initrd.gz", 1234, o)[-1].split()
+             for o in (BootOptions(), BootOptions(kaslr=True))}
+    assert "nokaslr" in words[False] and "nokaslr" not in words[True]
+    assert "kaslr" not in BootOptions().to_json()  # a guest booted before the option is the same guest
+    assert BootOptions(kaslr=True).to_json()["kaslr"] is True

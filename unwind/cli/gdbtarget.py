@@ -15,7 +15,8 @@ them as the project's own inputs, so the walk is the arch backend's, as in
   (:mod:`unwind.kernel.model`, as for a vmcore), the CPUs' registers from gdb's threads;
 - :class:`FrameUnwinder` walks a CPU with :meth:`Session.replay` from the
   registers of gdb's frame 0 and hands each caller back as gdb's ``UnwindInfo``
-  (pc, sp and the frame pointer the walk establishes).
+  with the registers the walk establishes for it (the backend's ``frame_registers``: pc, sp and the
+  frame pointer, the return-address register, every register of a ``pt_regs`` crossed).
 
 Nothing here imports gdb: :func:`install` is given the ``gdb`` module (the
 script ``unwind gdb --script`` names calls it), so a stand-in tests the glue.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -33,7 +34,7 @@ from unwind.core import registry
 from unwind.core.errors import DumpError
 from unwind.core.frame import Frame
 from unwind.core.memory import Memory, MemoryFault, Segment
-from unwind.core.target import Options, Task
+from unwind.core.target import Options, Target, Task
 from unwind.formats import elfcore
 from unwind.formats.dump import Dump, written_by_unwind
 from unwind.formats.image import Image, ImageError, open_image
@@ -50,6 +51,9 @@ _PAGE = 4096
 _PIECES = (512, 64, 8)
 #: ``kernel/vmcore_info.c`` (``crash_core.c`` before 6.9): the kernel's own VMCOREINFO text is at most a page
 _VMCOREINFO_MAX = 4096
+#: the windows around a CPU's pc whose bytes must be the image's at a KASLR slide (offset, size)
+_SLIDE_WINDOWS = (-48, -16, 16)
+_SLIDE_WINDOW = 16
 #: the name gdb lists the unwinder by (``info unwinder``)
 UNWINDER_NAME = "unwind-kernel"
 #: the gdb parameter naming the kernel image when gdb loaded none (``set unwind-vmlinux IMAGE``)
@@ -190,6 +194,13 @@ def register_value(value: Any) -> int:
     return int(value) & _U64
 
 
+def register_bytes(gdb: Any, value: int, kind: Any) -> Any:
+    """``value`` as a ``gdb.Value`` of the register type ``kind``, made from its bytes (a flags or
+    segment type accepts no cast from a number); every arch here is little-endian."""
+    size = kind.sizeof
+    return gdb.Value((value & ((1 << 8 * size) - 1)).to_bytes(size, "little"), kind)
+
+
 def frame_registers(backend: registry.ArchBackend, read: Callable[[str], Any],
                     error: type[Exception]) -> dict[str, int]:
     """The ``NT_PRSTATUS`` registers of a frame by the backend's names (``read`` takes gdb's name);
@@ -203,12 +214,12 @@ def frame_registers(backend: registry.ArchBackend, read: Callable[[str], Any],
     return regs
 
 
-def _threads_prstatus(gdb: Any, backend: registry.ArchBackend, switch: bool) -> list[bytes]:
-    """One ``NT_PRSTATUS`` per gdb thread (CPU), as QEMU writes them (``pr_pid`` = CPU + 1); with
-    ``switch``, each thread's registers (gdb's threads are switched to), else zeros: a frame unwinder must
-    not switch threads, and its own CPU's registers come from its frame."""
+def _threads_prstatus(gdb: Any, backend: registry.ArchBackend, switch: bool) -> tuple[list[bytes], list[int]]:
+    """One ``NT_PRSTATUS`` per gdb thread (CPU), as QEMU writes them (``pr_pid`` = CPU + 1), and the
+    CPUs' pcs; with ``switch``, each thread's registers (gdb's threads are switched to), else zeros and
+    no pcs: a frame unwinder must not switch threads, and its own CPU's registers come from its frame."""
     names = backend.prstatus_regs
-    out = []
+    out, pcs = [], []
     selected = gdb.selected_thread()
     try:
         for thread in sorted(gdb.selected_inferior().threads(), key=thread_cpu):
@@ -216,45 +227,87 @@ def _threads_prstatus(gdb: Any, backend: registry.ArchBackend, switch: bool) -> 
             if switch:
                 thread.switch()
                 regs = frame_registers(backend, gdb.newest_frame().read_register, gdb.error)
+                if backend.pc_reg in regs:
+                    pcs.append(regs[backend.pc_reg])
             out.append(elfcore.prstatus_bytes(len(names), [regs.get(n, 0) for n in names], thread_cpu(thread) + 1))
     finally:
         if switch and selected is not None:
             selected.switch()
-    return out
+    return out, pcs
 
 
 # kernel/vmcore_info.c: vmcoreinfo_data holds the text VMCOREINFO notes carry (crash_core.c before 6.9)
-def kernel_vmcoreinfo(mem: GdbMemory, symbols: SymbolTable) -> str:
-    """The kernel's own VMCOREINFO text (``vmcoreinfo_data``, ``vmcoreinfo_size``), or ``""``."""
+def kernel_vmcoreinfo(mem: GdbMemory, symbols: SymbolTable, slide: int = 0) -> str:
+    """The kernel's own VMCOREINFO text (``vmcoreinfo_data``, ``vmcoreinfo_size``, at their link address
+    plus ``slide``), or ``""``."""
     data, size = symbols.address("vmcoreinfo_data"), symbols.address("vmcoreinfo_size")
     if data is None or size is None:
         return ""
     try:
-        n = mem.read_u64(size)
+        n = mem.read_u64(size + slide)
         if not 0 < n <= _VMCOREINFO_MAX:
             return ""
-        return mem.read(mem.read_u64(data), n).split(b"\0", 1)[0].decode("ascii", "replace")
+        return mem.read(mem.read_u64(data + slide), n).split(b"\0", 1)[0].decode("ascii", "replace")
     except MemoryFault:
         return ""
 
 
-def _kernel_dump(gdb: Any, mem: GdbMemory, image: Image, switch: bool) -> tuple[VmcoreDump, Image, SymbolTable]:
+def text_slides(mem: GdbMemory, image: Image, pcs: Iterable[int]) -> Iterable[int]:
+    """Page-aligned slides that put a CPU's pc in the image's text where the bytes around it are the
+    image's (most of the windows: the kernel patches some of its own text), nearest first."""
+    lo, hi = image.symbols.address("_stext"), image.symbols.address("_etext")
+    if lo is None or hi is None:
+        return
+    for pc in pcs:
+        windows = [pc + d for d in _SLIDE_WINDOWS]
+        try:
+            here = [mem.read(w, _SLIDE_WINDOW) for w in windows]
+        except MemoryFault:
+            continue
+        link = hi - 1 - ((hi - 1 - pc) % _PAGE)  # the highest link address with the pc's page offset
+        while link >= lo:
+            slide = pc - link
+            if slide >= 0:
+                same = sum(image.text(w - slide, _SLIDE_WINDOW) == b for w, b in zip(windows, here))
+                if 2 * same > len(windows):
+                    yield slide
+            link -= _PAGE
+
+
+# kaslr_offset(), as VMCOREINFO's KERNELOFFSET says it: found through the text at the CPUs' pcs
+def kernel_vmcoreinfo_kaslr(mem: GdbMemory, image: Image, pcs: Iterable[int]) -> tuple[str, int]:
+    """The kernel's VMCOREINFO text and the KASLR slide, for a kernel not at its link address: the first
+    slide of :func:`text_slides` whose ``vmcoreinfo_data`` says ``KERNELOFFSET`` is that slide; ``("", 0)``
+    when none does."""
+    for slide in text_slides(mem, image, pcs):
+        text = kernel_vmcoreinfo(mem, image.symbols, slide)
+        raw = VmcoreInfo.parse(text).get("KERNELOFFSET") if text else None
+        if raw is not None and raw.strip().lower().removeprefix("0x") == f"{slide:x}":
+            return text, slide
+    return "", 0
+
+
+def _kernel_dump(gdb: Any, mem: GdbMemory, image: Image, switch: bool,
+                 pc: int | None) -> tuple[VmcoreDump, Image, SymbolTable]:
     """The kernel in gdb's memory as a vmcore is read (tasks through BTF), the CPUs from gdb's threads
-    (their registers read with ``switch``)."""
+    (their registers read with ``switch``; else ``pc`` is the current CPU's)."""
     try:
         backend = registry.for_machine(image.machine)
         symbols = image.symbols
     except (registry.ArchError, ImageError) as e:
         raise GdbError(str(e)) from None
+    prstatus, pcs = _threads_prstatus(gdb, backend, switch)
     text = kernel_vmcoreinfo(mem, symbols)
-    warnings = [] if text else ["the kernel's VMCOREINFO (vmcoreinfo_data) is unreadable at its link address: "
-                                "no release, no KASLR offset (boot with nokaslr)"]
+    if not text:  # a KASLR kernel: found where a CPU's pc is in its text
+        text, _ = kernel_vmcoreinfo_kaslr(mem, image, [*pcs, *([pc] if pc is not None else [])])
+    warnings = [] if text else ["the kernel's VMCOREINFO (vmcoreinfo_data) is unreadable at its link address "
+                                "and at any KASLR slide the CPUs' pcs allow: no release, no KASLR offset"]
     path = "the kernel in gdb's memory"
     try:
         slide = kaslr_offset(VmcoreInfo.parse(text).checked(lambda _msg: None), symbols, path)
         symbol = runtime_symbols(symbols, slide)
         btf = image.btf if image.btf is not None else btf_from_memory(path, mem, symbol)
-        dump = VmcoreDump(path, backend, mem, _threads_prstatus(gdb, backend, switch), text, symbol, btf,
+        dump = VmcoreDump(path, backend, mem, prstatus, text, symbol, btf,
                           source="gdb", warnings=warnings,
                           image=RelocatedImage(image, slide) if slide else image,
                           symbols=relocate_symbols(symbols, slide) if slide else symbols)
@@ -263,10 +316,10 @@ def _kernel_dump(gdb: Any, mem: GdbMemory, image: Image, switch: bool) -> tuple[
     return dump, dump.image, dump.symbols  # type: ignore[return-value]
 
 
-def open_session(gdb: Any, switch: bool = True) -> Session:
+def open_session(gdb: Any, switch: bool = True, pc: int | None = None) -> Session:
     """A :class:`Session` over what gdb has open: the project's dump (its note's tasks, gdb's memory) or
     the kernel itself (live, or a vmcore gdb reads; ``switch``: each CPU's registers read from its thread,
-    which a frame unwinder must not do)."""
+    which a frame unwinder must not do; ``pc``: the current CPU's, which finds a KASLR slide then)."""
     mem = GdbMemory(gdb)
     image = kernel_image(gdb)
     core = core_file(gdb)
@@ -280,7 +333,7 @@ def open_session(gdb: Any, switch: bool = True) -> Session:
         dump.gdb_memory = mem
         session = Session(dump, image, image.symbols)
     else:
-        kdump, image, symbols = _kernel_dump(gdb, mem, image, switch)
+        kdump, image, symbols = _kernel_dump(gdb, mem, image, switch, pc)
         session = Session(kdump, image, symbols)  # type: ignore[arg-type]
     session.warnings.extend(session.dump.warnings)
     return session
@@ -298,12 +351,35 @@ class FrameId:
 
 @dataclass(slots=True)
 class Walk:
-    """One CPU's walk from gdb's frame 0 (by ``backend``), and the stack address gdb identifies each frame by."""
+    """One CPU's walk from gdb's frame 0 (by ``backend``, of ``target``), and the stack address gdb
+    identifies each frame by."""
 
-    key: tuple[int, ...]
+    #: frame 0's registers, in ``backend.prstatus_regs`` order (``None``: one gdb could not read)
+    key: tuple[int | None, ...]
     backend: registry.ArchBackend
+    target: Target
     frames: list[Frame]
     ids: list[int]
+    _registers: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    def index(self, regs: dict[str, int]) -> int | None:
+        """Which frame has the registers ``regs`` (gdb's, of a pending frame): frame 0's are the walk's
+        start; a caller's pc and the sp and frame pointer it was handed are its own."""
+        if tuple(regs.get(n) for n in self.backend.prstatus_regs) == self.key:
+            return 0 if self.frames and regs.get(self.backend.pc_reg) == self.frames[0].pc else None
+        pc = regs.get(self.backend.pc_reg)
+        ident = (self.backend.sp_reg, self.backend.fp_reg)
+        for i in range(1, len(self.frames)):
+            if self.frames[i].pc == pc and all(regs.get(r) == v for r, v in self.registers(i).items() if r in ident):
+                return i
+        return None
+
+    def registers(self, index: int) -> dict[str, int]:
+        """The registers the walk establishes for ``frames[index]`` (:meth:`ArchBackend.frame_registers`)."""
+        regs = self._registers.get(index)
+        if regs is None:
+            regs = self._registers[index] = self.backend.frame_registers(self.frames, index, self.target)
+        return regs
 
 
 def frame_ids(frames: list[Frame]) -> list[int]:
@@ -353,15 +429,15 @@ class GdbState:
         return (inferior.num, inferior.pid, core_file(gdb), tuple(o.filename for o in gdb.objfiles()),
                 gdb.parameter(VMLINUX_PARAMETER))
 
-    def session(self, unwinding: bool = False) -> Session:
+    def session(self, unwinding: bool = False, pc: int | None = None) -> Session:
         """The session over gdb's current target (``unwinding``: asked by the frame unwinder, which must
-        leave gdb's threads and frames as they are)."""
+        leave gdb's threads and frames as they are; ``pc``: its frame's)."""
         key = self._target_key()
         if self._session is None or key != self._key or (self._made_unwinding and not unwinding):
             self.walks.clear()
             self.busy = True
             try:
-                self._session = open_session(self.gdb, switch=not unwinding)
+                self._session = open_session(self.gdb, switch=not unwinding, pc=pc)
             finally:
                 self.busy = False
             self._key = key
@@ -387,55 +463,63 @@ class FrameUnwinder:
         self.state = state
 
     def __call__(self, pending: Any) -> Any:
-        """The ``UnwindInfo`` of ``pending`` (gdb's frame at ``pending.level()``), or ``None`` to leave it
-        to gdb's own unwinders (not a frame of the walk, or no kernel to walk)."""
+        """The ``UnwindInfo`` of ``pending``, or ``None`` to leave it to gdb's own unwinders (not a frame of
+        the walk, or no kernel to walk). gdb's level counts inline frames, the walk does not: a pending
+        frame is the walk's frame of its pc and the registers the walk gave it."""
         state = self.state
         if state.busy:
             return None
         gdb = state.gdb
-        level = pending.level()
         thread = gdb.selected_thread()
         if thread is None:
             return None
         try:
-            walk = self._walk(pending, thread) if level == 0 else state.walks.get(thread.num)
+            walk, regs = self._walk(pending, thread)
         except (GdbError, ReplayError, DumpError, ImageError, registry.ArchError, MemoryFault) as e:
             state.tell(f"unwind: {e}: gdb's own unwinders go on")  # no kernel here to walk
             return None
-        if walk is None or level >= max(len(walk.frames), 1):
-            return None
         backend = walk.backend
-        pc = register_value(pending.read_register(_gdb_name(backend, backend.pc_reg)))
+        pc = regs.get(backend.pc_reg)
         if not walk.frames:  # the kernel walks nothing here (a CPU in user mode): gdb's frame 0 alone
-            sp = register_value(pending.read_register(_gdb_name(backend, backend.sp_reg)))
+            if tuple(regs.get(n) for n in backend.prstatus_regs) != walk.key or pc is None:
+                return None
+            sp = regs.get(backend.sp_reg, 0)
             return pending.create_unwind_info(FrameId(gdb.Value(sp), gdb.Value(pc)))
-        frame = walk.frames[level]
-        if pc != frame.pc:
+        index = walk.index(regs)
+        if index is None:
             return None
-        info = pending.create_unwind_info(FrameId(gdb.Value(walk.ids[level]), gdb.Value(frame.pc)))
-        if level + 1 < len(walk.frames):
-            caller = walk.frames[level + 1]
-            for reg, value in ((backend.pc_reg, caller.pc), (backend.sp_reg, caller.sp), (backend.fp_reg, caller.fp)):
-                if reg is None or value is None:
-                    continue
+        frame = walk.frames[index]
+        info = pending.create_unwind_info(FrameId(gdb.Value(walk.ids[index]), gdb.Value(frame.pc)))
+        if index + 1 < len(walk.frames):
+            for reg, value in walk.registers(index + 1).items():
                 name = _gdb_name(backend, reg)
-                info.add_saved_register(name, gdb.Value(value).cast(pending.read_register(name).type))
+                try:
+                    kind = pending.read_register(name).type
+                except (gdb.error, ValueError):
+                    continue  # a register gdb does not have for this target (orig_rax on QEMU's stub)
+                info.add_saved_register(name, register_bytes(gdb, value, kind))
         return info  # the last frame saves no pc: gdb ends the backtrace there
 
-    def _walk(self, pending: Any, thread: Any) -> Walk:
-        """The walk of the thread's CPU from the registers of its frame 0 (kept while they stay)."""
+    def _walk(self, pending: Any, thread: Any) -> tuple[Walk, dict[str, int]]:
+        """The walk of the thread's CPU (from the registers of the first frame gdb asks about after the
+        target stopped: its frame 0), and ``pending``'s registers."""
         state = self.state
-        session = state.session(unwinding=True)
+        try:
+            pc: int | None = register_value(pending.read_register("pc"))  # gdb's $pc on every arch
+        except (state.gdb.error, ValueError):
+            pc = None
+        session = state.session(unwinding=True, pc=pc)
         backend = session.backend
         regs = frame_registers(backend, pending.read_register, state.gdb.error)
-        key = tuple(regs.values())
         walk = state.walks.get(thread.num)
-        if walk is not None and walk.key == key:
-            return walk
+        if walk is not None:
+            return walk, regs
         task = replace(state.cpu_task(session, thread_cpu(thread)), regs=regs)
-        frames = session.replay(task, Options(), symbolize=False).frames
-        walk = state.walks[thread.num] = Walk(key, backend, frames, frame_ids(frames))
-        return walk
+        replay = session.replay(task, Options(), symbolize=False)
+        frames = replay.frames
+        key = tuple(regs.get(n) for n in backend.prstatus_regs)
+        walk = state.walks[thread.num] = Walk(key, backend, replay.target, frames, frame_ids(frames))
+        return walk, regs
 
 
 def _gdb_name(backend: registry.ArchBackend, reg: str) -> str:

@@ -169,6 +169,8 @@ class Frame:
 
     ``sp`` and ``fp`` are ``None`` where the unwinder does not know them
     (arm64 kunwind tracks no sp; x86 ORC tracks no frame pointer chain).
+    ``pt_regs`` is the address of the ``struct pt_regs`` the walk read this frame's pc from (an exception
+    boundary crossed on the stack), ``None`` elsewhere (the CPU's own registers are in no memory).
     """
 
     pc: int
@@ -180,6 +182,7 @@ class Frame:
     provenance: Provenance | None = None
     symbol: str | None = None
     extra: dict[str, Any] | None = None
+    pt_regs: int | None = None
 
     @property
     def reliable(self) -> bool:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
     from .frame import Frame
     from unwind.session.replay import Replay
-    from .target import Target
+    from .target import SavedRegs, Target
     from .trace import TraceLine
     from .walk import Stop, Unwinder
 
@@ -75,11 +75,24 @@ class ArchBackend(ABC):
     #: an arm64 or riscv frame record {fp, lr} is 16
     min_frame_bytes: ClassVar[int] = 16
     #: gdb's name of this architecture (``set architecture``), and the register holding the frame pointer
-    #: (a :attr:`prstatus_regs` name): ``unwind gdb`` hands back pc, sp and fp for each caller
+    #: (a :attr:`prstatus_regs` name)
     gdb_arch: ClassVar[str | None] = None
     fp_reg: ClassVar[str | None] = None
     #: gdb's names of the :attr:`prstatus_regs` it spells otherwise (those absent are spelt alike)
     gdb_registers: ClassVar[dict[str, str]] = {}
+
+    def frame_registers(self, frames: "list[Frame]", index: int, target: "Target") -> dict[str, int]:
+        """The registers the walk of ``target`` establishes for ``frames[index]``, by :attr:`prstatus_regs`
+        names (what ``unwind gdb`` hands gdb for a caller frame): its pc, and its sp and frame pointer
+        where the walk knows them. A backend adds what it restores: a ``pt_regs`` crossed at an exception
+        boundary (:attr:`Frame.pt_regs <unwind.core.frame.Frame.pt_regs>`), the return-address register."""
+        frame = frames[index]
+        out = {self.pc_reg: frame.pc}
+        if frame.sp is not None:
+            out[self.sp_reg] = frame.sp
+        if self.fp_reg is not None and frame.fp is not None:
+            out[self.fp_reg] = frame.fp
+        return out
 
     @abstractmethod
     def unwinder(self, target: "Target") -> "Unwinder":
@@ -147,6 +160,11 @@ class ArchBackend(ABC):
         anything else applies. Each frame it reports consumes at least :attr:`min_frame_bytes` of the
         task's captured stack, so it never reaches the default frame limit.
         """
+        return None
+
+    def saved_regs(self, target: "Target") -> "SavedRegs | None":
+        """The saved context of the blocked task ``target`` walks, as its kernel's context switch left it
+        (every register of it the dump holds); ``None`` for a task running on a CPU."""
         return None
 
     def categorize(self, oracle: dict, expected: list[int], replay: "Replay") -> str | None:

@@ -96,14 +96,40 @@ class Task:
         return f"pid {pid} ({self.comm}){where}"
 
 
+@dataclass(frozen=True, slots=True)
+class SavedRegs:
+    """A blocked task's saved context: the registers the kernel's context switch left for it
+    (:meth:`unwind.core.registry.ArchBackend.saved_regs`)."""
+
+    #: register name -> value, in the order of the kernel's struct
+    regs: dict[str, int]
+    #: where the kernel keeps them, e.g. ``task_struct.thread.cpu_context``
+    source: str
+    #: registers of that context the dump does not hold (a dump's note may keep fewer), in order
+    missing: tuple[str, ...] = ()
+
+    @classmethod
+    def of_context(cls, task: Task, names: tuple[str, ...], source: str) -> "SavedRegs | None":
+        """The registers ``names`` of a blocked task's :attr:`Task.context` (``None`` for a running task)."""
+        ctx = task.context
+        if task.running or ctx is None:
+            return None
+        return cls({n: ctx[n] for n in names if n in ctx}, source, tuple(n for n in names if n not in ctx))
+
+
 @dataclass(slots=True)
 class Options:
     """How to walk: faithful or complete, with or without provenance, overrides."""
 
+    #: recover what the kernel's walk drops where the dump proves it (``--complete``); each such frame is flagged
     complete: bool = False
+    #: keep each frame's :class:`~unwind.core.frame.Provenance`: the rule and the words read (``--explain``)
     record: bool = False
+    #: walk the user stack too (riscv, ``--user``)
     user: bool = False
+    #: the kernel generation whose unwinder to follow (``6.1``, ``6.13``), instead of the dump's release
     generation: str | None = None
+    #: the ORC format generation (x86-64, ``--orc-version``), refused where the image names another
     orc_version: str | None = None
 
 

@@ -85,11 +85,15 @@ class BootOptions:
     kretprobe: bool = True
     #: load the lab modules (unwind.lab.modules) and give QEMU the devices they drive
     modules: bool = False
+    #: leave KASLR on (no ``nokaslr``): the capture refuses such a guest, ``unwind gdb`` reads it
+    kaslr: bool = False
 
     def to_json(self) -> dict:
-        """The options as stored in lab.json."""
+        """The options as stored in lab.json (``kaslr`` only when on: a guest booted without it is the same)."""
         d = asdict(self)
         d["qemu_args"] = list(self.qemu_args)
+        if not self.kaslr:
+            del d["kaslr"]
         return d
 
 
@@ -165,7 +169,8 @@ def qemu_command(k: Kernel, run: Path, initrd: Path, port: int, opts: BootOption
               "-gdb", f"tcp:127.0.0.1:{port}",
               "-monitor", f"unix:{run}/mon.sock,server=on,wait=off",
               "-pidfile", f"{run}/qemu.pid", "-daemonize"]
-    tail = " ".join(["nokaslr panic=-1 rdinit=/init loglevel=7 log_buf_len=4M", opts.append]).strip()
+    tail = " ".join([*([] if opts.kaslr else ["nokaslr"]), "panic=-1 rdinit=/init loglevel=7 log_buf_len=4M",
+                     opts.append]).strip()
     if k.arch == "x86_64":
         cmd = [qemu, *common, "-device", "vmcoreinfo", "-append", f"console=ttyS0 {tail}"]
     elif k.arch == "arm64":

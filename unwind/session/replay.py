@@ -15,7 +15,7 @@ from unwind.formats.image import IMAGE_PATH_ENV, Image, ImageError, find_image, 
 from unwind.core.memory import Memory
 from unwind.core.stackinfo import StackInfo
 from unwind.kernel.symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
-from unwind.core.target import Options, Target, Task, kernel_version
+from unwind.core.target import Options, SavedRegs, Target, Task, kernel_version
 from unwind.core.walk import (ReliableResult, Stop, StopReason, Unwinder, UnwindStop, collect, frame_limit,
                               stack_walk_reliable)
 from .result import Replay
@@ -302,6 +302,11 @@ class Session:
         """The memory a walk of ``task`` reads (:meth:`Dump.task_memory`), made once per task and kept: the
         memory :meth:`replay` reads (a vmcore's snapshot of the task's stacks is not read again)."""
         return self._task(task).memory
+
+    def saved_regs(self, task: Task) -> SavedRegs | None:
+        """The blocked ``task``'s saved context, as its kernel's context switch left it (``None`` for a task
+        running on a CPU: its registers are :attr:`Task.regs`)."""
+        return self.backend.saved_regs(self.target(task, Options()))
 
     def unwinder(self, task: Task, options: Options | None = None) -> Unwinder:
         """An unwinder for ``task``, to drive with :func:`~unwind.core.walk.kunwind_stack_walk` and the kernel's

@@ -207,7 +207,7 @@ def test_regs_partial_then_register_from_previous_full_regs():
     assert [f.pc for f in frames] == [b.addr["inner"] + 1, b.addr["entry_a"] + 4, b.addr["entry_b"] + 4,
                                       b.addr["ret_from_fork_asm"] + 8]
     assert [f.source for f in frames[1:]] == [Source.ORC_REGS, Source.ORC_REGS_PARTIAL, Source.ORC_CALL]
-    assert frames[2].extra == {"regs": iret - 128, "partial": True}
+    assert [f.pt_regs for f in frames] == [None, full, iret - 128, None]
     assert stop.reason is StopReason.END_OF_STACK
 
 
