@@ -255,9 +255,9 @@ class Completer:
     def vector_frame(self) -> Frame | None:
         """The vector pc of a stop the capture normalised to ELR_EL1, as a pseudo-frame."""
         task = self.target.task
-        if task.cpu is None:
+        if task.running_cpu is None:
             return None
-        cpu = self.target.info.cpu(task.cpu)
+        cpu = self.target.info.cpu(task.running_cpu)
         if cpu is None or not cpu.normalised:
             return None
         note = cpu.normalised

@@ -350,7 +350,7 @@ class RiscvUnwinder(Unwinder):
 
     def _cpu_mode(self) -> str | None:
         """The privilege mode the dump records for the task's CPU (``kernel``, ``user``, ``firmware``)."""
-        cpu = self.t.info.cpu(self.t.task.cpu)
+        cpu = self.t.info.cpu(self.t.task.running_cpu)
         return cpu.mode if cpu is not None else None
 
     # a CPU in M-mode (SBI firmware): the kernel prints nothing; ra/sp may still be the kernel's
@@ -384,7 +384,7 @@ class RiscvUnwinder(Unwinder):
         limit = self.prover.first_write(self.k.handle_exception, "s0")
         if limit is None or self.pc >= limit:
             return None
-        cpu = self.t.task.cpu
+        cpu = self.t.task.running_cpu
         for c in self.t.info.cpus:
             if c.cpu == cpu and "sepc" in c.sysregs and "sstatus" in c.sysregs:
                 return c.sysregs["sepc"], c.sysregs["sstatus"]

@@ -281,7 +281,7 @@ class TracePrinter:
 
 def captured_sysregs(target: Target) -> dict[str, int]:
     """The system registers the capture recorded for the task's CPU (MSRs, control registers)."""
-    cpu = target.info.cpu(target.task.cpu)
+    cpu = target.info.cpu(target.task.running_cpu)
     return dict(cpu.sysregs) if cpu is not None else {}
 
 

@@ -61,7 +61,7 @@ def test_version_is_the_distributions(capsys):
 
 def test_debug_after_the_subcommand_shows_the_traceback(capsys):
     argv = ["replay", str(X86 / "stop-004-random.bin.xz"), "--task", "999999"]
-    assert main(argv) == 2 and "no task with pid 999999" in capsys.readouterr().err
+    assert main(argv) == 2 and "--task 999999 matched no task" in capsys.readouterr().err
     with pytest.raises(ReplayError):
         main([*argv, "--debug"])
     with pytest.raises(ReplayError):
@@ -110,3 +110,28 @@ def test_forced_orc_version_against_the_orc_header(capsys):
     plain = capsys.readouterr().out
     assert main(["replay", "--orc-version", "v3", "--cpu", "0", dump]) == 0
     assert capsys.readouterr().out == plain
+
+
+def test_messages_name_what_they_are_about(tmp_path, capsys, monkeypatch):
+    """A System.map with no symbols, an output folder that does not exist, a vmcore whose image is nowhere:
+    one line each, naming the file (and where the image was looked for)."""
+    dump = str(X86 / "stop-001-random.bin.xz")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("garbage\n")
+    capsys.readouterr()
+    assert main(["replay", dump, "--system-map", str(bad)]) == 2
+    assert capsys.readouterr().err == f"unwind: error: {bad}: no symbols (a System.map has lines 'hexaddr type name')\n"
+    out = tmp_path / "no" / "such" / "x.bin"
+    assert main(["convert", dump, "-o", str(out), "--task", "1"]) == 2
+    assert capsys.readouterr().err == f"unwind: error: cannot write {out}: No such file or directory\n"
+    import lzma
+
+    import unwind.session.replay as replay
+
+    vmcore = tmp_path / "x86.elf"
+    vmcore.write_bytes(lzma.decompress((X86 / "vmcore/stop-001-random.elf.xz").read_bytes()))
+    monkeypatch.setattr(replay, "find_image", lambda *a, **k: None)
+    assert main(["ps", str(vmcore)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"unwind: error: {vmcore}: no image with build-id ") and "looked in " in err
+    assert f"{tmp_path} and 3 parents" in err and err.count("\n") == 1

@@ -184,7 +184,7 @@ def test_a_stack_tied_by_task_struct_and_a_bad_task_key():
         m["stacks"][0]["task"] = "0xffff888000001000"
     d = opened(edit)
     t = next(t for t in d.tasks() if t.pid == 7)
-    assert t.extra["task"] == "0xffff888000001000" and [s.kind for s in t.stacks] == ["task"]
+    assert t.task_struct == 0xffff888000001000 and [s.kind for s in t.stacks] == ["task"]
     d = opened(lambda m: m["stacks"][0].update(task="zz"))
     assert "task" not in d.meta["stacks"][0] and any("dropped stacks[0].task" in w for w in d.warnings)
 

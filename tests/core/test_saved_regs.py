@@ -71,7 +71,7 @@ def test_vmcore_saved_context_is_where_drgn_starts(folder):
     first = _drgn_first_frames(folder, stop)
     checked = 0
     for t in s.dump.tasks():
-        f = first.get(int(t.extra["task"], 16))
+        f = first.get(t.task_struct)
         if t.running or f is None:
             continue
         saved = s.saved_regs(t)
@@ -96,7 +96,7 @@ def test_arm64_vmcore_cpu_context_is_the_bytes_at_its_btf_offsets(tmp_path):
     raw = elf.read_bytes()
     checked = 0
     for t in s.dump.tasks():
-        addr = int(t.extra["task"], 16)
+        addr = t.task_struct
         if t.running or addr not in pa:
             continue
         saved = s.saved_regs(t)

@@ -31,7 +31,7 @@ def _check_dump(folder: Path, path: Path) -> tuple[str, set[str]]:
     assert d.release == folder.name
     assert (folder / f"vmlinux-{d.build_id}.slim.xz").exists()
     assert d.vmcoreinfo.get("OSRELEASE") == folder.name
-    blocked = [t for t in d.tasks() if t.cpu is None and t.context]
+    blocked = [t for t in d.tasks() if not t.running and t.context]
     assert len(blocked) >= 40
     for t in blocked:
         sp = t.context["sp"]
@@ -86,7 +86,7 @@ def test_ftrace_stacktrace_equals_faithful_replay(path: Path) -> None:
     assert oracle["stop"] == "stacktrace_trigger+0" and oracle["frames"]
     res = compare_oracle(session, oracle)
     assert res is not None and res.category == "exact", res
-    (task,) = [t for t in session.dump.tasks() if t.cpu == oracle["cpu"]]
+    (task,) = [t for t in session.dump.tasks() if t.running_cpu == oracle["cpu"]]
     r = session.replay(task, Options(), symbolize=True)
     cut = [f.symbol.split("+")[0] for f in r.frames[:res.cut]]
     assert cut == FTRACE_CUT[session.dump.arch]

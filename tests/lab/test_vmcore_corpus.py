@@ -69,13 +69,12 @@ def test_slice_is_the_vmcore_of_the_captured_stop(stop) -> None:
 
 def test_ps_lists_the_tasks_drgn_lists(stop, capsys) -> None:
     capsys.readouterr()
-    assert main(["ps", str(stop["elf"]), "--vmlinux", str(stop["slim"])]) == 0
-    rows = [line.lstrip("> ").split() for line in capsys.readouterr().out.splitlines()[1:]]  # ">": running
-    listed = {(int(r[0]), int(r[2], 16)) for r in rows}
+    assert main(["ps", str(stop["elf"]), "--vmlinux", str(stop["slim"]), "--json"]) == 0
+    listed = {(r["pid"], int(r["task_struct"], 16)) for r in map(json.loads, capsys.readouterr().out.splitlines())}
     if stop["drgn"] is not None:
         expected = {(t["pid"], int(t["task"], 16)) for t in stop["drgn"]["tasks"]}
     else:  # riscv: drgn cannot unwind it; the capture walked the same list through QEMU's MMU
-        expected = {(t.pid, int(t.extra["task"], 0)) for t in Dump.open(stop["capture"]).tasks()}
+        expected = {(t.pid, t.task_struct) for t in Dump.open(stop["capture"]).tasks()}
     # the idle tasks of the other CPUs are on no task list: drgn's for_each_task has only init_task
     assert {t for t in listed if t[0]} == {t for t in expected if t[0]}
     assert len([t for t in listed if not t[0]]) == len(Dump.open(stop["capture"]).cpus)

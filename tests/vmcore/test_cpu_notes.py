@@ -80,7 +80,7 @@ def _lose_cpu1_note(raw: bytearray, how: str) -> None:
 
 def _running(s: Session) -> dict[int, str]:
     """cpu -> task_struct of each task shown running."""
-    return {t.cpu: t.extra["task"] for t in s.dump.tasks() if t.cpu is not None}
+    return {t.running_cpu: t.task_struct for t in s.dump.tasks() if t.running_cpu is not None}
 
 
 @pytest.mark.parametrize("how", ["type", "desync"])
@@ -94,20 +94,20 @@ def test_a_lost_register_note_shows_its_task_running_without_a_stale_walk(vmcore
     bad.write_bytes(bytes(raw))
     s = Session.load(bad, vmlinux=_image(vmcore))
     assert _running(s) == _running(intact)
-    task = next(t for t in s.dump.tasks() if t.cpu == 1)
+    task = next(t for t in s.dump.tasks() if t.running_cpu == 1)
     assert task.regs is None and task.context is None and task.lacks is not None and task.lacks.registers
     r = s.replay(task)
     assert r.frames == [] and r.stop.reason is StopReason.MISSING_REGISTER and "cpu1" in r.stop.detail
-    cpu0 = next(t for t in s.dump.tasks() if t.cpu == 0)
-    r0 = intact.replay(next(t for t in intact.dump.tasks() if t.cpu == 0))
+    cpu0 = next(t for t in s.dump.tasks() if t.running_cpu == 0)
+    r0 = intact.replay(next(t for t in intact.dump.tasks() if t.running_cpu == 0))
     assert [f.pc for f in s.replay(cpu0).frames] == [f.pc for f in r0.frames]
     capsys.readouterr()
     assert main(["ps", "--vmlinux", str(_image(vmcore)), str(bad)]) == 0
     out, err = capsys.readouterr()
     said = [ln for ln in err.splitlines() if "NT_PRSTATUS" in ln]
     assert len(said) == 1 and said[0].startswith("unwind: warning: cpu1: no registers"), err
-    row = next(ln for ln in out.splitlines() if task.extra["task"][2:] in ln)
-    assert row.startswith(">") and row.split()[2] == "1" and "registers are not in the dump" in row
+    row = next(ln for ln in out.splitlines() if f"{task.task_struct:016x}" in ln)
+    assert row.startswith(">") and row.split()[3] == "1" and "registers are not in the dump" in row
 
 
 @pytest.mark.parametrize("mask", [0, 1])
@@ -123,8 +123,8 @@ def test_a_corrupt_online_mask_loses_no_running_cpu(vmcore: Path, mask: int, tmp
     s = Session.load(bad, vmlinux=_image(vmcore))
     assert _running(s) == _running(intact)
     for t in s.dump.tasks():
-        if t.cpu is not None:
-            t0 = next(u for u in intact.dump.tasks() if u.cpu == t.cpu)
+        if t.running_cpu is not None:
+            t0 = next(u for u in intact.dump.tasks() if u.running_cpu == t.running_cpu)
             assert t.regs == t0.regs and [f.pc for f in s.replay(t).frames] == [f.pc for f in intact.replay(t0).frames]
 
 
@@ -146,12 +146,12 @@ def test_a_true_kdump_without_per_cpu_areas_places_each_task_by_its_note(tmp_pat
     _, intact = _intact(KDUMP, tmp)
     s = Session.load(_without_percpu_areas(KDUMP, tmp), vmlinux=_image(KDUMP))
     assert "CRASHTIME" in s.dump.vmcoreinfo and any("cannot read its runqueue" in w for w in s.warnings)
-    running = {t.cpu: t for t in s.dump.tasks() if t.cpu is not None}
-    want = {t.cpu: t for t in intact.dump.tasks() if t.cpu is not None}
+    running = {t.running_cpu: t for t in s.dump.tasks() if t.running_cpu is not None}
+    want = {t.running_cpu: t for t in intact.dump.tasks() if t.running_cpu is not None}
     # the console's panic header: "CPU: 0 UID: 0 PID: 1 Comm: init"
     assert (running[0].pid, running[0].comm) == (1, "init")
-    assert {c: (t.pid, t.extra["task"]) for c, t in running.items()} == \
-        {c: (t.pid, t.extra["task"]) for c, t in want.items()}
+    assert {c: (t.pid, t.task_struct) for c, t in running.items()} == \
+        {c: (t.pid, t.task_struct) for c, t in want.items()}
     for cpu, t in running.items():
         a, b = s.replay(t), intact.replay(want[cpu])
         assert [f.pc for f in a.frames] == [f.pc for f in b.frames] and a.stop.reason is b.stop.reason
@@ -164,9 +164,9 @@ def test_qemu_notes_without_per_cpu_areas_name_no_task(vmcore: Path, tmp_path_fa
     _, intact = _intact(vmcore, tmp)
     s = Session.load(_without_percpu_areas(vmcore, tmp), vmlinux=_image(vmcore))
     assert "CRASHTIME" not in s.dump.vmcoreinfo
-    was = {t.pid: t.cpu for t in intact.dump.tasks()}
+    was = {t.pid: t.running_cpu for t in intact.dump.tasks()}
     assert was[1] is None and was[2] is None
-    assert all(t.cpu is None for t in s.dump.tasks() if t.pid in (1, 2))
+    assert all(t.running_cpu is None for t in s.dump.tasks() if t.pid in (1, 2))
     assert not any("crash note" in w for w in s.warnings)
 
 

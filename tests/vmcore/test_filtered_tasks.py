@@ -98,7 +98,7 @@ def test_every_task_is_reached_and_each_loss_is_named(vmcore: Path, tmp_path_fac
     _, intact = _intact(vmcore, tmp)
     path, gone = _filtered(vmcore, tmp)
     s = Session.load(path, vmlinux=_image(vmcore))
-    got = {int(t.extra["task"], 0): t for t in s.dump.tasks()}
+    got = {t.task_struct: t for t in s.dump.tasks()}
     want = {t.addr: t for t in intact.dump.kernel_tasks()}
     walk_members = ("stack",) + s.dump.kernel.context_members + FGRAPH_MEMBERS
     assert set(got) == set(want)
@@ -115,9 +115,9 @@ def test_every_task_is_reached_and_each_loss_is_named(vmcore: Path, tmp_path_fac
             assert r.frames == [] and r.stop.reason is StopReason.MEMORY_FAULT
             continue
         listed += 1
-        assert (t.pid, t.comm, t.cpu) == (w.pid, w.comm, w.running_on), (w.pid, w.comm)
+        assert (t.pid, t.comm, t.running_cpu) == (w.pid, w.comm, w.running_on), (w.pid, w.comm)
         stop_on = [m for m in missing if m in walk_members]
-        r, r0 = s.replay(t), intact.replay(next(u for u in intact.dump.tasks() if u.extra["task"] == t.extra["task"]))
+        r, r0 = s.replay(t), intact.replay(next(u for u in intact.dump.tasks() if u.task_struct == t.task_struct))
         if stop_on and t.regs is None:
             partial += 1
             assert r.frames == [] and r.stop.reason is StopReason.MEMORY_FAULT, (w.pid, w.comm)
@@ -139,7 +139,7 @@ def test_no_task_drgn_lists_is_lost(vmcore: Path, tmp_path_factory) -> None:
     drgn = json.loads(lzma.decompress(vmcore.with_name(vmcore.name.split(".")[0] + ".drgn-tasks.json.xz")
                                       .read_bytes()))
     s = Session.load(path, vmlinux=_image(vmcore))
-    listed = {int(t.extra["task"], 0): t for t in s.dump.tasks()}
+    listed = {t.task_struct: t for t in s.dump.tasks()}
     for t in drgn["tasks"]:
         ours = listed.get(int(t["task"], 16))
         assert ours is not None, t

@@ -64,7 +64,7 @@ def _replay(path: Path, image: Path) -> tuple[dict[tuple[int, str], tuple], list
     out = {}
     for task in s.select(every=True):
         r = s.replay(task)
-        out[(task.pid, task.extra["task"])] = ([str(f) for f in r.frames], r.stop.reason, r.stop.detail,
+        out[(task.pid, task.task_struct)] = ([str(f) for f in r.frames], r.stop.reason, r.stop.detail,
                                                task.extra.get("note", ""))
     return out, list(s.warnings)
 

@@ -40,6 +40,9 @@ class SynthTask:
     addr: int = 0
     stack: int = 0
     ctx: dict[str, int] = field(default_factory=dict)
+    #: its real_parent (None: init_task) and whether PF_KTHREAD is set in its flags
+    parent: "SynthTask | None" = None
+    kthread: bool = False
 
 
 class SynthKernel:
@@ -70,10 +73,10 @@ class SynthKernel:
                    ("on_cpu", b.u32, 0x3C + shift), ("tasks", lh, 0x48 + shift), ("signal", b.voidp, 0x60 + shift),
                    ("comm", comm, 0x80 + shift), ("nvcsw", b.long, 0x90 + shift), ("nivcsw", b.long, 0x98 + shift),
                    ("curr_ret_stack", b.u32, 0xA0 + shift), ("ret_stack", 0, 0xA8 + shift),
-                   ("thread", thread, 0x200)]
+                   ("flags", b.u32, 0x140), ("real_parent", 0, 0x148), ("thread", thread, 0x200)]
         frs_members = [("ret", b.long, 0), ("func", b.long, 8), ("calltime", b.long, 16), ("retp", b.long, 24)]
         frs = b.struct("ftrace_ret_stack", 32, frs_members)
-        members[-2] = ("ret_stack", b.ptr(frs if old else b.long), 0xA8 + shift)
+        members[-4] = ("ret_stack", b.ptr(frs if old else b.long), 0xA8 + shift)
         if old:
             members += [("state", b.long, 0x18 + shift), ("cpu", b.u32, 0x1C + shift),
                         ("thread_group", lh, 0xB0 + shift), ("kretprobe_instances", b.voidp, 0xC0 + shift)]
@@ -84,6 +87,8 @@ class SynthKernel:
             b.struct("rethook_node", 0x30, [("rcu", lh, 0), ("llist", b.voidp, 0x10), ("ret_addr", b.long, 0x18),
                                             ("frame", b.long, 0x20)])
             b.struct("signal_struct", 0x40, [("nr_threads", b.u32, 0), ("thread_head", lh, 0x10)])
+        parent = b.ptr(len(b.types) + 2)  # struct task_struct *, the struct added next
+        members = [(n, parent if n == "real_parent" else tid, off) for n, tid, off in members]
         b.struct("task_struct", 0x400, members)
         b.struct("rq", 0x100, [("nr_running", b.u32, 0), ("curr", b.voidp, 0x40), ("idle", b.voidp, 0x48)])
         b.var("overflow_stack", b.array(b.long, 512))
@@ -155,6 +160,7 @@ class SynthKernel:
         self.u32(o("cpu" if self.gen == "old" else "thread_info.cpu"), t.cpu)
         self.u64(o("stack"), t.stack)
         self.u64(o("nvcsw"), t.pid * 3)
+        self.u32(o("flags"), 0x00200000 if t.kthread else 0x00400000)  # PF_KTHREAD, else PF_FORKNOEXEC
         t.ctx = {r: t.addr + i for i, r in enumerate(CTX)}
         t.ctx["sp"] = t.stack + THREAD_SIZE - 0x100
         for r, v in t.ctx.items():
@@ -226,16 +232,18 @@ class SynthKernel:
 
     def build(self, procs: list[SynthTask], curr: list[SynthTask | None]) -> tuple[list[SynthTask], list[int]]:
         """init_task + ``procs`` (with threads); per-CPU runqueues whose ``curr`` are ``curr`` (None: idle)."""
-        init = SynthTask(0, 0, "swapper/0", 0)
+        init = SynthTask(0, 0, "swapper/0", 0, kthread=True)
         self.define("init_task", 0x400)
         self.task(init, self.symbols["init_task"])
-        idle = [init] + [SynthTask(0, 0, f"swapper/{c}", 0, cpu=c) for c in range(1, self.ncpu)]
+        idle = [init] + [SynthTask(0, 0, f"swapper/{c}", 0, cpu=c, kthread=True) for c in range(1, self.ncpu)]
         for t in idle[1:]:
             self.task(t)
         for p in procs:
             self.task(p)
             for th in p.threads:
                 self.task(th)
+        for t in [*idle, *(x for p in procs for x in (p, *p.threads))]:
+            self.u64(t.addr + self.off("task_struct", "real_parent"), (t.parent or init).addr)
         tasks_off = self.off("task_struct", "tasks")
         self.link(init.addr + tasks_off, [p.addr + tasks_off for p in procs])
         for p in [init, *procs]:

@@ -23,9 +23,17 @@ def _procs() -> list[SynthTask]:
     sh = SynthTask(100, 100, "sh", 1, cpu=1, fgraph=[(0xFFFF800080001234, 0xFFFF800080001000, 0xFFFF800090003F00),
                                                       (0xFFFF800080005678, 0xFFFF800080005000, 0xFFFF800090003E00)])
     worker = SynthTask(200, 200, "worker", 0x402, kretprobes=[(0xFFFF80008000AAAA, 0x1111), (0xFFFF80008000BBBB, 0x2222)])
-    worker.threads = [SynthTask(201, 200, "worker-t1", 2), SynthTask(202, 200, "worker-t2", 0, cpu=1)]
-    zombie = SynthTask(300, 300, "zombie", 0, exit_state=0x20)
+    worker.parent = sh
+    worker.threads = [SynthTask(201, 200, "worker-t1", 2, parent=sh), SynthTask(202, 200, "worker-t2", 0, cpu=1,
+                                                                                  parent=sh)]
+    # forked by a thread that is not its group's leader: its ppid is that thread's tgid, as /proc says
+    zombie = SynthTask(300, 300, "zombie", 0, exit_state=0x20, parent=worker.threads[0], kthread=True)
     return [sh, worker, zombie]
+
+
+def _ppid(t: SynthTask) -> int:
+    """The tgid of the task's real_parent, by construction (init_task, tgid 0, when none)."""
+    return t.parent.tgid if t.parent is not None else 0
 
 
 def _prstatus(cpu: int, regs: dict[str, int]) -> bytes:
@@ -45,6 +53,7 @@ def test_every_task_once_with_its_fields(gen: str) -> None:
     for t in everyone:
         g = got[t.addr]
         assert (g.pid, g.tgid, g.comm, g.stack, g.cpu) == (t.pid, t.tgid, t.comm, t.stack, t.cpu)
+        assert (g.ppid, g.kthread) == (_ppid(t), t.kthread)
         assert g.state == task_state_char(t.state, t.exit_state)
     assert got[procs[1].threads[1].addr].running_on == 1
     assert got[idle[0]].running_on == 0 and got[idle[0]].idle
@@ -106,10 +115,17 @@ def test_vmcore_dump_tasks_regs_contexts_and_stacks() -> None:
     ovf = k.symbols["overflow_stack"] + k.percpu_offset[1]
     assert kinds["overflow"] == (ovf, ovf + 4096, 1)
     blocked = {t.pid: t for t in tasks[2:] if t.pid}
-    assert blocked[201].context == procs[1].threads[0].ctx and blocked[201].cpu is None
+    assert blocked[201].context == procs[1].threads[0].ctx and not blocked[201].running
+    assert blocked[201].cpu == procs[1].threads[0].cpu  # the CPU it last ran on
     assert [s.kind for s in blocked[201].stacks] == ["task"]
     assert blocked[100].fgraph and blocked[200].kretprobes
-    assert blocked[201].extra["task"] == f"{procs[1].threads[0].addr:#x}"
+    assert blocked[201].task_struct == procs[1].threads[0].addr
+    made = {t.addr: t for t in everyone}
+    for t in tasks:
+        want = made[t.task_struct]
+        assert (t.pid, t.ppid, t.tgid, t.kthread) == (want.pid, _ppid(want), want.tgid, want.kthread)
+        # rq->curr of cpu0 is its idle task, of cpu1 worker-t2: each runs on its own thread_info.cpu
+        assert t.cpu == want.cpu and t.running == (want in (everyone[0], running)), t.describe()
 
 
 def _session() -> tuple[Session, SynthKernel, list[SynthTask]]:
@@ -131,7 +147,7 @@ def test_convert_keeps_every_task_and_replays_the_same(tmp_path) -> None:
     convert(session, tasks).write(out)
     again = Session(Dump.open(out), None, None)
     back = again.select(every=True)
-    key = lambda t: (t.pid, t.cpu if t.running else -1, t.extra["task"])  # noqa: E731
+    key = lambda t: (t.pid, t.cpu, t.running, t.task_struct, t.ppid, t.tgid, t.kthread)  # noqa: E731
     assert sorted(map(key, back)) == sorted(map(key, tasks))
     by = {key(t): t for t in back}
     for t in tasks:
@@ -147,14 +163,19 @@ def test_convert_keeps_every_task_and_replays_the_same(tmp_path) -> None:
 def test_ps_lists_every_task_with_its_task_struct() -> None:
     session, k, procs = _session()
     lines = ps_lines(session)
-    assert lines[0].split() == ["PID", "CPU", "TASK", "ST", "COMM"]
+    assert lines[0].split() == ["PID", "PPID", "CPU", "TASK", "ST", "COMM"]
     rows = [ln.lstrip(">").split() for ln in lines[1:]]
     assert sorted(int(r[0]) for r in rows) == [0, 0, 100, 200, 201, 202, 300]
+    made = {t.addr: t for p in procs for t in (p, *p.threads)}
+    for r in rows:
+        if int(r[0]):
+            t = made[int(r[3], 16)]
+            assert (int(r[1]), int(r[2]), r[5]) == (_ppid(t), t.cpu, t.comm)
     running = [ln for ln in lines if ln.startswith(">")]
     # only cpu1 saved registers: cpu0's swapper runs too, and says its registers are missing; its stale saved
     # context is not walked
     assert len(running) == 2 and f"{procs[1].threads[1].addr:016x}" in running[1] and "worker-t2" in running[1]
-    assert running[0].split()[1:4] == ["0", "0", f"{k.symbols['init_task']:016x}"]
+    assert running[0].split()[1:5] == ["0", "0", "0", f"{k.symbols['init_task']:016x}"]  # pid, ppid, cpu, task
     assert running[0].endswith("(cpu0's registers are not in the dump (no NT_PRSTATUS note for it))")
     swapper = next(t for t in session.dump.tasks() if t.cpu == 0)
     r = session.replay(swapper)

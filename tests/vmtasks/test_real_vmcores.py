@@ -55,12 +55,12 @@ def test_every_task_replays_as_from_the_capture(arch: str, vmcore: Path) -> None
     img = _vmlinux(arch)
     vm = Session.load(vmcore, vmlinux=img)
     cap = Session.load(vmcore.with_name(vmcore.name.split(".")[0] + ".bin.xz"), vmlinux=img)
-    by_task = {t.extra["task"]: t for t in vm.dump.tasks()}
+    by_task = {t.task_struct: t for t in vm.dump.tasks()}
     checked = 0
     for t in cap.dump.tasks():
-        key = t.extra.get("task") or next(c["current"] for c in cap.dump.meta["cpus"] if c["cpu"] == t.cpu)
+        key = t.task_struct or int(next(c["current"] for c in cap.dump.meta["cpus"] if c["cpu"] == t.cpu), 16)
         u = by_task[key]
-        assert (u.pid, u.comm, u.cpu) == (t.pid, t.comm, t.cpu)
+        assert (u.pid, u.comm, u.running_cpu) == (t.pid, t.comm, t.running_cpu)
         r1, r2 = cap.replay(t, Options(), symbolize=False), vm.replay(u, Options(), symbolize=False)
         p1, p2 = [f.pc for f in r1.frames], [f.pc for f in r2.frames]
         if _normalised(cap, t.cpu):
@@ -108,11 +108,38 @@ def test_ps_lists_what_drgn_for_each_task_lists(oracle: Path) -> None:
     if not vmcore.exists():
         pytest.skip(f"no {vmcore}")
     s = Session.load(vmcore, vmlinux=_vmlinux(arch))
-    ours = {(t.pid, t.comm, t.extra["task"]) for t in s.dump.tasks()}
-    theirs = {(t["pid"], t["comm"], t["task"]) for t in rec["tasks"]}
+    ours = {(t.pid, t.comm, t.task_struct) for t in s.dump.tasks()}
+    theirs = {(t["pid"], t["comm"], int(t["task"], 16)) for t in rec["tasks"]}
     # drgn's for_each_task() walks init_task.tasks without init_task; crash's ps (and ours) also lists
     # each CPU's idle task (pid 0)
     assert {x for x in ours if x[0] != 0} == theirs
+
+
+@pytest.mark.parametrize("arch,vmcore", [c for c in _cases() if c[1].name.endswith(".elf")],
+                         ids=lambda v: getattr(v, "name", v))
+def test_ps_json_gives_what_drgn_reads(arch: str, vmcore: Path, capsys) -> None:
+    """``ps --json``'s parent, thread group, kernel-thread flag, CPU, state and command against drgn's
+    reading of the same task_struct (``real_parent->tgid``, ``tgid``, ``PF_KTHREAD``, ``task_cpu()``)."""
+    pytest.importorskip("drgn")
+    from drgn.helpers.linux.pid import for_each_task
+    from drgn.helpers.linux.sched import task_cpu, task_state_to_char
+
+    from unwind.cli.main import main
+    from unwind.lab.translations import drgn_program
+
+    img = _vmlinux(arch)
+    prog = drgn_program(vmcore, img, arch)
+    pf_kthread = 0x00200000  # include/linux/sched.h: a macro, so not in the debug info drgn reads
+    theirs = {hex(t.value_()): {"pid": int(t.pid), "ppid": int(t.real_parent.tgid), "tgid": int(t.tgid),
+                                "kthread": bool(t.flags & pf_kthread), "cpu": int(task_cpu(t)),
+                                "state": task_state_to_char(t), "comm": t.comm.string_().decode(errors="replace")}
+              for t in for_each_task(prog)}
+    capsys.readouterr()
+    assert main(["ps", str(vmcore), "--vmlinux", str(img), "--json"]) == 0
+    ours = {o["task_struct"]: o for o in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert set(theirs) <= set(ours)
+    for addr, want in theirs.items():
+        assert {k: ours[addr][k] for k in want} == want, addr
 
 
 @pytest.mark.parametrize("arch,vmcore", [c for c in _cases() if c[1].name.endswith(".elf")][:3],
@@ -127,9 +154,9 @@ def test_convert_replays_identically(arch: str, vmcore: Path, tmp_path: Path) ->
     out = tmp_path / "small.bin.xz"
     convert(vm, tasks).write(out)
     small = Session(Dump.open(out), vm.image, vm.image.symbols)
-    back = {t.extra["task"]: t for t in small.dump.tasks()}
+    back = {t.task_struct: t for t in small.dump.tasks()}
     for t in tasks:
-        a, b = vm.replay(t), small.replay(back[t.extra["task"]])
+        a, b = vm.replay(t), small.replay(back[t.task_struct])
         assert [(f.pc, f.symbol) for f in a.frames] == [(f.pc, f.symbol) for f in b.frames]
         assert a.stop.reason == b.stop.reason and a.stop.detail == b.stop.detail
     assert out.stat().st_size < vmcore.stat().st_size // 100
@@ -183,7 +210,7 @@ def test_makedumpfile_files_replay_as_drgn_on_the_elf(vmcore: Path) -> None:
     recover fgraph/kretprobe returns: those tasks are left out)."""
     drgn = json.loads(vmcore.with_name(vmcore.name.split(".")[0] + ".drgn-tasks.json").read_text())
     s = Session.load(vmcore)  # the image by build-id ($UNWIND_CACHE kernels)
-    tasks = {int(str(t.extra["task"]), 0): t for t in s.dump.tasks()}
+    tasks = {t.task_struct: t for t in s.dump.tasks()}
     assert {int(t["task"], 16) for t in drgn["tasks"] if t["pid"]} <= set(tasks)
     checked = 0
     for t in drgn["tasks"]:

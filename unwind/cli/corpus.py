@@ -74,7 +74,7 @@ KERNEL_SOURCES = ("sysrq-t", "sysrq-l", "ftrace-stacktrace", "dump_backtrace")
 def _find_task(session: Session, oracle: dict[str, Any]) -> Task | None:
     tasks = session.dump.tasks()
     if oracle.get("cpu") is not None:
-        hit = [t for t in tasks if t.cpu == oracle["cpu"]]
+        hit = [t for t in tasks if t.running and t.cpu == oracle["cpu"]]
     else:
         hit = [t for t in tasks if t.pid == oracle.get("pid") and not t.running]
         hit = hit or [t for t in tasks if t.pid == oracle.get("pid")]

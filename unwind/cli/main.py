@@ -15,13 +15,16 @@ import importlib
 import json
 import os
 import sys
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from unwind.core.errors import DumpError
 from unwind.formats.image import CACHE_ENV, IMAGE_PATH_ENV, ImageError
 from unwind.core.registry import ArchError
-from unwind.session.replay import ReplayError, load_session
-from unwind.core.target import Options
+from unwind.session.replay import ReplayError, Session, load_session
+from unwind.core.target import Options, Task
+
+if TYPE_CHECKING:
+    from unwind.session.filters import TaskFilter
 
 #: the distribution the ``unwind`` package ships in
 DISTRIBUTION = "kernel-unwind"
@@ -56,6 +59,39 @@ def max_frames_arg(text: str) -> int:
     return n
 
 
+def add_filter_arguments(p: argparse.ArgumentParser) -> None:
+    """``--state``, ``--comm``, ``--function`` and ``--task``: the task filters (``unwind.session.filters``)."""
+    g = p.add_argument_group("task filters", "Each selects, of every task, those a full replay shows with "
+                             "that property; given together, a task needs them all.")
+    g.add_argument("--state", metavar="S[,D...]", action="append",
+                   help="tasks in one of these states, ps's letters (R S D T t X Z P I); repeatable")
+    g.add_argument("--comm", metavar="REGEX", help="tasks whose command matches REGEX (searched, as pgrep does)")
+    g.add_argument("--function", metavar="NAME",
+                   help="tasks with a frame in function NAME (walks every task the other filters keep)")
+    g.add_argument("--task", metavar="PID[,PID...]", action="append",
+                   help="the tasks with these pids; repeatable")
+
+
+def task_filter(args: argparse.Namespace) -> "TaskFilter":
+    """The :class:`TaskFilter` of the parsed filter arguments."""
+    from unwind.session.filters import FilterError, TaskFilter
+
+    try:
+        return TaskFilter.of(args.state, args.comm, args.function, args.task)
+    except FilterError as e:
+        raise UsageError(str(e)) from None
+
+
+def selected(session: Session, args: argparse.Namespace, f: "TaskFilter", options: Options | None = None) -> list[Task]:
+    """The tasks the selection arguments (``--cpu``, ``--all``) and the filter ``f`` name; a note on stderr for
+    each filter value that matched no task."""
+    sel = session.selection(cpu=getattr(args, "cpu", None), every=getattr(args, "all", False), filters=f,
+                            options=options)
+    for note in sel.notes(f):
+        print(f"unwind: note: {note}", file=sys.stderr)
+    return sel.tasks
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     """``unwind replay``: print each selected task's trace."""
     from unwind.session.output import replay_json, replay_text
@@ -64,13 +100,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UsageError("--modules DIR gives the modules' source lines: it needs --lines")
     if args.modules is not None and not os.path.isdir(args.modules):
         raise UsageError(f"--modules {args.modules}: not a folder")
+    f = task_filter(args)
     session = load_session(args.dump, arch=args.arch, vmlinux=args.vmlinux, system_map=args.system_map)
     options = Options(complete=args.complete, record=args.explain, user=args.user,
                       generation=args.generation, orc_version=args.orc_version)
     session.check_options(options)
-    tasks = session.select(pid=args.task, cpu=args.cpu, every=args.all)
     for w in session.warnings:
         print(f"unwind: warning: {w}", file=sys.stderr)
+    tasks = selected(session, args, f, options)
     sources = None
     if args.lines:
         from unwind.session.lines import FrameLines
@@ -79,9 +116,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if sources.note:
             print(f"unwind: note: {sources.note}", file=sys.stderr)
     status = 0
-    # --all walks the tasks in one batch (unwind.session.batch, numpy); a few tasks walk one by one, so a
-    # replay of the running tasks starts without numpy
-    replays = (session.replay_all(options, tasks, reliable=args.reliable, max_frames=args.max_frames) if args.all
+    # --all and the filters but --task walk the tasks in one batch (unwind.session.batch, numpy); the running
+    # tasks and the tasks of pids walk one by one, so a replay of them starts without numpy
+    batch = args.all or (bool(f) and not f.pids)
+    replays = (session.replay_all(options, tasks, reliable=args.reliable, max_frames=args.max_frames) if batch
                else (session.replay(t, options, reliable=args.reliable, max_frames=args.max_frames) for t in tasks))
     for r in replays:
         if args.json:
@@ -145,9 +183,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     r.add_argument("--vmlinux", metavar="IMAGE", help="kernel image (vmlinux or slim); default: found by build-id")
     r.add_argument("--system-map", metavar="MAP", help="take symbols from a System.map")
     sel = r.add_mutually_exclusive_group()
-    sel.add_argument("--task", type=int, metavar="PID", help="replay the task with this pid")
     sel.add_argument("--cpu", type=int, metavar="N", help="replay the task running on CPU N")
-    sel.add_argument("--all", action="store_true", help="replay every task (default: running ones)")
+    sel.add_argument("--all", action="store_true", help="replay every task (default: running ones, or the "
+                     "filters' tasks)")
     r.add_argument("--reliable", action="store_true", help="also run the reliable walk and give its verdict")
     r.add_argument("--json", action="store_true", help="one JSON object per task (docs/json.md)")
     r.add_argument("--explain", action="store_true", help="show each frame's provenance")
@@ -166,6 +204,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     r.add_argument("--max-frames", type=max_frames_arg, default=None, metavar="N",
                    help="stop a walk after N frames with 'frame limit reached' "
                    "(default: what the task's captured stack bytes allow, docs/dump-format.md)")
+    add_filter_arguments(r)
     r.set_defaults(func=cmd_replay)
 
     own = argv is not None and _command(argv) in sub.choices

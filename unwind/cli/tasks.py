@@ -9,11 +9,12 @@ the result replays exactly as the vmcore does.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
 from unwind.formats.dump import DumpWriter
-from unwind.session.replay import Session, load_session
+from unwind.session.replay import ReplayError, Session, load_session
 from unwind.core.target import Task
 
 
@@ -26,6 +27,10 @@ def task_json(task: Task) -> dict[str, Any]:
     # a dump's running task has its CPU's registers: one whose registers are missing is written without its CPU
     out: dict[str, Any] = {"pid": task.pid, "comm": task.comm, "state": task.state,
                            "cpu": task.cpu if task.running else None}
+    known = {"task": None if task.task_struct is None else _hex(task.task_struct),
+             "last_cpu": None if task.running else task.cpu, "ppid": task.ppid, "tgid": task.tgid,
+             "kthread": task.kthread}
+    out.update({k: v for k, v in known.items() if v is not None})
     if task.context is not None:
         out["context"] = {k: _hex(v) for k, v in task.context.items()}
     if task.fgraph:
@@ -48,12 +53,12 @@ def convert(session: Session, tasks: list[Task]) -> DumpWriter:
             w.add_memory(seg.start, seg.data)
         for s in task.stacks:
             pid = task.pid if s.kind == "task" else None
-            key = (s.kind, s.low, s.high, s.cpu, pid, task.extra.get("task") if pid is not None else None)
+            key = (s.kind, s.low, s.high, s.cpu, pid, task.task_struct if pid is not None else None)
             if key not in seen:
                 seen.add(key)
                 entry = {"kind": s.kind, "low": _hex(s.low), "high": _hex(s.high), "cpu": s.cpu, "pid": pid}
-                if pid is not None and "task" in task.extra:
-                    entry["task"] = task.extra["task"]
+                if pid is not None and task.task_struct is not None:
+                    entry["task"] = _hex(task.task_struct)
                 stacks.append(entry)
     cpus = {c.cpu: c for c in dump.cpus}
     for cpu in range(max(cpus, default=-1) + 1):  # the i-th NT_PRSTATUS is CPU i
@@ -68,54 +73,90 @@ def convert(session: Session, tasks: list[Task]) -> DumpWriter:
     return w
 
 
-def ps_lines(session: Session) -> list[str]:
-    """The task list as crash ``ps`` prints it: ``>`` marks a task running on a CPU; a task the dump
-    holds only part of says what is missing after its name."""
-    lines = ["   PID  CPU  TASK              ST  COMM"]
-    for t in sorted(session.dump.tasks(), key=lambda t: (t.pid is None, t.pid or 0, t.cpu is None)):
-        task = t.extra.get("task", "-")
-        addr = f"{int(task, 0):016x}" if isinstance(task, str) and task.startswith("0x") else str(task)
-        cpu = t.cpu if t.cpu is not None else t.extra.get("last_cpu", "-")
+def _ps_order(tasks: list[Task]) -> list[Task]:
+    """By pid, the running task of a pid first (idle tasks share pid 0)."""
+    return sorted(tasks, key=lambda t: (t.pid is None, t.pid or 0, t.running_cpu is None))
+
+
+def ps_lines(session: Session, tasks: list[Task] | None = None) -> list[str]:
+    """The task list (default: every task) as crash ``ps`` prints it: ``>`` marks a task running on a CPU;
+    CPU is the one it runs on, or last ran on; ``-`` where the dump does not say; a task the dump holds only
+    part of says what is missing after its name."""
+    lines = ["   PID   PPID  CPU  TASK              ST  COMM"]
+    for t in _ps_order(session.dump.tasks() if tasks is None else tasks):
+        addr = "-" if t.task_struct is None else f"{t.task_struct:016x}"
         lacks = f"  ({t.lacks.what})" if t.lacks is not None else ""
-        lines.append(f"{'>' if t.cpu is not None else ' '}{t.pid if t.pid is not None else '?':>5}  {cpu!s:>3}  "
-                     f"{addr:<16}  {t.state or '?':<2}  {t.comm}{lacks}")
+        lines.append(f"{'>' if t.running_cpu is not None else ' '}{_dash(t.pid):>5}  {_dash(t.ppid):>5}  "
+                     f"{_dash(t.cpu):>3}  {addr:<16}  {t.state or '?':<2}  {t.comm}{lacks}")
     return lines
 
 
+def _dash(v: int | None) -> str:
+    return "-" if v is None else str(v)
+
+
+def ps_json(task: Task) -> dict[str, Any]:
+    """One task of ``unwind ps --json`` (docs/json.md): ``null`` where the dump does not say."""
+    return {"pid": task.pid, "ppid": task.ppid, "tgid": task.tgid, "cpu": task.cpu,
+            "running": task.running_cpu is not None, "state": task.state or None, "comm": task.comm,
+            "task_struct": None if task.task_struct is None else _hex(task.task_struct), "kthread": task.kthread,
+            "lacks": None if task.lacks is None else task.lacks.what}
+
+
 def cmd_ps(args: argparse.Namespace) -> int:
-    """``unwind ps``: every task with pid, CPU, ``task_struct`` and state."""
+    """``unwind ps``: the tasks (every one, or the filters') with pid, parent, CPU, ``task_struct`` and state."""
+    from .main import selected, task_filter
+
+    f = task_filter(args)
     session = load_session(args.dump, vmlinux=args.vmlinux)
     for w in session.warnings:
         print(f"unwind: warning: {w}", file=sys.stderr)
-    print("\n".join(ps_lines(session)))
+    tasks = selected(session, args, f)
+    if args.json:
+        for t in _ps_order(tasks):
+            print(json.dumps(ps_json(t)))
+    else:
+        print("\n".join(ps_lines(session, tasks)))
     return 0
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """``unwind convert``: write the chosen tasks of a vmcore as the project's small dump."""
+    from .main import selected, task_filter
+
+    f = task_filter(args)
     session = load_session(args.dump, vmlinux=args.vmlinux)
     for w in session.warnings:
         print(f"unwind: warning: {w}", file=sys.stderr)
-    tasks = session.select(pid=args.task, cpu=args.cpu, every=args.all)
+    tasks = selected(session, args, f)
     w = convert(session, tasks)
-    w.write(args.output)
+    try:
+        w.write(args.output)
+    except OSError as e:
+        raise ReplayError(f"cannot write {args.output}: {e.strerror or e}") from None
     print(f"wrote {args.output}: {len(tasks)} task{'s' * (len(tasks) != 1)}", file=sys.stderr)
     return 0
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``ps`` and ``convert`` to the top-level parser."""
-    p = sub.add_parser("ps", help="list the tasks of a vmcore or dump (pid, cpu, task_struct, state, comm)")
+    from .main import add_filter_arguments
+
+    p = sub.add_parser("ps", help="list the tasks of a vmcore or dump (pid, parent, cpu, task_struct, state, comm)",
+                       description="List every task (or the filters' tasks), as crash's ps: > marks a task running "
+                       "on a CPU, CPU is the one it runs on or last ran on, - what the dump does not say.")
     p.add_argument("dump", help="vmcore (ELF, kdump-compressed, flattened) or dump file")
     p.add_argument("--vmlinux", metavar="IMAGE", help="kernel image (default: found by build-id)")
-    p.set_defaults(func=cmd_ps)
+    p.add_argument("--json", action="store_true", help="one JSON object per task (docs/json.md)")
+    add_filter_arguments(p)
+    p.set_defaults(func=cmd_ps, all=True)
 
     c = sub.add_parser("convert", help="write a vmcore's tasks as a small dump that replays the same")
     c.add_argument("dump", help="vmcore (or dump) file")
     c.add_argument("-o", "--output", required=True, help="output dump (.xz/.gz compress)")
     c.add_argument("--vmlinux", metavar="IMAGE", help="kernel image (default: found by build-id)")
     sel = c.add_mutually_exclusive_group()
-    sel.add_argument("--task", type=int, metavar="PID", help="only the task with this pid")
     sel.add_argument("--cpu", type=int, metavar="N", help="only the task running on CPU N")
-    sel.add_argument("--all", action="store_true", help="every task (default: the running ones)")
+    sel.add_argument("--all", action="store_true", help="every task (default: the running ones, or the filters')")
+    add_filter_arguments(c)
     c.set_defaults(func=cmd_convert)

@@ -35,8 +35,9 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
-from .main import INPUT_ERRORS
+from .main import INPUT_ERRORS, add_filter_arguments, task_filter
 from unwind.core.frame import Flag
+from unwind.session.filters import TaskFilter, functions
 from unwind.session.replay import ReplayError, load_session
 from unwind.core.target import Options
 
@@ -191,6 +192,8 @@ class Tally:
 
     buckets: dict[tuple[str, str, tuple[str, ...]], Bucket] = field(default_factory=dict)
     dumps: list[DumpRecord] = field(default_factory=list)
+    #: the filter values (``--state D``) some task of these dumps has
+    matched: set[str] = field(default_factory=set)
 
     def add(self, bucket: Bucket) -> None:
         """Merge one bucket in."""
@@ -205,6 +208,7 @@ class Tally:
         for b in other.buckets.values():
             self.add(b)
         self.dumps.extend(other.dumps)
+        self.matched |= other.matched
 
 
 def _capture_time(session: Any, path: str) -> float | None:
@@ -220,19 +224,28 @@ def _capture_time(session: Any, path: str) -> float | None:
 
 
 def triage_dump(path: str, depth: int = DEFAULT_DEPTH, complete: bool = False,
-                skip: SkipTable | None = None) -> Tally:
-    """Replay every task of one dump and bucket them; a dump that fails is a record with its reason."""
+                skip: SkipTable | None = None, filters: TaskFilter | None = None) -> Tally:
+    """Replay every task of one dump (every one ``filters`` selects) and bucket them; a dump that fails is a
+    record with its reason."""
     skip = skip or _default_skip()
     tally = Tally()
     try:
         session = load_session(path)
-        tasks = session.select(every=True)
+        everyone = session.select(every=True)
         release = session.dump.release or "unknown"
         when = _capture_time(session, path)
         options = Options(complete=complete)
         local: dict[tuple[str, str, tuple[str, ...]], Bucket] = {}
+        f = filters or TaskFilter()
+        for t in everyone:
+            tally.matched |= f.task_values(t)
+        tasks = [t for t in everyone if f.matches_task(t)]
+        count = 0
         for task in tasks:
             r = session.replay(task, options)
+            if f.function is not None and not f.matches_functions(functions(session, r)):
+                continue
+            count += 1
             printed = [f.symbol or hex(f.pc) for f in r.frames if not f.flags._value_ & _UNRELIABLE]
             names = [function_name(p) for p in printed]
             kind = "running" if task.running else "blocked"
@@ -245,14 +258,18 @@ def triage_dump(path: str, depth: int = DEFAULT_DEPTH, complete: bool = False,
             b.releases[release] += 1
             if not r.stop.clean:
                 b.errors += 1
-            rep = {"path": path, "pid": task.pid, "comm": task.comm, "cpu": task.cpu,
+            rep = {"path": path, "pid": task.pid, "comm": task.comm, "cpu": task.running_cpu,
                    "trace": printed, "stop": str(r.stop)}
             if b.representative is None or _rep_order(rep) < _rep_order(b.representative):
                 b.representative = rep
         for b in local.values():
             tally.add(b)
+        if f.function is not None and (count or any(
+                f.matches_functions(functions(session, session.replay(t, options))) for t in everyone
+                if not f.matches_task(t))):
+            tally.matched.add(f"--function {f.function}")
         tally.dumps.append(DumpRecord(path, True, release=release, arch=session.backend.name, time=when,
-                                      tasks=len(tasks)))
+                                      tasks=count))
     except INPUT_ERRORS as e:
         msg = _one_line(e)
         tally.dumps.append(DumpRecord(path, False, error=msg[len(path) + 2:] if msg.startswith(f"{path}: ") else msg))
@@ -272,12 +289,12 @@ def _default_skip() -> SkipTable:
 
 
 def triage_chunk(paths: Sequence[str], depth: int = DEFAULT_DEPTH, complete: bool = False,
-                 skip_path: str | None = None) -> Tally:
+                 skip_path: str | None = None, filters: TaskFilter | None = None) -> Tally:
     """The unit of work: several dumps, reduced to one tally on the worker."""
     skip = SkipTable.load(skip_path) if skip_path else _default_skip()
     tally = Tally()
     for p in paths:
-        tally.merge(triage_dump(p, depth, complete, skip))
+        tally.merge(triage_dump(p, depth, complete, skip, filters))
     return tally
 
 
@@ -365,9 +382,10 @@ class _Work:
     depth: int
     complete: bool
     skip_path: str | None
+    filters: TaskFilter | None = None
 
     def __call__(self, paths: list[str]) -> Tally:
-        return triage_chunk(paths, self.depth, self.complete, self.skip_path)
+        return triage_chunk(paths, self.depth, self.complete, self.skip_path, self.filters)
 
 
 class Progress:
@@ -403,6 +421,16 @@ class Triage:
     engine: str
     seconds: float
     baseline: dict[str, Any] | None = None
+    filters: TaskFilter | None = None
+
+    def notes(self) -> list[str]:
+        """The filter values that matched no task of any dump; one line more when none matched together."""
+        if not self.filters:
+            return []
+        out = [f"{v} matched no task in any dump" for v in self.filters.values() if v not in self.tally.matched]
+        if not out and not any(d.tasks for d in self.tally.dumps):
+            out.append(f"no task has all of {self.filters}")
+        return out
 
     def buckets(self) -> list[Bucket]:
         """Largest first; ties by kind, state and signature."""
@@ -417,7 +445,8 @@ class Triage:
         dumps = sorted(self.tally.dumps, key=lambda d: d.path)
         doc: dict[str, Any] = {
             "schema": SCHEMA,
-            "options": {"depth": self.depth, "complete": self.complete, "engine": self.engine},
+            "options": {"depth": self.depth, "complete": self.complete, "engine": self.engine,
+                        **({"filters": self.filters.values()} if self.filters else {})},
             "seconds": round(self.seconds, 3),
             "dumps": {"total": len(dumps), "ok": sum(d.ok for d in dumps),
                       "failed": [d.to_json() for d in self.failed()]},
@@ -433,8 +462,8 @@ class Triage:
 def bucket(paths: Iterable[str | Path], *, depth: int = DEFAULT_DEPTH, complete: bool = False,
            workers: int | None = None, scheduler: Any = None, baseline: dict[str, Any] | str | Path | None = None,
            skip_table: str | Path | None = None, progress: IO[str] | None = None,
-           chunk: int = CHUNK) -> Triage:
-    """Triage ``paths`` (dumps and folders of them).
+           chunk: int = CHUNK, filters: TaskFilter | None = None) -> Triage:
+    """Triage ``paths`` (dumps and folders of them): every task, or those ``filters`` selects.
 
     ``workers`` local processes (default: all cores; 1 runs in this process), or ``scheduler``, a Dask
     address or ``distributed.Client``. ``baseline`` is an earlier ``--json`` document (or its path).
@@ -448,7 +477,7 @@ def bucket(paths: Iterable[str | Path], *, depth: int = DEFAULT_DEPTH, complete:
         raise TriageError("no dumps found in the paths given")
     if isinstance(baseline, (str, Path)):
         baseline = load_baseline(baseline)
-    work = _Work(depth, complete, str(skip_table) if skip_table else None)
+    work = _Work(depth, complete, str(skip_table) if skip_table else None, filters or None)
     chunks = _chunks(files, max(1, chunk))
     start = time.monotonic()
     if scheduler is not None:
@@ -462,7 +491,7 @@ def bucket(paths: Iterable[str | Path], *, depth: int = DEFAULT_DEPTH, complete:
         tally.merge(part)
         meter.advance(len(part.dumps))
     meter.advance(0, final=True)
-    return Triage(tally, depth, complete, engine, time.monotonic() - start, baseline)
+    return Triage(tally, depth, complete, engine, time.monotonic() - start, baseline, filters or None)
 
 
 # --- baseline ----------------------------------------------------------------------------------
@@ -616,7 +645,10 @@ def cmd_triage(args: argparse.Namespace) -> int:
     """``unwind triage``: bucket every task of the dumps given."""
     stream = sys.stderr if (args.progress or (args.progress is None and sys.stderr.isatty())) else None
     t = bucket(args.paths, depth=args.depth, complete=args.complete, workers=args.workers,
-               scheduler=args.scheduler, baseline=args.baseline, skip_table=args.skip_table, progress=stream)
+               scheduler=args.scheduler, baseline=args.baseline, skip_table=args.skip_table, progress=stream,
+               filters=task_filter(args))
+    for note in t.notes():
+        print(f"unwind: note: {note}", file=sys.stderr)
     print("\n".join(text_lines(t, args.top)))
     if args.json:
         Path(args.json).write_text(json.dumps(t.to_json(), indent=1) + "\n")
@@ -628,7 +660,8 @@ def cmd_triage(args: argparse.Namespace) -> int:
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``triage`` to the top-level parser."""
     p = sub.add_parser("triage", help="bucket the stacks of many dumps by signature (fleet triage)",
-                       description="Replay every task of every dump and bucket the stacks by signature. "
+                       description="Replay every task (or the filters' tasks) of every dump and bucket the stacks "
+                       "by signature. "
                        "Exit 0 when at least one dump was replayed (the others are listed with their "
                        "reasons), 2 when none could be.")
     p.add_argument("paths", nargs="+", metavar="PATH", help="dumps, or folders searched for dumps")
@@ -648,4 +681,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     prog.add_argument("--progress", dest="progress", action="store_true", default=None,
                       help="progress on stderr (default: when stderr is a terminal)")
     prog.add_argument("--no-progress", dest="progress", action="store_false")
+    add_filter_arguments(p)
     p.set_defaults(func=cmd_triage)

@@ -61,9 +61,13 @@ class Task:
     ``regs`` are the registers of the CPU it runs on (a running task);
     ``context`` is the saved context of a blocked task. ``stacks`` are the
     stacks the kernel would let a walk of this task use: the task stack,
-    plus the per-CPU stacks of its CPU when it was running there. ``cpu``
-    is set for every task running on a CPU, even one whose registers the
-    dump lacks (``lacks`` then says so).
+    plus the per-CPU stacks of its CPU when it was running there.
+
+    ``cpu`` is the CPU a running task runs on, else the CPU a blocked task last ran on
+    (``task_cpu()``); :attr:`running` says which. A task running on a CPU whose registers
+    the dump lacks has that ``cpu`` too, and ``lacks`` says so (:attr:`running_cpu`).
+    ``task_struct``, ``ppid``, ``tgid``, ``kthread`` and a blocked task's ``cpu`` are
+    ``None`` where the dump does not say.
     """
 
     pid: int | None
@@ -76,18 +80,35 @@ class Task:
     fgraph: list[FgraphEntry] = field(default_factory=list)
     kretprobes: list[KretprobeInstance] = field(default_factory=list)
     user_regs: dict[str, int] | None = None
+    #: what the dump says beyond these fields (``switches``, a capture's ``note``), by the note's keys
     extra: dict[str, Any] = field(default_factory=dict)
     #: what the dump lacks that a walk needs (a walk stops on it), else ``None``
     lacks: Lack | None = None
+    #: the address of its ``task_struct``
+    task_struct: int | None = None
+    #: ``task->real_parent->tgid``, as ``ps`` and sysrq-t print it
+    ppid: int | None = None
+    #: ``task->tgid``: the pid of its thread group's leader
+    tgid: int | None = None
+    #: a kernel thread (``task->flags & PF_KTHREAD``)
+    kthread: bool | None = None
 
     @property
     def running(self) -> bool:
-        """True for the task that was running on a CPU when the dump was taken."""
+        """True for the task that was running on a CPU when the dump was taken, with that CPU's registers (its
+        ``cpu`` is that CPU)."""
         return self.regs is not None
+
+    @property
+    def running_cpu(self) -> int | None:
+        """The CPU the task runs on (its registers there may be missing: ``lacks.registers``), ``None`` for a
+        blocked task."""
+        missing = self.lacks is not None and self.lacks.registers
+        return self.cpu if self.regs is not None or missing else None
 
     def describe(self) -> str:
         """``pid 12 (sh) on cpu1`` style text."""
-        where = f" on cpu{self.cpu}" if self.cpu is not None else " blocked"
+        where = f" on cpu{self.running_cpu}" if self.running_cpu is not None else " blocked"
         pid = "?" if self.pid is None else str(self.pid)
         return f"pid {pid} ({self.comm}){where}"
 

@@ -394,7 +394,7 @@ class Dump:
             raise DumpError(f"{self.path}: malformed modules or bpf_symbols list: {e}") from None
         self.cpus: list[CpuState] = self._cpus(prstatus)
         self._tasks: list[Task] = [self._task(t) for t in self.note["tasks"]]
-        self._tasks.sort(key=lambda t: (t.cpu is None, t.cpu if t.cpu is not None else 0))
+        self._tasks.sort(key=lambda t: (not t.running, t.running_cpu or 0))
 
     def _elf_header(self, data: bytes) -> dict[str, int]:
         """The ELF header's fields, checked before the program headers are read."""
@@ -446,13 +446,13 @@ class Dump:
                 raise DumpError(f"{self.path}: task {pid} runs on cpu{cpu}, which has no NT_PRSTATUS")
             regs = dict(self.cpus[cpu].regs)
         return Task(
-            pid=pid, comm=t["comm"], state=t["state"], cpu=cpu, regs=regs,
+            pid=pid, comm=t["comm"], state=t["state"], cpu=t["last_cpu"] if cpu is None else cpu, regs=regs,
             context=dict(t["context"]) if t["context"] else None, stacks=usable,
             fgraph=[FgraphEntry(e["ret"], e["retp"], e["func"], e["fp"]) for e in t["fgraph"]],
             kretprobes=[KretprobeInstance(e["ret"], e["fp"]) for e in t["kretprobes"]],
             user_regs=dict(t["user_regs"]) if t["user_regs"] else None,
-            extra={**{k: v for k, v in t.items() if k not in self._task_keys},
-                   **({"task": f"{task_struct:#x}"} if task_struct is not None else {})},
+            extra={k: v for k, v in t.items() if k not in self._task_keys},
+            task_struct=task_struct, ppid=t["ppid"], tgid=t["tgid"], kthread=t["kthread"],
         )
 
     @cached_property

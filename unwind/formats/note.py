@@ -73,6 +73,10 @@ DROPPABLE: tuple[tuple[Any, ...], ...] = (
     ("modules",),
     ("stacks", _ANY, "task"),                # the stack is then tied to its task by pid
     ("tasks", _ANY, "task"),
+    ("tasks", _ANY, "last_cpu"),             # what the dump does not say is None
+    ("tasks", _ANY, "ppid"),
+    ("tasks", _ANY, "tgid"),
+    ("tasks", _ANY, "kthread"),
 )
 #: passes of drop-and-revalidate before giving up (each pass drops every reported key at once)
 _PASSES = 4

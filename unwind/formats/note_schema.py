@@ -160,6 +160,10 @@ TASK_NOTE = _obj(
     kretprobes=_list(KRETPROBE_NOTE),
     user_regs=_nullable(cs.dict_schema(NAME, U64)),
     task=_nullable(U64),
+    last_cpu=_nullable(CPU),
+    ppid=_nullable(PID),
+    tgid=_nullable(PID),
+    kthread=_nullable(cs.bool_schema()),
 )
 #: the keys :data:`TASK_NOTE` declares
 TASK_KEYS = frozenset(TASK_NOTE["fields"])

@@ -361,7 +361,7 @@ class VmcoreDump:
             out = [self._task(k, t, regs, stacks, unknown) for t in self._ktasks]
             out += [_lost_task(t) for t in self._lost]
             first = self._panic_cpu(k)
-            out.sort(key=lambda t: (t.cpu is None, t.cpu != first, t.cpu if t.cpu is not None else 0))
+            out.sort(key=lambda t: (t.running_cpu is None, t.running_cpu != first, t.running_cpu or 0))
             self._tasks = out
         return self._tasks
 
@@ -393,7 +393,7 @@ class VmcoreDump:
 
     def _task(self, k: Kernel, t: KernelTask, cpus: dict[int, CpuState], percpu: dict[int, list[StackInfo]],
               unknown: set[int]) -> Task:
-        extra: dict[str, Any] = {"task": f"{t.addr:#x}", "switches": t.switches, "last_cpu": t.cpu}
+        extra: dict[str, Any] = {"switches": t.switches}
         cpu = t.running_on if t.running_on in cpus else None
         lacks = None
         if t.running_on is not None and cpu is None:
@@ -422,8 +422,10 @@ class VmcoreDump:
                 extra["note"] = f"no saved context: {e}"
         fgraph = k.fgraph(t) if lacks is None else []
         kretprobes = k.kretprobes(t) if lacks is None else []
-        return Task(pid=t.pid, comm=t.comm, state=t.state, cpu=t.running_on, regs=regs, context=context,
-                    stacks=stacks, fgraph=fgraph, kretprobes=kretprobes, extra=extra, lacks=lacks)
+        on = t.running_on if t.running_on is not None else t.cpu
+        return Task(pid=t.pid, comm=t.comm, state=t.state, cpu=on if cpu is None else cpu, regs=regs,
+                    context=context, stacks=stacks, fgraph=fgraph, kretprobes=kretprobes, extra=extra, lacks=lacks,
+                    task_struct=t.addr, ppid=t.ppid, tgid=t.tgid, kthread=t.kthread)
 
     def kernel_tasks(self) -> list[KernelTask]:
         """The tasks as ``ps`` lists them (``task_struct`` fields)."""
@@ -441,7 +443,7 @@ FGRAPH_MEMBERS = ("ret_stack", "curr_ret_stack", "rethooks", "kretprobe_instance
 
 def _lost_task(t: LostTask) -> Task:
     """A ``task_struct`` whose pid or comm the dump lacks: listed by its address, with what is missing."""
-    return Task(pid=None, comm="?", state="?", extra={"task": f"{t.addr:#x}"}, lacks=Lack(t.why))
+    return Task(pid=None, comm="?", state="?", lacks=Lack(t.why), task_struct=t.addr)
 
 
 def kaslr_offset(info: VmcoreInfo, symbols: SymbolTable, path: str) -> int:

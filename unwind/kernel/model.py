@@ -41,6 +41,8 @@ TASK_RTLOCK_WAIT = 0x1000
 TASK_FROZEN = 0x8000
 TASK_UNINTERRUPTIBLE = 0x2
 TASK_STATE_CHARS = "RSDTtXZPI"
+#: include/linux/sched.h: task_struct.flags of a kernel thread (unchanged since 2.6)
+PF_KTHREAD = 0x00200000
 
 
 class KernelError(Exception):
@@ -128,6 +130,10 @@ class KernelTask:
     data: bytes = b""
     #: the members the dump lacks (read as zeros in ``data``), each ``member at address: why``
     missing: tuple[str, ...] = ()
+    #: ``real_parent->tgid`` (0 once the task is no longer ``pid_alive()``), ``None`` when unreadable
+    ppid: int | None = None
+    #: ``flags & PF_KTHREAD``, ``None`` when BTF has no ``flags``
+    kthread: bool | None = None
 
     def lacks(self, members: Iterable[str]) -> str | None:
         """The first of ``members`` (in their order) the dump lacks, as a sentence (``None``: all were read)."""
@@ -296,7 +302,7 @@ class Kernel:
     #: the task_struct members read for every task (each generation's names; absent ones are skipped)
     TASK_MEMBERS = ("pid", "tgid", "comm", "__state", "state", "exit_state", "stack", "on_cpu", "thread_info.cpu",
                     "cpu", "nvcsw", "nivcsw", "tasks", "signal", "thread_node", "thread_group", "ret_stack",
-                    "curr_ret_stack", "rethooks", "kretprobe_instances")
+                    "curr_ret_stack", "rethooks", "kretprobe_instances", "flags", "real_parent", "thread_pid")
 
     def read_members(self, addr: int, struct: str, paths: Iterable[str]) -> bytes:
         """``struct`` at ``addr`` with only the members ``paths`` read (the rest zero): a struct that
@@ -347,11 +353,30 @@ class Kernel:
         if u("pid") > PID_MAX_LIMIT:  # alloc_pid() hands out pids below pid_max only
             raise KernelError(f"pid {u('pid')} is past PID_MAX_LIMIT ({PID_MAX_LIMIT}): not a task")
         letter = task_state_char(state & 0xFFFFFFFF, u("exit_state"))
-        if any(path in self.STATE_MEMBERS for path, _ in faults):
+        unread = {path for path, _ in faults}
+        if unread & set(self.STATE_MEMBERS):
             letter = "?"
         return KernelTask(addr=addr, pid=u("pid"), tgid=u("tgid"), comm=comm, state=letter, stack=u("stack"),
                           on_cpu=u("on_cpu"), cpu=u(cpu_path) if self.has("task_struct", cpu_path) else 0,
-                          switches=u("nvcsw") + u("nivcsw"), data=data, missing=missing)
+                          switches=u("nvcsw") + u("nivcsw"), data=data, missing=missing,
+                          ppid=None if {"real_parent", "thread_pid"} & unread else self._ppid(data),
+                          kthread=None if "flags" in unread or not self.has("task_struct", "flags")
+                          else bool(u("flags") & PF_KTHREAD))
+
+    # task_tgid_nr_ns(rcu_dereference(p->real_parent)) of do_task_stat(), behind pid_alive(p)
+    def _ppid(self, data: bytes) -> int | None:
+        """The parent's tgid, as ``ps`` shows it: 0 for a task no longer ``pid_alive()``."""
+        if not self.has("task_struct", "real_parent"):
+            return None
+        if self.has("task_struct", "thread_pid") and not field_int(self.btf, data, "task_struct", "thread_pid"):
+            return 0
+        parent = field_int(self.btf, data, "task_struct", "real_parent")
+        tgid = self.btf.member("task_struct", "tgid")
+        try:
+            raw = self.read(parent + tgid.offset, tgid.size or 4)
+        except MemoryFault:
+            return None
+        return int.from_bytes(raw, "little")
 
     # list_for_each() and list_for_each_prev() (include/linux/list.h): a ring read both ways round
     def ring(self, head: int, what: str, limit: int) -> Iterator[int]:

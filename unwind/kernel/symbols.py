@@ -258,6 +258,8 @@ class SymbolTable:
                         raise SymbolError(f"{path}:{lineno}: not a System.map line") from None
         except OSError as e:
             raise SymbolError(f"cannot read {path}: {e.strerror}") from None
+        if not any(not _ignored(n, t) for _, t, n in entries):
+            raise SymbolError(f"{path}: no symbols (a System.map has lines 'hexaddr type name')")
         return cls(entries)
 
 

@@ -54,10 +54,10 @@ def drgn_traces(dump: Dump, vmcore: str | Path, vmlinux: str | Path) -> list[dic
             oracles.append({"source": "drgn", "cpu": c.cpu, "pid": None,
                             "frames": frames(cpu_curr(prog, c.cpu)), "text": note})
     for t in dump.tasks():
-        addr = t.extra.get("task")
+        addr = t.task_struct
         if t.running or addr is None:
             continue
-        task = drgn.Object(prog, "struct task_struct *", value=int(addr, 0))
+        task = drgn.Object(prog, "struct task_struct *", value=addr)
         oracles.append({"source": "drgn", "cpu": None, "pid": t.pid, "comm": t.comm,
                         "frames": frames(task), "text": note})
     return oracles

@@ -444,7 +444,9 @@ class CaptureSession:
         lo, hi = t.stack, t.stack + k.thread_size
         cpu = running.cpu if running is not None else None
         entry: dict[str, Any] = {"pid": t.pid, "comm": t.comm, "state": t.state,
-                                 "cpu": cpu, "task": _hex(t.addr), "switches": t.switches}
+                                 "cpu": cpu, "task": _hex(t.addr), "switches": t.switches, "tgid": t.tgid}
+        entry.update({k: v for k, v in (("last_cpu", t.cpu if cpu is None else None), ("ppid", t.ppid),
+                                        ("kthread", t.kthread)) if v is not None})
         stacks_meta.append({"kind": "task", "low": _hex(lo), "high": _hex(hi), "cpu": cpu, "pid": t.pid})
         if running is None:
             if t.on_cpu:

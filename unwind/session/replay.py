@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Hashable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Hashable, Iterable, NamedTuple, Sequence
 
 from unwind.core import registry
 from unwind.core.callsite import CallSiteChecker
@@ -21,9 +21,12 @@ from unwind.core.walk import (ReliableResult, Stop, StopReason, Unwinder, Unwind
 from .result import Replay
 
 if TYPE_CHECKING:
+    import re
+
     from unwind.formats.vmdump import VmcoreFile
 
     from .batch import BatchReplay
+    from .filters import Selection, TaskFilter
 
 
 class ReplayError(Exception):
@@ -188,8 +191,9 @@ class Session:
             raise ReplayError(f"{path}: no VMCOREINFO note, so no build-id to find the image by: give it with "
                               "--vmlinux (the kernel's own VMCOREINFO is then read from memory)")
         if image is None:
-            raise ReplayError(f"{path}: no image with build-id {vmcore.build_id} found: a vmcore's tasks need "
-                              "the kernel's symbols and BTF (use --vmlinux or $UNWIND_IMAGE_PATH)")
+            raise ReplayError(f"{path}: no image with build-id {vmcore.build_id} found (looked in "
+                              f"{', '.join(image_search_places(path, None))}): a vmcore's tasks need the kernel's "
+                              f"symbols and BTF (use --vmlinux or ${IMAGE_PATH_ENV})")
         if image.machine != vmcore.backend.elf_machine:
             raise ReplayError(f"{image.path} is {image.machine}, the vmcore is {vmcore.backend.elf_machine}")
         try:
@@ -201,23 +205,58 @@ class Session:
         session.warnings.extend(dump.warnings)
         return session
 
-    def select(self, pid: int | None = None, cpu: int | None = None, every: bool = False) -> list[Task]:
-        """The tasks to replay: by pid, by CPU, all, or (default) those running on a CPU."""
+    def select(self, pid: int | None = None, cpu: int | None = None, every: bool = False,
+               filters: "TaskFilter | None" = None, options: Options | None = None) -> list[Task]:
+        """The tasks to replay (:meth:`selection`'s)."""
+        return self.selection(pid, cpu, every, filters, options).tasks
+
+    def selection(self, pid: int | None = None, cpu: int | None = None, every: bool = False,
+                  filters: "TaskFilter | None" = None, options: Options | None = None) -> "Selection":
+        """The tasks to replay: the task with ``pid``, the task running on ``cpu``, every task, or (default)
+        those running on a CPU; with ``filters`` (:class:`~unwind.session.filters.TaskFilter`), those of every
+        task (of the task running on ``cpu``, when given) it selects, walked with ``options`` when it needs
+        the walk. :class:`ReplayError` when nothing is selected, or for arguments that do not go together."""
+        from .filters import Selection, TaskFilter, select
+
+        given = [name for name, v in (("pid", pid is not None), ("cpu", cpu is not None), ("every", every)) if v]
+        if len(given) > 1:
+            raise ReplayError(f"select(): {' and '.join(given)} do not go together: give one")
+        if pid is not None and filters:
+            raise ReplayError("select(): pid and filters do not go together: give the pid in the filter's pids")
+        if filters is not None and not isinstance(filters, TaskFilter):
+            raise ReplayError(f"select(): filters is a {type(filters).__name__}, not a TaskFilter")
         tasks = self.dump.tasks()
-        if pid is not None:
-            chosen = [t for t in tasks if t.pid == pid]
-            if not chosen:
-                raise ReplayError(f"no task with pid {pid} in the dump")
-            return chosen
         if cpu is not None:
-            chosen = [t for t in tasks if t.cpu == cpu]
-            if not chosen:
+            tasks = [t for t in tasks if t.running and t.cpu == cpu]
+            if not tasks:
                 raise ReplayError(f"no task running on cpu{cpu} in the dump")
+        if filters:
+            chosen = select(self, tasks, filters, options)
+            if not chosen.tasks:
+                raise ReplayError("; ".join(chosen.notes(filters)) + (f" on cpu{cpu}" if cpu is not None else ""))
             return chosen
-        if every:
-            return tasks
-        running = [t for t in tasks if t.running]
-        return running or tasks
+        if pid is not None:
+            tasks = [t for t in tasks if t.pid == pid]
+            if not tasks:
+                raise ReplayError(f"no task with pid {pid} in the dump")
+        elif cpu is None and not every:
+            tasks = [t for t in tasks if t.running] or tasks
+        return Selection(tasks)
+
+    def tasks(self, state: str | Iterable[str] | None = None, comm: "str | re.Pattern[str] | None" = None,
+              function: str | None = None, task: int | str | Iterable[int | str] | None = None,
+              options: Options | None = None) -> list[Task]:
+        """Every task with all the properties given (none: every task), in the dump's order: ``state`` a ``ps``
+        letter or several (``"S,D"``), ``comm`` a regular expression searched in the command, ``function`` a
+        function some frame of its replay (with ``options``) is in, ``task`` a pid or several (``"1,103"``).
+
+        :class:`~unwind.session.filters.FilterError` for a value that is none of these; an empty list when no
+        task matches (:func:`unwind.session.filters.select` also says which values matched nothing)."""
+        from .filters import TaskFilter, select
+
+        f = TaskFilter.of(state, comm, function, task)
+        tasks = self.dump.tasks()
+        return select(self, tasks, f, options).tasks if f else tasks
 
     def check_options(self, options: Options) -> None:
         """Refuse an option this dump's backend does not act on, or a ``--generation`` that is no version."""

@@ -127,7 +127,7 @@ def test_irq_context_equals_ftrace_stacktrace(dump):
     (oracle,) = [o for o in session.dump.oracles() if o["source"] == "ftrace-stacktrace"]
     res = compare_oracle(session, oracle)
     assert res is not None and res.category == "exact" and res.cut == 1, res
-    (task,) = [t for t in session.dump.tasks() if t.cpu == oracle["cpu"]]
+    (task,) = [t for t in session.dump.tasks() if t.running_cpu == oracle["cpu"]]
     r = session.replay(task, Options(), symbolize=False)
     trigger = r.target.symbol_address("stacktrace_trigger")
     assert trigger is not None and r.frames[0].pc == trigger
@@ -242,7 +242,7 @@ def test_pt_regs_derived_from_the_stacks_equals_btf(path):
     from unwind.arch.riscv.structs import PT_REGS_TABLE, STACK_ALIGN
 
     s = load_session(path)
-    task = next(t for t in s.select(every=True) if t.cpu is None)
+    task = next(t for t in s.select(every=True) if not t.running)
     got = derived_pt_regs(s.target(task, Options()), PT_REGS_TABLE, fp_is_valid)
     size = s.image.btf.sizeof("pt_regs")
     assert got is not None and got.size == (size + STACK_ALIGN - 1) // STACK_ALIGN * STACK_ALIGN

@@ -84,7 +84,7 @@ def test_printed_text_matches_sysrq(dump: str) -> None:
                 or res.category not in ("exact", "printed"):
             continue
         task = next(t for t in session.select(every=True)
-                    if (t.cpu == oracle["cpu"] if oracle.get("cpu") is not None else t.pid == oracle["pid"]
+                    if (t.running_cpu == oracle["cpu"] if oracle.get("cpu") is not None else t.pid == oracle["pid"]
                         and not t.running))
         r = session.replay(task)
         ours = _trace_text([line.text for line in session.backend.format_trace(r.frames, r.stop, r.target)])
@@ -111,7 +111,7 @@ def test_pt_regs_derived_from_the_stacks_equals_btf(path):
 
     s = load_session(path)
     btf = s.image.btf
-    task = next(t for t in s.select(every=True) if t.cpu is None)
+    task = next(t for t in s.select(every=True) if not t.running)
     target = s.target(task, Options())
     got = derived_pt_regs(target, s.backend.unwinder(target).table)
     assert got is not None and got.source == "derived"
