@@ -10,6 +10,7 @@ Library use::
 
 The names below are imported from their modules when first used, so that ``import unwind``
 (and the ``unwind`` program, which imports only what its command uses) costs no more than it must.
+``python -m unwind.dev.apidoc OUT`` writes their reference (the ``docs`` extra: pdoc).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from .session.replay import ReplayError, Session
     from .session.result import Replay
     from .core.stackinfo import StackInfo, StackSet
-    from .core.target import Options, Target, Task
+    from .core.target import Options, SavedRegs, Target, Task
     from .core.walk import (Stop, StopReason, Unwinder, UnwindStop, bpf_stack_walk, collect, iter_frames,
                             kunwind_stack_walk, stack_walk, stack_walk_reliable)
 
@@ -40,14 +41,14 @@ _FROM = {
     "session.replay": ("ReplayError", "Session"),
     "session.result": ("Replay",),
     "core.stackinfo": ("StackInfo", "StackSet"),
-    "core.target": ("Options", "Target", "Task"),
+    "core.target": ("Options", "SavedRegs", "Target", "Task"),
     "core.walk": ("Stop", "StopReason", "Unwinder", "UnwindStop", "bpf_stack_walk", "collect", "iter_frames",
              "kunwind_stack_walk", "stack_walk", "stack_walk_reliable"),
 }
 
 __all__ = [
     "Dump", "DumpError", "DumpWriter", "Flag", "Frame", "Provenance", "Source", "Replay", "ReplayError",
-    "Session", "StackInfo", "StackSet", "Options", "Target", "Task", "Stop", "StopReason", "Unwinder",
+    "Session", "StackInfo", "StackSet", "Options", "SavedRegs", "Target", "Task", "Stop", "StopReason", "Unwinder",
     "UnwindStop", "bpf_stack_walk", "collect", "iter_frames", "kunwind_stack_walk", "stack_walk",
     "stack_walk_reliable",
 ]

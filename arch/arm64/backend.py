@@ -6,11 +6,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from unwind.core.frame import Flag, Frame, Source
 from unwind.core.registry import ArchBackend
-from unwind.core.target import Target
+from unwind.core.target import SavedRegs, Target
 from unwind.core.trace import TraceLine, frame_line
 from unwind.core.walk import Stop, Unwinder
 
 from . import mm
+from .kernel import CPU_CONTEXT
 from .structs import PT_REGS_MEMBERS
 from .ptrauth import kernel_pac_mask, ptrauth_strip_kernel_insn_pac
 from .stacktrace import Arm64Unwinder, user_mode, walk_constants, walk_generation
@@ -137,6 +138,11 @@ class Arm64Backend(ArchBackend):
                    symbol: Callable[[str], int | None]) -> mm.Arm64Translator:
         """The kernel's page tables and linear maps of a vmcore (:mod:`.mm`)."""
         return mm.translator(info, phys, symbol)
+
+    # cpu_switch_to() (arch/arm64/kernel/entry.S) stores x19..x28, fp, sp and lr in thread.cpu_context
+    def saved_regs(self, target: Target) -> SavedRegs | None:
+        """``thread.cpu_context``: x19..x28, fp (x29), sp, and pc (the lr cpu_switch_to() returns to)."""
+        return SavedRegs.of_context(target.task, CPU_CONTEXT, "task_struct.thread.cpu_context")
 
     def categorize(self, oracle: dict[str, Any], expected: list[int], replay: "Replay") -> str | None:
         """Name the documented category of a difference from an oracle (:data:`CATEGORIES`), else ``None``.

@@ -6,11 +6,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from unwind.core.frame import Flag, Frame, Source
 from unwind.core.registry import ArchBackend
-from unwind.core.target import Target
+from unwind.core.target import SavedRegs, Target
 from unwind.core.trace import TraceLine, frame_line
 from unwind.core.walk import Stop, Unwinder
 
 from . import mm, structs
+from .kernel import THREAD_CONTEXT
 from .liveness import LiveRaProver
 from .stacktrace import KernelLayout, RiscvUnwinder
 from .user import UserUnwinder
@@ -171,6 +172,11 @@ class RiscvBackend(ArchBackend):
                                btf: "Btf | None" = None) -> "tuple[VmcoreInfo, str]":
         """The kernel's own ``vmcoreinfo_note``, found through the image's symbols (:func:`.mm.find_vmcoreinfo`)."""
         return mm.find_vmcoreinfo(phys, ranges, symbol, btf)
+
+    # __switch_to (arch/riscv/kernel/entry.S) stores ra, sp and s0..s11 in task->thread
+    def saved_regs(self, target: Target) -> SavedRegs | None:
+        """``thread.ra``, ``thread.sp`` and ``thread.s[0..11]``."""
+        return SavedRegs.of_context(target.task, THREAD_CONTEXT, "task_struct.thread (ra, sp, s[0..11])")
 
     def categorize(self, oracle: dict[str, Any], expected: list[int], replay: "Replay") -> str | None:
         """Name the documented category of a difference from an oracle (:data:`CATEGORIES`), else ``None``."""

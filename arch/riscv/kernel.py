@@ -20,11 +20,17 @@ OVERFLOW_STACK_SIZE = 4096
 CONTEXT_MEMBERS = ("thread.ra", "thread.sp", "thread.s")
 
 
+#: struct thread_struct's callee-saved registers (arch/riscv/include/asm/processor.h): name -> member
+THREAD_MEMBERS = {"ra": "thread.ra", "sp": "thread.sp", **{f"s{i}": f"thread.s[{i}]" for i in range(12)}}
+#: their names, in the struct's order
+THREAD_CONTEXT = tuple(THREAD_MEMBERS)
+
+
 # __switch_to (arch/riscv/kernel/entry.S) saves ra, sp and s0..s11 in task->thread
 def blocked_context(k: "KernelReader", task: int, tbytes: bytes) -> dict[str, int]:
-    """``thread.ra``, ``thread.sp`` and ``thread.s[0]`` of a task that is not running."""
+    """``thread.ra``, ``thread.sp`` and ``thread.s[0..11]`` of a task that is not running."""
     out = {}
-    for key, path in (("ra", "thread.ra"), ("sp", "thread.sp"), ("s0", "thread.s[0]")):
+    for key, path in THREAD_MEMBERS.items():
         off = k.btf.offsetof("task_struct", path)
         out[key] = int.from_bytes(tbytes[off:off + 8], "little")
     return out

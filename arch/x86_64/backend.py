@@ -8,11 +8,11 @@ from unwind.core.callsite import CallSiteChecker
 from unwind.core.frame import Flag, Frame
 from unwind.formats.image import ImageError
 from unwind.core.registry import ArchBackend
-from unwind.core.target import Target
+from unwind.core.target import SavedRegs, Target
 from unwind.core.trace import TraceLine
 from unwind.core.walk import Stop, StopReason, Unwinder
 
-from . import mm
+from . import kernel, mm
 from .mm import X86_64Translator
 from .orc import OrcTable, load_orc
 from .printer import REGS_SOURCES, backtrace_symbol, plain_symbol, show_trace
@@ -132,6 +132,10 @@ class X86_64Backend(ArchBackend):
                    symbol: Callable[[str], int | None]) -> X86_64Translator:
         """The kernel's page tables and linear maps of a vmcore (:mod:`.mm`)."""
         return mm.translator(info, phys, symbol)
+
+    def saved_regs(self, target: Target) -> SavedRegs | None:
+        """``thread.sp`` and the ``struct inactive_task_frame`` at it: r15, r14, r13, r12, bx, bp, ret_addr."""
+        return kernel.saved_regs(target)
 
     def categorize(self, oracle: dict[str, Any], expected: list[int], replay: "Replay") -> str | None:
         """Name the documented category of a difference from an oracle (:data:`CATEGORIES`), else ``None``."""

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from unwind.core.memory import MemoryFault
+from unwind.core.target import SavedRegs
 from unwind.kernel.btf import BtfError
+from unwind.kernel.layout import image_btf, resolve_layout
+
+from .structs import INACTIVE_TASK_FRAME_ALL, INACTIVE_TASK_FRAME_FULL_TABLE
 
 if TYPE_CHECKING:
+    from unwind.core.target import Target
     from unwind.kernel.model import KernelReader
 
 #: CPU_ENTRY_AREA_PER_CPU = CPU_ENTRY_AREA_BASE + PAGE_SIZE, CPU_ENTRY_AREA_BASE = -4UL << P4D_SHIFT
@@ -31,6 +37,28 @@ def blocked_context(k: "KernelReader", task: int, tbytes: bytes) -> dict[str, in
     """Saved context of a task that is not running: ``thread.sp``."""
     off = k.btf.offsetof("task_struct", "thread.sp")
     return {"sp": int.from_bytes(tbytes[off:off + 8], "little")}
+
+
+# switch_to(): __switch_to_asm() pushes struct inactive_task_frame and saves the stack pointer in thread.sp
+def saved_regs(target: "Target") -> SavedRegs | None:
+    """``thread.sp`` and the ``struct inactive_task_frame`` at it (layout: BTF, the dump's, the table)."""
+    task = target.task
+    if task.running or task.context is None or "sp" not in task.context:
+        return None
+    tsp = task.context["sp"]
+    btf = image_btf(target)
+    members = INACTIVE_TASK_FRAME_ALL
+    if btf is not None and btf.has("inactive_task_frame", "struct"):
+        members = tuple(name for name, _ in btf.members("inactive_task_frame") if name)
+    layout = resolve_layout(target, "inactive_task_frame", members, INACTIVE_TASK_FRAME_FULL_TABLE)
+    regs, missing = {"sp": tsp}, []
+    for m in members:
+        try:
+            regs[m] = target.mem.read_u64(tsp + layout[m])
+        except MemoryFault:
+            missing.append(m)
+    return SavedRegs(regs, f"task_struct.thread.sp and the struct inactive_task_frame at it, {layout.size} bytes "
+                           f"(layout from {layout.source}: {layout.detail})", tuple(missing))
 
 
 def percpu_member(k: "KernelReader", name: str, cpu: int) -> int:

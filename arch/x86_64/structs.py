@@ -100,6 +100,11 @@ PT_REGS_TABLE = table_layout("pt_regs", PT_REGS, PT_REGS_MEMBERS, "6.1-7.2 table
 INACTIVE_TASK_FRAME_TABLE = table_layout("inactive_task_frame", INACTIVE_TASK_FRAME, INACTIVE_TASK_FRAME_MEMBERS,
                                          "6.1-7.2 table (56 bytes)")
 
+#: every member of ``struct inactive_task_frame`` (``--regs``), and their table
+INACTIVE_TASK_FRAME_ALL = tuple(sub.name for sub in INACTIVE_TASK_FRAME.subcons)
+INACTIVE_TASK_FRAME_FULL_TABLE = table_layout("inactive_task_frame", INACTIVE_TASK_FRAME, INACTIVE_TASK_FRAME_ALL,
+                                              "6.1-7.2 table (56 bytes)")
+
 PT_REGS_SIZE = PT_REGS.sizeof()                                  # 168
 IRET_FRAME_OFFSET = offsetof(PT_REGS, "ip")                  # 128, unwind.h
 IRET_FRAME_SIZE = PT_REGS_SIZE - IRET_FRAME_OFFSET               # 40

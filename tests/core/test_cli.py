@@ -43,7 +43,7 @@ def test_json_schema(tmp_path, capsys):
     p = write(tmp_path)
     assert main(["replay", str(p), "--all", "--json", "--reliable"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"arch", "kernel", "dump", "image", "task", "frames", "trace", "stop", "reliable"}
+    assert set(doc) == {"schema", "arch", "kernel", "dump", "image", "task", "frames", "trace", "stop", "reliable"}
     assert doc["arch"] == "toy" and doc["task"]["pid"] == 7
     assert doc["dump"] == {"path": str(p), "build_id": "00" * 20} and doc["image"] is None
     assert doc["task"]["context"] == {"fp": hex(TASK + 0x100), "pc": "0x1000"} and doc["task"]["regs"] is None

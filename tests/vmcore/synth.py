@@ -217,9 +217,10 @@ def flatten(data: bytes, record: int = 4096, seed: int | None = 0, overwrite_hea
     return bytes(out)
 
 
-def kdump_of(vm, codec: int = codecs.DUMP_DH_COMPRESSED_ZLIB) -> bytes:
+def kdump_of(vm, codec: int = codecs.DUMP_DH_COMPRESSED_ZLIB, exclude: frozenset[int] = frozenset()) -> bytes:
     """A kdump-compressed file holding what the open vmcore ``vm`` holds: its notes, its VMCOREINFO and every
-    page it has whole (pages of zeros share one record, as QEMU writes them)."""
+    page it has whole (pages of zeros share one record, as QEMU writes them); the pfns in ``exclude`` are RAM
+    left out of the dump, as makedumpfile leaves out a page its filter drops."""
     machines = {v: k for k, v in diskdump.UTS_MACHINES.items() if k != "arm64"}
     pages: dict[int, bytes] = {}
     for r in vm.ranges:
@@ -229,5 +230,6 @@ def kdump_of(vm, codec: int = codecs.DUMP_DH_COMPRESSED_ZLIB) -> bytes:
             except MemoryFault:
                 pass
     notes = b"".join(elfcore.note(n.name, n.type, n.desc) for n in vm.notes)
-    return kdump_file(KdumpSpec(max_mapnr=max(pages) + 1, ram=set(pages), dumped=pages, codec=codec, notes=notes,
+    dumped = {pfn: page for pfn, page in pages.items() if pfn not in exclude}
+    return kdump_file(KdumpSpec(max_mapnr=max(pages) + 1, ram=set(pages), dumped=dumped, codec=codec, notes=notes,
                                 machine=machines[vm.machine], dump_level=1))

@@ -131,7 +131,7 @@ def test_convert_keeps_every_task_and_replays_the_same(tmp_path) -> None:
     convert(session, tasks).write(out)
     again = Session(Dump.open(out), None, None)
     back = again.select(every=True)
-    key = lambda t: (t.pid, -1 if t.cpu is None else t.cpu, t.extra["task"])  # noqa: E731
+    key = lambda t: (t.pid, t.cpu if t.running else -1, t.extra["task"])  # noqa: E731
     assert sorted(map(key, back)) == sorted(map(key, tasks))
     by = {key(t): t for t in back}
     for t in tasks:
@@ -151,8 +151,14 @@ def test_ps_lists_every_task_with_its_task_struct() -> None:
     rows = [ln.lstrip(">").split() for ln in lines[1:]]
     assert sorted(int(r[0]) for r in rows) == [0, 0, 100, 200, 201, 202, 300]
     running = [ln for ln in lines if ln.startswith(">")]
-    # only cpu1 saved registers: its task is the one running; cpu0's swapper shows its saved context
-    assert len(running) == 1 and f"{procs[1].threads[1].addr:016x}" in running[0] and "worker-t2" in running[0]
+    # only cpu1 saved registers: cpu0's swapper runs too, and says its registers are missing; its stale saved
+    # context is not walked
+    assert len(running) == 2 and f"{procs[1].threads[1].addr:016x}" in running[1] and "worker-t2" in running[1]
+    assert running[0].split()[1:4] == ["0", "0", f"{k.symbols['init_task']:016x}"]
+    assert running[0].endswith("(cpu0's registers are not in the dump (no NT_PRSTATUS note for it))")
+    swapper = next(t for t in session.dump.tasks() if t.cpu == 0)
+    r = session.replay(swapper)
+    assert r.frames == [] and r.stop.reason is StopReason.MISSING_REGISTER and "cpu0's registers" in r.stop.detail
 
 
 @pytest.mark.parametrize("gen", ["new", "old"])
@@ -213,11 +219,11 @@ def test_bpf_programs_print_without_a_module() -> None:
 class _Filtered:
     """A vmcore's memory with one page makedumpfile excluded: reads there raise ExcludedPage."""
 
-    def __init__(self, mem, page: int) -> None:
-        self.mem, self.page = mem, page
+    def __init__(self, mem, page: int, size: int = 4096) -> None:
+        self.mem, self.page, self.size = mem, page, size
 
     def read(self, addr: int, size: int) -> bytes:
-        if addr < self.page + 4096 and addr + size > self.page:
+        if addr < self.page + self.size and addr + size > self.page:
             raise ExcludedPage(addr, size)
         return self.mem.read(addr, size)
 
@@ -299,3 +305,19 @@ def test_a_real_crash_takes_each_cpus_registers_from_its_crash_notes() -> None:
                    k.symbol, k.btf)
     assert [(c.cpu, c.regs["pc"]) for c in d.cpus] == [(1, regs1["pc"])]
     assert [t.pid for t in d.tasks() if t.running] == [running.pid]
+
+
+@pytest.mark.parametrize("gen", ["new", "old"])
+def test_a_thread_ring_cut_by_a_lost_task_struct_is_read_back_from_its_head(gen: str) -> None:
+    """The middle thread's task_struct is not in the dump: the thread after it is reached backwards round its
+    group's ring (``signal->thread_head``, or ``thread_group`` in the old layout), and the lost one is named."""
+    k = SynthKernel(gen)
+    procs = _procs()
+    everyone, _ = k.build(procs, [None, None])
+    lost = procs[1].threads[0]
+    kern = Kernel(_Filtered(k.memory(), lost.addr, 0x400), k.btf, k.symbol)
+    got = {t.addr for t in kern.tasks()}
+    assert got == {t.addr for t in everyone} - {lost.addr}
+    assert [t.addr for t in kern.lost_tasks] == [lost.addr]
+    assert kern.lost_tasks[0].why.startswith(f"task_struct.pid at {lost.addr + k.off('task_struct', 'pid'):#x}: ")
+    assert any("read backwards from its head" in w for w in kern.warnings)

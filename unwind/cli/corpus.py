@@ -176,10 +176,17 @@ def _side_by_side(r: OracleResult) -> list[str]:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    """``unwind diff``: exit 1 on any unexplained difference, 2 when a dump could not be read."""
+    """``unwind diff``: exit 1 on any unexplained difference, 2 when a dump could not be read or no dump
+    holds an oracle."""
+    if args.oracle is not None:
+        return cmd_diff_log(args)
     report = diff_dumps(args.dumps, args.vmlinux)
     for path, why in report.unreadable:
         print(f"unwind: error: {path}: {why} (skipped)", file=sys.stderr)
+    if not report.results and not report.unreadable:
+        print(f"unwind: error: no oracle in {', '.join(args.dumps)}: nothing to compare (give the console or "
+              "dmesg log with --oracle LOG)", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps({"counts": {k: dict(v) for k, v in report.counts().items()},
                           "differences": [{"dump": r.dump, "source": r.source, "who": r.who, "mode": r.mode,
@@ -202,6 +209,56 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_diff_log(args: argparse.Namespace) -> int:
+    """``unwind diff DUMP --oracle LOG``: 0 when every trace matched to a task agrees with its replay, 1 on a
+    difference, 2 when the log holds no trace or none matches a task of the dump (nothing was compared)."""
+    from unwind.session.oracle_log import compare_log
+
+    from .main import UsageError
+
+    if len(args.dumps) != 1:
+        raise UsageError(f"--oracle compares one dump with its log, not {len(args.dumps)}")
+    with open(args.oracle, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    session = load_session(args.dumps[0], vmlinux=args.vmlinux)
+    diff = compare_log(session, text)
+    log = args.oracle
+    if args.json:
+        print(json.dumps({
+            "dump": args.dumps[0], "log": log, "agrees": diff.agrees,
+            "compared": [{"line": c.trace.line, "kind": c.trace.kind.value, "who": c.trace.who(),
+                          "task": c.task.describe(), "agrees": c.agrees, "printed": [f.key for f in c.printed],
+                          "replayed": [f.key for f in c.replayed], "cut": list(c.cut),
+                          "differences": [{"frame": d.index, "line": d.line, "printed": d.printed,
+                                           "replayed": d.replayed} for d in c.differences]}
+                         for c in diff.compared],
+            "unmatched": [{"line": u.trace.line, "kind": u.trace.kind.value, "who": u.trace.who(), "why": u.why}
+                          for u in diff.unmatched]}))
+    else:
+        for c in diff.compared:
+            head = f"{log}:{c.trace.line}: {c.trace.who()}"
+            if c.cut != (0, 0):
+                print(f"{head}: compared from printed frame {c.cut[0]} and replayed frame {c.cut[1]}, the first "
+                      "both hold (printed on the way to the dump)")
+            for d in c.differences:
+                where = f"{log}:{d.line}" if d.line is not None else head.partition(": ")[0]
+                print(f"{where}: {c.trace.who()} frame {d.index}: printed {d.printed or '(none)'}, "
+                      f"replayed {d.replayed or '(none)'}")
+            if args.verbose and c.agrees:
+                print(f"{head}: agrees ({len(c.printed)} frames)")
+        for u in diff.unmatched:
+            print(f"{log}:{u.trace.line}: {u.trace.who()}: unmatched: {u.why}")
+        differ = sum(not c.agrees for c in diff.compared)
+        print(f"{log}: {len(diff.compared) + len(diff.unmatched)} traces: {len(diff.compared) - differ} agree, "
+              f"{differ} differ, {len(diff.unmatched)} unmatched")
+    if not diff.compared:
+        what = "no trace (no task:, NMI backtrace, CPU: or Call Trace: block)" if not diff.unmatched else \
+            "no trace that matches a task of the dump"
+        print(f"unwind: error: {log} holds {what}: nothing was compared", file=sys.stderr)
+        return 2
+    return 0 if diff.agrees else 1
+
+
 def cmd_slim(args: argparse.Namespace) -> int:
     """``unwind slim``: write the slim image."""
     from unwind.formats.slim import write_slim
@@ -213,9 +270,16 @@ def cmd_slim(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``slim`` and ``diff`` to the top-level parser."""
-    d = sub.add_parser("diff", help="replay every task with an oracle and compare frame by frame")
+    d = sub.add_parser("diff", help="replay every task with an oracle and compare frame by frame",
+                       description="Replay every task that has an oracle (the dump's stored traces, or with "
+                       "--oracle LOG the traces a console log printed) and compare frame by frame. Exit 0 when "
+                       "all agree (differences the backend documents are explained), 1 on a difference, 2 "
+                       "when a dump cannot be read or there is nothing to compare. With --oracle a trace "
+                       "for a task the dump lacks is reported as unmatched, not as a difference.")
     d.add_argument("dumps", nargs="+", help="dump files, or folders (every dump below them)")
     d.add_argument("--vmlinux", metavar="IMAGE", help="kernel image (default: found by build-id)")
+    d.add_argument("--oracle", metavar="LOG", help="compare the one dump with the traces a console or dmesg "
+                   "log printed (sysrq-t, hung task, NMI backtrace, panic, oops), task by task")
     d.add_argument("--json", action="store_true", help="counts and differences as JSON")
     d.add_argument("-v", "--verbose", action="store_true", help="also list explained differences")
     d.set_defaults(func=cmd_diff)

@@ -23,13 +23,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Iterator, TextIO
 
+from unwind.formats.console import SYMBOL_RE
 from unwind.formats.dwarf_lines import DwarfLinesError, LineIndex, has_dwarf
 from unwind.formats.image import Image, ImageError
 
-#: ``name+0xoff/0xsize`` (``%pS``/``%pB``), an x86 segment (``0010:``) before it, a ``[module]`` or
-#: ``[module build-id]`` and an arm64 source marker (``(P)``, ``(CF)``) after it
-_FRAME = re.compile(r"(?P<segment>\b[0-9a-f]{4}:)?(?P<name>[^\s+()\[\]:<>]+)\+0x(?P<off>[0-9a-f]+)/0x[0-9a-f]+"
-                    r"(?P<module> \[(?P<modname>[^\]\s]+)(?: [0-9a-f]+)?\])?(?P<info> \([A-Z]+\))?")
 #: a register line's label whose value is an exception pc: x86 ``RIP:``, arm64 ``pc :``, riscv ``epc :``
 _PC_LABEL = re.compile(r"(?:\bRIP: |\bpc : |\bepc : )$")
 #: ``[<ffffffff8001af18>]``, the raw address riscv (and older kernels) print before a frame
@@ -62,7 +59,7 @@ class TraceSymbol:
 def find_symbol(line: str) -> TraceSymbol | None:
     """The last ``name+0xoff/0xsize`` of ``line`` (the one ``decode_stacktrace.sh`` decodes), or ``None``."""
     found = None
-    for found in _FRAME.finditer(line):
+    for found in SYMBOL_RE.finditer(line):
         pass
     if found is None:
         return None

@@ -81,9 +81,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
                else (session.replay(t, options, reliable=args.reliable, max_frames=args.max_frames) for t in tasks))
     for r in replays:
         if args.json:
-            print(json.dumps(replay_json(session, r, args.explain, sources=sources)))
+            print(json.dumps(replay_json(session, r, args.explain, sources=sources, regs=args.regs)))
         else:
-            print("\n".join(replay_text(session, r, args.explain, sources=sources)))
+            print("\n".join(replay_text(session, r, args.explain, sources=sources, regs=args.regs)))
         if not r.stop.clean:
             status = 1
     return status
@@ -147,6 +147,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     r.add_argument("--explain", action="store_true", help="show each frame's provenance")
     r.add_argument("--lines", action="store_true", help="show each frame's source file:line and inline chain "
                    "(from the image's DWARF: a -dbg vmlinux)")
+    r.add_argument("--regs", action="store_true", help="show a blocked task's saved context (arm64 "
+                   "thread.cpu_context, x86-64 thread.sp and its inactive_task_frame, riscv thread.ra/sp/s0-s11)")
     r.add_argument("--complete", action="store_true",
                    help="recover frames the kernel drops where the dump proves them (flagged)")
     r.add_argument("--user", action="store_true", help="walk the user stack (riscv)")
@@ -212,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (*INPUT_ERRORS, UsageError) as e:
         if args.debug:
             raise
+        for w in getattr(e, "warnings", ()):
+            print(f"unwind: warning: {w}", file=sys.stderr)
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"unwind: error: {msg}", file=sys.stderr)
         return 2

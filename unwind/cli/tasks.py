@@ -23,7 +23,9 @@ def _hex(v: int) -> str:
 
 def task_json(task: Task) -> dict[str, Any]:
     """The ``tasks[]`` entry of the dump's JSON note for ``task`` (docs/dump-format.md)."""
-    out: dict[str, Any] = {"pid": task.pid, "comm": task.comm, "state": task.state, "cpu": task.cpu}
+    # a dump's running task has its CPU's registers: one whose registers are missing is written without its CPU
+    out: dict[str, Any] = {"pid": task.pid, "comm": task.comm, "state": task.state,
+                           "cpu": task.cpu if task.running else None}
     if task.context is not None:
         out["context"] = {k: _hex(v) for k, v in task.context.items()}
     if task.fgraph:
@@ -67,14 +69,16 @@ def convert(session: Session, tasks: list[Task]) -> DumpWriter:
 
 
 def ps_lines(session: Session) -> list[str]:
-    """The task list as crash ``ps`` prints it: ``>`` marks a task running on a CPU."""
+    """The task list as crash ``ps`` prints it: ``>`` marks a task running on a CPU; a task the dump
+    holds only part of says what is missing after its name."""
     lines = ["   PID  CPU  TASK              ST  COMM"]
     for t in sorted(session.dump.tasks(), key=lambda t: (t.pid is None, t.pid or 0, t.cpu is None)):
         task = t.extra.get("task", "-")
         addr = f"{int(task, 0):016x}" if isinstance(task, str) and task.startswith("0x") else str(task)
         cpu = t.cpu if t.cpu is not None else t.extra.get("last_cpu", "-")
-        lines.append(f"{'>' if t.running else ' '}{t.pid if t.pid is not None else '?':>5}  {cpu!s:>3}  "
-                     f"{addr:<16}  {t.state or '?':<2}  {t.comm}")
+        lacks = f"  ({t.lacks.what})" if t.lacks is not None else ""
+        lines.append(f"{'>' if t.cpu is not None else ' '}{t.pid if t.pid is not None else '?':>5}  {cpu!s:>3}  "
+                     f"{addr:<16}  {t.state or '?':<2}  {t.comm}{lacks}")
     return lines
 
 

@@ -17,6 +17,8 @@ class DumpError(Exception):
 
     def __init__(self, message: str = "") -> None:
         super().__init__(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", message))
+        #: what reading the dump had to say before it failed (the command line prints them first)
+        self.warnings: tuple[str, ...] = ()
 
 
 #: what would break the message's one line, or the terminal showing it

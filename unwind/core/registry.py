@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
     from .frame import Frame
     from unwind.session.replay import Replay
-    from .target import Target
+    from .target import SavedRegs, Target
     from .trace import TraceLine
     from .walk import Stop, Unwinder
 
@@ -160,6 +160,11 @@ class ArchBackend(ABC):
         anything else applies. Each frame it reports consumes at least :attr:`min_frame_bytes` of the
         task's captured stack, so it never reaches the default frame limit.
         """
+        return None
+
+    def saved_regs(self, target: "Target") -> "SavedRegs | None":
+        """The saved context of the blocked task ``target`` walks, as its kernel's context switch left it
+        (every register of it the dump holds); ``None`` for a task running on a CPU."""
         return None
 
     def categorize(self, oracle: dict, expected: list[int], replay: "Replay") -> str | None:

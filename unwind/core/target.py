@@ -44,6 +44,16 @@ class KretprobeInstance:
     fp: int
 
 
+@dataclass(frozen=True, slots=True)
+class Lack:
+    """What a dump lacks that a walk of a task needs: the walk stops on it, saying so."""
+
+    #: one sentence: which member or CPU, at which address, and why it is missing
+    what: str
+    #: the missing thing is its CPU's registers (else memory of the task)
+    registers: bool = False
+
+
 @dataclass(slots=True)
 class Task:
     """A task in a dump.
@@ -51,7 +61,9 @@ class Task:
     ``regs`` are the registers of the CPU it runs on (a running task);
     ``context`` is the saved context of a blocked task. ``stacks`` are the
     stacks the kernel would let a walk of this task use: the task stack,
-    plus the per-CPU stacks of its CPU when it was running there.
+    plus the per-CPU stacks of its CPU when it was running there. ``cpu``
+    is set for every task running on a CPU, even one whose registers the
+    dump lacks (``lacks`` then says so).
     """
 
     pid: int | None
@@ -65,6 +77,8 @@ class Task:
     kretprobes: list[KretprobeInstance] = field(default_factory=list)
     user_regs: dict[str, int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: what the dump lacks that a walk needs (a walk stops on it), else ``None``
+    lacks: Lack | None = None
 
     @property
     def running(self) -> bool:
@@ -73,19 +87,45 @@ class Task:
 
     def describe(self) -> str:
         """``pid 12 (sh) on cpu1`` style text."""
-        where = f" on cpu{self.cpu}" if self.running else " blocked"
+        where = f" on cpu{self.cpu}" if self.cpu is not None else " blocked"
         pid = "?" if self.pid is None else str(self.pid)
         return f"pid {pid} ({self.comm}){where}"
+
+
+@dataclass(frozen=True, slots=True)
+class SavedRegs:
+    """A blocked task's saved context: the registers the kernel's context switch left for it
+    (:meth:`unwind.core.registry.ArchBackend.saved_regs`)."""
+
+    #: register name -> value, in the order of the kernel's struct
+    regs: dict[str, int]
+    #: where the kernel keeps them, e.g. ``task_struct.thread.cpu_context``
+    source: str
+    #: registers of that context the dump does not hold (a dump's note may keep fewer), in order
+    missing: tuple[str, ...] = ()
+
+    @classmethod
+    def of_context(cls, task: Task, names: tuple[str, ...], source: str) -> "SavedRegs | None":
+        """The registers ``names`` of a blocked task's :attr:`Task.context` (``None`` for a running task)."""
+        ctx = task.context
+        if task.running or ctx is None:
+            return None
+        return cls({n: ctx[n] for n in names if n in ctx}, source, tuple(n for n in names if n not in ctx))
 
 
 @dataclass(slots=True)
 class Options:
     """How to walk: faithful or complete, with or without provenance, overrides."""
 
+    #: recover what the kernel's walk drops where the dump proves it (``--complete``); each such frame is flagged
     complete: bool = False
+    #: keep each frame's :class:`~unwind.core.frame.Provenance`: the rule and the words read (``--explain``)
     record: bool = False
+    #: walk the user stack too (riscv, ``--user``)
     user: bool = False
+    #: the kernel generation whose unwinder to follow (``6.1``, ``6.13``), instead of the dump's release
     generation: str | None = None
+    #: the ORC format generation (x86-64, ``--orc-version``), refused where the image names another
     orc_version: str | None = None
 
 

@@ -18,12 +18,13 @@ from unwind.core import registry
 from unwind.core.dumpinfo import DumpInfo, FtraceTrampoline, ModuleInfo
 from .dump import CpuState, DumpError
 from unwind.kernel.kaslr import RelocatedImage, relocate_symbols, runtime_symbols
-from unwind.kernel.model import MAX_CPUS, PID_MAX_LIMIT, Kernel, KernelError, KernelTask, ftrace_trampolines
+from unwind.kernel.model import (MAX_CPUS, PID_MAX_LIMIT, Kernel, KernelError, KernelTask, LostTask,
+                                 ftrace_trampolines)
 from unwind.kernel.btf import Btf, BtfError
 from unwind.core.memory import Memory, MemoryFault
 from unwind.core.stackinfo import StackInfo
 from unwind.kernel.symbols import SymbolTable
-from unwind.core.target import Task
+from unwind.core.target import Lack, Task
 from .note_info import note_keys
 from .vmcore.vmcoreinfo import VmcoreInfo
 
@@ -142,7 +143,11 @@ class VmcoreDump:
         try:
             self.kernel = Kernel(memory, btf, symbol, backend.kernel.CONTEXT_MEMBERS)
             self.cpus: list[CpuState] = self._read_cpus()
-            self._ktasks: list[KernelTask] = self.kernel.tasks(self._currents(self.kernel))
+            currents = self._currents(self.kernel)
+            self._ktasks: list[KernelTask] = self.kernel.tasks(currents, [c.cpu for c in self.cpus],
+                                                               self._note_pids(currents))
+            self._lost: list[LostTask] = list(self.kernel.lost_tasks)
+            self._say_missing_registers()
             modules = self.kernel.modules()
             trampolines: list[FtraceTrampoline] | None = None
             try:
@@ -236,15 +241,16 @@ class VmcoreDump:
         """One :class:`CpuState` per CPU that saved registers, indexed as the kernel numbers CPUs.
 
         A real crash (VMCOREINFO ``CRASHTIME``) has each CPU's note in its
-        ``crash_notes`` buffer; QEMU numbers its notes ``pr_pid = cpu + 1``;
-        otherwise (pids that are not distinct CPU numbers + 1) the notes are
-        taken in file order.
+        ``crash_notes`` buffer, and the file's notes in CPU order when those
+        buffers are not in the dump; QEMU numbers its notes ``pr_pid = cpu +
+        1``; otherwise (pids that are not distinct CPU numbers + 1) the notes
+        are taken in file order.
         """
         names = self.backend.prstatus_regs
         layout = elfcore.elf_prstatus(len(names))
         by_cpu: dict[int, bytes] = {}
-        if "CRASHTIME" in self.vmcoreinfo:
-            by_cpu = self._crash_notes(layout.sizeof())
+        if self.crashed:
+            by_cpu = self._crash_notes(layout.sizeof()) or self._notes_in_cpu_order()
         if not by_cpu:
             pids = [_prstatus_pid(raw) for raw in self._prstatus]
             qemu = len(set(pids)) == len(pids) and all(1 <= p <= MAX_CPUS for p in pids)
@@ -261,6 +267,45 @@ class VmcoreDump:
             out.append(CpuState(cpu=cpu, regs=regs, pid=pid if 0 <= pid <= PID_MAX_LIMIT else None,
                                 mode=hooks.cpu_mode(regs)))
         return out
+
+    @property
+    def crashed(self) -> bool:
+        """Was the dump written by a crash (``crash_save_vmcoreinfo()`` adds ``CRASHTIME``)? Its notes'
+        ``pr_pid`` are then pids; QEMU's ``dump-guest-memory`` writes ``cpu + 1`` there."""
+        return "CRASHTIME" in self.vmcoreinfo
+
+    # crash_prepare_elf64_headers() (kernel/crash_core.c): one PT_NOTE per CPU, in CPU order, merged by
+    # /proc/vmcore; a CPU that saved nothing adds no note
+    def _notes_in_cpu_order(self) -> dict[int, bytes]:
+        """The notes of a crash given to the online CPUs in order (to CPUs 0.. when their count differs)."""
+        online = self.kernel.online_cpus()
+        cpus = online if len(online) == len(self._prstatus) else range(len(self._prstatus))
+        return dict(zip(cpus, self._prstatus))
+
+    def _note_pids(self, currents: dict[int, int]) -> dict[int, int]:
+        """CPU -> the pid of the task its crash note says ran there (``crash_save_cpu()``'s ``pr_pid``), when
+        the notes' pids are pids: a crash's, agreeing with every CPU's ``current`` that can be read."""
+        if not self.crashed:
+            return {}
+        pids = {c.cpu: c.pid for c in self.cpus if c.pid is not None}
+        for cpu, addr in currents.items():
+            try:
+                pid = self.kernel.task(addr).pid
+            except (MemoryFault, KernelError, BtfError):
+                continue
+            if cpu in pids and pids[cpu] != pid:
+                self.warnings.append(f"cpu{cpu}: its note names pid {pids[cpu]}, its current is pid {pid}: "
+                                     "the notes' pids are not used")
+                return {}
+        return pids
+
+    def _say_missing_registers(self) -> None:
+        """Warn once for each CPU running a task whose registers the dump lacks."""
+        saved = {c.cpu for c in self.cpus}
+        for t in self._ktasks:
+            if t.running_on is not None and t.running_on not in saved:
+                self.warnings.append(f"cpu{t.running_on}: no registers in the dump (no NT_PRSTATUS note for it): "
+                                     f"pid {t.pid} ({t.comm}) is shown running there, and not walked")
 
     def _currents(self, k: Kernel) -> dict[int, int]:
         """``current`` of each CPU that saved registers, by the arch's rule (``rq->curr`` lags a switch)."""
@@ -304,6 +349,7 @@ class VmcoreDump:
             stacks = {cpu: self._percpu_stacks(k, cpu) for cpu in regs}
             unknown = set(regs) - {t.running_on for t in self._ktasks}  # CPUs whose current was not read
             out = [self._task(k, t, regs, stacks, unknown) for t in self._ktasks]
+            out += [_lost_task(t) for t in self._lost]
             out.sort(key=lambda t: (t.cpu is None, t.cpu if t.cpu is not None else 0))
             self._tasks = out
         return self._tasks
@@ -326,8 +372,12 @@ class VmcoreDump:
               unknown: set[int]) -> Task:
         extra: dict[str, Any] = {"task": f"{t.addr:#x}", "switches": t.switches, "last_cpu": t.cpu}
         cpu = t.running_on if t.running_on in cpus else None
+        lacks = None
         if t.running_on is not None and cpu is None:
-            extra["note"] = f"current on cpu{t.running_on}, which saved no registers: its saved context is stale"
+            lacks = Lack(f"cpu{t.running_on}'s registers are not in the dump (no NT_PRSTATUS note for it)",
+                         registers=True)
+        elif (what := t.lacks(("stack",) + k.context_members + FGRAPH_MEMBERS)) is not None:
+            lacks = Lack(f"task_struct.{what}")
         stale = cpu is None and t.on_cpu and t.cpu in unknown
         if stale:  # task_struct.on_cpu: it may be that CPU's current, whose registers are not its saved context
             extra["note"] = f"on_cpu on cpu{t.cpu}, whose current could not be read: its saved context may be stale"
@@ -342,13 +392,15 @@ class VmcoreDump:
         if cpu is not None:
             regs = dict(cpus[cpu].regs)
             stacks += percpu.get(cpu, [])
-        elif not stale:
+        elif not stale and lacks is None:
             try:
                 context = self.backend.kernel.blocked_context(k, t.addr, t.data)
             except BtfError as e:
                 extra["note"] = f"no saved context: {e}"
-        return Task(pid=t.pid, comm=t.comm, state=t.state, cpu=cpu, regs=regs, context=context, stacks=stacks,
-                    fgraph=k.fgraph(t), kretprobes=k.kretprobes(t), extra=extra)
+        fgraph = k.fgraph(t) if lacks is None else []
+        kretprobes = k.kretprobes(t) if lacks is None else []
+        return Task(pid=t.pid, comm=t.comm, state=t.state, cpu=t.running_on, regs=regs, context=context,
+                    stacks=stacks, fgraph=fgraph, kretprobes=kretprobes, extra=extra, lacks=lacks)
 
     def kernel_tasks(self) -> list[KernelTask]:
         """The tasks as ``ps`` lists them (``task_struct`` fields)."""
@@ -357,6 +409,16 @@ class VmcoreDump:
     def oracles(self) -> list[dict[str, Any]]:
         """A vmcore carries no oracle traces."""
         return []
+
+
+#: the task_struct members a walk reads besides the stack and the saved context: the return addresses
+#: function graph tracing and kretprobes hid
+FGRAPH_MEMBERS = ("ret_stack", "curr_ret_stack", "rethooks", "kretprobe_instances")
+
+
+def _lost_task(t: LostTask) -> Task:
+    """A ``task_struct`` whose pid or comm the dump lacks: listed by its address, with what is missing."""
+    return Task(pid=None, comm="?", state="?", extra={"task": f"{t.addr:#x}"}, lacks=Lack(t.why))
 
 
 def kaslr_offset(info: VmcoreInfo, symbols: SymbolTable, path: str) -> int:

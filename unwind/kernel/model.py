@@ -126,6 +126,26 @@ class KernelTask:
     #: the idle task of a CPU (from ``rq->idle``, not on the task list)
     idle: bool = False
     data: bytes = b""
+    #: the members the dump lacks (read as zeros in ``data``), each ``member at address: why``
+    missing: tuple[str, ...] = ()
+
+    def lacks(self, members: Iterable[str]) -> str | None:
+        """The first of ``members`` (in their order) the dump lacks, as a sentence (``None``: all were read)."""
+        by_member = {m.split(" ", 1)[0]: m for m in self.missing}
+        return next((by_member[m] for m in members if m in by_member), None)
+
+
+@dataclass(frozen=True, slots=True)
+class LostTask:
+    """A ``task_struct`` some route of the kernel reaches whose pid or comm cannot be read."""
+
+    addr: int
+    #: the member, its address and why it is unreadable
+    why: str
+
+
+class _Cut(Exception):
+    """A walk of a ring ended before its head; the message says where and why."""
 
 
 class Kernel:
@@ -145,6 +165,8 @@ class Kernel:
         self.btf = btf
         self._symbol = symbol
         self.warnings: list[str] = []
+        #: the ``task_struct``\ s :meth:`tasks` reached but could not list (no pid or comm)
+        self.lost_tasks: list[LostTask] = []
         self._mem_names: dict[int, str] | None = None
         self._tsize = self._sizeof("task_struct")
         self.thread_size = self._thread_size()
@@ -279,18 +301,40 @@ class Kernel:
     def read_members(self, addr: int, struct: str, paths: Iterable[str]) -> bytes:
         """``struct`` at ``addr`` with only the members ``paths`` read (the rest zero): a struct that
         straddles a page the dump left out still gives the members that are in it."""
+        data, missing = self.read_some_members(addr, struct, paths)
+        if missing:
+            raise missing[0][1]
+        return data
+
+    def read_some_members(self, addr: int, struct: str,
+                          paths: Iterable[str]) -> tuple[bytes, list[tuple[str, MemoryFault]]]:
+        """Like :meth:`read_members`, but a member the dump lacks is left zero and returned with its fault."""
         buf = bytearray(self._sizeof(struct))
+        missing: list[tuple[str, MemoryFault]] = []
         for path in paths:
             if not self.has(struct, path):
                 continue
             m = self.btf.member(struct, path)
             size = m.size or 8
-            buf[m.offset:m.offset + size] = self.read(addr + m.offset, size)
-        return bytes(buf)
+            try:
+                buf[m.offset:m.offset + size] = self.read(addr + m.offset, size)
+            except MemoryFault as e:
+                missing.append((path, e))
+        return bytes(buf), missing
+
+    #: what ``ps`` cannot list a task without
+    TASK_NAMES = ("pid", "comm")
+    #: the members whose loss leaves the state letter unknown
+    STATE_MEMBERS = ("__state", "state", "exit_state")
 
     def task(self, addr: int) -> KernelTask:
-        """The ``task_struct`` at ``addr``."""
-        data = self.read_members(addr, "task_struct", self.TASK_MEMBERS + self.context_members)
+        """The ``task_struct`` at ``addr``, with the members the dump lacks named in ``missing``
+        (:class:`KernelError` when its pid or comm is among them: there is no task to list)."""
+        data, faults = self.read_some_members(addr, "task_struct", self.TASK_MEMBERS + self.context_members)
+        missing = tuple(f"{path} at {addr + self.btf.offsetof('task_struct', path):#x}: {e}" for path, e in faults)
+        lost = [m for m in missing if m.split(" ", 1)[0] in self.TASK_NAMES]
+        if lost:
+            raise KernelError(f"task_struct.{lost[0]}")
         b = self.btf
 
         def u(path: str) -> int:
@@ -302,110 +346,232 @@ class Kernel:
         cpu_path = "thread_info.cpu" if self.has("task_struct", "thread_info.cpu") else "cpu"
         if u("pid") > PID_MAX_LIMIT:  # alloc_pid() hands out pids below pid_max only
             raise KernelError(f"pid {u('pid')} is past PID_MAX_LIMIT ({PID_MAX_LIMIT}): not a task")
-        return KernelTask(addr=addr, pid=u("pid"), tgid=u("tgid"), comm=comm,
-                          state=task_state_char(state & 0xFFFFFFFF, u("exit_state")), stack=u("stack"),
+        letter = task_state_char(state & 0xFFFFFFFF, u("exit_state"))
+        if any(path in self.STATE_MEMBERS for path, _ in faults):
+            letter = "?"
+        return KernelTask(addr=addr, pid=u("pid"), tgid=u("tgid"), comm=comm, state=letter, stack=u("stack"),
                           on_cpu=u("on_cpu"), cpu=u(cpu_path) if self.has("task_struct", cpu_path) else 0,
-                          switches=u("nvcsw") + u("nivcsw"), data=data)
+                          switches=u("nvcsw") + u("nivcsw"), data=data, missing=missing)
+
+    # list_for_each() and list_for_each_prev() (include/linux/list.h): a ring read both ways round
+    def ring(self, head: int, what: str, limit: int) -> Iterator[int]:
+        """The nodes of the ``list_head`` ring at ``head``, forwards through ``next``.
+
+        When the forward walk is cut (a node the dump lacks, a loop, the
+        count ``limit``), the ring is read backwards through ``prev`` from the
+        head up to the nodes already seen, so one bad node loses only itself.
+        """
+        seen: set[int] = set()
+        try:
+            yield from self._follow(head, 0, seen, limit)
+            return
+        except _Cut as e:
+            self.warnings.append(f"{what}: {e}; read backwards from its head")
+        try:
+            yield from self._follow(head, self.offsetof("list_head", "prev"), seen, limit)
+        except _Cut as e:
+            self.warnings.append(f"{what} backwards: {e}")
+
+    def _follow(self, head: int, link: int, seen: set[int], limit: int) -> Iterator[int]:
+        """The nodes from ``head`` through the pointer at ``link`` (``next``'s offset 0, or ``prev``'s) until the head,
+        or (backwards) a node ``seen`` already; :class:`_Cut` says why a walk ended anywhere else."""
+        try:
+            node = self.read_u64(head + link)
+            while node != head:
+                if node in seen:
+                    if link:
+                        return  # the backward walk meets the forward one
+                    raise _Cut(f"the list loops back to {node:#x} without reaching its head")
+                if len(seen) >= limit:
+                    raise _Cut(f"more than {limit} entries; the rest is not read")
+                seen.add(node)
+                yield node
+                node = self.read_u64(node + link)
+        except MemoryFault as e:
+            raise _Cut(f"cut at a node the dump lacks ({e})") from None
 
     # for_each_process() (include/linux/sched/signal.h)
     def processes(self) -> Iterator[int]:
-        """``init_task`` and every task on ``init_task.tasks``.
-
-        When a node cannot be read (a page the dump left out), the rest of
-        the ring is walked backwards from the head through ``prev`` up to the
-        gap, so one lost page loses only the tasks on it.
-        """
+        """``init_task`` and every task on ``init_task.tasks`` (both ways round: :meth:`ring`)."""
         init = self.require("init_task")
         yield init
         off = self.offsetof("task_struct", "tasks")
-        head = init + off
-        seen: set[int] = set()
-        try:
-            for node in self.list_for_each(head, "init_task.tasks", MAX_TASKS):
-                seen.add(node)
-                yield node - off
-            return
-        except MemoryFault as e:
-            self.warnings.append(f"init_task.tasks is cut at a node the dump lacks ({e}); walking back from its tail")
-        try:
-            node = self.read_u64(head + 8)
-            while node != head and node not in seen and len(seen) < MAX_TASKS:
-                seen.add(node)
-                yield node - off
-                node = self.read_u64(node + 8)
-        except MemoryFault as e:
-            self.warnings.append(f"init_task.tasks backwards stops too: {e}")
+        for node in self.ring(init + off, "init_task.tasks", MAX_TASKS):
+            yield node - off
 
     # for_each_thread() (include/linux/sched/signal.h), by generation
-    def threads(self, leader: int) -> Iterator[int]:
-        """The threads of ``leader``'s group: ``signal->thread_head`` (3.14+), else the ``thread_group`` ring."""
+    def threads(self, task: KernelTask) -> Iterator[int]:
+        """The threads of ``task``'s group: ``signal->thread_head`` (3.14+), else the ``thread_group`` ring."""
         if self.has("signal_struct", "thread_head") and self.has("task_struct", "thread_node"):
-            signal = self.read_u64(leader + self.offsetof("task_struct", "signal"))
-            if not signal:
-                yield leader
+            signal = field_int(self.btf, task.data, "task_struct", "signal")
+            if not signal or task.lacks(("signal",)):
                 return
             off = self.offsetof("task_struct", "thread_node")
             head = signal + self.offsetof("signal_struct", "thread_head")
-            for node in self.list_for_each(head, f"threads of task {leader:#x}", MAX_TASKS):
+            for node in self.ring(head, f"threads of task {task.addr:#x}", MAX_TASKS):
                 yield node - off
             return
         off = self.offsetof("task_struct", "thread_group")
-        yield leader
-        for node in self.list_for_each(leader + off, f"thread_group of task {leader:#x}", MAX_TASKS):
+        for node in self.ring(task.addr + off, f"thread_group of task {task.addr:#x}", MAX_TASKS):
             yield node - off
+
+    def _thread_group(self, task: KernelTask) -> int:
+        """What names ``task``'s thread group once: ``signal`` (or the task itself, with ``thread_group``)."""
+        if self.has("signal_struct", "thread_head") and self.has("task_struct", "thread_node"):
+            return field_int(self.btf, task.data, "task_struct", "signal")
+        return task.addr
+
+    # idr_for_each(&init_pid_ns.idr) (lib/idr.c) then pid_task(pid, PIDTYPE_PID) (kernel/pid.c)
+    def pid_tasks(self) -> Iterator[int]:
+        """Every task the pid namespace's IDR names: ``struct pid`` -> ``tasks[PIDTYPE_PID].first``.
+
+        The IDR is an XArray (a radix tree) of ``struct pid *``; a node the
+        dump lacks loses only the pids under it.
+        """
+        ns = self._symbol("init_pid_ns")
+        if ns is None or not (self.has("pid_namespace", "idr.idr_rt.xa_head") and self.has("xa_node", "slots")
+                              and self.has("pid", "tasks") and self.has("task_struct", "pid_links")):
+            return
+        try:
+            pidtype = self.btf.enum_value("PIDTYPE_PID")
+            first = self.offsetof("pid", f"tasks[{pidtype}]")
+            link = self.offsetof("task_struct", f"pid_links[{pidtype}]")
+        except BtfError:
+            return
+        for pid in self._xa_entries(ns + self.offsetof("pid_namespace", "idr.idr_rt"), "init_pid_ns.idr"):
+            try:
+                node = self.read_u64(pid + first)
+            except MemoryFault as e:
+                self.warnings.append(f"struct pid at {pid:#x} unreadable: {e}")
+                continue
+            if node:
+                yield node - link
+
+    # xa_for_each() (include/linux/xarray.h, lib/xarray.c)
+    def _xa_entries(self, xa: int, what: str) -> Iterator[int]:
+        """The pointer entries of the XArray at ``xa``, depth first; internal entries (nodes, siblings,
+        the zero and retry entries) and value entries are not pointers and are skipped."""
+        slots_m = self.btf.member("xa_node", "slots")
+        _, nslots = self.btf.array(slots_m.type_id)
+        try:
+            todo = [self.read_u64(xa + self.offsetof("xarray", "xa_head"))]
+        except (MemoryFault, BtfError) as e:
+            self.warnings.append(f"{what}: its head is unreadable: {e}")
+            return
+        seen: set[int] = set()
+        entries = 0
+        while todo:
+            entry = todo.pop()
+            if entry & 3 == 2 and entry > 4096:  # xa_is_node()
+                node = entry - 2
+                if node in seen or len(seen) >= MAX_TASKS:
+                    self.warnings.append(f"{what}: node {node:#x} seen twice or past {MAX_TASKS} nodes: not read")
+                    continue
+                seen.add(node)
+                try:
+                    raw = self.read(node + slots_m.offset, 8 * nslots)
+                except MemoryFault as e:
+                    self.warnings.append(f"{what}: node {node:#x} unreadable: {e}")
+                    continue
+                todo += reversed([int.from_bytes(raw[i:i + 8], "little") for i in range(0, len(raw), 8)])
+            elif entry and entry & 3 == 0:  # a pointer (xa_is_value() and xa_is_internal() are not)
+                entries += 1
+                if entries > MAX_TASKS:
+                    self.warnings.append(f"{what}: more than {MAX_TASKS} entries; the rest is not read")
+                    return
+                yield entry
 
     # per_cpu(runqueues, cpu).curr / .idle (kernel/sched/sched.h)
     def rq_task(self, cpu: int, member: str) -> int:
         """``cpu_rq(cpu)->curr`` or ``->idle``."""
         return self.read_u64(self.percpu_addr("runqueues", cpu) + self.offsetof("rq", member))
 
-    def tasks(self, current: dict[int, int] | None = None) -> list[KernelTask]:
-        """Every task: each CPU's idle task, then each process and its threads, once each.
+    def tasks(self, current: dict[int, int] | None = None, cpus: Iterable[int] = (),
+              note_pids: dict[int, int] | None = None) -> list[KernelTask]:
+        """Every task, once, reached by every route the kernel keeps: each CPU's idle task, the process
+        list (both ways round), each thread group, the pid IDR, each CPU's current.
 
         ``running_on`` is set from ``current`` (CPU -> task, the arch's own
-        ``current``), else from ``rq->curr``; a task whose ``task_struct``
-        cannot be read is skipped with a warning.
+        ``current``), else from ``rq->curr``, for the online CPUs and ``cpus``
+        (those that saved registers). Where neither can be read,
+        ``note_pids`` (CPU -> the pid its crash note names) places the task.
+        A ``task_struct`` whose pid or comm cannot be read is in
+        :attr:`lost_tasks`, one line each.
         """
         running: dict[int, int] = {}
         idle: list[int] = []
-        for cpu in self.online_cpus():
+        unread: list[int] = []
+        for cpu in sorted(set(self.online_cpus()) | set(cpus)):
             try:
                 curr = (current or {}).get(cpu) or self.rq_task(cpu, "curr")
                 running.setdefault(curr, cpu)
-                idle.append(self.rq_task(cpu, "idle"))
-            except MemoryFault as e:
+            except (MemoryFault, KernelError) as e:
                 self.warnings.append(f"cpu{cpu}: cannot read its runqueue: {e}")
-        out: list[KernelTask] = []
-        seen: set[int] = set()
-
-        def add(addr: int, is_idle: bool) -> None:
-            if addr in seen or not addr:
-                return
-            seen.add(addr)
+                unread.append(cpu)
             try:
-                t = self.task(addr)
+                idle.append(self.rq_task(cpu, "idle"))
+            except (MemoryFault, KernelError):
+                pass
+        out: list[KernelTask] = []
+        found: dict[int, KernelTask | None] = {}
+        groups: set[int] = set()
+        self.lost_tasks = []
+
+        def add(addr: int, is_idle: bool) -> KernelTask | None:
+            if addr in found or not addr or len(found) >= MAX_TASKS:
+                return found.get(addr)
+            try:
+                t = found[addr] = self.task(addr)
             except (MemoryFault, KernelError, BtfError) as e:
-                self.warnings.append(f"task_struct at {addr:#x} unreadable: {e}")
-                return
+                found[addr] = None
+                self.lost_tasks.append(LostTask(addr, str(e)))
+                return None
             t.running_on = running.get(addr)
             t.idle = is_idle
             out.append(t)
+            return t
+
+        def add_group(t: KernelTask | None) -> None:
+            if t is None or self._thread_group(t) in groups or t.addr in groups:
+                return
+            groups.add(self._thread_group(t))
+            try:
+                for thread in self.threads(t):
+                    groups.add(thread)  # a thread_group ring has no head: each of its tasks names it
+                    add(thread, False)
+            except (MemoryFault, KernelError) as e:
+                self.warnings.append(f"threads of task {t.addr:#x} cut short: {e}")
 
         for addr in idle:
             add(addr, True)
         for leader in self.processes():
-            add(leader, leader in idle)
-            try:
-                for thread in self.threads(leader):
-                    add(thread, False)
-            except MemoryFault as e:
-                self.warnings.append(f"threads of task {leader:#x} cut short: {e}")
-            if len(out) >= MAX_TASKS:
-                self.warnings.append(f"more than {MAX_TASKS} tasks; the rest is not read")
-                break
-        for addr, cpu in running.items():  # a task on a CPU but on no list (exiting, or mid-fork)
+            add_group(add(leader, leader in idle))
+        for addr in self.pid_tasks():
+            add_group(add(addr, False))
+        for addr in running:  # a task on a CPU but on no list (exiting, or mid-fork)
             add(addr, False)
+        if len(found) >= MAX_TASKS:
+            self.warnings.append(f"more than {MAX_TASKS} tasks; the rest is not read")
+        self._place_by_note(out, unread, note_pids or {})
         return out
+
+    # crash_save_cpu() (kernel/crash_core.c) records the pid of each CPU's current in its note
+    def _place_by_note(self, tasks: list[KernelTask], cpus: list[int], note_pids: dict[int, int]) -> None:
+        """Put on each CPU of ``cpus`` (whose runqueue is unreadable) the task its note's pid names."""
+        by_pid: dict[int, KernelTask] = {}
+        for t in tasks:
+            if t.running_on is None and (t.pid or t.addr == self._symbol("init_task")):
+                by_pid.setdefault(t.pid, t)
+        for cpu in cpus:
+            pid = note_pids.get(cpu)
+            if pid is None or (pid == 0 and cpu != 0):  # another CPU's idle task is on no list
+                continue
+            t = by_pid.pop(pid, None)
+            if t is None:
+                self.warnings.append(f"cpu{cpu}: its note names pid {pid}, which no list of the kernel holds")
+                continue
+            t.running_on = cpu
+            self.warnings.append(f"cpu{cpu}: pid {pid} ({t.comm}) placed there by the pid its crash note records")
 
     # -- function graph and kretprobes -----------------------------------------
     def fgraph(self, task: KernelTask) -> list[FgraphEntry]:

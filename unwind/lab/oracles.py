@@ -17,18 +17,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .fetch import cache_dir
+from unwind.formats.console import BlockKind, PrintedFrame, PrintedTrace, RegsPc, parse_traces
 
-_TS = re.compile(r"^\[\s*\d+\.\d+\]\s?")
-_TASK = re.compile(r"task:(?P<comm>.*?)\s+state:(?P<state>\S).*?\bpid:\s*(?P<pid>\d+)")
-#: a frame line; arm64 since v6.14 appends dump_backtrace_entry()'s source and flags, e.g. " (T)",
-#: " (P)", " (CF)": C caller, T task, P regs pc, U unknown; F fgraph and K kretprobe recovered
-_FRAME = re.compile(r"^\s*(?P<q>\? )?(?:\[<(?P<addr>[0-9a-f]+)>\]\s+)?(?P<sym>[A-Za-z_.$][\w.$]*)"
-                    r"\+0x(?P<off>[0-9a-f]+)/0x(?P<size>[0-9a-f]+)(?:\s+\[(?P<mod>[\w-]+)(?: [0-9a-f]+)?\])?"
-                    r"(?:\s+\((?P<info>[CTPU]?F?K?)\))?\s*$")
-_BARE = re.compile(r"^\s*(?P<q>\? )?0x(?P<addr>[0-9a-f]+)\s*$")
-_RIP = re.compile(r"^RIP: [0-9a-f]{4}:(?P<sym>[A-Za-z_.$][\w.$]*)\+0x(?P<off>[0-9a-f]+)/0x(?P<size>[0-9a-f]+)")
-_MARKER = re.compile(r"^\s*</?(TASK|IRQ|NMI|SOFTIRQ|#\w+)>\s*$")
+from .fetch import cache_dir
 
 
 class SystemMap:
@@ -63,45 +54,36 @@ class SystemMap:
         return cands[0] + off
 
 
-def _parse_frame(line: str, smap: SystemMap | None) -> tuple[str, bool, str | None] | None:
-    """(address or ``sym+off``, unreliable?, damage note) of one trace line, None if not a frame.
+def _resolve_frame(fr: PrintedFrame, smap: SystemMap | None) -> tuple[str, str | None]:
+    """(address or ``sym+off``, damage note) of one printed frame.
 
-    Frames are ``sym+off/size``, riscv's ``[<addr>] sym+off/size`` and bare
-    addresses (code without a symbol, e.g. ftrace trampolines); ``? `` marks a
-    stack-scan guess that is not unwinder output.
+    riscv's ``[<addr>] sym+off/size`` and bare addresses (code without a symbol, e.g. ftrace
+    trampolines) carry the address; ``sym+off/size`` is resolved with System.map (not a module's).
     """
-    b = _BARE.match(line)
-    if b:
-        return f"{int(b.group('addr'), 16):#x}", bool(b.group("q")), None
-    f = _FRAME.match(line)
-    if not f:
-        return None
-    off, size = int(f.group("off"), 16), int(f.group("size"), 16)
+    sym = fr.symbol
+    if fr.address is not None or sym is None:
+        assert fr.address is not None
+        return f"{fr.address:#x}", None
     damage = None
-    if f.group("addr"):
-        addr: int | None = int(f.group("addr"), 16)
-    elif smap is not None and not f.group("mod"):
-        addr = smap.resolve(f.group("sym"), off, size)
-        if addr is not None and (off > size or smap.size_at(addr - off) != size):
-            damage = f"{line.strip()} disagrees with System.map"
-    else:
-        addr = None
-    txt = f"{addr:#x}" if addr is not None else f"{f.group('sym')}+0x{f.group('off')}"
-    return txt, bool(f.group("q")), damage
+    addr = None
+    if smap is not None and sym.module is None:
+        addr = smap.resolve(sym.name, sym.offset, sym.size)
+        if addr is not None and (sym.offset > sym.size or smap.size_at(addr - sym.offset) != sym.size):
+            damage = f"{fr.text.strip()} disagrees with System.map"
+    return (f"{addr:#x}" if addr is not None else f"{sym.name}+{sym.offset:#x}"), damage
 
 
-def _parse_rip(line: str, smap: SystemMap | None) -> str | None:
+def _resolve_rip(rip: RegsPc, smap: SystemMap | None) -> str | None:
     """The pc of an x86 ``RIP: 0010:sym+off/size`` line printed where a trace crosses pt_regs."""
-    m = _RIP.match(line)
-    if not m or smap is None:
+    if smap is None:
         return None
-    a = smap.resolve(m.group("sym"), int(m.group("off"), 16), int(m.group("size"), 16))
+    a = smap.resolve(rip.symbol.name, rip.symbol.offset, rip.symbol.size)
     return f"{a:#x}" if a is not None else None
 
 
 @dataclass
 class TaskTrace:
-    """One task's block of a sysrq-t (or similar) dump."""
+    """One task's block of a sysrq-t (or similar) dump, its frames resolved to addresses."""
 
     pid: int
     comm: str
@@ -113,46 +95,34 @@ class TaskTrace:
     pt_regs: list[dict] = field(default_factory=list)
 
 
-_END = re.compile(r"Showing busy workqueues|^Sched Debug|^runnable tasks:|^sysrq: ")
+def _resolved(block: PrintedTrace, smap: SystemMap | None, damaged: bool) -> TaskTrace:
+    """``block`` with its frames and ``RIP:`` crossings resolved; ``damaged``: its damaged lines mark it."""
+    t = TaskTrace(block.pid if block.pid is not None else -1, block.comm or "", block.state or "")
+    if damaged and block.damaged:
+        t.corrupt = f"damaged line {block.damaged[0][1]!r}"
+    for fr in block.frames:
+        txt, damage = _resolve_frame(fr, smap)
+        t.corrupt = t.corrupt or damage
+        (t.unreliable if fr.guess else t.frames).append(txt)
+    for rip in block.regs_pcs:
+        pc = _resolve_rip(rip, smap)
+        if pc:
+            t.pt_regs.append({"after": rip.after, "pc": pc})
+    return t
 
 
 def parse_task_traces(text: str, smap: SystemMap | None) -> list[TaskTrace]:
-    """Split console ``text`` into per-task traces (``task:... pid:N`` blocks).
+    """Split console ``text`` into per-task traces (``task:... pid:N`` blocks, :mod:`unwind.formats.console`).
 
-    A block runs to the next ``task:`` line (or the end of the dump). Lines
-    that look like a damaged frame (serial consoles drop and repeat bytes)
-    and frames whose offset or size disagree with System.map mark the block
-    ``corrupt`` instead of ending it early.
+    Lines that look like a damaged frame (serial consoles drop and repeat bytes) and frames whose
+    offset or size disagree with System.map mark the block ``corrupt`` instead of ending it early.
     """
-    out: list[TaskTrace] = []
-    cur: TaskTrace | None = None
-    for raw in text.replace("\r", "").split("\n"):
-        line = _TS.sub("", raw)
-        m = _TASK.search(line)
-        if m:
-            cur = TaskTrace(int(m.group("pid")), m.group("comm").strip(), m.group("state"))
-            cur.lines.append(line)
-            out.append(cur)
-            continue
-        if cur is None:
-            continue
-        if _END.search(line):
-            cur = None
-            continue
-        fr = _parse_frame(line, smap)
-        if fr is None:
-            rip = _parse_rip(line, smap) if cur.frames else None
-            if rip:
-                cur.pt_regs.append({"after": len(cur.frames), "pc": rip})
-            elif "+0x" in line and not _RIP.match(line):
-                cur.corrupt = cur.corrupt or f"damaged line {line.strip()!r}"
-            if line.strip():
-                cur.lines.append(line)
-            continue
-        cur.lines.append(line)
-        txt, unreliable, damage = fr
-        cur.corrupt = cur.corrupt or damage
-        (cur.unreliable if unreliable else cur.frames).append(txt)
+    out = []
+    for block in parse_traces(text):
+        if block.kind is BlockKind.TASK:
+            t = _resolved(block, smap, damaged=True)
+            t.lines = [line for line in block.lines if line.strip()]
+            out.append(t)
     return out
 
 
@@ -178,31 +148,9 @@ def parse_regs_backtrace(text: str, cpu: int, smap: SystemMap | None) -> dict:
     The trace starts after the interrupted pc (printed as ``pc :``/``epc :``/``RIP:``), so
     ``frames`` hold what the kernel printed as trace lines only.
     """
-    t = TaskTrace(-1, "", "")
-    inside = False
-    for raw in text.replace("\r", "").split("\n"):
-        line = _TS.sub("", raw)
-        m = re.search(r"NMI backtrace for cpu (\d+)", line)
-        if m:
-            inside = int(m.group(1)) == cpu and "skipped" not in line
-            if inside:
-                t.lines.append(line)
-            continue
-        if not inside:
-            continue
-        if _END.search(line) or _TASK.search(line):
-            break
-        t.lines.append(line)
-        fr = _parse_frame(line, smap)
-        if fr is None:
-            rip = _parse_rip(line, smap) if t.frames else None
-            if rip:
-                t.pt_regs.append({"after": len(t.frames), "pc": rip})
-            continue
-        txt, unreliable, damage = fr
-        t.corrupt = t.corrupt or damage
-        (t.unreliable if unreliable else t.frames).append(txt)
-    out = {"frames": t.frames, "unreliable": t.unreliable, "text": "\n".join(t.lines)}
+    block = next((b for b in parse_traces(text) if b.kind is BlockKind.NMI and b.cpu == cpu), None)
+    t = _resolved(block, smap, damaged=False) if block is not None else TaskTrace(-1, "", "")
+    out: dict = {"frames": t.frames, "unreliable": t.unreliable, "text": "\n".join(block.lines if block else [])}
     if t.pt_regs:
         out["pt_regs"] = t.pt_regs
     if t.corrupt:

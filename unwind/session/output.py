@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from unwind.core.frame import Frame
+from unwind.core.target import SavedRegs
 from .replay import Replay, Session
 from unwind.core.trace import TraceLine
 from unwind.core.walk import Stop, StopReason
@@ -17,9 +18,8 @@ from unwind.core.walk import Stop, StopReason
 if TYPE_CHECKING:
     from .lines import FrameLines
 
-#: the version of the JSON schema (``docs/json.md``); an object says it (``"schema"``) only where it uses
-#: a field newer than version 1 (``frames[].lines``)
-JSON_SCHEMA = 2
+#: the version of the JSON schema (``docs/json.md``), which every object names (``"schema"``)
+JSON_SCHEMA = 3
 
 
 def _hex(v: int | None) -> str | None:
@@ -45,10 +45,30 @@ def stop_json(stop: Stop) -> dict[str, Any]:
             "clean": stop.clean, "truncated": stop.truncated}
 
 
+def saved_regs_json(saved: SavedRegs | None) -> dict[str, Any] | None:
+    """A blocked task's saved context as JSON (``None`` for a running task)."""
+    if saved is None:
+        return None
+    return {"source": saved.source, "regs": _regs_json(saved.regs), "missing": list(saved.missing)}
+
+
+def saved_regs_text(r: Replay, saved: SavedRegs | None) -> list[str]:
+    """``--regs``: the saved context, three registers a line, and what of it the dump lacks."""
+    if saved is None:
+        return [f"saved context: none, the task runs on cpu{r.task.cpu} (its registers are the CPU's)"]
+    out = [f"saved context ({saved.source}):"]
+    items = [f"{name:>8}: {value:016x}" for name, value in saved.regs.items()]
+    out.extend(" ".join(items[i:i + 3]) for i in range(0, len(items), 3))
+    if saved.missing:
+        out.append(f"  not in the dump: {' '.join(saved.missing)}")
+    return out
+
+
 def replay_json(session: Session, r: Replay, explain: bool = False,
-                lines: list[TraceLine] | None = None, sources: "FrameLines | None" = None) -> dict[str, Any]:
+                lines: list[TraceLine] | None = None, sources: "FrameLines | None" = None,
+                regs: bool = False) -> dict[str, Any]:
     """One replay as the documented JSON object: everything the text shows, as data; with ``sources``
-    (``--lines``) each frame's source lines too."""
+    (``--lines``) each frame's source lines too; with ``regs`` (``--regs``) the task's ``saved_regs``."""
     t = r.task
     lines = trace_lines(session, r) if lines is None else lines
     index = {id(f): i for i, f in enumerate(r.frames)}
@@ -64,6 +84,7 @@ def replay_json(session: Session, r: Replay, explain: bool = False,
             frames[-1]["lines"] = sources.to_json(f)
     image = session.image
     out: dict[str, Any] = {
+        "schema": JSON_SCHEMA,
         "arch": session.backend.name,
         "kernel": session.dump.release,
         "dump": {"path": str(session.dump.path), "build_id": session.dump.build_id},
@@ -79,8 +100,9 @@ def replay_json(session: Session, r: Replay, explain: bool = False,
         out["reliable"] = {"ok": r.reliable.ok, "reason": r.reliable.reason}
     if r.basis:
         out["basis"] = dict(r.basis)
+    if regs:
+        out["saved_regs"] = saved_regs_json(session.backend.saved_regs(r.target))
     if sources is not None:
-        out["schema"] = JSON_SCHEMA
         out["lines_image"] = None if sources.image is None or sources.index is None else {
             "path": str(sources.image.path), "build_dir": sources.index.comp_dir}
     return out
@@ -102,10 +124,14 @@ def stop_text(stop: Stop) -> str:
 
 
 def replay_text(session: Session, r: Replay, explain: bool = False,
-                lines: list[TraceLine] | None = None, sources: "FrameLines | None" = None) -> list[str]:
+                lines: list[TraceLine] | None = None, sources: "FrameLines | None" = None,
+                regs: bool = False) -> list[str]:
     """The kernel-style trace, a header naming the task, and the stop reason at the end; with ``sources``
-    (``--lines``) each frame's source lines under the first line that prints it."""
+    (``--lines``) each frame's source lines under the first line that prints it; with ``regs``
+    (``--regs``) the task's saved context under the header."""
     out = [f"{r.task.describe()}:"]
+    if regs:
+        out.extend(saved_regs_text(r, session.backend.saved_regs(r.target)))
     shown: set[int] = set()
     for line in trace_lines(session, r) if lines is None else lines:
         out.append(line.text)

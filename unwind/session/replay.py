@@ -15,17 +15,24 @@ from unwind.formats.image import IMAGE_PATH_ENV, Image, ImageError, find_image, 
 from unwind.core.memory import Memory
 from unwind.core.stackinfo import StackInfo
 from unwind.kernel.symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
-from unwind.core.target import Options, Target, Task, kernel_version
+from unwind.core.target import Options, SavedRegs, Target, Task, kernel_version
 from unwind.core.walk import (ReliableResult, Stop, StopReason, Unwinder, UnwindStop, collect, frame_limit,
                               stack_walk_reliable)
 from .result import Replay
 
 if TYPE_CHECKING:
+    from unwind.formats.vmdump import VmcoreFile
+
     from .batch import BatchReplay
 
 
 class ReplayError(Exception):
     """Unusable input for a replay (exit status 2)."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        #: what reading the input had to say before it failed (the command line prints them first)
+        self.warnings: tuple[str, ...] = ()
 
 
 #: tasks a session keeps the memory and frame limit of (a vmcore task's memory holds its stacks' bytes)
@@ -151,9 +158,22 @@ class Session:
     def _load_vmcore(cls, path: str, arch: str | None, vmlinux: str | Path | None,
                      system_map: str | Path | None) -> "Session":
         """A vmcore: its image is required (symbols, BTF); tasks are read from the kernel's own lists."""
-        from unwind.formats.vmdump import VmcoreDump, VmcoreFile
+        from unwind.formats.vmdump import VmcoreFile
 
         vmcore = VmcoreFile.open(path)
+        try:
+            return cls._read_vmcore(vmcore, arch, vmlinux, system_map)
+        except (DumpError, ReplayError) as e:  # what the file's notes said is still worth saying
+            e.warnings = (*vmcore.warnings, *e.warnings)
+            raise
+
+    @classmethod
+    def _read_vmcore(cls, vmcore: "VmcoreFile", arch: str | None, vmlinux: str | Path | None,
+                     system_map: str | Path | None) -> "Session":
+        """The kernel in an opened vmcore, read with its image."""
+        from unwind.formats.vmdump import VmcoreDump
+
+        path = vmcore.path
         if arch is not None and registry.get(arch).name != vmcore.arch:
             raise ReplayError(f"--arch {arch} disagrees with the vmcore, which is {vmcore.arch}")
         try:
@@ -264,6 +284,11 @@ class Session:
         memory :meth:`replay` reads (a vmcore's snapshot of the task's stacks is not read again)."""
         return self._task(task).memory
 
+    def saved_regs(self, task: Task) -> SavedRegs | None:
+        """The blocked ``task``'s saved context, as its kernel's context switch left it (``None`` for a task
+        running on a CPU: its registers are :attr:`Task.regs`)."""
+        return self.backend.saved_regs(self.target(task, Options()))
+
     def unwinder(self, task: Task, options: Options | None = None) -> Unwinder:
         """An unwinder for ``task``, to drive with :func:`~unwind.core.walk.kunwind_stack_walk` and the kernel's
         adapters; its frames carry the symbol the kernel prints."""
@@ -287,6 +312,10 @@ class Session:
             walk = self._checked[key] = self._walks.get(key) or self._walk(options, key)
         per_task = self._task(task)
         target = self._target(task, walk, per_task)
+        if task.lacks is not None:  # the dump lacks what the walk would start from: no frame is better than a wrong one
+            stop = Stop(StopReason.MISSING_REGISTER if task.lacks.registers else StopReason.MEMORY_FAULT,
+                        task.lacks.what)
+            return Replay(target, [], stop, ReliableResult(False, stop, task.lacks.what) if reliable else None)
         if task_stack_freed(task, per_task.stack_null):
             stop = Stop(StopReason.TASK_EXITED, f"task->stack is NULL (state {task.state or '?'}): "
                                                 "try_get_task_stack() fails and the kernel prints nothing")
@@ -403,4 +432,6 @@ def load_session(dump_path: str | Path, **kw: object) -> Session:
     try:
         return Session.load(dump_path, **kw)  # type: ignore[arg-type]
     except DumpError as e:
-        raise ReplayError(str(e)) from None
+        error = ReplayError(str(e))
+        error.warnings = e.warnings
+        raise error from None
