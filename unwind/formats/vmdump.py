@@ -425,7 +425,8 @@ class VmcoreDump:
         on = t.running_on if t.running_on is not None else t.cpu
         return Task(pid=t.pid, comm=t.comm, state=t.state, cpu=on if cpu is None else cpu, regs=regs,
                     context=context, stacks=stacks, fgraph=fgraph, kretprobes=kretprobes, extra=extra, lacks=lacks,
-                    task_struct=t.addr, ppid=t.ppid, tgid=t.tgid, kthread=t.kthread)
+                    task_struct=t.addr, ppid=t.ppid, tgid=t.tgid if t.tgid <= PID_MAX_LIMIT else None,
+                    kthread=t.kthread)
 
     def kernel_tasks(self) -> list[KernelTask]:
         """The tasks as ``ps`` lists them (``task_struct`` fields)."""

@@ -376,7 +376,8 @@ class Kernel:
             raw = self.read(parent + tgid.offset, tgid.size or 4)
         except MemoryFault:
             return None
-        return int.from_bytes(raw, "little")
+        ppid = int.from_bytes(raw, "little")
+        return ppid if ppid <= PID_MAX_LIMIT else None  # alloc_pid() hands out pids below pid_max only
 
     # list_for_each() and list_for_each_prev() (include/linux/list.h): a ring read both ways round
     def ring(self, head: int, what: str, limit: int) -> Iterator[int]:
@@ -545,7 +546,7 @@ class Kernel:
         self.lost_tasks = []
 
         def add(addr: int, is_idle: bool) -> KernelTask | None:
-            if addr in found or not addr or len(found) >= MAX_TASKS:
+            if addr in found or addr <= 0 or len(found) >= MAX_TASKS:  # a node below its member's offset is no task
                 return found.get(addr)
             try:
                 t = found[addr] = self.task(addr)
