@@ -119,13 +119,14 @@ def _makedumpfile(cmd: list[str], stdout=None) -> None:
 
 
 def makedumpfile_variants(elf: Path, arch: str, vmlinux: Path | None = None, vmcoreinfo: str | None = None,
-                          level: int = 31) -> list[Path]:
+                          level: int = 31, tool: list[str] | None = None) -> list[Path]:
     """Write the makedumpfile files of QEMU's ELF vmcore ``elf`` beside it; returns their paths.
 
     The kernel's layout comes from ``-x vmlinux`` when given, else from a ``vmcoreinfo`` text
     (``-i``; for a dump without the VMCOREINFO note), else from the dump's own VMCOREINFO note.
     A foreign-arch makedumpfile runs under qemu-user, where parsing a vmlinux's DWARF takes
-    many minutes: give it the note or ``vmcoreinfo`` instead.
+    many minutes: give it the note or ``vmcoreinfo`` instead. ``tool`` is another makedumpfile
+    command than sid's package (one built for ``arch``, e.g. from makedumpfile's sources).
     """
     d, stem = elf.parent, _stem(elf)
     fixed = d / f".{stem}.mdf-input.elf"
@@ -138,7 +139,7 @@ def makedumpfile_variants(elf: Path, arch: str, vmlinux: Path | None = None, vmc
     elif vmcoreinfo:
         info.write_text(vmcoreinfo)
         layout = ["-i", str(info)]
-    tool = makedumpfile_command(arch)
+    tool = tool or makedumpfile_command(arch)
     try:
         for p in out:
             p.unlink(missing_ok=True)
@@ -219,6 +220,76 @@ def slice_elf(src: Path, dst: Path, pages: set[int], page_size: int = 4096) -> P
         out.write(notes)
         for _, data in chunks:
             out.write(data)
+    return dst
+
+
+def _bitmap_bits(image: bytes | bytearray, offset: int, nbytes: int) -> "np.ndarray":
+    import numpy as np
+
+    return np.unpackbits(np.frombuffer(image, dtype=np.uint8, count=nbytes, offset=offset), bitorder="little")
+
+
+def _keep_dumped_pages(image: bytearray, pages: set[int]) -> None:
+    """Leave dumped in the kdump-compressed ``image`` only the pfns in ``pages``, every byte in its place.
+
+    Bitmap 2 keeps the pages that are in both; as a page's descriptor is its rank among the set bits of
+    bitmap 2 (makedumpfile ``write_kdump_pages``), the kept descriptors move up and zeros follow them;
+    the data of the other pages is zeroed unless a kept descriptor shares it (the one page of zeros).
+    """
+    import numpy as np
+
+    from unwind.formats.vmcore.diskdump import _DESC_DTYPE, Disk_dump_header
+
+    h = Disk_dump_header.parse(bytes(image[:Disk_dump_header.sizeof()]))
+    bitmaps = (1 + h.sub_hdr_size) * h.block_size
+    half = h.bitmap_blocks * h.block_size // 2
+    dumped = np.flatnonzero(_bitmap_bits(image, bitmaps + half, half))
+    keep = np.isin(dumped, np.fromiter(pages, dtype=np.int64, count=len(pages)))
+    bits = np.zeros(half * 8, dtype=np.uint8)
+    bits[dumped[keep]] = 1
+    image[bitmaps + half:bitmaps + 2 * half] = np.packbits(bits, bitorder="little").tobytes()
+    start = bitmaps + 2 * half
+    descs = np.frombuffer(image, dtype=_DESC_DTYPE, count=len(dumped), offset=start).copy()
+    shared = set(descs["offset"][keep].tolist())
+    for off, size in zip(descs["offset"][~keep].tolist(), descs["size"][~keep].tolist()):
+        if off not in shared:
+            image[off:off + size] = bytes(size)
+    moved = np.zeros_like(descs)
+    moved[:int(keep.sum())] = descs[keep]
+    image[start:start + moved.nbytes] = moved.tobytes()
+
+
+def slice_kdump(src: Path, dst: Path, pages: set[int]) -> Path:
+    """Write makedumpfile's kdump-compressed or flattened ``src`` with only the dumped ``pages`` (pfns) left in it.
+
+    The other pages read as excluded from the dump, as if makedumpfile had filtered them: headers,
+    notes, VMCOREINFO and bitmap 1 are ``src``'s (:func:`_keep_dumped_pages`). A flattened file keeps
+    makedumpfile's records, each with the offset and size it had, holding the edited bytes.
+    """
+    from unwind.formats.vmcore.flattened import _DATA_HEADER, MDF_HEADER_SIZE, is_flattened
+
+    raw = src.read_bytes()
+    if not is_flattened(raw[:MDF_HEADER_SIZE]):
+        image = bytearray(raw)
+        _keep_dumped_pages(image, pages)
+        dst.write_bytes(image)
+        return dst
+    records: list[tuple[int, int, int]] = []  # (position of the header in the flat file, offset, size)
+    pos = MDF_HEADER_SIZE
+    while pos + _DATA_HEADER.size <= len(raw):
+        offset, size = _DATA_HEADER.unpack_from(raw, pos)
+        if offset < 0:
+            break
+        records.append((pos, offset, size))
+        pos += _DATA_HEADER.size + size
+    image = bytearray(max(o + n for _, o, n in records))
+    for p, o, n in records:
+        image[o:o + n] = raw[p + _DATA_HEADER.size:p + _DATA_HEADER.size + n]
+    _keep_dumped_pages(image, pages)
+    out = bytearray(raw)
+    for p, o, n in records:
+        out[p + _DATA_HEADER.size:p + _DATA_HEADER.size + n] = image[o:o + n]
+    dst.write_bytes(out)
     return dst
 
 
