@@ -45,16 +45,15 @@ from unwind.session.replay import Session
 s = Session.load(sys.argv[1])
 sources = None
 if sys.argv[2] == "lines":
-    from unwind.session.lines import FrameLines
-    sources = FrameLines.of_session(s)
+    sources = s.source_lines()
     assert sources.index is not None, sources.note
 t1 = time.process_time()
 tasks = s.select(every=True)
-replays = list(s.replay_all(Options(), tasks))
+replays = list(s.replay_all(Options(), tasks, lines=sources is not None))
 out = [line for r in replays for line in replay_text(s, r, sources=sources)]
 t2 = time.process_time()
 frames = [f for r in replays for f in r.frames]
-known = sum(1 for f in frames if sources.of_frame(f)) if sources is not None else 0
+known = sum(1 for f in frames if f.line is not None)
 print(json.dumps({"load": t1 - t0, "replay": t2 - t1, "total": t2 - t0, "tasks": len(tasks), "lines": len(out),
                   "frames": len(frames), "known": known}))
 """

@@ -25,7 +25,7 @@ from .lazy import lazy_exports
 if TYPE_CHECKING:
     from .core.errors import DumpError
     from .formats.dump import Dump, DumpWriter
-    from .core.frame import Flag, Frame, Provenance, Source
+    from .core.frame import Flag, Frame, Provenance, Source, SourceLine
     from .session.replay import ReplayError, Session
     from .session.result import Replay
     from .core.stackinfo import StackInfo, StackSet
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 _FROM = {
     "core.errors": ("DumpError",),
     "formats.dump": ("Dump", "DumpWriter"),
-    "core.frame": ("Flag", "Frame", "Provenance", "Source"),
+    "core.frame": ("Flag", "Frame", "Provenance", "Source", "SourceLine"),
     "session.replay": ("ReplayError", "Session"),
     "session.result": ("Replay",),
     "core.stackinfo": ("StackInfo", "StackSet"),
@@ -47,7 +47,7 @@ _FROM = {
 }
 
 __all__ = [
-    "Dump", "DumpError", "DumpWriter", "Flag", "Frame", "Provenance", "Source", "Replay", "ReplayError",
+    "Dump", "DumpError", "DumpWriter", "Flag", "Frame", "Provenance", "Source", "SourceLine", "Replay", "ReplayError",
     "Session", "StackInfo", "StackSet", "Options", "SavedRegs", "Target", "Task", "Stop", "StopReason", "Unwinder",
     "UnwindStop", "bpf_stack_walk", "collect", "iter_frames", "kunwind_stack_walk", "stack_walk",
     "stack_walk_reliable",

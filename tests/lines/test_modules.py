@@ -83,6 +83,8 @@ def test_an_exception_pc_in_a_module_is_decoded_where_it_stands(ko: Path) -> Non
     pc = next(a for a in range(start, start + size) if len(want[a]) == 6)  # two functions inlined here
     frame = Frame(runtime["bottom"] + pc - start, source=Source.REGS_PC, flags=Flag.BOUNDARY)
     assert [x for s in lines.of_frame(frame) for x in (s.function, s.file + ":" + str(s.line))] == want[pc]
+    lines.fill([frame])
+    assert frame.line is not None and [frame.line.function, f"{frame.line.file}:{frame.line.line}"] == want[pc][-2:]
     assert lines.text(frame)[1].lstrip().startswith("(inlined by) ")
     assert lines.modules is not None and lines.modules.problems == {}
 

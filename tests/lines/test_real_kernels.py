@@ -19,7 +19,7 @@ import pytest
 from unwind.cli.decode import Decoder, find_symbol
 from unwind.core.target import Options
 from unwind.formats.dwarf_lines import SourceLine
-from unwind.session.lines import FrameLines, decode_address
+from unwind.session.lines import decode_address, frame_levels
 from unwind.session.replay import Session
 
 from .conftest import _tool, addr2line
@@ -78,11 +78,11 @@ def test_every_frame_of_the_corpus_matches_addr2line(arch: str, monkeypatch: pyt
     levels: dict[int, list[SourceLine]] = {}
     for dump in dumps:
         session = Session.load(dump)
-        lines = FrameLines.of_session(session)
+        lines = session.source_lines()
         assert lines.index is not None, lines.note
-        for r in session.replay_all(Options(), session.select(every=True)):
+        for r in session.replay_all(Options(), session.select(every=True), lines=True):
             for f in r.frames:
-                levels[decode_address(f)] = lines.of_frame(f)
+                levels[decode_address(f)] = frame_levels(f)
     assert lines is not None and lines.index is not None
     want, disputed = oracle(kernel.vmlinux, sorted(levels))
     got = {a: [x for s in levels[a] for x in (s.function or "??", f"{s.file}:{s.line}")] or ["??", "??:0"]

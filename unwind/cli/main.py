@@ -110,17 +110,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
     tasks = selected(session, args, f, options)
     sources = None
     if args.lines:
-        from unwind.session.lines import FrameLines
-
-        sources = FrameLines.of_session(session, args.modules)
+        sources = session.source_lines(args.modules)
         if sources.note:
             print(f"unwind: note: {sources.note}", file=sys.stderr)
     status = 0
     # --all and the filters but --task walk the tasks in one batch (unwind.session.batch, numpy); the running
     # tasks and the tasks of pids walk one by one, so a replay of them starts without numpy
     batch = args.all or (bool(f) and not f.pids)
-    replays = (session.replay_all(options, tasks, reliable=args.reliable, max_frames=args.max_frames) if batch
-               else (session.replay(t, options, reliable=args.reliable, max_frames=args.max_frames) for t in tasks))
+    replays = (session.replay_all(options, tasks, reliable=args.reliable, max_frames=args.max_frames,
+                                  lines=args.lines) if batch
+               else (session.replay(t, options, reliable=args.reliable, max_frames=args.max_frames, lines=args.lines)
+                     for t in tasks))
     for r in replays:
         if args.json:
             print(json.dumps(replay_json(session, r, args.explain, sources=sources, regs=args.regs)))

@@ -163,6 +163,32 @@ class Provenance:
         return f"Provenance(rule={self.rule!r}, reads={self.reads!r}, notes={self.notes!r})"
 
 
+@dataclass(frozen=True, slots=True)
+class SourceLine:
+    """One level of an address's source position: the function and where in the source the address
+    stands (the innermost level), or where the level inside it was inlined (every outer level).
+    ``function`` is ``None`` where no subprogram holds the address (``addr2line`` prints ``??``)."""
+
+    function: str | None
+    file: str
+    line: int
+
+    def short_file(self, base: str | None) -> str:
+        """The file relative to ``base`` (the build folder) when under it, as ``decode_stacktrace.sh``
+        strips its base path."""
+        if base and self.file.startswith(base.rstrip("/") + "/"):
+            return self.file[len(base.rstrip("/")) + 1:]
+        return self.file
+
+    def location(self, base: str | None = None) -> str:
+        """``file:line``."""
+        return f"{self.short_file(base)}:{self.line}"
+
+    def to_json(self, base: str | None = None) -> dict[str, Any]:
+        """``{"function", "file", "line"}``, the file relative to ``base`` when under it."""
+        return {"function": self.function, "file": self.short_file(base), "line": self.line}
+
+
 @dataclass(slots=True)
 class Frame:
     """One reported frame.
@@ -183,6 +209,13 @@ class Frame:
     symbol: str | None = None
     extra: dict[str, Any] | None = None
     pt_regs: int | None = None
+    #: the frame's own source position, asked for with ``Session.replay(..., lines=True)``: where in the
+    #: function its symbol names (the outermost level of the inline chain) the frame stands, or was inlined
+    #: into by :attr:`inlined`; ``None`` when not asked for, or when the image has no DWARF for the pc
+    line: SourceLine | None = None
+    #: the functions inlined at the frame's pc, innermost first, each where it stands or where the next one
+    #: in was inlined (``addr2line -i``'s levels before the last); empty when none, or :attr:`line` is ``None``
+    inlined: tuple[SourceLine, ...] = ()
 
     @property
     def reliable(self) -> bool:

@@ -19,9 +19,10 @@ import os
 import posixpath
 from array import array
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
+
+from unwind.core.frame import SourceLine
 
 from .cachefile import CacheFileError, cache_dir, read_arrays, write_arrays, write_atomically
 
@@ -53,32 +54,6 @@ _HIGH_PC_ADDRESS_FORMS = frozenset({"DW_FORM_addr", "DW_FORM_addrx", "DW_FORM_ad
 
 class DwarfLinesError(Exception):
     """The image's DWARF cannot be read (malformed, or a form pyelftools does not know)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SourceLine:
-    """One level of an address's source position: the function and where in the source the address
-    stands (the innermost level), or where the level inside it was inlined (every outer level).
-    ``function`` is ``None`` where no subprogram holds the address (``addr2line`` prints ``??``)."""
-
-    function: str | None
-    file: str
-    line: int
-
-    def short_file(self, base: str | None) -> str:
-        """The file relative to ``base`` (the build folder) when under it, as ``decode_stacktrace.sh``
-        strips its base path."""
-        if base and self.file.startswith(base.rstrip("/") + "/"):
-            return self.file[len(base.rstrip("/")) + 1:]
-        return self.file
-
-    def location(self, base: str | None = None) -> str:
-        """``file:line``."""
-        return f"{self.short_file(base)}:{self.line}"
-
-    def to_json(self, base: str | None = None) -> dict[str, Any]:
-        """``{"function", "file", "line"}``, the file relative to ``base`` when under it."""
-        return {"function": self.function, "file": self.short_file(base), "line": self.line}
 
 
 def has_dwarf(sections: frozenset[str]) -> bool:

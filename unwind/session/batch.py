@@ -510,7 +510,7 @@ class BatchReplay(Sequence["Replay"]):
     collector nothing more to visit than a ``Session.replay`` loop does."""
 
     def __init__(self, job: Job, walked: Walked | None, first_lane: int, job_index: int, symbolize: bool,
-                 reliable: bool, max_frames: int | None) -> None:
+                 reliable: bool, max_frames: int | None, lines: bool = False) -> None:
         self.job = job
         self._walked = walked
         self._first = first_lane
@@ -518,6 +518,7 @@ class BatchReplay(Sequence["Replay"]):
         self._symbolize = symbolize
         self._reliable = reliable
         self._max_frames = max_frames
+        self._lines = lines
         self._built: dict[int, "Replay"] = {}
 
     @property
@@ -571,7 +572,7 @@ class BatchReplay(Sequence["Replay"]):
             job, replay = self.job, self.job.session.replay
             for task in job.tasks:
                 yield replay(task, job.options, reliable=self._reliable, max_frames=self._max_frames,
-                             symbolize=self._symbolize)
+                             symbolize=self._symbolize, lines=self._lines)
             return
         for i in range(len(self)):
             yield self[i]
@@ -581,7 +582,7 @@ class BatchReplay(Sequence["Replay"]):
         session = job.session
         if not self.batched(i):
             return session.replay(task, job.options, reliable=self._reliable, max_frames=self._max_frames,
-                                  symbolize=self._symbolize)
+                                  symbolize=self._symbolize, lines=self._lines)
         walked = self._walked
         assert walked is not None
         rec = walked.recorder
@@ -591,6 +592,8 @@ class BatchReplay(Sequence["Replay"]):
         frames = frames_all[offsets[lane]:offsets[lane + 1]]
         if self._symbolize:
             session.symbolize(frames, target)
+        if self._lines:
+            session.source_lines().fill(frames)
         reason, detail = rec.stop_kinds[walked.stop_codes()[lane]]
         constants = rec.constants[self._job_index]
         # the detail formatted when read, as the scalar walk's stops are
@@ -607,12 +610,12 @@ MIN_TASKS = 128
 def replay_all(sessions: "Sequence[Session]", options: Options | None = None, *,
                tasks: Sequence[Sequence[Task]] | None = None, symbolize: bool = True,
                reliable: bool = False, max_frames: int | None = None,
-               lockstep: bool | None = None) -> list[BatchReplay]:
+               lockstep: bool | None = None, lines: bool = False) -> list[BatchReplay]:
     """Replay every task of each session (or ``tasks[i]`` of ``sessions[i]``) in lockstep batches.
 
     Sessions of one arch are walked together, so many small dumps make long batches. The result is one
     :class:`BatchReplay` per session; each of its replays equals ``Session.replay(task, options,
-    reliable=reliable, max_frames=max_frames, symbolize=symbolize)``. ``reliable``, or an option
+    reliable=reliable, max_frames=max_frames, symbolize=symbolize, lines=lines)``. ``reliable``, or an option
     the batch does not take (:func:`batch_options`), sends every task to that scalar path; so do fewer
     than :data:`MIN_TASKS` tasks of an arch, unless ``lockstep`` (``False``: never in lockstep).
     """
@@ -638,7 +641,7 @@ def replay_all(sessions: "Sequence[Session]", options: Options | None = None, *,
             walked = backend.batch_walk(group)
         first = 0
         for n, i in enumerate(indices):
-            results[i] = BatchReplay(jobs[i], walked, first, n, symbolize, reliable, max_frames)
+            results[i] = BatchReplay(jobs[i], walked, first, n, symbolize, reliable, max_frames, lines)
             first += len(jobs[i].tasks)
         if walked is not None:
             _finish_flags(group, walked)

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
-from unwind.core.frame import Frame, Source
-from unwind.formats.dwarf_lines import DwarfLinesError, LineIndex, SourceLine, has_dwarf
+from unwind.core.frame import Frame, Source, SourceLine
+from unwind.formats.dwarf_lines import DwarfLinesError, LineIndex, has_dwarf
 from unwind.formats.image import Image, ImageError, find_image
 from unwind.formats.object_lines import ModuleFiles, ObjectLines
 from unwind.kernel.kaslr import RelocatedImage
 from unwind.kernel.symbols import KernelSymbols, Symbol
-from .replay import Session
+
+if TYPE_CHECKING:
+    from .replay import Session
 
 #: the indent of a frame's source lines under its trace line (that of ``--explain``)
 _PAD = "      "
@@ -34,6 +36,12 @@ def decode_address(frame: Frame) -> int:
     if frame.interrupted and frame.source is not Source.LIVE_LR:
         return frame.pc
     return frame.pc - 1
+
+
+def frame_levels(frame: Frame) -> list[SourceLine]:
+    """The frame's :attr:`~Frame.inlined` levels then its :attr:`~Frame.line`: innermost first, as
+    ``addr2line -i`` prints them; empty when the frame has no line."""
+    return [*frame.inlined, frame.line] if frame.line is not None else []
 
 
 def inline_text(levels: list[SourceLine], base: str | None) -> list[str]:
@@ -112,6 +120,13 @@ class FrameLines:
                 levels = [replace(levels[0], function=sym.name)]
         return levels
 
+    def fill(self, frames: Sequence[Frame]) -> None:
+        """Set each frame's :attr:`~Frame.line` (the outermost level of :meth:`of_frame`) and
+        :attr:`~Frame.inlined` (the levels inside it)."""
+        for f in frames:
+            levels = self.of_frame(f)
+            f.line, f.inlined = (levels[-1], tuple(levels[:-1])) if levels else (None, ())
+
     def _in_module(self, frame: Frame) -> tuple[Symbol | None, ObjectLines | None] | None:
         """For a frame in a module (``__module_address()``, with ``--modules``): its kallsyms symbol
         (``module_address_lookup()``) and the module's ``.ko``, each ``None`` when unknown; ``None`` for
@@ -132,10 +147,11 @@ class FrameLines:
         return self.index.comp_dir if self.index is not None else None
 
     def text(self, frame: Frame) -> list[str]:
-        """The lines printed under the frame's trace line."""
-        return [_PAD + t for t in inline_text(self.of_frame(frame), self.base(frame))]
+        """The lines printed under the frame's trace line, from its fields :meth:`fill` set."""
+        return [_PAD + t for t in inline_text(frame_levels(frame), self.base(frame))]
 
     def to_json(self, frame: Frame) -> list[dict[str, Any]]:
-        """``frames[].lines``: ``{"function", "file", "line"}`` per level, innermost first."""
+        """``frames[].lines``: ``{"function", "file", "line"}`` per level, innermost first, from the frame's
+        fields :meth:`fill` set."""
         base = self.base(frame)
-        return [s.to_json(base) for s in self.of_frame(frame)]
+        return [s.to_json(base) for s in frame_levels(frame)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Hashable, Iterable, NamedTuple, Sequence
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
     from .batch import BatchReplay
     from .filters import Selection, TaskFilter
+    from .lines import FrameLines
 
 
 class ReplayError(Exception):
@@ -110,6 +112,8 @@ class Session:
         self._per_task: dict[int, _PerTask] = {}
         #: the symbol table :meth:`symbolize` last named frames over, and its texts by (pc, source value)
         self._names: tuple[object, dict[tuple[int, str], str]] = (None, {})
+        #: the :meth:`source_lines` made last, with the image it was made of and its modules folder
+        self._lines: tuple[object, str | None, FrameLines] | None = None
 
     @property
     def callsites(self) -> CallSiteChecker:
@@ -340,9 +344,28 @@ class Session:
         target = self.target(task, options)
         return SymbolizingUnwinder(self.backend.unwinder(target), self.backend, target)
 
+    def source_lines(self, modules: str | os.PathLike[str] | None = None) -> FrameLines:
+        """Where the source lines of this session's frames come from (``replay(..., lines=True)``): the
+        image's DWARF, or that of an image of the same build-id; with ``modules``, a folder searched for the
+        modules' ``.ko`` files by name. Made once and kept: a later call without ``modules`` returns the
+        same, so ``replay(..., lines=True)`` reads the modules given here. Its ``note`` says why there are
+        no lines (a slim image), its ``modules.problems`` why a module has none."""
+        from .lines import FrameLines  # here: the DWARF reader is not imported by a replay without lines
+
+        kept = self._lines
+        folder = None if modules is None else os.fspath(modules)
+        if kept is not None and kept[0] is self.image and (folder is None or folder == kept[1]):
+            return kept[2]
+        made = FrameLines.of_session(self, folder)
+        self._lines = (self.image, folder, made)
+        return made
+
     def replay(self, task: Task, options: Options | None = None, *, reliable: bool = False,
-               max_frames: int | None = None, symbolize: bool = True) -> Replay:
-        """Walk ``task``: all frames and the stop; with ``reliable``, the reliable verdict too.
+               max_frames: int | None = None, symbolize: bool = True, lines: bool = False) -> Replay:
+        """Walk ``task``: all frames and the stop; with ``reliable``, the reliable verdict too; with
+        ``lines``, each frame's :attr:`~unwind.core.frame.Frame.line` and
+        :attr:`~unwind.core.frame.Frame.inlined` from :meth:`source_lines` (left ``None`` and empty where
+        the image has no DWARF).
 
         ``max_frames`` defaults to :func:`unwind.core.walk.frame_limit`: what the task's captured
         stack bytes allow (one frame per ``backend.min_frame_bytes``).
@@ -377,6 +400,8 @@ class Session:
         if symbolize:
             self.symbolize(frames, target)
         self._callsites.annotate_frames(frames)
+        if lines:
+            self.source_lines().fill(frames)
         return Replay(target, frames, stop, verdict, unwinder.basis())
 
 
@@ -399,11 +424,11 @@ class Session:
 
     def replay_all(self, options: Options | None = None, tasks: Sequence[Task] | None = None, *,
                    reliable: bool = False, max_frames: int | None = None, symbolize: bool = True,
-                   lockstep: bool | None = None) -> "BatchReplay":
+                   lockstep: bool | None = None, lines: bool = False) -> "BatchReplay":
         """Replay ``tasks`` (default: every task of the dump) in one batch (:mod:`unwind.session.batch`).
 
         Returns a sequence of :class:`Replay`, one per task in order, each equal to
-        ``self.replay(task, options, reliable=..., max_frames=..., symbolize=...)``: the arch's
+        ``self.replay(task, options, reliable=..., max_frames=..., symbolize=..., lines=...)``: the arch's
         batch walk takes the plain steps of all tasks in numpy lockstep and leaves every other
         task, and every mode it does not take, to :meth:`replay`. Each replay is built when read.
         Fewer tasks than :data:`unwind.session.batch.MIN_TASKS` (too few to gain) are walked task by task,
@@ -413,7 +438,7 @@ class Session:
         from .batch import replay_all  # here: the batch walk imports numpy, which a replay task by task does not need
 
         return replay_all([self], options, tasks=None if tasks is None else [tasks], reliable=reliable,
-                          max_frames=max_frames, symbolize=symbolize, lockstep=lockstep)[0]
+                          max_frames=max_frames, symbolize=symbolize, lockstep=lockstep, lines=lines)[0]
 
 
 def _vmcore_format(path: str | Path) -> bool:
