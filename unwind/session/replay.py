@@ -16,6 +16,7 @@ from unwind.formats.image import IMAGE_PATH_ENV, Image, ImageError, find_image, 
 from unwind.core.memory import Memory
 from unwind.core.stackinfo import StackInfo
 from unwind.kernel.symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
+from unwind.kernel.generation import OLDEST_FOLLOWED
 from unwind.core.target import Options, SavedRegs, Target, Task, kernel_version
 from unwind.core.walk import (ReliableResult, Stop, StopReason, Unwinder, UnwindStop, collect, frame_limit,
                               stack_walk_reliable)
@@ -264,9 +265,14 @@ class Session:
 
     def check_options(self, options: Options) -> None:
         """Refuse an option this dump's backend does not act on, or a ``--generation`` that is no version."""
-        if options.generation is not None and kernel_version(options.generation) is None:
-            raise ReplayError(f"--generation {options.generation!r}: expected a kernel version such as 6.1, 6.12 "
-                              "or 7.2")
+        if options.generation is not None:
+            version = kernel_version(options.generation)
+            if version is None:
+                raise ReplayError(f"--generation {options.generation!r}: expected a kernel version such as 6.1, "
+                                  "6.12 or 7.2")
+            if version < OLDEST_FOLLOWED:
+                raise ReplayError(f"--generation {options.generation}: the walks follow the kernel's unwinders from "
+                                  f"{'.'.join(map(str, OLDEST_FOLLOWED))} on, not older ones")
         for f in fields(Options):
             if f.name in COMMON_OPTIONS or getattr(options, f.name) == f.default:
                 continue
