@@ -28,7 +28,7 @@ from construct import ConstructError
 from elftools.common.exceptions import ELFError
 from elftools.elf.constants import SH_FLAGS
 
-from .cachefile import (CACHE_ENV, CacheFileError, cache_dir, cache_root, mark_used, read_arrays, write_arrays,
+from .cachefile import (CacheFileError, cache_dir, cache_root, mark_used, read_arrays, write_arrays,
                         write_atomically)
 from .elfcore import check_section_fits, section_data
 from unwind.kernel.symbols import SymbolError, SymbolTable
