@@ -24,19 +24,29 @@ def rows(tmp: Path) -> list[tuple[str, str, float, t.Salvage]]:
     return out
 
 
-def main() -> None:
-    """Print the table, and each format's share of tasks salvaged whole at 99.9 %."""
-    with tempfile.TemporaryDirectory() as d:
-        table = rows(Path(d))
-    print("| vmcore | format | kept | tasks | whole | partial | lost |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for name, fmt, keep, s in table:
-        print(f"| {name} | {fmt} | {100 * keep:g} % | {sum(s)} | {s.whole} | {s.partial} | {s.lost} |")
-    print()
+def table(got: list[tuple[str, str, float, t.Salvage]]) -> str:
+    """One markdown row per vmcore and format: its tasks, and whole / partial / lost at each cut; then each
+    format's share of tasks salvaged whole at 99.9 %."""
+    cells: dict[tuple[str, str], dict[float, t.Salvage]] = {}
+    for name, fmt, keep, s in got:
+        cells.setdefault((name, fmt), {})[keep] = s
+    cuts = " | ".join(f"{100 * keep:g} %" for keep in t.CUTS)
+    out = [f"| vmcore | format | tasks | {cuts} |", "|---|---|---:|" + "---:|" * len(t.CUTS)]
+    for (name, fmt), by_cut in cells.items():
+        row = " | ".join(f"{s.whole} / {s.partial} / {s.lost}" for s in (by_cut[k] for k in t.CUTS))
+        out.append(f"| {name} | {fmt} | {sum(next(iter(by_cut.values())))} | {row} |")
+    out.append("")
     for fmt in t.FORMATS:
-        got = [s for _, f, keep, s in table if f == fmt and keep == 0.999]
-        whole, total = sum(s.whole for s in got), sum(sum(s) for s in got)
-        print(f"- {fmt}: {whole} of {total} tasks whole at 99.9 % ({100 * whole / total:.1f} %)")
+        at = [s for _, f, keep, s in got if f == fmt and keep == 0.999]
+        whole, total = sum(s.whole for s in at), sum(sum(s) for s in at)
+        out.append(f"- {fmt}: {whole} of {total} tasks whole at 99.9 % ({100 * whole / total:.1f} %)")
+    return "\n".join(out)
+
+
+def main() -> None:
+    """Print the table."""
+    with tempfile.TemporaryDirectory() as d:
+        print(table(rows(Path(d))))
 
 
 if __name__ == "__main__":
