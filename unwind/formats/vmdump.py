@@ -146,6 +146,8 @@ class VmcoreDump(NamedByVmcoreinfo):
         self._prstatus = prstatus
         self.source = source
         self._tasks: list[Task] | None = None
+        #: CPU -> why the arch's rule could not give its ``current``
+        self._current_unread: dict[int, str] = {}
         try:
             self.kernel = Kernel(memory, btf, symbol, backend.kernel.CONTEXT_MEMBERS)
             self.cpus: list[CpuState] = self._read_cpus()
@@ -316,7 +318,6 @@ class VmcoreDump(NamedByVmcoreinfo):
     def _currents(self, k: Kernel) -> dict[int, int]:
         """``current`` of each CPU that saved registers, by the arch's rule (``rq->curr`` lags a switch)."""
         out = {}
-        self._current_unread: dict[int, str] = {}
         for c in self.cpus:
             try:
                 out[c.cpu], _ = self.backend.kernel.current_task(k, c.cpu, c.regs)
