@@ -484,21 +484,17 @@ class FrameUnwinder:
             if tuple(regs.get(n) for n in backend.prstatus_regs) != walk.key or pc is None:
                 return None
             sp = regs.get(backend.sp_reg, 0)
-            return pending.create_unwind_info(FrameId(gdb.Value(sp), gdb.Value(pc)))
+            return outermost(gdb, pending, pending.create_unwind_info(FrameId(gdb.Value(sp), gdb.Value(pc))),
+                             backend, regs)
         index = walk.index(regs)
         if index is None:
             return None
         frame = walk.frames[index]
         info = pending.create_unwind_info(FrameId(gdb.Value(walk.ids[index]), gdb.Value(frame.pc)))
-        if index + 1 < len(walk.frames):
-            for reg, value in walk.registers(index + 1).items():
-                name = _gdb_name(backend, reg)
-                try:
-                    kind = pending.read_register(name).type
-                except (gdb.error, ValueError):
-                    continue  # a register gdb does not have for this target (orig_rax on QEMU's stub)
-                info.add_saved_register(name, register_bytes(gdb, value, kind))
-        return info  # the last frame saves no pc: gdb ends the backtrace there
+        if index + 1 == len(walk.frames):
+            return outermost(gdb, pending, info, backend, regs)
+        save_registers(gdb, pending, info, backend, walk.registers(index + 1))
+        return info
 
     def _walk(self, pending: Any, thread: Any) -> tuple[Walk, dict[str, int]]:
         """The walk of the thread's CPU (from the registers of the first frame gdb asks about after the
@@ -524,6 +520,27 @@ class FrameUnwinder:
 
 def _gdb_name(backend: registry.ArchBackend, reg: str) -> str:
     return backend.gdb_registers.get(reg, reg)
+
+
+def save_registers(gdb: Any, pending: Any, info: Any, backend: registry.ArchBackend, regs: dict[str, int]) -> None:
+    """Hand the caller ``regs`` (by the backend's names) in ``info``, each as gdb's type of that register."""
+    for reg, value in regs.items():
+        name = _gdb_name(backend, reg)
+        try:
+            kind = pending.read_register(name).type
+        except (gdb.error, ValueError):
+            continue  # a register gdb does not have for this target (orig_rax on QEMU's stub)
+        info.add_saved_register(name, register_bytes(gdb, value, kind))
+
+
+def outermost(gdb: Any, pending: Any, info: Any, backend: registry.ArchBackend, regs: dict[str, int]) -> Any:
+    """``info`` of the walk's last frame, made to end gdb's backtrace there. gdb's Python API has no way to
+    say "outermost" (``create_unwind_info`` makes only a valid frame id; ``UNWIND_OUTERMOST`` needs gdb's
+    ``outer_frame_id``), and a caller without a saved pc is an error to gdb (``frame_unwind_pc``: "PC not
+    saved", which aborts ``thread apply all bt``). So the caller is handed the frame's own registers: the
+    unwinder gives it the same frame id, and gdb's cycle check ends the walk (``UNWIND_SAME_ID``)."""
+    save_registers(gdb, pending, info, backend, regs)
+    return info
 
 
 # -- the commands ------------------------------------------------------------------
