@@ -82,15 +82,39 @@ def test_a_refused_probe_is_a_stop_saying_so_without_starting_gdb(monkeypatch) -
     assert stop.to_json()["refused"] == stop.refused and stop.counts == (0, 0)
 
 
-def test_a_trigger_that_does_not_fire_ends_the_wait() -> None:
+def _fake_gdb(script: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _compare(armed: Path, stop_timeout: float) -> GdbCompare:
+    """A GdbCompare whose console arms the trigger by creating ``armed``."""
     cmp = object.__new__(GdbCompare)
-    cmp.timeout, cmp.stop_timeout = 600.0, 0.5
-    cmp.console = type("Console", (), {"type": lambda self, line: None})()
-    ready = gdbcompare._MARK + '{"ready": true}'
-    proc = subprocess.Popen([sys.executable, "-c", f"print({ready!r}, flush=True); import time; time.sleep(600)"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmp.timeout, cmp.stop_timeout = 600.0, stop_timeout
+    cmp.console = type("Console", (), {"type": lambda self, line: armed.write_text(line)})()
+    return cmp
+
+
+def test_gdbs_report_is_read_as_it_comes(tmp_path: Path) -> None:
+    """gdb's lines before "ready" come in the same write as it: the trigger is armed on it (the stand-in
+    gdb reports the stop only once it is), and the report is gdb's."""
+    armed = tmp_path / "armed"
+    ready, report = gdbcompare._MARK + '{"ready": true}', gdbcompare._MARK + '{"cpu": 1, "pc": 16}'
+    proc = _fake_gdb(f"import os, sys, time\nsys.stdout.write('0x1 in f ()\\nBreakpoint 1\\n' + {ready!r} + '\\n')\n"
+                     f"sys.stdout.flush()\nwhile not os.path.exists({str(armed)!r}): time.sleep(0.05)\n"
+                     f"print({report!r}, flush=True)")
     try:
-        assert cmp._gdb_report(proc, EVENTS[1]) is None
+        assert _compare(armed, 60.0)._gdb_report(proc, EVENTS[1]) == {"cpu": 1, "pc": 16}
+        assert "stacktrace:1" in armed.read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_trigger_that_does_not_fire_ends_the_wait(tmp_path: Path) -> None:
+    ready = gdbcompare._MARK + '{"ready": true}'
+    proc = _fake_gdb(f"print({ready!r}, flush=True); import time; time.sleep(600)")
+    try:
+        assert _compare(tmp_path / "armed", 0.5)._gdb_report(proc, EVENTS[1]) is None
     finally:
         proc.kill()
         proc.wait()

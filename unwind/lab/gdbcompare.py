@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import selectors
 import shutil
@@ -281,29 +282,35 @@ class GdbCompare:
 
     def _gdb_report(self, proc: subprocess.Popen, event: Event) -> dict | None:
         """gdb's report of the stop (``{}`` when gdb ended without one); ``None`` when none came within
-        :attr:`stop_timeout` of arming the trigger."""
+        :attr:`stop_timeout` of arming the trigger. gdb's output is read as it comes, from the pipe itself
+        (a buffered reader would hold lines the pipe no longer signals)."""
         assert proc.stdout is not None
+        fd = proc.stdout.fileno()
         got: dict = {}
+        pending = b""
         deadline = time.monotonic() + self.timeout
         with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
+            sel.register(fd, selectors.EVENT_READ)
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
                 if not sel.select(left):
                     continue
-                line = proc.stdout.readline()
-                if not line:
+                chunk = os.read(fd, 65536)
+                if not chunk:
                     break
-                if not line.startswith(_MARK):
-                    continue
-                record = json.loads(line[len(_MARK):])
-                if record.get("ready"):
-                    self.console.type(f"echo 'stacktrace:1' > {FTRACE_INSTANCE}/events/{event.path}/trigger")
-                    deadline = time.monotonic() + self.stop_timeout
-                else:
-                    got = record
+                *lines, pending = (pending + chunk).split(b"\n")
+                for raw in lines:
+                    line = raw.decode("utf-8", "replace")
+                    if not line.startswith(_MARK):
+                        continue
+                    record = json.loads(line[len(_MARK):])
+                    if record.get("ready"):
+                        self.console.type(f"echo 'stacktrace:1' > {FTRACE_INSTANCE}/events/{event.path}/trigger")
+                        deadline = time.monotonic() + self.stop_timeout
+                    else:
+                        got = record
         proc.wait(self.timeout)
         return got
 
