@@ -137,3 +137,19 @@ def test_the_riscv_probe_is_past_the_ftrace_patch_site(tmp_path: Path) -> None:
     assert nops == PROBE_OFFSET["riscv"] > 0
     assert probe_definition("p:unwind_read_zero read_zero", "riscv") == "p:unwind_read_zero read_zero+8"
     assert probe_definition("p:unwind_read_zero read_zero", "x86_64") == "p:unwind_read_zero read_zero"
+
+
+def test_a_stop_whose_trigger_does_not_fire_lets_the_guest_run_again(tmp_path: Path, monkeypatch) -> None:
+    """gdb killed in ``continue`` leaves QEMU's VM stopped: a gdb detaches before the guest's shell is used."""
+    said: list[str] = []
+    cmp = _compare(tmp_path / "armed", 0.5)
+    cmp.lab, cmp.trigger, cmp.gdb, cmp.vmlinux = {"gdb": "127.0.0.1:1"}, 0x1000, "gdb-multiarch", Path("vmlinux")
+    cmp.shell = lambda cmd, done="": said.append(cmd) or ""  # type: ignore[method-assign]
+    cmp.release = lambda: said.append("detach")  # type: ignore[method-assign]
+    ready = gdbcompare._MARK + '{"ready": true}'
+    real = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: real(
+        [sys.executable, "-c", f"print({ready!r}, flush=True); import time; time.sleep(600)"], **k))
+    stop = cmp.stop(EVENTS[0], "x86_64")
+    assert stop.refused == "the trigger on timer/hrtimer_expire_entry did not fire within 0.5s"
+    assert said[-2:] == ["detach", f"echo 0 > {gdbcompare.FTRACE_INSTANCE}/events/timer/hrtimer_expire_entry/enable"]

@@ -262,9 +262,10 @@ class GdbCompare:
                 proc.kill()
                 proc.wait()
         if got is None:
+            self.release()
             self.shell(f"echo 0 > {FTRACE_INSTANCE}/events/{event.path}/enable")
             return Stop(arch, event.name, -1, [], [], [], refused=f"the trigger on {event.path} did not fire "
-                        f"within {self.stop_timeout:.0f}s")
+                        f"within {self.stop_timeout:g}s")
         if not got:
             err = (proc.stderr.read() if proc.stderr else "").strip().splitlines()
             raise RuntimeError(f"{arch} {event.name}: gdb reported no stop ({err[-1] if err else proc.returncode})")
@@ -279,6 +280,12 @@ class GdbCompare:
             raise RuntimeError(f"{arch} {event.name}: {e}") from None
         self.shell(f"echo 0 > {FTRACE_INSTANCE}/events/{event.path}/enable")
         return Stop(arch, event.name, got["cpu"], kernel, got["without"], got["with"], lines)
+
+    def release(self) -> None:
+        """Let the guest run again after its gdb was killed: QEMU's gdbstub keeps the VM stopped, with the
+        breakpoint in, until a gdb detaches (``D`` removes every breakpoint and continues)."""
+        subprocess.run([self.gdb, "-nx", "-batch", "-ex", f"target remote {self.lab['gdb']}", "-ex", "detach"],
+                       capture_output=True, timeout=120, check=False)
 
     def _gdb_report(self, proc: subprocess.Popen, event: Event) -> dict | None:
         """gdb's report of the stop (``{}`` when gdb ended without one); ``None`` when none came within
