@@ -650,8 +650,9 @@ USER_MODE_REASON = ("no CPU is in kernel mode, and QEMU's gdbstub reads memory t
 
 def through_kernel_cpu(state: GdbState, run: Callable[[GdbState, str], list[str]], argument: str) -> list[str]:
     """``run(state, argument)`` reading through a CPU in kernel mode (:meth:`GdbState.reading_thread`,
-    selected for the command, the user's thread selected again after); a read that fails is one line,
-    saying why when no CPU runs kernel code."""
+    selected for the command, the user's thread selected again after). When no CPU runs kernel code on a
+    live target, one line says why reads may fail: an error's own line, or a warning before the output
+    (what could not be read is shown as unknown)."""
     gdb = state.gdb
     asked = gdb.selected_thread()
     reader = state.reading_thread()
@@ -659,7 +660,10 @@ def through_kernel_cpu(state: GdbState, run: Callable[[GdbState, str], list[str]
     if reader is not None and reader is not asked:
         reader.switch()
     try:
-        return run(state, argument)
+        lines = run(state, argument)
+        if reader is None and asked is not None and core_file(gdb) is None:  # live: what was unread, and why
+            lines = [f"unwind: warning: {USER_MODE_REASON}", *lines]
+        return lines
     except (MemoryFault, DumpError, BtfError) as e:
         raise GdbError(f"{e}" + ("" if reader is not None else f" ({USER_MODE_REASON})")) from None
     except UsageError:
