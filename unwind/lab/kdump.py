@@ -27,7 +27,7 @@ from pathlib import Path
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
-from .boot import LabError
+from .boot import INIT_PRELUDE, MACHINE, GuestOptions, LabError, guest_command
 from .fetch import (ARCHES, FetchError, Kernel, _download, _say, cache_dir, ensure_apt_source, ensure_tools,
                     newest_version)
 from .modules import fetch_modules
@@ -49,12 +49,7 @@ SAVED = "UNWIND-KDUMP-SAVED"
 FAILED = "UNWIND-KDUMP-FAILED"
 
 #: the first kernel's /init: load the crash kernel, leave a few tasks blocked, crash with sysrq c on the last CPU
-FIRST_INIT = r"""#!/bin/busybox sh
-/bin/busybox --install -s /bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
-echo 1 > /proc/sys/kernel/sysrq
+FIRST_INIT = INIT_PRELUDE + r"""echo 1 > /proc/sys/kernel/sysrq
 echo 8 > /proc/sys/kernel/printk
 (while :; do cat /proc/meminfo /proc/stat > /dev/null; done) &
 (while :; do dd if=/dev/urandom bs=4k count=16 2>/dev/null | md5sum > /dev/null; done) &
@@ -86,19 +81,14 @@ sync
 poweroff -f
 """.replace("@SAVED@", SAVED).replace("@FAILED@", FAILED)
 
-#: arch -> (console device, QEMU machine arguments)
-MACHINE = {"x86_64": ("ttyS0", []), "arm64": ("ttyAMA0", ["-M", "virt", "-cpu", "max,pauth-impdef=on"]),
-           "riscv": ("ttyS0", ["-M", "virt", "-bios", "default"])}
-
-
 @dataclass(frozen=True)
-class KdumpOptions:
-    """How the panicking guest is booted."""
+class KdumpOptions(GuestOptions):
+    """How the panicking guest is booted: the lab's guest (KASLR as the kernel is built) with a crash kernel."""
 
-    mem: str = "1G"
-    smp: int = 2
-    crashkernel: str = "256M"
     kaslr: bool = True
+    #: memory reserved for the crash kernel (``crashkernel=``)
+    crashkernel: str = "256M"
+    #: seconds until the guest must power off
     timeout: float = 1800.0
 
 
@@ -241,12 +231,11 @@ def first_initramfs(k: Kernel, capture: Path, append: str, out: Path) -> Path:
 
 def qemu_command(k: Kernel, opts: KdumpOptions, initrd: Path, disk: Path, console: Path, device: str) -> list[str]:
     """QEMU for the panicking guest: TCG, no reboot (the capture kernel's poweroff ends QEMU)."""
-    tty, machine = MACHINE[k.arch]
-    append = f"console={tty} rdinit=/init loglevel=7 log_buf_len=1M crashkernel={opts.crashkernel} panic=-1"
+    append = (f"console={MACHINE[k.arch][0]} rdinit=/init loglevel=7 log_buf_len=1M "
+              f"crashkernel={opts.crashkernel} panic=-1")
     if not opts.kaslr:
         append += " nokaslr"
-    return [ARCHES[k.arch][2], *machine, "-accel", "tcg", "-m", opts.mem, "-smp", str(opts.smp),
-            "-display", "none", "-nodefaults", "-no-reboot", "-kernel", str(k.boot_image), "-initrd", str(initrd),
+    return [*guest_command(k, opts, initrd), "-no-reboot",
             "-append", append, "-chardev", f"file,id=con,path={console}", "-serial", "chardev:con",
             "-drive", f"file={disk},format=raw,if=none,id=vmcore", "-device", f"{device},drive=vmcore"]
 
@@ -286,7 +275,7 @@ def run_kdump(k: Kernel, out_dir: Path, opts: KdumpOptions = KdumpOptions(), ind
     out_dir.mkdir(parents=True, exist_ok=True)
     work = cache_dir() / "run" / f"kdump-{k.arch}"
     work.mkdir(parents=True, exist_ok=True)
-    tty, _ = MACHINE[k.arch]
+    tty = MACHINE[k.arch][0]
     capture = capture_initramfs(k, order, work / "capture.gz")
     append = f"console={tty} rdinit=/init nr_cpus=1 reset_devices irqpoll loglevel=7"
     initrd = first_initramfs(k, capture, append, work / "initrd.gz")

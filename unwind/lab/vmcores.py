@@ -15,11 +15,15 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elftools.construct.lib import Container
 from elftools.elf.elffile import ELFFile
 
 from .fetch import ARCHES, _download, cache_dir, newest_version
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class VmcoreToolError(Exception):
@@ -391,28 +395,9 @@ def kdump_slice(elf: Path, console: Path, vmlinux: Path, slim: Path, arch: str, 
     """Commit-sized files of a true kdump in ``dest``: the slice of ``/proc/vmcore`` (xz) holding what
     the project reads with either image, the page tables behind it (:func:`pages_walked_by_unwind`)
     and what drgn reads; the panicking kernel's console; drgn's task oracle of the full file (xz JSON)."""
-    import lzma
-
-    dest.mkdir(parents=True, exist_ok=True)
-    stem = _stem(elf)
     pages = pages_read_by_unwind(elf, vmlinux) | pages_read_by_unwind(elf, slim)
     pages |= pages_walked_by_unwind(elf, slim)
-    drgn_json = dest / f".{stem}.drgn-tasks.json"
-    if arch in DRGN_ARCHES:
-        pages |= pages_read_by_drgn(elf.resolve(), vmlinux, arch=arch, json_out=drgn_json)
-    sliced = dest / f"{stem}.elf"
-    slice_elf(elf, sliced, pages)
-    out = [dest / f"{stem}.elf.xz", dest / console.name]
-    with open(sliced, "rb") as f, lzma.open(out[0], "wb", preset=9) as xz:
-        shutil.copyfileobj(f, xz)
-    sliced.unlink()
-    shutil.copyfile(console, out[1])
-    if drgn_json.exists():
-        out.append(dest / f"{stem}.drgn-tasks.json.xz")
-        with lzma.open(out[-1], "wt", preset=9) as xz:
-            xz.write(drgn_json.read_text())
-        drgn_json.unlink()
-    return out
+    return write_corpus_slice(elf, pages, console, vmlinux, arch, dest)
 
 
 _PREAD = re.compile(r"pread64\((\d+), .*, (\d+), (\d+)\)\s+=\s+(\d+)$")
@@ -469,23 +454,31 @@ def corpus_slice(elf: Path, capture: Path, vmlinux: Path, arch: str, dest: Path,
     With the committed ``slim`` image (which has no BTF) the project reads the kernel's BTF from
     memory, so those pages are kept too.
     """
+    pages = pages_read_by_unwind(elf, vmlinux)
+    if slim is not None:
+        pages |= pages_read_by_unwind(elf, slim)
+    return write_corpus_slice(elf, pages, capture, vmlinux, arch, dest, modules)
+
+
+def write_corpus_slice(elf: Path, pages: set[int], beside: Path, vmlinux: Path, arch: str, dest: Path,
+                       modules: list[Path] = ()) -> list[Path]:
+    """Write to ``dest`` the slice of the ELF vmcore ``elf`` holding ``pages`` and what drgn reads
+    (``<stem>.elf.xz``), a copy of ``beside`` (the capture or the console of the same stop) and drgn's
+    task oracle of the full ``elf`` (``<stem>.drgn-tasks.json.xz``, for :data:`DRGN_ARCHES`); returns them."""
     import lzma
 
     dest.mkdir(parents=True, exist_ok=True)
     stem = _stem(elf)
-    pages = pages_read_by_unwind(elf, vmlinux)
-    if slim is not None:
-        pages |= pages_read_by_unwind(elf, slim)
     drgn_json = dest / f".{stem}.drgn-tasks.json"
     if arch in DRGN_ARCHES:
-        pages |= pages_read_by_drgn(elf.resolve(), vmlinux, modules, arch, json_out=drgn_json)
+        pages = pages | pages_read_by_drgn(elf.resolve(), vmlinux, modules, arch, json_out=drgn_json)
     sliced = dest / f"{stem}.elf"
     slice_elf(elf, sliced, pages)
-    out = [dest / f"{stem}.elf.xz", dest / capture.name]
+    out = [dest / f"{stem}.elf.xz", dest / beside.name]
     with open(sliced, "rb") as f, lzma.open(out[0], "wb", preset=9) as xz:
         shutil.copyfileobj(f, xz)
     sliced.unlink()
-    shutil.copyfile(capture, out[1])
+    shutil.copyfile(beside, out[1])
     if drgn_json.exists():
         out.append(dest / f"{stem}.drgn-tasks.json.xz")
         with lzma.open(out[-1], "wt", preset=9) as xz:
