@@ -76,3 +76,22 @@ def test_kexec_needing_a_library_of_no_known_package_is_refused(tmp_path: Path, 
     monkeypatch.setattr(kdump, "_needed", lambda path: ["libnowhere.so.9"])
     with pytest.raises(FetchError, match="kexec needs libnowhere.so.9: no Debian package"):
         kexec_tree("arm64")
+
+
+def test_the_first_kernels_init_reads_back_the_payload_the_disk_was_given(tmp_path) -> None:
+    """The crash kernel and its initramfs go on the disk past the vmcore's room; /init's dd commands, run here with
+    the disk and /kdump pointed at files, give back the same bytes (sizes not a whole MiB on purpose)."""
+    import subprocess
+
+    from unwind.lab.kdump import payload_commands, write_payload
+
+    files = [("Image", bytes(range(256)) * 9001), ("initrd.gz", b"\x1f\x8b" + b"x" * (3 << 20))]
+    disk = tmp_path / "disk.raw"
+    disk.write_bytes(b"\xee" * (7 << 20))
+    write_payload(disk, 2, files)
+    (tmp_path / "kdump").mkdir()
+    script = payload_commands(2, [(n, len(d)) for n, d in files])
+    script = script.replace("/dev/vda", str(disk)).replace("/kdump/", f"{tmp_path}/kdump/")
+    subprocess.run(["sh", "-c", script], check=True)
+    for name, data in files:
+        assert (tmp_path / "kdump" / name).read_bytes() == data
