@@ -95,3 +95,47 @@ def test_the_first_kernels_init_reads_back_the_payload_the_disk_was_given(tmp_pa
     subprocess.run(["sh", "-c", script], check=True)
     for name, data in files:
         assert (tmp_path / "kdump" / name).read_bytes() == data
+
+
+def test_a_slice_describes_the_ram_its_source_did_and_reads_the_pages_cut_away_as_excluded(tmp_path) -> None:
+    """slice_elf of a committed kdump slice down to two of its pages: the same PT_LOAD ranges to p_memsz, those
+    two pages' bytes, a page cut away raises ExcludedPageFault, RAM the source never described a plain miss."""
+    from elftools.elf.elffile import ELFFile
+
+    from unwind.core.memory import ExcludedPage, MemoryFault
+    from unwind.formats.vmcore.errors import ExcludedPageFault
+    from unwind.formats.vmcore.opening import open_vmcore
+    from unwind.lab.vmcores import slice_elf
+
+    src = tmp_path / "src.elf"
+    src.write_bytes(lzma.decompress(next(v for v in KDUMPS if v.parts[-4] == "riscv").read_bytes()))
+    with open(src, "rb") as f:
+        held = [(s["p_paddr"], s["p_filesz"]) for s in ELFFile(f).iter_segments()
+                if s["p_type"] == "PT_LOAD" and s["p_filesz"]]
+    a, b = held[len(held) // 2][0] >> 12, held[-1][0] >> 12
+    cut = slice_elf(src, tmp_path / "cut.elf", {a, b})
+
+    def described(path: Path) -> list[tuple[int, int]]:
+        with open(path, "rb") as f:
+            spans = sorted((s["p_paddr"], s["p_paddr"] + s["p_memsz"]) for s in ELFFile(f).iter_segments()
+                           if s["p_type"] == "PT_LOAD")
+        out: list[tuple[int, int]] = []
+        for lo, hi in spans:
+            if out and lo <= out[-1][1]:
+                out[-1] = (out[-1][0], max(hi, out[-1][1]))
+            else:
+                out.append((lo, hi))
+        return out
+
+    assert described(cut) == described(src)
+    whole, part = open_vmcore(src), open_vmcore(cut)
+    for pfn in (a, b):
+        assert part.read_phys(pfn << 12, 4096) == whole.read_phys(pfn << 12, 4096)
+    gone = next(p for p, n in held if p >> 12 not in (a, b) and n >= 8192) + 4096
+    whole.read_phys(gone, 8)
+    with pytest.raises(ExcludedPageFault):
+        part.read_phys(gone, 8)
+    hole = described(src)[0][1]  # the first byte past the first described range
+    with pytest.raises(MemoryFault) as e:
+        part.read_phys(hole, 8)
+    assert not isinstance(e.value, ExcludedPage)

@@ -186,12 +186,12 @@ def slice_elf(src: Path, dst: Path, pages: set[int], page_size: int = 4096) -> P
     with open(src, "rb") as f:
         elf = ELFFile(f)
         structs = elf.structs
-        loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD" and s["p_filesz"]]
+        loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD" and s["p_memsz"]]
         note = next(s for s in elf.iter_segments() if s["p_type"] == "PT_NOTE")
         notes = note.data()
         # each RAM block keeps its first page, so the slice's RAM starts where the guest's did
         # (readers place the riscv image from the start of RAM)
-        pages = set(pages) | {seg["p_paddr"] // page_size for seg in loads}
+        pages = set(pages) | {seg["p_paddr"] // page_size for seg in loads if seg["p_filesz"]}
         runs: list[tuple[int, int]] = []
         for pfn in sorted(pages):
             if runs and runs[-1][1] == pfn:
