@@ -239,7 +239,7 @@ def slice_elf(src: Path, dst: Path, pages: set[int], page_size: int = 4096) -> P
     return dst
 
 
-def _bitmap_bits(image: bytes | bytearray, offset: int, nbytes: int) -> "np.ndarray":
+def _bitmap_bits(image: bytes | bytearray, offset: int, nbytes: int) -> np.ndarray:
     import numpy as np
 
     return np.unpackbits(np.frombuffer(image, dtype=np.uint8, count=nbytes, offset=offset), bitorder="little")
