@@ -120,3 +120,13 @@ def test_subtract_ranges() -> None:
     assert subtract_ranges(ram, [PhysRange(10, 20), PhysRange(90, 210), PhysRange(250, 260)]) == [
         PhysRange(0, 10), PhysRange(20, 90), PhysRange(210, 250), PhysRange(260, 300)]
     assert subtract_ranges(ram, []) == ram and subtract_ranges(ram, [PhysRange(0, 400)]) == []
+
+
+def test_memblock_in_freed_init_data_is_not_read(machine: _Map) -> None:
+    """Without ARCH_KEEP_MEMBLOCK memblock is __initdata_memblock: freed after boot, its bytes anyone's."""
+    from unwind.kernel.model import KernelError
+
+    machine.memblock([(0x80000000, 0x1000, 0)])
+    machine.symbols |= {"__init_begin": machine.symbols["memblock"] - 0x100, "__init_end": BASE + 0x8000}
+    with pytest.raises(KernelError, match="init data"):
+        for_each_mem_range(machine.kernel())

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from unwind.formats.vmcore.physmem import PhysRange, merge_ranges
-from .model import Kernel, field_int
+from .model import Kernel, KernelError, field_int
 
 #: include/linux/ioport.h
 IORESOURCE_MEM = 0x00000200
@@ -78,8 +78,12 @@ def walk_system_ram_res(kernel: Kernel) -> list[PhysRange]:
 # for_each_mem_range() (include/linux/memblock.h): memblock.memory without MEMBLOCK_NOMAP regions
 def for_each_mem_range(kernel: Kernel) -> list[PhysRange]:
     """The ranges of ``memblock.memory`` the kernel maps (``MEMBLOCK_NOMAP`` ones skipped, as the kernel skips
-    them), merged. Raises as :func:`walk_system_ram_res`; ``ValueError`` on a count past ``memory.max``."""
+    them), merged. Raises as :func:`walk_system_ram_res`; ``ValueError`` on a count past ``memory.max``,
+    ``KernelError`` when memblock lies in the init section the kernel freed."""
     base = kernel.require("memblock")
+    begin, end = kernel.symbol("__init_begin"), kernel.symbol("__init_end")
+    if begin is not None and end is not None and begin <= base < end:  # __initdata_memblock without ARCH_KEEP_MEMBLOCK
+        raise KernelError("memblock is init data, freed after boot (the kernel does not keep memblock)")
     cnt = kernel.read_u64(base + kernel.offsetof("memblock", "memory.cnt"))
     most = kernel.read_u64(base + kernel.offsetof("memblock", "memory.max"))
     if cnt > most or most > MAX_RESOURCES:
