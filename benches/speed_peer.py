@@ -37,8 +37,10 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,12 @@ def arch_rounds(peer: dict[str, dict[str, list[dict[str, Any]]]], side: str) -> 
     return [{k: sum(r[i].get(k, 0) for r in per_core) for k in SUMMED} for i in range(min(map(len, per_core)))]
 
 
+def commit() -> str | None:
+    """The checkout's commit (short), ``+`` when it has changes; ``None`` outside git."""
+    r = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty=+"], capture_output=True, text=True)
+    return r.stdout.strip() or None
+
+
 def per(runs: list[dict[str, float]], key: str, count: str, scale: float = 1e6) -> float | None:
     """Median over rounds of ``key`` / ``count`` (µs by default); ``None`` when a round counted nothing."""
     if not runs or any(not r.get(count) for r in runs):
@@ -128,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write every child's figures here")
     a = p.parse_args(argv)
     arches = a.arch or list(ARCHES)
+    started, load = datetime.now(timezone.utc).isoformat(timespec="seconds"), os.getloadavg()[0]
     runs: dict[str, list[dict]] = {}
     peer: dict[str, dict[str, dict[str, list[dict]]]] = {}
     checks: dict[str, dict[str, Any]] = {}
@@ -157,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                         for k in ("keys", "pcs", "names", "user"):
                             r.pop(k, None)
                         by_side.setdefault(side, []).append(r)
-    out = {"rounds": a.rounds, "passes": a.passes, "runs": runs, "peer": peer, "validation": checks,
+    out = {"rounds": a.rounds, "passes": a.passes, "datetime": started, "commit": commit(),
+           "load": [load, os.getloadavg()[0]], "runs": runs, "peer": peer, "validation": checks,
            "left_out": left_out, "vmcores": {pc.name: str(pc.core) for cs in cores.values() for pc in cs}}
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))

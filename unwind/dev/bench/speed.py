@@ -151,7 +151,9 @@ def _batch_goal(arch: str, batch: dict[str, Any] | None) -> Goal:
     peer = (batch or {}).get("peer", {})
     mine, drgn = peer.get(f"{arch} ours", []), peer.get(f"{arch} drgn", [])
     vs = "no drgn peer (drgn has no riscv unwinder)" if arch == "riscv" else "not measured"
-    if mine and drgn:
+    if mine and drgn and drgn[0].get("mode", "regs") != "regs":
+        vs = f"not measured against drgn from `pt_regs` (its drgn runs are of mode {drgn[0]['mode']!r})"
+    elif mine and drgn:
         ours_rate = _per(mine, "batched_frames", "warm", 1.0)
         drgn_rate = _per(drgn, "k_frames", "k_warm", 1.0)
         vs = (f"{_times(ours_rate, drgn_rate)} drgn's frames/s (from `pt_regs`, the vmcores' tasks, warm: "
@@ -202,12 +204,15 @@ def _load_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _peer_lines(archs: dict[str, PeerArch], rounds: Any) -> list[str]:
+def _peer_lines(archs: dict[str, PeerArch], rounds: Any, peer: dict[str, Any]) -> list[str]:
     """The one peer table: each drgn configuration and ours, per kernel frame, same tasks, same run; what
     each drgn configuration does per frame; the pcs agreement and a few traces."""
+    run = "".join(f", {k} {peer[k]}" for k in ("datetime", "commit") if peer.get(k))
+    if peer.get("load"):
+        run += f", 1-minute load {fmt_num(peer['load'][0], 2)} → {fmt_num(peer['load'][1], 2)}"
     shown = [a for a in ARCH_ORDER if a in archs]
     L = ["", "### Against drgn: one peer table, same tasks of the same vmcores, same run", ""]
-    L.append(f"`benches/speed_peer.py`, rounds: {rounds}. On each committed vmcore (`corpora/<arch>/<release>/"
+    L.append(f"`benches/speed_peer.py`, rounds: {rounds}{run}. On each committed vmcore (`corpora/<arch>/<release>/"
              "vmcore/`) every configuration below walks the same tasks, each in a fresh child process, the "
              "children interleaved round by round (drgn's configurations, then ours, vmcore by vmcore), so "
              "load from other processes falls on all of them alike. Warm: one untimed walk of every task first "
@@ -257,8 +262,10 @@ def _peer_lines(archs: dict[str, PeerArch], rounds: Any) -> list[str]:
     L.append("- **ours**: `Session.replay(task, Options(), symbolize=False)` with the committed slim image: per "
              "frame the arch's unwind step (an ORC lookup on x86-64, the frame record on arm64), its reads from "
              "the vmcore, the call-site check and a `Frame`; the stop reason. **Fresh**: the first pass in a "
-             "Session just loaded (its image's call-site verdicts and caches filled on the way). There is no "
-             "compiled build: the figures are the pure-Python modules'.")
+             "Session just loaded, which pays the Session's and its image's one-time work (their caches "
+             "filled, the call sites decided) over one vmcore's few frames; the goals table's fresh figure "
+             "spreads it over the committed corpora's. There is no compiled build: the figures are the "
+             "pure-Python modules'.")
     for _, name, what in DRGN_CONFIGS:
         L.append(f"- **{name}**: {what}.")
     L += ["", "Validation: the kernel pcs of each task, ours against each drgn configuration (first round):", ""]
@@ -303,7 +310,7 @@ def speed_lines(folder: Path) -> list[str]:
                 ((g.name, g.goal, g.measured, g.ratio, g.drgn, g.verdict) for g in goals))
     archs = peer_archs(peer)
     if archs:
-        L += _peer_lines(archs, (peer or {}).get("rounds"))
+        L += _peer_lines(archs, (peer or {}).get("rounds"), peer or {})
     if start:
         L += ["", "### Start-up", ""]
         L.append(f"`benches/startup.py`, rounds: {start.get('rounds')}; every command a fresh process with warm "
