@@ -60,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         runs = [triage_once(a.corpora, Path(tmp) / "triage.json") for _ in range(a.rounds)]
+    git = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty=+"], capture_output=True, text=True)
     out = {"rounds": a.rounds, "command": "unwind triage --workers 1 --no-progress corpora/",
-           "load": list(os.getloadavg()), "runs": runs}
+           "commit": git.stdout.strip() or None, "load": list(os.getloadavg()), "runs": runs}
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     cpu, wall = statistics.median(r["cpu"] for r in runs), statistics.median(r["wall"] for r in runs)

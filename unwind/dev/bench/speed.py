@@ -336,7 +336,8 @@ def triage_lines(triage: dict[str, Any]) -> list[str]:
     cpu, wall = _median(r["cpu"] for r in runs), _median(r["wall"] for r in runs)
     r0 = runs[0]
     L = ["", "### Triage throughput, one core", ""]
-    L.append(f"`benches/triage_throughput.py`, rounds: {triage.get('rounds')}: `{triage['command']}`, the whole "
+    at = f", commit {triage['commit']}" if triage.get("commit") else ""
+    L.append(f"`benches/triage_throughput.py`, rounds: {triage.get('rounds')}{at}: `{triage['command']}`, the whole "
              "command each round (imports, every dump opened, every task replayed and bucketed), a fresh "
              "process; CPU is its user + system time; median over rounds.")
     L.append("")
