@@ -24,13 +24,16 @@ from .modules import LAB_MODULE_QEMU_ARGS, fetch_modules
 
 READY = "UNWIND-LAB-READY"
 
-#: /init: workloads, sysrq, then (by option) function_graph and a kretprobe; @TRACING@ is replaced.
-INIT_SCRIPT = r"""#!/bin/busybox sh
+#: the start of every lab guest's /init: busybox's applets, /proc, /sys and /dev
+INIT_PRELUDE = r"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
-mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
+"""
+
+#: /init: workloads, sysrq, then (by option) function_graph and a kretprobe; @TRACING@ is replaced.
+INIT_SCRIPT = INIT_PRELUDE + r"""mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
 echo 1 > /proc/sys/kernel/sysrq
 echo 8 > /proc/sys/kernel/printk
 [ -f /qemu_fw_cfg.ko ] && insmod /qemu_fw_cfg.ko
@@ -41,6 +44,7 @@ if [ -d $T/events ]; then
   echo 64 > $T/buffer_size_kb
 @TRACING@
 fi
+@FILL@
 (while :; do cat /proc/meminfo /proc/stat /proc/interrupts /proc/self/maps > /dev/null; done) &
 (while :; do dd if=/dev/zero of=/dev/null bs=4k count=200 2>/dev/null; done) &
 (while :; do dd if=/dev/urandom bs=4k count=16 2>/dev/null | md5sum > /dev/null; done) &
@@ -63,18 +67,35 @@ FGRAPH = """  echo vfs_read > $T/set_graph_function
   echo function_graph > $T/current_tracer"""
 
 
-def init_script(fgraph: bool = True, kretprobe: bool = True) -> str:
-    """The built-in /init, with the kretprobe and function_graph set-up when asked for."""
+#: fill a tmpfs of @MIB@ MiB with copies of 64 MiB from /dev/urandom, so guest RAM holds data, not zero pages
+FILL = """mkdir -p /fill && mount -t tmpfs -o size=@MIB@m fill /fill
+dd if=/dev/urandom of=/fill/seed bs=1M count=64 2>/dev/null
+i=0; while cat /fill/seed > /fill/$i 2>/dev/null; do i=$((i+1)); done
+echo "UNWIND-LAB-FILLED $(du -sm /fill)"
+"""
+
+
+def init_script(fgraph: bool = True, kretprobe: bool = True, fill: int = 0) -> str:
+    """The built-in /init, with the kretprobe, function_graph and ``fill`` MiB of RAM filled when asked for."""
     parts = [KRETPROBE] * kretprobe + [FGRAPH] * fgraph
-    return INIT_SCRIPT.replace("@TRACING@", "\n".join(parts) or "  :")
+    return (INIT_SCRIPT.replace("@TRACING@", "\n".join(parts) or "  :")
+            .replace("@FILL@", FILL.replace("@MIB@", str(fill)) if fill else ":"))
 
 
 @dataclass(frozen=True)
-class BootOptions:
-    """How to boot the lab guest; a running guest is reused only when booted with the same options."""
+class GuestOptions:
+    """The machine every lab guest is: its memory, its CPUs, KASLR."""
 
     mem: str = "1G"
     smp: int = 2
+    #: leave KASLR on (no ``nokaslr``): the capture refuses such a guest, ``unwind gdb`` reads it
+    kaslr: bool = False
+
+
+@dataclass(frozen=True)
+class BootOptions(GuestOptions):
+    """How to boot the lab guest; a running guest is reused only when booted with the same options."""
+
     #: a user /init (a file whose last step prints UNWIND-LAB-READY), else the built-in one
     init: str | None = None
     #: extra kernel command-line arguments
@@ -85,15 +106,16 @@ class BootOptions:
     kretprobe: bool = True
     #: load the lab modules (unwind.lab.modules) and give QEMU the devices they drive
     modules: bool = False
-    #: leave KASLR on (no ``nokaslr``): the capture refuses such a guest, ``unwind gdb`` reads it
-    kaslr: bool = False
+    #: built-in /init: MiB of guest RAM filled with data (a tmpfs) before it reports ready
+    fill: int = 0
 
     def to_json(self) -> dict:
-        """The options as stored in lab.json (``kaslr`` only when on: a guest booted without it is the same)."""
+        """The options as stored in lab.json (``kaslr`` and ``fill`` only when on: a guest booted without is the same)."""
         d = asdict(self)
         d["qemu_args"] = list(self.qemu_args)
-        if not self.kaslr:
-            del d["kaslr"]
+        for off in ("kaslr", "fill"):
+            if not d[off]:
+                del d[off]
         return d
 
 
@@ -131,7 +153,7 @@ def initramfs_files(k: Kernel, opts: BootOptions) -> list[tuple[str, Path | byte
         except OSError as e:
             raise LabError(f"cannot read --init {opts.init}: {e.strerror}") from None
     else:
-        files.append(("init", init_script(opts.fgraph, opts.kretprobe).encode(), 0o755))
+        files.append(("init", init_script(opts.fgraph, opts.kretprobe, opts.fill).encode(), 0o755))
     return files
 
 
@@ -158,12 +180,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+#: arch -> (console device, QEMU machine arguments)
+MACHINE = {"x86_64": ("ttyS0", []), "arm64": ("ttyAMA0", ["-M", "virt", "-cpu", "max,pauth-impdef=on"]),
+           "riscv": ("ttyS0", ["-M", "virt", "-bios", "default"])}
+
+
+def guest_command(k: Kernel, opts: GuestOptions, initrd: Path) -> list[str]:
+    """QEMU under TCG with the arch's machine, ``opts``' memory and CPUs, no display nor default devices,
+    booting ``k`` with ``initrd``: the start of every lab guest's command line."""
+    return [ARCHES[k.arch][2], *MACHINE[k.arch][1], "-accel", "tcg", "-m", opts.mem, "-smp", str(opts.smp),
+            "-display", "none", "-nodefaults", "-kernel", str(k.boot_image), "-initrd", str(initrd)]
+
+
 def qemu_command(k: Kernel, run: Path, initrd: Path, port: int, opts: BootOptions = BootOptions()) -> list[str]:
     """The QEMU command line for ``k`` (TCG, gdbstub, HMP socket, logged console socket)."""
-    _, _, qemu, _ = ARCHES[k.arch]
-    common = ["-accel", "tcg", "-m", opts.mem, "-smp", str(opts.smp), "-display", "none", "-nodefaults",
-              "-kernel", str(k.boot_image), "-initrd", str(initrd),
-              "-chardev", f"socket,id=con,path={run}/con.sock,server=on,wait=off,"
+    common = ["-chardev", f"socket,id=con,path={run}/con.sock,server=on,wait=off,"
                           f"logfile={run}/console.log",
               "-serial", "chardev:con",
               "-gdb", f"tcp:127.0.0.1:{port}",
@@ -171,13 +202,9 @@ def qemu_command(k: Kernel, run: Path, initrd: Path, port: int, opts: BootOption
               "-pidfile", f"{run}/qemu.pid", "-daemonize"]
     tail = " ".join([*([] if opts.kaslr else ["nokaslr"]), "panic=-1 rdinit=/init loglevel=7 log_buf_len=4M",
                      opts.append]).strip()
-    if k.arch == "x86_64":
-        cmd = [qemu, *common, "-device", "vmcoreinfo", "-append", f"console=ttyS0 {tail}"]
-    elif k.arch == "arm64":
-        cmd = [qemu, "-M", "virt", "-cpu", "max,pauth-impdef=on", *common, "-device", "vmcoreinfo",
-               "-append", f"console=ttyAMA0 {tail}"]
-    else:
-        cmd = [qemu, "-M", "virt", "-bios", "default", *common, "-append", f"console=ttyS0 {tail}"]
+    # the device QEMU's dumps take VMCOREINFO from; QEMU writes none of a riscv guest (docs/vmcore.md)
+    vmcoreinfo = ["-device", "vmcoreinfo"] if k.arch != "riscv" else []
+    cmd = [*guest_command(k, opts, initrd), *common, *vmcoreinfo, "-append", f"console={MACHINE[k.arch][0]} {tail}"]
     return cmd + list(LAB_MODULE_QEMU_ARGS) * opts.modules + list(opts.qemu_args)
 
 
