@@ -116,6 +116,19 @@ def test_errors_are_one_line() -> None:
         Btf(_blob()[:-5])
 
 
+def test_a_name_looked_up_again_answers_as_the_first_time() -> None:
+    b = Btf(_blob())
+    for _ in range(2):
+        assert b.find("outer") == 6 and b.find("outer_t") == 7 and b.find("outer_t", "typedef") == 7
+        assert b.find("colour") == 10
+        with pytest.raises(BtfError, match="no BTF type 'missing'"):
+            b.find("missing")
+        with pytest.raises(BtfError, match="no BTF type 'outer' of kind int"):
+            b.find("outer", "int")
+        with pytest.raises(BtfError, match="no BTF kind"):
+            b.find("outer", "nokind")
+
+
 def test_loops_raise_not_hang() -> None:
     loop = blob_of(t(s("outer_t"), 8, 0, 2) + t(0, 10, 0, 1)           # typedef -> const -> typedef
                    + t(s("outer"), 4, 1, 8, [dict(name_off=0, type=3, offset=0)]))  # 3: anon self

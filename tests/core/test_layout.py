@@ -57,6 +57,25 @@ def test_a_btf_without_the_struct_falls_through():
     assert got.source == "table"
 
 
+def test_a_layout_read_once_per_btf_answers_each_btf_as_its_own():
+    """Dumps of one image share its BTF's layouts; another BTF (another image) reads its own, and a
+    struct or member missing from a BTF stays missing on every later walk."""
+    btf = _btf()
+    b = BtfBuilder()
+    u64 = b.int("u64", 8)
+    b.struct("thing", 64, [("a", u64, 0), ("c", u64, 56)])
+    other = Btf(b.blob())
+    for _ in range(2):
+        got = resolve_layout(_target(SimpleNamespace(btf=btf)), "thing", ("a", "c"), TABLE)
+        assert (got.source, got.size, dict(got.offsets)) == ("btf", 40, {"a": 8, "c": 32})
+        got = resolve_layout(_target(SimpleNamespace(btf=other)), "thing", ("a", "c"), TABLE)
+        assert (got.source, got.size, dict(got.offsets)) == ("btf", 64, {"a": 0, "c": 56})
+        got = resolve_layout(_target(SimpleNamespace(btf=btf)), "thing", ("a", "d"), TABLE)
+        assert got.source == "table"
+        got = resolve_layout(_target(SimpleNamespace(btf=btf)), "nothing", ("a",), TABLE)
+        assert got.source == "table"
+
+
 def test_malformed_dump_offsets_are_ignored():
     for bad in (None, [], {"thing": 3}, {"thing": {"size": "x", "members": {"a": 0, "c": 8}}},
                 {"thing": {"size": 24, "members": {"a": 0}}}, {"thing": {"size": 24, "members": {"a": True, "c": 8}}},

@@ -182,6 +182,8 @@ class Btf:
         self._decoded: dict[int, Type] = {0: _VOID}
         #: member paths resolved, and the messages of those that are not there
         self._members: dict[tuple[str | int, str], Member | str] = {}
+        #: type ids found by name and kind, and the messages of those that are not there
+        self._found: dict[tuple[str, str | None], int | str] = {}
 
     @classmethod
     def from_elf(cls, path: str | Path) -> "Btf":
@@ -402,6 +404,19 @@ class Btf:
 
     def find(self, name: str, kind: str | None = None) -> int:
         """Type id of the named type (struct/union/typedef/enum/int... or the given ``kind``)."""
+        got = self._found.get((name, kind))
+        if got is None:
+            try:
+                got = self._find(name, kind)
+            except BtfError as e:
+                got = str(e)
+            self._found[(name, kind)] = got
+        if isinstance(got, str):
+            raise BtfError(got)
+        return got
+
+    def _find(self, name: str, kind: str | None) -> int:
+        """:meth:`find`, by a bisection of the names."""
         if kind is not None and kind not in _KIND_ID:
             raise BtfError(f"no BTF kind {kind!r}")
         wanted = (_KIND_ID[kind],) if kind else _DEFAULT_KINDS

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from weakref import WeakKeyDictionary
 
 from construct import Struct
 
@@ -70,9 +71,28 @@ def table_layout(name: str, struct: Struct, members: Sequence[str], detail: str)
 
 
 def btf_layout(btf: Btf, name: str, members: Sequence[str]) -> StructLayout:
-    """The layout the kernel's BTF gives; :class:`BtfError` when the struct or a member is missing."""
-    return StructLayout(name, btf.sizeof(name), {m: btf.offsetof(name, m) for m in members}, "btf",
-                        "the image's .BTF")
+    """The layout the kernel's BTF gives; :class:`BtfError` when the struct or a member is missing.
+
+    Read once per image's BTF (every dump of the image shares it), then kept with it."""
+    known = _BTF_LAYOUTS.get(btf)
+    if known is None:
+        known = _BTF_LAYOUTS[btf] = {}
+    key = (name, tuple(members))
+    got = known.get(key)
+    if got is None:
+        try:
+            got = StructLayout(name, btf.sizeof(name), {m: btf.offsetof(name, m) for m in members}, "btf",
+                               "the image's .BTF")
+        except BtfError as e:
+            got = str(e)
+        known[key] = got
+    if isinstance(got, str):
+        raise BtfError(got)
+    return got
+
+
+#: per BTF, the layouts read from it (or why not), by struct name and members
+_BTF_LAYOUTS: "WeakKeyDictionary[Btf, dict[tuple[str, tuple[str, ...]], StructLayout | str]]" = WeakKeyDictionary()
 
 
 def btf_offsets(btf: Btf, wanted: Mapping[str, Sequence[str]]) -> dict[str, Any]:
