@@ -86,13 +86,13 @@ class FlatMemory:
         segs = list(chain.from_iterable(mem.segments for mem in memories))
         self.seg_mem = np.repeat(np.arange(len(memories), dtype=np.int64), [len(mem.segments) for mem in memories])
         self.starts = np.fromiter(map(_START, segs), _U64, len(segs))
-        sizes = np.fromiter(map(len, map(_DATA, segs)), _U64, len(segs))
+        pieces = list(map(_DATA, segs))
+        sizes = np.fromiter(map(len, pieces), _U64, len(segs))
         self.ends = self.starts + sizes
         if not ((self.starts | sizes) & _U64(7)).any():  # the usual case: stacks are captured in whole words
             self.origins = self.starts
             words = (sizes >> _U64(3)).astype(np.int64)
             self.bases = np.cumsum(words) - words
-            pieces = list(map(_DATA, segs))
         else:
             pieces, bases, words = [], [], 0
             for seg in segs:
