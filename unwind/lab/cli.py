@@ -318,7 +318,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                          description="Boot the fetched kernel with crashkernel= and KASLR as built; /init loads "
                          "the same kernel with Debian's kexec -p and crashes with sysrq c; the capture kernel "
                          "copies /proc/vmcore to a virtio disk. Writes kdump-NNN.elf, kdump-NNN.console.txt "
-                         "(the panicking kernel's console from the sysrq line on) and the full console.")
+                         "(the panicking kernel's console from the sysrq line on), kdump-NNN.iomem.txt and "
+                         "kdump-NNN.kallsyms.txt (its /proc/iomem and a few /proc/kallsyms lines) and the full "
+                         "console.")
     kd.add_argument("--arch", required=True)
     kd.add_argument("--release", help="which fetched kernel (default: the newest version fetched)")
     kd.add_argument("--mem", default="1G", help="guest memory (default 1G)")
