@@ -119,7 +119,7 @@ def _check_salvage(uncut: dict, cut: dict) -> int:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("keep", CUTS)
-@pytest.mark.parametrize("vmcore", VMCORES, ids=lambda p: f"{p.parts[-4]}-{p.name.split('.')[0]}")
+@pytest.mark.parametrize("vmcore", VMCORES, ids=lambda p: f"{p.parts[-4]}-{p.parts[-3]}-{p.name.split('.')[0]}")
 def test_a_cut_vmcore_replays_what_it_holds(vmcore: Path, keep: float, fmt: str, tmp_path_factory) -> None:
     tmp = tmp_path_factory.getbasetemp()
     uncut = _uncut(vmcore, fmt, tmp)
@@ -222,7 +222,7 @@ def test_a_riscv_vmcoreinfo_lost_with_the_cut_is_rebuilt_as_the_kernel_wrote_it(
     assert dict(read.dump.vmcoreinfo) == dict(note.dump.vmcoreinfo)
 
 
-@pytest.mark.parametrize("vmcore", VMCORES, ids=lambda p: f"{p.parts[-4]}-{p.name.split('.')[0]}")
+@pytest.mark.parametrize("vmcore", VMCORES, ids=lambda p: f"{p.parts[-4]}-{p.parts[-3]}-{p.name.split('.')[0]}")
 def test_a_vmcore_whose_btf_is_damaged_is_read_with_the_images(vmcore: Path, tmp_path_factory) -> None:
     """The kernel's own BTF is read from the dump when it parses; with its header broken (two bytes of the
     magic, found in the file by the image's ``.BTF`` bytes), the image's ``.BTF`` is used, the warning says so
