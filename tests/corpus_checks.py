@@ -3,11 +3,31 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any, Iterator
 
 import pytest
 
-from unwind.session.replay import load_session
+from unwind.cli.corpus import compare_oracle
+from unwind.session.replay import Session, load_session
 from unwind.core.target import Options
+
+
+def running_cpu_results(session: Session, counts: dict[str, Counter[str]]) -> Iterator[tuple[Any, str]]:
+    """Each running-CPU oracle of the dump compared with the replay (counted in ``counts`` by source and
+    category), with the sentence an assertion about it says; skips the test when the dump has none."""
+    seen = 0
+    for oracle in session.dump.oracles():
+        if oracle.get("cpu") is None:
+            continue
+        res = compare_oracle(session, oracle)
+        if res is None:
+            continue
+        seen += 1
+        counts.setdefault(res.source, Counter())[res.category] += 1
+        yield res, (f"{res.source} {res.who}: {res.category}: expected {[hex(x) for x in res.expected]}, "
+                    f"replayed {[hex(x) for x in res.got]}")
+    if not seen:
+        pytest.skip("no running-CPU oracle in this dump")
 
 
 def assert_blocked_tasks_equal_sysrq_t(dump: str, counts: dict[str, Counter[str]]) -> None:

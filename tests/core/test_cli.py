@@ -81,6 +81,10 @@ def test_generation_that_is_no_version_is_bad_input(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "--generation" in err and "expected a kernel version" in err and "Traceback" not in err
         assert len(err.strip().splitlines()) == 1
+    for old in ("2.6", "5.15", "v6.0"):
+        assert main(["replay", str(p), "--all", "--generation", old]) == 2, old
+        err = capsys.readouterr().err
+        assert f"--generation {old}" in err and "from 6.1 on" in err and len(err.strip().splitlines()) == 1
     for good in ("6.1", "v6.13", "7.2.13+deb14-arm64"):
         assert main(["replay", str(p), "--all", "--generation", good]) == 0, good
         capsys.readouterr()

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from unwind.dev.fuzz.mutators import _sections
-from unwind.formats.image import CACHE_ENV, Image, ImageError
+from unwind.formats.cachefile import CACHE_ENV
+from unwind.formats.image import Image, ImageError
 
 SLIM = next((Path(__file__).resolve().parents[2] / "corpora" / "x86_64").glob("*/vmlinux-*.slim.xz"))
 

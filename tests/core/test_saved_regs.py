@@ -44,7 +44,7 @@ def test_the_saved_pc_is_the_first_frame_the_kernel_printed(dump):
 def test_x86_inactive_task_frame_is_the_bytes_at_thread_sp(tmp_path):
     elf = tmp_path / "dump.elf"
     elf.write_bytes(lzma.decompress((X86 / "stop-004-random.bin.xz").read_bytes()))
-    s = load_session(elf)
+    s = load_session(elf, vmlinux=next(X86.glob("vmlinux-*.slim.xz")))  # the dump's folder, not tmp_path's
     raw = elf.read_bytes()
     blocked = [t for t in s.dump.tasks() if not t.running]
     for t in blocked:
@@ -91,7 +91,7 @@ def test_arm64_vmcore_cpu_context_is_the_bytes_at_its_btf_offsets(tmp_path):
     pa = {int(t["va"], 16): int(t["pa"], 16) for t in record["translations"] if t["what"].startswith("task ")}
     elf = tmp_path / "vmcore.elf"
     elf.write_bytes(lzma.decompress((ARM64 / "vmcore/stop-000-random.elf.xz").read_bytes()))
-    s = load_session(elf)
+    s = load_session(elf, vmlinux=next(ARM64.glob("vmlinux-*.slim.xz")))  # the dump's folder, not tmp_path's
     btf = s.image.btf
     raw = elf.read_bytes()
     checked = 0

@@ -14,7 +14,7 @@ import pytest
 from unwind import Options, Session
 from unwind.cli.main import main
 from unwind.core.frame import Flag
-from unwind.cli.triage import SkipTable, bucket, compare, function_name, signature, write_report
+from unwind.cli.triage import SkipTable, bucket, compare, function_name, signature
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 DUMPS = sorted(str(p) for p in CORPORA.glob("*/*/stop-*.bin.xz"))

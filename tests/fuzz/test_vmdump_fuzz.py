@@ -7,8 +7,6 @@ from __future__ import annotations
 import random
 import struct
 
-import pytest
-
 from unwind.dev.fuzz import checks
 from unwind.dev.fuzz.checks import MODES, _bad_value, instrument
 from unwind.core import registry

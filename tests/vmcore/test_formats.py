@@ -9,7 +9,7 @@ import pytest
 from unwind.formats import elfcore
 from unwind.core.memory import MemoryFault
 from unwind.formats.vmcore.errors import TruncatedFault
-from unwind.formats.vmcore import (CorruptPageFault, DiskDump, ElfVmcore, ExcludedPageFault, VmcoreError, codecs,
+from unwind.formats.vmcore import (DiskDump, ElfVmcore, ExcludedPageFault, VmcoreError, codecs,
                            detect_format, is_vmcore, open_vmcore)
 
 from .synth import KdumpSpec, Load, elf_vmcore, flatten, kdump_file, notes_blob, page_bytes, vmcoreinfo

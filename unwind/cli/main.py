@@ -18,7 +18,8 @@ import sys
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from unwind.core.errors import DumpError
-from unwind.formats.image import CACHE_ENV, IMAGE_PATH_ENV, ImageError
+from unwind.formats.cachefile import CACHE_ENV
+from unwind.formats.image import IMAGE_PATH_ENV, ImageError
 from unwind.core.registry import ArchError
 from unwind.session.replay import ReplayError, Session, load_session
 from unwind.core.target import Options, Task

@@ -103,15 +103,20 @@ def ps_json(task: Task) -> dict[str, Any]:
             "lacks": None if task.lacks is None else task.lacks.what}
 
 
-def cmd_ps(args: argparse.Namespace) -> int:
-    """``unwind ps``: the tasks (every one, or the filters') with pid, parent, CPU, ``task_struct`` and state."""
+def _load_selected(args: argparse.Namespace) -> tuple[Session, list[Task]]:
+    """The dump's session, its warnings said, and the tasks the command line's filters select."""
     from .main import selected, task_filter
 
     f = task_filter(args)
     session = load_session(args.dump, vmlinux=args.vmlinux)
     for w in session.warnings:
         print(f"unwind: warning: {w}", file=sys.stderr)
-    tasks = selected(session, args, f)
+    return session, selected(session, args, f)
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    """``unwind ps``: the tasks (every one, or the filters') with pid, parent, CPU, ``task_struct`` and state."""
+    session, tasks = _load_selected(args)
     if args.json:
         for t in _ps_order(tasks):
             print(json.dumps(ps_json(t)))
@@ -122,13 +127,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """``unwind convert``: write the chosen tasks of a vmcore as the project's small dump."""
-    from .main import selected, task_filter
-
-    f = task_filter(args)
-    session = load_session(args.dump, vmlinux=args.vmlinux)
-    for w in session.warnings:
-        print(f"unwind: warning: {w}", file=sys.stderr)
-    tasks = selected(session, args, f)
+    session, tasks = _load_selected(args)
     w = convert(session, tasks)
     try:
         w.write(args.output)

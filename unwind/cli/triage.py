@@ -236,14 +236,14 @@ def triage_dump(path: str, depth: int = DEFAULT_DEPTH, complete: bool = False,
         when = _capture_time(session, path)
         options = Options(complete=complete)
         local: dict[tuple[str, str, tuple[str, ...]], Bucket] = {}
-        f = filters or TaskFilter()
+        flt = filters or TaskFilter()
         for t in everyone:
-            tally.matched |= f.task_values(t)
-        tasks = [t for t in everyone if f.matches_task(t)]
+            tally.matched |= flt.task_values(t)
+        tasks = [t for t in everyone if flt.matches_task(t)]
         count = 0
         for task in tasks:
             r = session.replay(task, options)
-            if f.function is not None and not f.matches_functions(functions(session, r)):
+            if flt.function is not None and not flt.matches_functions(functions(session, r)):
                 continue
             count += 1
             printed = [f.symbol or hex(f.pc) for f in r.frames if not f.flags._value_ & _UNRELIABLE]
@@ -264,10 +264,10 @@ def triage_dump(path: str, depth: int = DEFAULT_DEPTH, complete: bool = False,
                 b.representative = rep
         for b in local.values():
             tally.add(b)
-        if f.function is not None and (count or any(
-                f.matches_functions(functions(session, session.replay(t, options))) for t in everyone
-                if not f.matches_task(t))):
-            tally.matched.add(f"--function {f.function}")
+        if flt.function is not None and (count or any(
+                flt.matches_functions(functions(session, session.replay(t, options))) for t in everyone
+                if not flt.matches_task(t))):
+            tally.matched.add(f"--function {flt.function}")
         tally.dumps.append(DumpRecord(path, True, release=release, arch=session.backend.name, time=when,
                                       tasks=count))
     except INPUT_ERRORS as e:

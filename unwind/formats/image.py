@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Iterator
 from construct import ConstructError
 from elftools.common.exceptions import ELFError
 from elftools.elf.constants import SH_FLAGS
+from elftools.elf.structs import ELFStructs
 
-from .cachefile import (CACHE_ENV, CacheFileError, cache_dir, cache_root, mark_used, read_arrays, write_arrays,
+from .cachefile import (CacheFileError, cache_dir, cache_root, mark_used, read_arrays, write_arrays,
                         write_atomically)
 from .elfcore import check_section_fits, section_data
 from unwind.kernel.symbols import SymbolError, SymbolTable
@@ -419,6 +420,24 @@ def image_build_id(path: str | Path) -> str | None:
         return None
 
 
+def image_machine(path: str | Path) -> str | None:
+    """``e_machine`` of an ELF image (``EM_RISCV``), read from its first bytes, an ``.xz`` one's without
+    unpacking it whole; ``None`` if it is not a 64-bit little-endian ELF file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+        if head.startswith(b"\xfd7zXZ\x00"):
+            head = lzma.LZMADecompressor().decompress(head, max_length=64)
+        if head[:6] != b"\x7fELF\x02\x01" or len(head) < 64:
+            return None
+        structs = ELFStructs(little_endian=True, elfclass=64)
+        structs.create_basic_structs()
+        structs.create_advanced_structs()
+        return str(structs.Elf_Ehdr.parse(head[:64]).e_machine)
+    except (OSError, lzma.LZMAError, *_elf_errors()):
+        return None
+
+
 #: the debuginfo root packages install into (``/usr/lib/debug/.build-id/``, ``/usr/lib/debug/boot/``)
 DEBUG_ROOT = Path("/usr/lib/debug")
 
@@ -478,6 +497,23 @@ def _candidates(build_id: str, dump_path: Path | None, release: str | None) -> I
         yield DEBUG_ROOT / "boot" / f"vmlinux-{release}"
         yield DEBUG_ROOT / "lib" / "modules" / release / "vmlinux"
     yield from _fetched_kernels(build_id)
+
+
+def images_near(dump_path: str | Path | None) -> Iterator[Path]:
+    """Every image file :func:`find_image` would look at, for a dump with no build-id to look for:
+    ``$UNWIND_IMAGE_PATH`` with its subfolders, the dump's folder and three parents, and the kernels
+    ``unwind kernels fetch`` put in the cache; each once, in that order."""
+    seen: set[Path] = set()
+    places: list[Iterable[Path]] = [_image_files_below(Path(d)) for d in os.environ.get(IMAGE_PATH_ENV, "").split(os.pathsep)
+                                    if d and Path(d).is_dir()]
+    if dump_path is not None:
+        folder = Path(dump_path).resolve().parent
+        places += [_image_files(d) for d in [folder, *folder.parents][:4]]
+    places.append(sorted((cache_root() / "kernels").glob("*/vmlinux")))
+    for cand in (c for place in places for c in place):
+        if cand not in seen and cand.is_file():
+            seen.add(cand)
+            yield cand
 
 
 def _looks_like_image(p: Path) -> bool:

@@ -39,7 +39,23 @@ def _prstatus_pid(raw: bytes) -> int:
     return int.from_bytes(raw[32:36], "little", signed=True)  # elf_prstatus.pr_pid
 
 
-class VmcoreFile:
+class NamedByVmcoreinfo:
+    """The kernel a vmcore is of, as its VMCOREINFO names it."""
+
+    vmcoreinfo: VmcoreInfo
+
+    @property
+    def build_id(self) -> str | None:
+        """VMCOREINFO ``BUILD-ID``: the vmlinux the vmcore was taken from."""
+        return self.vmcoreinfo.get("BUILD-ID") or None
+
+    @property
+    def release(self) -> str | None:
+        """VMCOREINFO ``OSRELEASE``."""
+        return self.vmcoreinfo.get("OSRELEASE")
+
+
+class VmcoreFile(NamedByVmcoreinfo):
     """A vmcore file as opened before its kernel image is known: its machine's backend, the CPUs'
     ``NT_PRSTATUS`` notes and VMCOREINFO (which name the image: ``BUILD-ID``, ``OSRELEASE``).
     :meth:`VmcoreDump.open` reads the kernel in it with the image."""
@@ -76,16 +92,6 @@ class VmcoreFile:
             raise DumpError(f"{path}: no VMCOREINFO note (QEMU needs -device vmcoreinfo): cannot find the kernel")
         return cls(path, phys, backend)
 
-    @property
-    def build_id(self) -> str | None:
-        """VMCOREINFO ``BUILD-ID``: the vmlinux the vmcore was taken from."""
-        return self.vmcoreinfo.get("BUILD-ID") or None
-
-    @property
-    def release(self) -> str | None:
-        """VMCOREINFO ``OSRELEASE``."""
-        return self.vmcoreinfo.get("OSRELEASE")
-
     def vmcoreinfo_from_memory(self, image: Image) -> tuple[str, str]:
         """VMCOREINFO read from the kernel's memory (QEMU writes none for riscv), and the sentence saying how.
 
@@ -110,7 +116,7 @@ class VmcoreFile:
         return "".join(f"{k}={v}\n" for k, v in info.items()), how
 
 
-class VmcoreDump:
+class VmcoreDump(NamedByVmcoreinfo):
     """A vmcore as replay sees it: the kernel read through its image, complete once made.
 
     ``memory`` reads kernel virtual addresses (page tables or the direct map
@@ -234,16 +240,6 @@ class VmcoreDump:
                     pos = stop
                 pos = max(pos, end)
         return out
-
-    @property
-    def build_id(self) -> str | None:
-        """VMCOREINFO ``BUILD-ID``: the vmlinux the vmcore was taken from."""
-        return self.vmcoreinfo.get("BUILD-ID") or None
-
-    @property
-    def release(self) -> str | None:
-        """VMCOREINFO ``OSRELEASE``."""
-        return self.vmcoreinfo.get("OSRELEASE")
 
     # -- CPUs ----------------------------------------------------------------
     def _read_cpus(self) -> list[CpuState]:

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from unwind.core.target import Target, kernel_version
 
 
+#: the oldest kernel whose unwinders the arch walks follow (the trees read: 6.1, 6.12, 7.x)
+OLDEST_FOLLOWED = (6, 1)
+
+
 def kernel_generation(target: Target) -> tuple[tuple[int, int] | None, str]:
     """``(major, minor)`` the walk follows and where it came from.
 

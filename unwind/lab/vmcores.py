@@ -15,11 +15,15 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elftools.construct.lib import Container
 from elftools.elf.elffile import ELFFile
 
 from .fetch import ARCHES, _download, cache_dir, newest_version
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class VmcoreToolError(Exception):
@@ -223,7 +227,7 @@ def slice_elf(src: Path, dst: Path, pages: set[int], page_size: int = 4096) -> P
     return dst
 
 
-def _bitmap_bits(image: bytes | bytearray, offset: int, nbytes: int) -> "np.ndarray":
+def _bitmap_bits(image: bytes | bytearray, offset: int, nbytes: int) -> np.ndarray:
     import numpy as np
 
     return np.unpackbits(np.frombuffer(image, dtype=np.uint8, count=nbytes, offset=offset), bitorder="little")

@@ -12,10 +12,12 @@ from unwind.core import registry
 from unwind.core.callsite import CallSiteChecker
 from unwind.formats.dump import Dump, DumpError, NotADump, written_by_unwind
 from unwind.core.frame import Frame
-from unwind.formats.image import IMAGE_PATH_ENV, Image, ImageError, find_image, image_search_places
+from unwind.formats.image import (IMAGE_PATH_ENV, Image, ImageError, find_image, image_machine, image_search_places,
+                                  images_near, open_image)
 from unwind.core.memory import Memory
 from unwind.core.stackinfo import StackInfo
 from unwind.kernel.symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
+from unwind.kernel.generation import OLDEST_FOLLOWED
 from unwind.core.target import Options, SavedRegs, Target, Task, kernel_version
 from unwind.core.walk import (ReliableResult, Stop, StopReason, Unwinder, UnwindStop, collect, frame_limit,
                               stack_walk_reliable)
@@ -191,9 +193,12 @@ class Session:
             image = find_image(vmcore.build_id, path, vmlinux)
         except ImageError as e:
             raise ReplayError(str(e)) from None
+        found_by_memory = image is None and vmcore.build_id is None
+        if found_by_memory:
+            image = _image_by_memory(vmcore)
         if image is None and vmcore.build_id is None:
-            raise ReplayError(f"{path}: no VMCOREINFO note, so no build-id to find the image by: give it with "
-                              "--vmlinux (the kernel's own VMCOREINFO is then read from memory)")
+            raise ReplayError(f"{path}: no VMCOREINFO note, so no build-id to find the image by, and no image near "
+                              "it whose kernel's own VMCOREINFO is in its memory: give it with --vmlinux")
         if image is None:
             raise ReplayError(f"{path}: no image with build-id {vmcore.build_id} found (looked in "
                               f"{', '.join(image_search_places(path, None))}): a vmcore's tasks need the kernel's "
@@ -206,6 +211,9 @@ class Session:
             raise ReplayError(str(e)) from None
         dump = VmcoreDump.open(vmcore, image, symbols)
         session = cls(dump, dump.image, dump.symbols)  # type: ignore[arg-type]
+        if found_by_memory:
+            session.warnings.append(f"{path}: no VMCOREINFO note: {image.path} is the image, as the kernel's own "
+                                    "VMCOREINFO in memory names its build-id")
         session.warnings.extend(dump.warnings)
         return session
 
@@ -264,9 +272,14 @@ class Session:
 
     def check_options(self, options: Options) -> None:
         """Refuse an option this dump's backend does not act on, or a ``--generation`` that is no version."""
-        if options.generation is not None and kernel_version(options.generation) is None:
-            raise ReplayError(f"--generation {options.generation!r}: expected a kernel version such as 6.1, 6.12 "
-                              "or 7.2")
+        if options.generation is not None:
+            version = kernel_version(options.generation)
+            if version is None:
+                raise ReplayError(f"--generation {options.generation!r}: expected a kernel version such as 6.1, "
+                                  "6.12 or 7.2")
+            if version < OLDEST_FOLLOWED:
+                raise ReplayError(f"--generation {options.generation}: the walks follow the kernel's unwinders from "
+                                  f"{'.'.join(map(str, OLDEST_FOLLOWED))} on, not older ones")
         for f in fields(Options):
             if f.name in COMMON_OPTIONS or getattr(options, f.name) == f.default:
                 continue
@@ -509,6 +522,27 @@ def task_stack_null(stacks: Sequence[StackInfo]) -> bool:
         if s.kind == "task" and not s.low:
             return True
     return False
+
+
+def _image_by_memory(vmcore: "VmcoreFile") -> Image | None:
+    """The image, of those near a vmcore with no VMCOREINFO note (:func:`images_near`), whose kernel's own
+    VMCOREINFO is in the vmcore's memory and names the image's build-id; ``None`` if none does, or the arch
+    cannot find VMCOREINFO in memory."""
+    if not vmcore.backend.vmcoreinfo_in_memory:
+        return None
+    for cand in images_near(vmcore.path):
+        if image_machine(cand) != vmcore.backend.elf_machine:
+            continue  # another machine's: not unpacked
+        try:
+            image = open_image(cand.resolve())
+            if image.machine != vmcore.backend.elf_machine or not image.build_id:
+                continue
+            text, _how = vmcore.vmcoreinfo_from_memory(image)
+        except (ImageError, DumpError):
+            continue
+        if f"BUILD-ID={image.build_id}\n" in text:
+            return image
+    return None
 
 
 def load_session(dump_path: str | Path, **kw: object) -> Session:

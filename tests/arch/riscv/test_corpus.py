@@ -27,7 +27,7 @@ from unwind.formats.dump import DumpWriter
 from unwind.core.frame import Source
 from unwind.session.replay import Replay, load_session
 from unwind.core.target import Options
-from tests.corpus_checks import assert_blocked_tasks_equal_sysrq_t
+from tests.corpus_checks import assert_blocked_tasks_equal_sysrq_t, running_cpu_results
 from unwind.cli.corpus import compare_oracle, paths_under
 
 CORPUS = Path(__file__).resolve().parents[3] / "corpora" / "riscv"
@@ -94,23 +94,11 @@ def test_blocked_tasks_equal_sysrq_t(dump):
 @pytest.mark.parametrize("dump", DUMPS, ids=_name)
 def test_running_cpus_within_documented_categories(dump):
     session = load_session(dump)
-    seen = 0
-    for oracle in session.dump.oracles():
-        if oracle.get("cpu") is None:
-            continue
-        res = compare_oracle(session, oracle)
-        if res is None:
-            continue
-        seen += 1
-        COUNTS.setdefault(res.source, Counter())[res.category] += 1
-        detail = f"{res.source} {res.who}: {res.category}: expected {[hex(x) for x in res.expected]}, " \
-                 f"replayed {[hex(x) for x in res.got]}"
+    for res, detail in running_cpu_results(session, COUNTS):
         if res.source == "ftrace-stacktrace":
             assert res.category in ("exact", "tracer-frames", "stale"), detail  # real stops: exact, above
         else:
             assert res.category == "exact" or res.category in CATEGORIES, detail
-    if not seen:
-        pytest.skip("no running-CPU oracle in this dump")
 
 
 FTRACE = [d for d in DUMPS if "-ftrace-" in Path(d).name]

@@ -247,7 +247,7 @@ class Fuzzer:
 
     def _check_image(self, path: Path, seed: Seed) -> Outcome:
         """Open the image as ``--vmlinux`` does (no symbol cache) and replay the seed with it."""
-        from unwind.formats.image import CACHE_ENV
+        from unwind.formats.cachefile import CACHE_ENV
         from unwind.kernel.symbols import SymbolError
 
         saved = os.environ.get(CACHE_ENV)
