@@ -222,11 +222,50 @@ def test_campaign_cases_stay_fixed(fuzzer, case):
 KEPT = sorted(REGRESSIONS.glob("*.bin.xz"))
 
 
+def _kept_info(path: Path) -> dict[str, str]:
+    """The family and seed a kept case's ``.txt`` names."""
+    return dict(line.split(": ", 1) for line in path.with_suffix("").with_suffix(".txt").read_text().splitlines()
+                if ": " in line and line.split(": ", 1)[0] in ("family", "seed"))
+
+
+def test_a_failing_case_is_saved_where_the_suite_replays_it(fuzzer, tmp_path, monkeypatch):
+    """``unwind fuzz --save-regressions DIR``: a failing case's input is written into DIR as the kept-case test
+    below reads it; a case with no input file is added to DIR's campaign.json, once, as the campaign-case test
+    reads it; passing cases write nothing."""
+    monkeypatch.setattr(fuzzer, "regressions", tmp_path)
+    monkeypatch.setattr(fuzzer, "keep", None)
+
+    def run(data: bytes | None):
+        def case(rng, seed, fam):
+            fuzzer.last = data or b""
+            if data is None or data.startswith(b"bad"):
+                raise RuntimeError("a bug in the reader")
+            return Outcome(fam, "ok", "", 0)
+        monkeypatch.setattr(fuzzer, "_run", case)
+
+    run(b"good input")
+    assert fuzzer.case(2, 7, family="stack").kind == "ok"
+    assert list(tmp_path.iterdir()) == []
+    run(b"bad input")
+    assert fuzzer.case(3, 7, family="stack").kind == "traceback"
+    kept = tmp_path / "stack-7-3.bin.xz"
+    assert lzma.decompress(kept.read_bytes()) == b"bad input"
+    info = _kept_info(kept)
+    assert info["family"] == "stack" and any(s.name == info["seed"] for s in fuzzer.seeds), info
+    run(None)
+    for _ in range(2):
+        assert fuzzer.case(4, 7, family="json").kind == "traceback"
+    book = json.loads((tmp_path / "campaign.json").read_text())
+    assert [(c["case"], c["family"]) for c in book["cases"]] == [("7:4", "json")]
+    assert any(s.name == book["cases"][0]["seed"] for s in fuzzer.seeds)
+    assert "RuntimeError" in book["cases"][0]["found"]
+    assert book["about"] == json.loads((REGRESSIONS / "campaign.json").read_text())["about"]
+
+
 @pytest.mark.parametrize("path", KEPT, ids=[p.name for p in KEPT])
 def test_kept_cases_stay_fixed(fuzzer, path):
     """Every case a campaign failed (``unwind fuzz --keep``), replayed as it was written."""
-    info = dict(line.split(": ", 1) for line in path.with_suffix("").with_suffix(".txt").read_text().splitlines()
-                if ": " in line and line.split(": ", 1)[0] in ("family", "seed"))
+    info = _kept_info(path)
     data = lzma.decompress(path.read_bytes())
     if info["family"] == "vmmem":  # the edits of a vmcore slice (its 10 MB are not kept)
         vmseed = next(s for s in fuzzer.vmmem_seeds if s.name == info["seed"])

@@ -18,7 +18,7 @@ from unwind.core import registry
 from unwind.core.dumpinfo import DumpInfo, FtraceTrampoline, ModuleInfo
 from .dump import CpuState, DumpError
 from unwind.kernel.kaslr import RelocatedImage, relocate_symbols, runtime_symbols
-from unwind.kernel.model import (MAX_CPUS, PID_MAX_LIMIT, Kernel, KernelError, KernelTask, LostTask,
+from unwind.kernel.model import (MAX_CPUS, PID_MAX_LIMIT, Kernel, KernelError, KernelTask, LostTask, PerCpuUnread,
                                  ftrace_trampolines)
 from unwind.kernel.btf import Btf, BtfError
 from unwind.core.memory import Memory, MemoryFault
@@ -146,6 +146,8 @@ class VmcoreDump(NamedByVmcoreinfo):
         self._prstatus = prstatus
         self.source = source
         self._tasks: list[Task] | None = None
+        #: CPU -> why the arch's rule could not give its ``current``
+        self._current_unread: dict[int, str] = {}
         try:
             self.kernel = Kernel(memory, btf, symbol, backend.kernel.CONTEXT_MEMBERS)
             self.cpus: list[CpuState] = self._read_cpus()
@@ -255,7 +257,8 @@ class VmcoreDump(NamedByVmcoreinfo):
         layout = elfcore.elf_prstatus(len(names))
         by_cpu: dict[int, bytes] = {}
         if self.crashed:
-            by_cpu = self._crash_notes(layout.sizeof()) or self._notes_in_cpu_order()
+            by_cpu, unread = self._crash_notes(layout.sizeof())
+            by_cpu = self._notes_of_unread_buffers(by_cpu, unread) if by_cpu else self._notes_in_cpu_order()
         if not by_cpu:
             pids = [_prstatus_pid(raw) for raw in self._prstatus]
             qemu = len(set(pids)) == len(pids) and all(1 <= p <= MAX_CPUS for p in pids)
@@ -319,20 +322,37 @@ class VmcoreDump(NamedByVmcoreinfo):
             try:
                 out[c.cpu], _ = self.backend.kernel.current_task(k, c.cpu, c.regs)
             except (MemoryFault, BtfError, KernelError, IndexError) as e:
-                self.warnings.append(f"cpu{c.cpu}: current unreadable, rq->curr used: {e}")
+                self._current_unread[c.cpu] = str(e)
+                if not isinstance(e, PerCpuUnread):  # said once, when the offsets were read
+                    self.warnings.append(f"cpu{c.cpu}: current unreadable, rq->curr used: {e}")
         return out
 
+    def _current_read(self, cpu: int) -> bool:
+        """Was ``cpu``'s current read, by the arch's rule or from its runqueue?"""
+        return cpu not in self._current_unread or cpu not in self.kernel.unread_runqueues
+
+    def _cpu_task(self, cpu: CpuState) -> Task:
+        """A CPU that saved registers but whose task is unknown (its ``current`` and runqueue unread): listed by its
+        CPU and the pid its crash note names, with why it is not walked (its task's stacks are unknown)."""
+        current, runqueue = self._current_unread[cpu.cpu], self.kernel.unread_runqueues[cpu.cpu]
+        why = f"current: {current}; runqueue: {runqueue}" if current != runqueue else current
+        why = f"cpu{cpu.cpu}'s task is unknown ({why}): its stacks are not known"
+        return Task(pid=cpu.pid if self.crashed else None, comm="?", state="R", cpu=cpu.cpu, regs=dict(cpu.regs),
+                    lacks=Lack(why))
+
     # crash_save_cpu() (kernel/crash_core.c) writes one note into per_cpu_ptr(crash_notes, cpu)
-    def _crash_notes(self, size: int) -> dict[int, bytes]:
+    def _crash_notes(self, size: int) -> tuple[dict[int, bytes], list[int]]:
+        """Each CPU's note in its ``crash_notes`` buffer, and the CPUs whose buffer the dump lacks."""
         k = self.kernel
         ptr = k.symbol("crash_notes")
         if ptr is None:
-            return {}
+            return {}, []
         out: dict[int, bytes] = {}
+        unread: list[int] = []
         try:
             base = k.read_u64(ptr)
         except MemoryFault:
-            return {}
+            return {}, []
         for cpu in range(k.nr_cpus):
             addr = (base + k.per_cpu_offset[cpu]) & (2**64 - 1)
             try:
@@ -342,8 +362,21 @@ class VmcoreDump(NamedByVmcoreinfo):
                     continue
                 out[cpu] = k.read(addr + 12 + (namesz + 3) // 4 * 4, descsz)
             except MemoryFault:
-                continue
-        return out
+                unread.append(cpu)
+        return out, unread
+
+    # crash_prepare_elf64_headers() (kernel/crash_core.c): the file's notes are the buffers, in CPU order
+    def _notes_of_unread_buffers(self, by_cpu: dict[int, bytes], unread: list[int]) -> dict[int, bytes]:
+        """``by_cpu`` with the file's notes that are no buffer read given to the CPUs whose buffer the dump lacks,
+        in CPU order, when they are as many; else those notes are said and not placed."""
+        read = set(by_cpu.values())
+        rest = [raw for raw in self._prstatus if raw not in read]
+        if rest and len(rest) == len(unread):
+            return by_cpu | dict(zip(unread, rest))
+        if rest:
+            self.warnings.append(f"{len(rest)} NT_PRSTATUS note(s) of the file match no CPU's crash_notes buffer, "
+                                 f"and {len(unread)} CPU(s) have a buffer the dump lacks: not placed")
+        return by_cpu
 
     # -- tasks ---------------------------------------------------------------
     def tasks(self) -> list[Task]:
@@ -355,6 +388,7 @@ class VmcoreDump(NamedByVmcoreinfo):
             stacks = {cpu: self._percpu_stacks(k, cpu) for cpu in regs}
             unknown = set(regs) - {t.running_on for t in self._ktasks}  # CPUs whose current was not read
             out = [self._task(k, t, regs, stacks, unknown) for t in self._ktasks]
+            out += [self._cpu_task(regs[cpu]) for cpu in sorted(unknown) if not self._current_read(cpu)]
             out += [_lost_task(t) for t in self._lost]
             first = self._panic_cpu(k)
             out.sort(key=lambda t: (t.running_cpu is None, t.running_cpu != first, t.running_cpu or 0))
@@ -397,9 +431,11 @@ class VmcoreDump(NamedByVmcoreinfo):
                          registers=True)
         elif (what := t.lacks(("stack",) + k.context_members + FGRAPH_MEMBERS)) is not None:
             lacks = Lack(f"task_struct.{what}")
-        stale = cpu is None and t.on_cpu and t.cpu in unknown
-        if stale:  # task_struct.on_cpu: it may be that CPU's current, whose registers are not its saved context
-            extra["note"] = f"on_cpu on cpu{t.cpu}, whose current could not be read: its saved context may be stale"
+        # task_struct.on_cpu: it may be that CPU's current, whose registers are not its saved context
+        stale = cpu is None and t.on_cpu and (t.cpu in unknown or t.cpu not in cpus)
+        if stale:
+            why = "whose current could not be read" if t.cpu in unknown else "which has no registers in the dump"
+            extra["note"] = f"on_cpu on cpu{t.cpu}, {why}: its saved context may be stale"
         # a NULL task->stack (an exited task's, freed at its last switch) is kept as the capture keeps it: low 0
         stacks = [StackInfo(t.stack, t.stack + k.thread_size, "task", cpu)]
         if t.stack + k.thread_size >= 2**64:  # task_stack_page() + THREAD_SIZE: the end is an address too

@@ -150,6 +150,10 @@ class LostTask:
     why: str
 
 
+class PerCpuUnread(KernelError):
+    """A per-CPU variable cannot be found: the dump lacks ``__per_cpu_offset`` (:attr:`Kernel.per_cpu_unread`)."""
+
+
 class _Cut(Exception):
     """A walk of a ring ended before its head; the message says where and why."""
 
@@ -173,9 +177,13 @@ class Kernel:
         self.warnings: list[str] = []
         #: the ``task_struct``\ s :meth:`tasks` reached but could not list (no pid or comm)
         self.lost_tasks: list[LostTask] = []
+        #: CPU -> why :meth:`tasks` could not read its runqueue
+        self.unread_runqueues: dict[int, str] = {}
         self._mem_names: dict[int, str] | None = None
         self._tsize = self._sizeof("task_struct")
         self.thread_size = self._thread_size()
+        #: why ``__per_cpu_offset`` could not be read (a dump cut before it), else ``None``
+        self.per_cpu_unread: str | None = None
         self.per_cpu_offset = self._per_cpu_offsets()
 
     # -- the KernelReader surface -------------------------------------------
@@ -220,6 +228,8 @@ class Kernel:
     # per_cpu_ptr() (include/linux/percpu-defs.h): &var + __per_cpu_offset[cpu]
     def percpu_addr(self, name: str, cpu: int) -> int:
         """The address of per-CPU variable ``name`` on ``cpu``."""
+        if self.per_cpu_unread is not None:
+            raise PerCpuUnread(f"per-CPU offsets unread ({self.per_cpu_unread})")
         if not 0 <= cpu < len(self.per_cpu_offset):
             raise KernelError(f"cpu{cpu} is not below nr_cpu_ids ({len(self.per_cpu_offset)})")
         return (self.require(name) + self.per_cpu_offset[cpu]) & (2**64 - 1)
@@ -247,25 +257,31 @@ class Kernel:
         return thread_size(self.btf, self._symbol)
 
     def _per_cpu_offsets(self) -> list[int]:
-        """``__per_cpu_offset[0 .. nr_cpu_ids)`` (one zero offset on a kernel built without SMP)."""
+        """``__per_cpu_offset[0 .. nr_cpu_ids)`` (one zero offset on a kernel built without SMP); none, with
+        :attr:`per_cpu_unread` saying why, when the dump lacks them (every per-CPU read then fails, saying so)."""
         base = self._symbol("__per_cpu_offset")
         if base is None:
             return [0]
         nr = self._symbol("nr_cpu_ids")
         n = self.var_size("__per_cpu_offset") // 8 or MAX_CPUS
+        what = "nr_cpu_ids"
         try:
             if nr is not None:
                 n = min(n, self.read_u32(nr))
+            what = "__per_cpu_offset"
             raw = self.read(base, 8 * n)
         except MemoryFault as e:
-            raise KernelError(f"cannot read __per_cpu_offset: {e}") from None
+            self.per_cpu_unread = f"{what}: {e}"
+            self.warnings.append(f"per-CPU offsets unread ({self.per_cpu_unread}): runqueues, per-CPU stacks "
+                                 "and each CPU's current are not read")
+            return []
         if not 0 < n <= MAX_CPUS:
             raise KernelError(f"nr_cpu_ids is {n}: not a kernel this reader trusts")
         return [int.from_bytes(raw[i * 8:i * 8 + 8], "little") for i in range(n)]
 
     @property
     def nr_cpus(self) -> int:
-        """``nr_cpu_ids``."""
+        """``nr_cpu_ids`` (0 when :attr:`per_cpu_unread`)."""
         return len(self.per_cpu_offset)
 
     # cpumask_test_cpu(cpu, cpu_online_mask)
@@ -534,7 +550,9 @@ class Kernel:
                 curr = (current or {}).get(cpu) or self.rq_task(cpu, "curr")
                 running.setdefault(curr, cpu)
             except (MemoryFault, KernelError) as e:
-                self.warnings.append(f"cpu{cpu}: cannot read its runqueue: {e}")
+                if not isinstance(e, PerCpuUnread):  # said once, when the offsets were read
+                    self.warnings.append(f"cpu{cpu}: cannot read its runqueue: {e}")
+                self.unread_runqueues[cpu] = str(e)
                 unread.append(cpu)
             try:
                 idle.append(self.rq_task(cpu, "idle"))

@@ -33,6 +33,12 @@ CASE_CPU_LIMIT = 5.0
 VMMEM_CPU_LIMIT = 4.0
 
 
+#: what a regression folder's ``campaign.json`` holds
+CAMPAIGN_ABOUT = ("Cases a campaign failed whose input is not a file (the mutator itself raised, or an image case): "
+                  "replayed by number with Fuzzer.case(index, campaign, seed_name=seed). expect: the case ends ok "
+                  "or rejected.")
+
+
 class Fuzzer:
     """Seeds, their images opened once, and the checks of one case."""
 
@@ -57,6 +63,8 @@ class Fuzzer:
         self.last = b""
         #: where failing cases are written (:meth:`keep_case`), if anywhere
         self.keep: Path | None = None
+        #: the regression folder failing cases are added to (:meth:`save_regression`), if any
+        self.regressions: Path | None = None
         self._image_bytes: dict[Path, bytes] = {}
         #: the share of cases in the ``image`` family
         self.image_share = IMAGE_SHARE
@@ -96,9 +104,17 @@ class Fuzzer:
             family = "image"
         fam = family or rng.choice(self.families(seed))
         out = self.guarded(fam, f"{seed.name} case {seed_value}:{index}", lambda: self._run(rng, seed, fam))
-        if self.keep is not None and out.kind not in ("ok", "rejected"):
-            self.keep_case(out, seed, f"{fam}-{seed_value}-{index}")
+        self._failed(out, seed, f"{fam}-{seed_value}-{index}", f"{seed_value}:{index}")
         return out
+
+    def _failed(self, out: Outcome, seed: Seed | VmmemSeed, name: str, case: str) -> None:
+        """Write a failing case where ``--keep`` and ``--save-regressions`` ask."""
+        if out.kind in ("ok", "rejected"):
+            return
+        if self.keep is not None:
+            self.keep_case(out, seed, name)
+        if self.regressions is not None:
+            self.save_regression(out, seed, name, case)
 
     def _vmmem(self, index: int, seed_value: int, seed_name: str | None) -> Outcome:
         """Case ``index`` as a ``vmmem`` case: a vmcore slice with 1..8 words it read changed."""
@@ -109,9 +125,9 @@ class Fuzzer:
             seed = next(s for s in self.vmmem_seeds if s.name == seed_name)
         seed.recorded(self.scratch)  # once per seed, outside the case's CPU bound
         label = f"{seed.name} case {seed_value}:{index}"
+        self.last = b""
         out = self.guarded("vmmem", label, lambda: self._vmmem_case(rng, seed), self.vmmem_cpu_limit)
-        if self.keep is not None and out.kind not in ("ok", "rejected"):
-            self.keep_case(out, seed, f"vmmem-{seed_value}-{index}")
+        self._failed(out, seed, f"vmmem-{seed_value}-{index}", f"{seed_value}:{index}")
         return out
 
     def _vmmem_case(self, rng: random.Random, seed: VmmemSeed) -> Outcome:
@@ -147,15 +163,33 @@ class Fuzzer:
             return Outcome(fam, bad[0], f"{seed.name}: {bad[1]}", len(tasks))
         return Outcome(fam, "ok", "", len(tasks))
 
-    def keep_case(self, out: Outcome, seed: Seed | VmmemSeed, name: str) -> Path:
-        """Write the case's input (``.bin.xz``) and what went wrong (``.txt``) into :attr:`keep`."""
-        assert self.keep is not None
-        self.keep.mkdir(parents=True, exist_ok=True)
-        path = self.keep / f"{name}.bin.xz"
+    def keep_case(self, out: Outcome, seed: Seed | VmmemSeed, name: str, folder: Path | None = None) -> Path:
+        """Write the case's input (``.bin.xz``) and what went wrong (``.txt``) into ``folder`` (:attr:`keep`)."""
+        folder = folder or self.keep
+        assert folder is not None
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name}.bin.xz"
         path.write_bytes(lzma.compress(self.last))
         path.with_suffix("").with_suffix(".txt").write_text(
             f"family: {out.family}\nseed: {seed.name}\nimage: {seed.image_path.name if seed.image_path else ''}\n"
             f"outcome: {out.kind}\n{out.detail}\n")
+        return path
+
+    def save_regression(self, out: Outcome, seed: Seed | VmmemSeed, name: str, case: str) -> Path:
+        """Add a failing case to :attr:`regressions` as the default suite replays it (tests/fuzz/test_fuzz.py):
+        its input as :meth:`keep_case` writes it, or, for a case with no input file (an image case, a mutator
+        that raised), its number ``campaign:index`` and seed in the folder's ``campaign.json`` (once)."""
+        assert self.regressions is not None
+        if self.last:
+            return self.keep_case(out, seed, name, self.regressions)
+        path = self.regressions / "campaign.json"
+        book = json.loads(path.read_text()) if path.exists() else {"about": CAMPAIGN_ABOUT, "cases": []}
+        if not any(c["case"] == case and c["seed"] == seed.name for c in book["cases"]):
+            first = out.detail.splitlines()[0] if out.detail else ""
+            book["cases"].append({"case": case, "seed": seed.name, "family": out.family,
+                                  "found": f"{out.kind}: {first}", "fixed": ""})
+            self.regressions.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(book, indent=2) + "\n")
         return path
 
     def guarded(self, fam: str, label: str, run: Callable[[], Outcome], limit: float | None = None) -> Outcome:

@@ -54,6 +54,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    help="a vmlinux (or any ELF with .BTF) whose BTF seeds the btf family (repeatable)")
     f.add_argument("--keep", metavar="DIR", help="write each failing case's input and outcome into DIR "
                    "(copy them to tests/fuzz/regressions/ to keep them as regression cases)")
+    f.add_argument("--save-regressions", metavar="DIR",
+                   help="add each failing case to the regression folder DIR (tests/fuzz/regressions), as the "
+                        "default suite replays it: its input file, or its case number in DIR/campaign.json (the random "
+                        "engine's cases)")
     f.add_argument("--report", metavar="OUT", help="write the summary table (markdown) to OUT as it goes")
     f.add_argument("--engine", choices=("random", "atheris"), default="random",
                    help="random: numbered, reproducible cases (default); atheris: coverage-guided by libFuzzer "

@@ -92,6 +92,7 @@ def fuzzer_of(args: argparse.Namespace) -> Fuzzer:
     fuzzer = Fuzzer(load_seeds(Path(args.corpus)), args.cpu_limit, vmcores, btf_blobs=blobs,
                     vmmem_seeds=load_vmmem_seeds(Path(args.corpus)))
     fuzzer.keep = Path(args.keep) if args.keep else None
+    fuzzer.regressions = Path(args.save_regressions) if getattr(args, "save_regressions", None) else None
     fuzzer.vmmem_cpu_limit = getattr(args, "vmmem_cpu_limit", VMMEM_CPU_LIMIT)
     return fuzzer
 

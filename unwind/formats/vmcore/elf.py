@@ -202,8 +202,8 @@ def _program_headers(elf: dict[str, int], source: Source,
     in one pass. A table cut by the end of the file gives its whole entries.
     """
     count, entsize, phoff = _phnum(elf, source, path), elf["e_phentsize"], elf["e_phoff"]
-    if count and entsize < elfcore.PHDR.size:
-        raise VmcoreError(f"{path}: bad ELF header: e_phentsize {entsize}")
+    if count and entsize != elfcore.PHDR.size:  # load_elf_phdrs() (fs/binfmt_elf.c) takes sizeof(struct elf_phdr) only
+        raise VmcoreError(f"{path}: bad ELF header: e_phentsize {entsize}, not {elfcore.PHDR.size}")
     there = max(0, min(count, (source.size - phoff) // entsize if entsize else count))
     table = source.pread(phoff, there * entsize)
     return [(t, off, va, pa, fs, ms) for t, _f, off, va, pa, fs, ms, _a in
