@@ -191,17 +191,28 @@ class FakeGdb(types.ModuleType):
 
     def frames(self, cpu: int, pc: str, limit: int = 512, inline: int = 0) -> list[dict[str, int]]:
         """gdb's unwinding of thread ``cpu + 1``: frame 0's registers, then the registers each caller was
-        handed (the saved registers of its callee's ``UnwindInfo``); ends where no unwinder claims a frame
-        or the pc is not saved. ``inline``: frame 0 is that many inline frames deep (gdb's inline
-        unwinder claims them; their levels come first)."""
+        handed (the saved registers of its callee's ``UnwindInfo``); ends where no unwinder claims a frame,
+        or, as gdb's ``get_prev_frame_maybe_check_cycle`` does, where a caller's frame id is one a frame
+        already has (``UNWIND_SAME_ID``: that caller is not shown). A claimed frame that saves no pc is
+        gdb's error "PC not saved" (``frame_unwind_pc``), raised as :class:`error`, as it aborts ``thread
+        apply all bt``. ``inline``: frame 0 is that many inline frames deep (gdb's inline unwinder claims
+        them; their levels come first)."""
         self.thread = self.threads[[t.num for t in self.threads].index(cpu + 1)]
         regs = dict(self.cpus[cpu])
         out = [regs]
+        seen: set[tuple[int, int]] = set()
         for level in range(limit):
             info = next((i for u in self.unwinders if (i := u(PendingFrame(level + inline, regs))) is not None),
                         None)
-            if info is None or pc not in info.saved:
+            if info is None:
                 break
+            frame_id = (int(info.frame_id.sp), int(info.frame_id.pc))
+            if frame_id in seen:
+                out.pop()  # the caller just made is the frame it repeats
+                break
+            seen.add(frame_id)
+            if pc not in info.saved:
+                raise error("PC not saved")
             regs = {**regs, **info.saved}
             out.append(dict(info.saved))
         return out

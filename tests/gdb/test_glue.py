@@ -19,7 +19,7 @@ from unwind.session.output import replay_text
 from unwind.session.replay import Session
 
 from . import ptregs_oracle
-from .fakegdb import FakeGdb
+from .fakegdb import FakeGdb, PendingFrame
 
 REPO = Path(__file__).resolve().parents[2]
 DUMPS = ["corpora/x86_64/6.12.117+deb13-amd64/stop-004-random.bin.xz",
@@ -214,3 +214,56 @@ def test_kaslr_slide_is_found_from_a_cpu_pc_and_checked_by_vmcoreinfo() -> None:
     assert gdbtarget.kernel_vmcoreinfo(gdbtarget.GdbMemory(good), symbols) == ""  # nothing at the link address
     wrong = FakeGdb(_reader(memory(f"{slide + 0x200000:x}")), {}, [], None)  # the kernel says another slide
     assert gdbtarget.kernel_vmcoreinfo_kaslr(gdbtarget.GdbMemory(wrong), image, [pc + slide]) == ("", 0)
+
+
+def _through_selected_cpu(gdb: FakeGdb, pc: str) -> FakeGdb:
+    """Reads as QEMU's gdbstub makes them with page table isolation: through the selected CPU's page tables,
+    which map no kernel memory while that CPU runs user code (its pc is not a kernel address)."""
+    inner = gdb._read
+
+    def read(addr: int, n: int) -> bytes | None:
+        assert gdb.thread is not None
+        return inner(addr, n) if gdb.cpus[gdb.thread.num - 1][pc] >> 63 else None
+
+    gdb._read = read
+    return gdb
+
+
+def test_commands_read_through_a_cpu_in_kernel_mode() -> None:
+    """The selected CPU runs user code (its pc set to a user address): ``unwind-ps`` reads through the other
+    CPU, which runs kernel code, and gives the tasks ``unwind ps`` gives from the file; the user's thread is
+    selected again after. With every CPU in user mode, one line says why (an error, or a warning first)."""
+    session = Session.load(REPO / VMCORES[0])
+    pc = session.backend.gdb_registers.get(session.backend.pc_reg, session.backend.pc_reg)
+    gdb = _through_selected_cpu(_with_vmcoreinfo(session, _fake_for(session, None)), pc)
+    assert len(gdb.threads) >= 2 and all(regs[pc] >> 63 for regs in gdb.cpus.values())
+    gdb.cpus[0][pc] = 0x401000  # cpu0 in user mode
+    gdbtarget.install(gdb)
+    gdb.thread = gdb.threads[0]
+    assert gdb.run("unwind-ps").splitlines() == ps_lines(session)
+    assert gdb.thread is gdb.threads[0]
+    for regs in gdb.cpus.values():
+        regs[pc] = 0x401000
+    gdb.reset()
+    try:
+        said = gdb.run("unwind-ps").splitlines()[0]  # what could not be read is shown as unknown
+    except gdb.GdbError as e:
+        said = str(e)
+        assert "\n" not in said
+    assert "no CPU is in kernel mode" in said
+    assert gdb.thread is gdb.threads[0]
+
+
+def test_unwinder_says_when_the_cpu_it_cannot_walk_runs_user_code() -> None:
+    session = Session.load(REPO / VMCORES[0])
+    pc = session.backend.gdb_registers.get(session.backend.pc_reg, session.backend.pc_reg)
+    gdb = _through_selected_cpu(_with_vmcoreinfo(session, _fake_for(session, None)), pc)
+    for regs in gdb.cpus.values():
+        regs[pc] = regs["pc"] = 0x401000  # gdb's $pc is the arch's pc register
+    gdbtarget.install(gdb)
+    assert gdb.backtrace(0, pc) == [0x401000]  # frame 0 alone: no kernel frame to walk
+    # a note the unwinder gives (a read failed) names the CPU running user code
+    assert all(n.endswith(" (cpu0 runs user code (pc 0x401000)): gdb's own unwinders go on\n") for n in gdb.stderr)
+    pending = PendingFrame(0, gdb.cpus[0])
+    assert gdbtarget.user_mode(pending, gdb.threads[0], gdb) == "cpu0 runs user code (pc 0x401000)"
+    assert gdbtarget.user_mode(PendingFrame(0, {"pc": 0xFFFFFFFF81000000}), gdb.threads[0], gdb) is None

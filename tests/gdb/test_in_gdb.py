@@ -4,6 +4,7 @@ naming it, where gdb-multiarch is not installed; the whole corpus with --slow)."
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 from unwind.session.replay import Session
 
-from .ingdb import GDB, REPO, compare, decompressed, frames_registers, image_of
+from .ingdb import _MARK, GDB, REPO, bt_pcs, compare, decompressed, frames_registers, image_of, run_gdb
 from .test_glue import BOUNDARIES, pt_regs_checked
 
 needs_gdb = pytest.mark.skipif(shutil.which(GDB) is None, reason=f"{GDB} not installed (Debian package {GDB})")
@@ -69,3 +70,20 @@ def test_info_registers_after_exception_is_the_saved_pt_regs(dump: str, tmp_path
         return frames_registers(image, core, task.cpu, len(session.replay(task).frames))
 
     assert pt_regs_checked(session, frames_of) >= 1
+
+
+@needs_gdb
+def test_thread_apply_all_bt_ends_each_walk_without_an_error(tmp_path: Path) -> None:
+    """``thread apply all bt`` prints each CPU's whole walk: its last frame ends gdb's backtrace without the
+    error "PC not saved", which made ``thread apply`` print that line alone instead of the thread's frames."""
+    dump = REPO / SAMPLE[0]
+    session = Session.load(dump)
+    core, image = decompressed(dump, tmp_path), decompressed(image_of(dump), tmp_path)
+    out = run_gdb(image, core, ["thread apply all bt"])
+    assert "PC not saved" not in out
+    threads = re.split(r"^Thread (\d+) \(.*\):$", out.split(_MARK)[-1], flags=re.M)
+    got = {int(num) - 1: bt_pcs(body, 0) for num, body in zip(threads[1::2], threads[2::2])}
+    running = [t for t in session.dump.tasks() if t.running]
+    assert sorted(got) == sorted(t.cpu for t in running)
+    for t in running:
+        assert got[t.cpu] == [f.pc for f in session.replay(t).frames], t.describe()

@@ -26,8 +26,9 @@ def test_bt_with_unwind_follows_the_kernels_own_trace(arch: str) -> None:
     except FetchError:
         fetch(arch, "trixie")
     stops = gdbcompare.run(arch)
-    assert [s.event for s in stops] == [e.name for e in gdbcompare.EVENTS]
+    assert [s.event for s in stops] == [e.name for e in gdbcompare.events_for(arch)]
     for stop in stops:
+        assert stop.refused is None, stop.summary()
         without, with_unwind = stop.counts
         assert with_unwind == len(stop.kernel), stop.to_json()  # every frame of the kernel's own, in order
         assert without <= with_unwind

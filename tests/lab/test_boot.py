@@ -115,3 +115,31 @@ def test_kaslr_guest_boots_without_nokaslr_and_is_another_guest(tmp_path) -> Non
     assert "nokaslr" in words[False] and "nokaslr" not in words[True]
     assert "kaslr" not in BootOptions().to_json()  # a guest booted before the option is the same guest
     assert BootOptions(kaslr=True).to_json()["kaslr"] is True
+
+
+def test_fill_fills_a_tmpfs_of_that_size_before_ready(tmp_path, initramfs_members) -> None:
+    script = init_script(fill=3584)
+    assert "mount -t tmpfs -o size=3584m fill /fill" in script
+    assert script.index("/fill/seed") < script.index("UNWIND-LAB-READY")
+    assert "/fill" not in init_script()
+    k = _kernel(tmp_path)
+    out = build_initramfs(k, tmp_path / "initrd.gz", BootOptions(mem="4G", fill=3584))
+    assert b"size=3584m" in initramfs_members(out)["init"][0]
+    cmd = qemu_command(k, tmp_path, tmp_path / "initrd.gz", 1234, BootOptions(mem="4G", fill=3584))
+    assert cmd[cmd.index("-m") + 1] == "4G"
+    assert "fill" not in BootOptions().to_json()  # a guest booted before the option is the same guest
+    assert running_differs({"release": k.release, "options": BootOptions().to_json()}, k, BootOptions(fill=64))
+
+
+def test_cli_fill_reaches_the_boot_options(tmp_path, monkeypatch) -> None:
+    from unwind.cli.main import main
+    from unwind.lab import cli
+
+    seen = []
+    monkeypatch.setattr(cli, "find_kernel", lambda arch, release: _kernel(tmp_path))
+    monkeypatch.setattr(cli, "boot", lambda k, opts, **kw: seen.append(opts) or {
+        "arch": k.arch, "release": k.release, "pid": 1, "gdb": "", "monitor": "", "console": "", "console_log": ""})
+    assert main(["lab", "boot", "--arch", "x86_64", "--mem", "4G", "--fill", "3584"]) == 0
+    assert seen == [BootOptions(mem="4G", fill=3584)]
+    with pytest.raises(SystemExit):
+        main(["lab", "boot", "--arch", "x86_64", "--fill", "3G"])

@@ -65,6 +65,10 @@ class GdbError(Exception):
     """What a gdb command reports as one line (raised as ``gdb.GdbError`` by :func:`install`'s commands)."""
 
 
+class UsageError(GdbError):
+    """A command's arguments are wrong: its usage line."""
+
+
 class GdbMemory:
     """Kernel virtual memory as gdb reads it; a read gdb refuses is a :class:`MemoryFault`."""
 
@@ -192,6 +196,12 @@ def thread_cpu(thread: Any) -> int:
 def register_value(value: Any) -> int:
     """A register's ``gdb.Value`` as an unsigned 64-bit number."""
     return int(value) & _U64
+
+
+def kernel_address(addr: int) -> bool:
+    """An address in the kernel's half of the address space: bit 63 set (x86-64's upper canonical half,
+    arm64's TTBR1 range, riscv's Sv39/48/57 upper half); a CPU whose pc is not one runs in user mode."""
+    return bool(addr >> 63 & 1)
 
 
 def register_bytes(gdb: Any, value: int, kind: Any) -> Any:
@@ -409,6 +419,9 @@ class GdbState:
         self.busy = False
         #: what :meth:`tell` said last
         self._told: str | None = None
+        #: the thread the user had selected when a command started (:func:`through_kernel_cpu` may select
+        #: another to read through)
+        self.asked_thread: Any = None
 
     def reset(self, *_: Any) -> None:
         """Forget the session and the walks (a gdb event handler)."""
@@ -446,6 +459,37 @@ class GdbState:
                 self.gdb.invalidate_cached_frames()
         return self._session
 
+    def reading_thread(self) -> Any:
+        """The thread to read kernel memory through: the selected one when its CPU runs kernel code (its pc
+        is a :func:`kernel_address`), else the first such; ``None`` when no CPU does. QEMU's gdbstub reads
+        memory through the selected CPU's page tables, which for a CPU in user mode need not map the
+        kernel (x86-64 with page table isolation)."""
+        gdb = self.gdb
+        selected = gdb.selected_thread()
+        if selected is None:
+            return None
+        try:
+            backend = registry.for_machine(kernel_image(gdb).machine)
+        except (GdbError, ImageError, registry.ArchError):
+            return selected  # no kernel to read: the command says why
+        pc_name = _gdb_name(backend, backend.pc_reg)
+        others = sorted((t for t in gdb.selected_inferior().threads() if t is not selected), key=thread_cpu)
+        self.busy = True  # frame 0 of each thread is gdb's own while its pc is read
+        try:
+            for thread in [selected, *others]:
+                thread.switch()
+                try:
+                    pc = register_value(gdb.newest_frame().read_register(pc_name))
+                except (gdb.error, ValueError):
+                    continue
+                if kernel_address(pc):
+                    return thread
+            return None
+        finally:
+            self.busy = False
+            selected.switch()
+            gdb.invalidate_cached_frames()
+
     def cpu_task(self, session: Session, cpu: int) -> Task:
         """The task running on ``cpu``."""
         try:
@@ -476,7 +520,8 @@ class FrameUnwinder:
         try:
             walk, regs = self._walk(pending, thread)
         except (GdbError, ReplayError, DumpError, ImageError, registry.ArchError, MemoryFault) as e:
-            state.tell(f"unwind: {e}: gdb's own unwinders go on")  # no kernel here to walk
+            user = user_mode(pending, thread, gdb)
+            state.tell(f"unwind: {e}{f' ({user})' if user else ''}: gdb's own unwinders go on")
             return None
         backend = walk.backend
         pc = regs.get(backend.pc_reg)
@@ -484,21 +529,17 @@ class FrameUnwinder:
             if tuple(regs.get(n) for n in backend.prstatus_regs) != walk.key or pc is None:
                 return None
             sp = regs.get(backend.sp_reg, 0)
-            return pending.create_unwind_info(FrameId(gdb.Value(sp), gdb.Value(pc)))
+            return outermost(gdb, pending, pending.create_unwind_info(FrameId(gdb.Value(sp), gdb.Value(pc))),
+                             backend, regs)
         index = walk.index(regs)
         if index is None:
             return None
         frame = walk.frames[index]
         info = pending.create_unwind_info(FrameId(gdb.Value(walk.ids[index]), gdb.Value(frame.pc)))
-        if index + 1 < len(walk.frames):
-            for reg, value in walk.registers(index + 1).items():
-                name = _gdb_name(backend, reg)
-                try:
-                    kind = pending.read_register(name).type
-                except (gdb.error, ValueError):
-                    continue  # a register gdb does not have for this target (orig_rax on QEMU's stub)
-                info.add_saved_register(name, register_bytes(gdb, value, kind))
-        return info  # the last frame saves no pc: gdb ends the backtrace there
+        if index + 1 == len(walk.frames):
+            return outermost(gdb, pending, info, backend, regs)
+        save_registers(gdb, pending, info, backend, walk.registers(index + 1))
+        return info
 
     def _walk(self, pending: Any, thread: Any) -> tuple[Walk, dict[str, int]]:
         """The walk of the thread's CPU (from the registers of the first frame gdb asks about after the
@@ -522,8 +563,39 @@ class FrameUnwinder:
         return walk, regs
 
 
+def user_mode(pending: Any, thread: Any, gdb: Any) -> str | None:
+    """What to say when ``pending`` (a frame gdb could not have walked) is a CPU running user code: the
+    kernel is not walked there, and QEMU's gdbstub may not read kernel memory through that CPU."""
+    try:
+        pc = register_value(pending.read_register("pc"))
+    except (gdb.error, ValueError):
+        return None
+    return None if kernel_address(pc) else f"cpu{thread_cpu(thread)} runs user code (pc {pc:#x})"
+
+
 def _gdb_name(backend: registry.ArchBackend, reg: str) -> str:
     return backend.gdb_registers.get(reg, reg)
+
+
+def save_registers(gdb: Any, pending: Any, info: Any, backend: registry.ArchBackend, regs: dict[str, int]) -> None:
+    """Hand the caller ``regs`` (by the backend's names) in ``info``, each as gdb's type of that register."""
+    for reg, value in regs.items():
+        name = _gdb_name(backend, reg)
+        try:
+            kind = pending.read_register(name).type
+        except (gdb.error, ValueError):
+            continue  # a register gdb does not have for this target (orig_rax on QEMU's stub)
+        info.add_saved_register(name, register_bytes(gdb, value, kind))
+
+
+def outermost(gdb: Any, pending: Any, info: Any, backend: registry.ArchBackend, regs: dict[str, int]) -> Any:
+    """``info`` of the walk's last frame, made to end gdb's backtrace there. gdb's Python API has no way to
+    say "outermost" (``create_unwind_info`` makes only a valid frame id; ``UNWIND_OUTERMOST`` needs gdb's
+    ``outer_frame_id``), and a caller without a saved pc is an error to gdb (``frame_unwind_pc``: "PC not
+    saved", which aborts ``thread apply all bt``). So the caller is handed the frame's own registers: the
+    unwinder gives it the same frame id, and gdb's cycle check ends the walk (``UNWIND_SAME_ID``)."""
+    save_registers(gdb, pending, info, backend, regs)
+    return info
 
 
 # -- the commands ------------------------------------------------------------------
@@ -537,17 +609,17 @@ def unwind_bt(state: GdbState, argument: str) -> list[str]:
     try:
         words = shlex.split(argument)
     except ValueError as e:
-        raise GdbError(f"{e}; {BT_USAGE}") from None
+        raise UsageError(f"{e}; {BT_USAGE}") from None
     flags = {w for w in words if w.startswith("--")}
     which = [w for w in words if not w.startswith("--")]
     if flags - {"--complete", "--explain"} or len(which) > 1 or (which and which[0] != "all"
                                                                  and not which[0].isdigit()):
-        raise GdbError(BT_USAGE)
+        raise UsageError(BT_USAGE)
     session = state.session()
     options = Options(complete="--complete" in flags, record="--explain" in flags)
     try:
         if not which:
-            thread = state.gdb.selected_thread()
+            thread = state.asked_thread or state.gdb.selected_thread()
             if thread is None:
                 raise GdbError("no thread selected: give a PID")
             tasks = [state.cpu_task(session, thread_cpu(thread))]
@@ -566,8 +638,44 @@ def unwind_ps(state: GdbState, argument: str) -> list[str]:
     from .tasks import ps_lines
 
     if argument.strip():
-        raise GdbError("usage: unwind-ps")
+        raise UsageError("usage: unwind-ps")
     return ps_lines(state.session())
+
+
+#: why a read through gdb fails when no CPU runs kernel code
+USER_MODE_REASON = ("no CPU is in kernel mode, and QEMU's gdbstub reads memory through the selected CPU's page "
+                    "tables, which in user mode need not map the kernel: stop the guest while a CPU runs kernel "
+                    "code (e.g. `hbreak` on a kernel function, or interrupt it again)")
+
+
+def through_kernel_cpu(state: GdbState, run: Callable[[GdbState, str], list[str]], argument: str) -> list[str]:
+    """``run(state, argument)`` reading through a CPU in kernel mode (:meth:`GdbState.reading_thread`,
+    selected for the command, the user's thread selected again after). When no CPU runs kernel code on a
+    live target, one line says why reads may fail: an error's own line, or a warning before the output
+    (what could not be read is shown as unknown)."""
+    gdb = state.gdb
+    asked = gdb.selected_thread()
+    reader = state.reading_thread()
+    state.asked_thread = asked
+    if reader is not None and reader is not asked:
+        reader.switch()
+    try:
+        lines = run(state, argument)
+        if reader is None and asked is not None and core_file(gdb) is None:  # live: what was unread, and why
+            lines = [f"unwind: warning: {USER_MODE_REASON}", *lines]
+        return lines
+    except (MemoryFault, DumpError, BtfError) as e:
+        raise GdbError(f"{e}" + ("" if reader is not None else f" ({USER_MODE_REASON})")) from None
+    except UsageError:
+        raise
+    except GdbError as e:
+        if reader is None and asked is not None:
+            raise GdbError(f"{e} ({USER_MODE_REASON})") from None
+        raise
+    finally:
+        state.asked_thread = None
+        if asked is not None and gdb.selected_thread() is not asked:
+            asked.switch()
 
 
 def install(gdb: Any) -> GdbState:
@@ -598,7 +706,7 @@ def install(gdb: Any) -> GdbState:
 
             def invoke(self, argument: str, from_tty: bool) -> None:
                 try:
-                    lines = run(state, argument)
+                    lines = through_kernel_cpu(state, run, argument)
                 except GdbError as e:
                     raise gdb.GdbError(str(e)) from None
                 gdb.write("".join(f"{line}\n" for line in lines))

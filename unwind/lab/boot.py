@@ -41,6 +41,7 @@ if [ -d $T/events ]; then
   echo 64 > $T/buffer_size_kb
 @TRACING@
 fi
+@FILL@
 (while :; do cat /proc/meminfo /proc/stat /proc/interrupts /proc/self/maps > /dev/null; done) &
 (while :; do dd if=/dev/zero of=/dev/null bs=4k count=200 2>/dev/null; done) &
 (while :; do dd if=/dev/urandom bs=4k count=16 2>/dev/null | md5sum > /dev/null; done) &
@@ -63,10 +64,19 @@ FGRAPH = """  echo vfs_read > $T/set_graph_function
   echo function_graph > $T/current_tracer"""
 
 
-def init_script(fgraph: bool = True, kretprobe: bool = True) -> str:
-    """The built-in /init, with the kretprobe and function_graph set-up when asked for."""
+#: fill a tmpfs of @MIB@ MiB with copies of 64 MiB from /dev/urandom, so guest RAM holds data, not zero pages
+FILL = """mkdir -p /fill && mount -t tmpfs -o size=@MIB@m fill /fill
+dd if=/dev/urandom of=/fill/seed bs=1M count=64 2>/dev/null
+i=0; while cat /fill/seed > /fill/$i 2>/dev/null; do i=$((i+1)); done
+echo "UNWIND-LAB-FILLED $(du -sm /fill)"
+"""
+
+
+def init_script(fgraph: bool = True, kretprobe: bool = True, fill: int = 0) -> str:
+    """The built-in /init, with the kretprobe, function_graph and ``fill`` MiB of RAM filled when asked for."""
     parts = [KRETPROBE] * kretprobe + [FGRAPH] * fgraph
-    return INIT_SCRIPT.replace("@TRACING@", "\n".join(parts) or "  :")
+    return (INIT_SCRIPT.replace("@TRACING@", "\n".join(parts) or "  :")
+            .replace("@FILL@", FILL.replace("@MIB@", str(fill)) if fill else ":"))
 
 
 @dataclass(frozen=True)
@@ -85,15 +95,18 @@ class BootOptions:
     kretprobe: bool = True
     #: load the lab modules (unwind.lab.modules) and give QEMU the devices they drive
     modules: bool = False
+    #: built-in /init: MiB of guest RAM filled with data (a tmpfs) before it reports ready
+    fill: int = 0
     #: leave KASLR on (no ``nokaslr``): the capture refuses such a guest, ``unwind gdb`` reads it
     kaslr: bool = False
 
     def to_json(self) -> dict:
-        """The options as stored in lab.json (``kaslr`` only when on: a guest booted without it is the same)."""
+        """The options as stored in lab.json (``kaslr`` and ``fill`` only when on: a guest booted without is the same)."""
         d = asdict(self)
         d["qemu_args"] = list(self.qemu_args)
-        if not self.kaslr:
-            del d["kaslr"]
+        for off in ("kaslr", "fill"):
+            if not d[off]:
+                del d[off]
         return d
 
 
@@ -131,7 +144,7 @@ def initramfs_files(k: Kernel, opts: BootOptions) -> list[tuple[str, Path | byte
         except OSError as e:
             raise LabError(f"cannot read --init {opts.init}: {e.strerror}") from None
     else:
-        files.append(("init", init_script(opts.fgraph, opts.kretprobe).encode(), 0o755))
+        files.append(("init", init_script(opts.fgraph, opts.kretprobe, opts.fill).encode(), 0o755))
     return files
 
 

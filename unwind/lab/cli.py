@@ -61,7 +61,7 @@ def cmd_lab_boot(args: argparse.Namespace) -> int:
             return 0
         opts = BootOptions(mem=parse_mem(args.mem), smp=args.smp, init=args.init, append=args.append,
                            qemu_args=tuple(shlex.split(args.qemu_args)), fgraph=args.fgraph,
-                           kretprobe=args.kretprobe, modules=args.modules)
+                           kretprobe=args.kretprobe, modules=args.modules, fill=args.fill)
         st = boot(find_kernel(arch, args.release, args.flavour), opts, timeout=args.timeout, restart=args.restart)
     except ValueError as e:
         return _fail(f"bad --qemu-args: {e}")
@@ -239,6 +239,13 @@ def cmd_lab_kdump_slice(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mib(text: str) -> int:
+    """A ``--fill`` size in MiB: a whole number, 0 for none."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected MiB as a whole number, not {text!r}")
+    return int(text)
+
+
 def _osrelease(vmcoreinfo: str) -> str:
     for line in vmcoreinfo.splitlines():
         if line.startswith("OSRELEASE="):
@@ -291,6 +298,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "a dd blocked reading /dev/uhid; QEMU gets -device virtio-scsi-pci")
     b.add_argument("--restart", action="store_true",
                    help="stop a running guest of another release or other options (else: refuse)")
+    b.add_argument("--fill", type=_mib, default=0, metavar="MIB",
+                   help="built-in /init: fill a tmpfs with MIB MiB of data (copies of 64 MiB from /dev/urandom) "
+                        "before it is ready, so a vmcore of the guest holds that much data, not zero pages")
     b.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for /init")
     b.add_argument("--stop", action="store_true", help="quit the running guest instead")
     b.set_defaults(func=cmd_lab_boot)

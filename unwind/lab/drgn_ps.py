@@ -17,15 +17,36 @@ from .translations import drgn_program
 
 
 def drgn_tasks(vmcore: str | Path, vmlinux: str | Path, arch: str) -> dict[str, Any]:
-    """``for_each_task()`` of drgn on ``vmcore``."""
+    """``for_each_task()`` of drgn on ``vmcore``.
+
+    On a filtered dump drgn faults on pages the dump lacks: a task whose pid or comm faults is kept
+    under ``unreadable`` (its address and drgn's error), and a fault of the iteration itself ends it
+    (``stopped``, drgn's error); ``tasks`` are the ones drgn lists.
+    """
     import drgn
     from drgn.helpers.linux.pid import for_each_task
 
     prog = drgn_program(vmcore, vmlinux, arch)
-    tasks = [{"pid": int(t.pid), "comm": t.comm.string_().decode("utf-8", "replace"), "task": hex(t.value_())}
-             for t in for_each_task(prog)]
+    tasks: list[dict[str, Any]] = []
+    unreadable: list[dict[str, str]] = []
+    stopped = None
+    it = iter(for_each_task(prog))
+    while True:
+        try:
+            t = next(it)
+        except StopIteration:
+            break
+        except drgn.FaultError as e:
+            stopped = str(e)
+            break
+        try:
+            tasks.append({"pid": int(t.pid), "comm": t.comm.string_().decode("utf-8", "replace"),
+                          "task": hex(t.value_())})
+        except drgn.FaultError as e:
+            unreadable.append({"task": hex(t.value_()), "error": str(e)})
     return {"source": "drgn for_each_task", "drgn": drgn.__version__, "vmcore": Path(vmcore).name,
-            "command": " ".join(["python -m unwind.lab.drgn_ps", *sys.argv[1:]]), "tasks": tasks}
+            "command": " ".join(["python -m unwind.lab.drgn_ps", *sys.argv[1:]]), "tasks": tasks,
+            "unreadable": unreadable, "stopped": stopped}
 
 
 def main(argv: list[str] | None = None) -> int:

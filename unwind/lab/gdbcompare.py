@@ -17,12 +17,18 @@ Two events, in the lab guest's workloads (``unwind lab boot``):
 
 The kernel's walk skips its own top frames (``STACK_SKIP``): both of gdb's walks are compared from the
 oracle's first pc on (:func:`matched`).
+
+A probe the guest refuses, or a trigger that does not fire in time, is reported as such (the stop's
+``refused``), not waited on.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import re
+import selectors
 import shutil
 import subprocess
 import sys
@@ -82,12 +88,72 @@ class Event:
     path: str
     probe: str | None
     never: str
+    #: the trigger's own filter (``stacktrace:1 if ...``): the records it fires on
+    when: str | None = None
+
+    @property
+    def trigger(self) -> str:
+        """What is written to the event's ``trigger`` file to arm it."""
+        return "stacktrace:1" + (f" if {self.when}" if self.when else "")
 
 
 EVENTS = (
     Event("irq", "timer/hrtimer_expire_entry", None, "now < 0"),
     Event("hijack", "kprobes/unwind_read_zero", "p:unwind_read_zero read_zero", "common_pid < 0"),
 )
+#: riscv v6.12 takes a kernel ebreak, a kprobe's, as an NMI (do_trap_break(): irqentry_nmi_enter()), and
+#: its ring buffer reserves nothing in NMI context (no ARCH_HAVE_NMI_SAFE_CMPXCHG:
+#: rb_reserve_next_event()), so a kprobe event's stacktrace trigger records nothing; it has no fprobe
+#: events (FPROBE needs DYNAMIC_FTRACE_WITH_REGS) and no kretprobe on an ftrace-able function. Its hijack
+#: stop is dd's runtime accounted (sched_stat_runtime, from update_curr()): as dd is switched out at
+#: read_zero()'s cond_resched(), under the function_graph-traced vfs_read, or at a tick.
+RISCV_HIJACK = Event("hijack", "sched/sched_stat_runtime", None, "common_pid < 0", 'comm == "dd"')
+ARCH_EVENTS = {"riscv": (EVENTS[0], RISCV_HIJACK)}
+
+
+def events_for(arch: str) -> tuple[Event, ...]:
+    """The stops taken on ``arch``."""
+    return ARCH_EVENTS.get(arch, EVENTS)
+
+#: where a probe on a function goes, past its start, per arch. riscv v6.12 has no HAVE_KPROBES_ON_FTRACE
+#: (arch/riscv/Kconfig), and a function's start is its ftrace patch site (-fpatchable-function-entry, the
+#: MCOUNT_INSN_SIZE = 8 bytes of nops, arch/riscv/include/asm/ftrace.h): check_ftrace_location()
+#: (kernel/kprobes.c) refuses a kprobe there with -EINVAL ("Failed to register probe event"). The first
+#: instruction after the nops is an ordinary (ebreak) kprobe.
+PROBE_OFFSET = {"riscv": 8}
+#: seconds a stop may take from arming the trigger to gdb's report
+STOP_TIMEOUT = 300.0
+
+
+def probe_definition(probe: str, arch: str) -> str:
+    """``probe`` (``p:NAME SYMBOL``) at the offset :data:`PROBE_OFFSET` gives for ``arch``."""
+    offset = PROBE_OFFSET.get(arch, 0)
+    return f"{probe}+{offset}" if offset else probe
+
+
+#: what :meth:`GdbCompare.prepare` prints when the guest refused the probe (then its error_log's error)
+_REFUSED = "UNWIND-GC-REFUSED"
+
+
+def probe_refusal(text: str) -> str | None:
+    """The guest's reason (its tracing ``error_log`` line) when the shell output of
+    :meth:`GdbCompare.prepare` says the probe was refused; ``None`` when it was taken."""
+    lines = text.replace("\r", "").split("\n")
+    at = [i for i, line in enumerate(lines) if line.strip() == _REFUSED]
+    if not at:
+        return None
+    errors = [line.split("error:", 1)[1].strip() for line in lines[at[-1] + 1:] if "error:" in line]
+    return errors[-1] if errors else "no reason in the guest's tracing error_log"
+
+
+def kernel_walk(text: str, smap: SystemMap, cpu: int) -> tuple[list[int], list[str]]:
+    """The kernel's walk in ``cpu``'s ftrace buffer ``text``: its pcs and its lines (one ``<stack trace>``
+    block, checked against System.map)."""
+    blocks = [b for b in parse_ftrace_stack(text, smap) if b.get("cpu") == cpu]
+    if len(blocks) != 1 or blocks[0].get("why"):
+        raise RuntimeError(f"cpu{cpu}: {len(blocks)} usable <stack trace> blocks"
+                           + (f" ({blocks[0]['why']})" if len(blocks) == 1 else ""))
+    return [int(p, 16) for p in blocks[0]["frames"]], blocks[0]["text"].splitlines()
 
 
 @dataclass
@@ -102,6 +168,8 @@ class Stop:
     without: list[int]
     with_unwind: list[int]
     kernel_text: list[str] = field(default_factory=list)
+    #: why there is no stop: the guest refused the probe, or the trigger did not fire
+    refused: str | None = None
 
     @property
     def counts(self) -> tuple[int, int]:
@@ -111,10 +179,18 @@ class Stop:
     def to_json(self) -> dict:
         """The stop as one JSON record."""
         without, with_unwind = self.counts
-        return {"arch": self.arch, "event": self.event, "cpu": self.cpu, "kernel_frames": len(self.kernel),
-                "matched_without": without, "matched_with": with_unwind,
+        return {"arch": self.arch, "event": self.event, "cpu": self.cpu, "refused": self.refused,
+                "kernel_frames": len(self.kernel), "matched_without": without, "matched_with": with_unwind,
                 "kernel": [hex(p) for p in self.kernel], "gdb_without": [hex(p) for p in self.without],
                 "gdb_with": [hex(p) for p in self.with_unwind], "kernel_text": self.kernel_text}
+
+    def summary(self) -> str:
+        """One line: the counts, or why there are none."""
+        if self.refused is not None:
+            return f"{self.arch} {self.event}: no stop: {self.refused}"
+        without, with_unwind = self.counts
+        return (f"{self.arch} {self.event} cpu{self.cpu}: kernel {len(self.kernel)} frames; gdb without unwind "
+                f"{without}, with unwind {with_unwind}")
 
 
 def matched(kernel: list[int], gdb: list[int]) -> int:
@@ -133,8 +209,9 @@ class GdbCompare:
     """The lab guest of one arch (booted, its console free) and the kernel it runs."""
 
     def __init__(self, lab: dict, vmlinux: Path, system_map: Path, record: Path, gdb: str = "gdb-multiarch",
-                 timeout: float = 600.0) -> None:
+                 timeout: float = 600.0, stop_timeout: float = STOP_TIMEOUT) -> None:
         self.lab = lab
+        self.stop_timeout = stop_timeout
         self.vmlinux = vmlinux
         self.system_map = system_map
         self.smap = SystemMap(system_map)
@@ -171,37 +248,44 @@ class GdbCompare:
         self.console.type(f"{cmd}; echo {done[:half]}''{done[half:]}")
         return self.console.wait_for(mark, rf"^{done}\b", self.timeout, quiet=0.3)
 
-    def prepare(self, event: Event) -> None:
-        """The ftrace instance, the probe and the filtered event (the trigger not yet armed)."""
+    def prepare(self, event: Event, arch: str) -> str | None:
+        """The ftrace instance, the probe and the filtered event (the trigger not yet armed); the guest's
+        reason when it refused the probe (:func:`probe_refusal`)."""
         i, ev = FTRACE_INSTANCE, f"{FTRACE_INSTANCE}/events/{event.path}"
-        probe = f"echo '{event.probe}' >> /sys/kernel/tracing/kprobe_events 2>/dev/null; " if event.probe else ""
-        self.shell(f"{probe}mkdir -p {i} && echo 1 > {i}/options/sym-offset && echo 1 > {i}/options/sym-addr && "
+        if event.probe:
+            t = "/sys/kernel/tracing"
+            out = self.shell(f"echo > {t}/error_log; echo '{probe_definition(event.probe, arch)}' >> "
+                             f"{t}/kprobe_events 2>/dev/null || {{ echo {_REFUSED[:4]}''{_REFUSED[4:]}; "
+                             f"cat {t}/error_log; }}")
+            refused = probe_refusal(out)
+            if refused is not None:
+                return f"the guest refused the probe {probe_definition(event.probe, arch)!r}: {refused}"
+        self.shell(f"mkdir -p {i} && echo 1 > {i}/options/sym-offset && echo 1 > {i}/options/sym-addr && "
                    f"echo '{event.never}' > {ev}/filter && echo 1 > {ev}/enable && "
                    f"echo '!stacktrace:1' > {ev}/trigger 2>/dev/null; echo > {i}/trace")
+        return None
 
     def stop(self, event: Event, arch: str) -> Stop:
-        """One stop at ``event``'s trigger: gdb's two walks, then the kernel's."""
-        self.prepare(event)
+        """One stop at ``event``'s trigger: gdb's two walks, then the kernel's; a refused probe or a trigger
+        that does not fire within :attr:`stop_timeout` is a stop with ``refused`` set."""
+        refused = self.prepare(event, arch)
+        if refused is not None:
+            return Stop(arch, event.name, -1, [], [], [], refused=refused)
         script = _GDB_SCRIPT.format(gdbstub=self.lab["gdb"], trigger=self.trigger, mark=_MARK, unwinder=_UNWINDER)
         argv = [sys.executable, "-m", "unwind", "gdb", "--gdb", self.gdb, "-nx", "-batch", "-ex",
                 "set pagination off", "-ex", f"python exec({script!r})", str(self.vmlinux)]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        got: dict = {}
         try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if not line.startswith(_MARK):
-                    continue
-                record = json.loads(line[len(_MARK):])
-                if record.get("ready"):
-                    self.console.type(f"echo 'stacktrace:1' > {FTRACE_INSTANCE}/events/{event.path}/trigger")
-                else:
-                    got = record
-            proc.wait(self.timeout)
+            got = self._gdb_report(proc, event)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        if got is None:
+            self.release()
+            self.shell(f"echo 0 > {FTRACE_INSTANCE}/events/{event.path}/enable")
+            return Stop(arch, event.name, -1, [], [], [], refused=f"the trigger on {event.path} did not fire "
+                        f"within {self.stop_timeout:g}s")
         if not got:
             err = (proc.stderr.read() if proc.stderr else "").strip().splitlines()
             raise RuntimeError(f"{arch} {event.name}: gdb reported no stop ({err[-1] if err else proc.returncode})")
@@ -210,15 +294,56 @@ class GdbCompare:
                                f"{FTRACE_TRIGGER_FN}")
         time.sleep(1.0)  # the trigger saves its walk as the guest runs on
         text = self.shell(f"cat {FTRACE_INSTANCE}/per_cpu/cpu{got['cpu']}/trace")
-        blocks = [b for b in parse_ftrace_stack(text, self.smap) if b.get("cpu") == got["cpu"]]
-        if len(blocks) != 1 or blocks[0].get("why"):
-            raise RuntimeError(f"{arch} {event.name}: cpu{got['cpu']}: {len(blocks)} usable <stack trace> blocks")
+        try:
+            kernel, lines = kernel_walk(text, self.smap, got["cpu"])
+        except RuntimeError as e:
+            raise RuntimeError(f"{arch} {event.name}: {e}") from None
         self.shell(f"echo 0 > {FTRACE_INSTANCE}/events/{event.path}/enable")
-        return Stop(arch, event.name, got["cpu"], [int(p, 16) for p in blocks[0]["frames"]], got["without"],
-                    got["with"], blocks[0]["text"])
+        return Stop(arch, event.name, got["cpu"], kernel, got["without"], got["with"], lines)
+
+    def release(self) -> None:
+        """Let the guest run again after its gdb was killed: QEMU's gdbstub keeps the VM stopped, with the
+        breakpoint in, until a gdb detaches (``D`` removes every breakpoint and continues)."""
+        subprocess.run([self.gdb, "-nx", "-batch", "-ex", f"target remote {self.lab['gdb']}", "-ex", "detach"],
+                       capture_output=True, timeout=120, check=False)
+
+    def _gdb_report(self, proc: subprocess.Popen, event: Event) -> dict | None:
+        """gdb's report of the stop (``{}`` when gdb ended without one); ``None`` when none came within
+        :attr:`stop_timeout` of arming the trigger. gdb's output is read as it comes, from the pipe itself
+        (a buffered reader would hold lines the pipe no longer signals)."""
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        got: dict = {}
+        pending = b""
+        deadline = time.monotonic() + self.timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                if not sel.select(left):
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                *lines, pending = (pending + chunk).split(b"\n")
+                for raw in lines:
+                    line = raw.decode("utf-8", "replace")
+                    if not line.startswith(_MARK):
+                        continue
+                    record = json.loads(line[len(_MARK):])
+                    if record.get("ready"):
+                        self.console.type(f"echo '{event.trigger}' > {FTRACE_INSTANCE}/events/{event.path}/trigger")
+                        deadline = time.monotonic() + self.stop_timeout
+                    else:
+                        got = record
+        proc.wait(self.timeout)
+        return got
 
 
-def run(arch: str, events: tuple[Event, ...] = EVENTS, log: Path | None = None, kaslr: bool = False) -> list[Stop]:
+def run(arch: str, events: tuple[Event, ...] | None = None, log: Path | None = None,
+        kaslr: bool = False) -> list[Stop]:
     """Boot (or reuse) the lab guest of ``arch`` and take one stop per event. With ``kaslr`` the guest boots
     without ``nokaslr``: the kernel's trace is checked against System.map shifted by the slide the guest's
     ``/proc/kallsyms`` gives for ``_text`` (gdb and unwind find it on their own)."""
@@ -232,22 +357,41 @@ def run(arch: str, events: tuple[Event, ...] = EVENTS, log: Path | None = None, 
     try:
         if kaslr:
             cmp.relocate(Path(lab["console_log"]).with_name("System.map.kaslr"))
-        return [cmp.stop(e, arch) for e in events]
+        stops = []
+        for event in events_for(arch) if events is None else events:
+            try:
+                stops.append(cmp.stop(event, arch))
+            except RuntimeError as e:  # this stop says why it has no counts; the others are kept
+                stops.append(Stop(arch, event.name, -1, [], [], [], refused=str(e)))
+        return stops
     finally:
         cmp.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m unwind.lab.gdbcompare [--kaslr] ARCH...``: one JSON line per stop, the counts on stderr."""
-    args = list(argv if argv is not None else sys.argv[1:])
-    kaslr = "--kaslr" in args
-    arches = [a for a in args if a != "--kaslr"] or ["arm64"]
-    for arch in arches:
-        for stop in run(arch, kaslr=kaslr):
-            record = stop.to_json()
-            print(json.dumps(record), flush=True)
-            print(f"# {arch} {stop.event} cpu{stop.cpu}: kernel {len(stop.kernel)} frames; gdb without unwind "
-                  f"{record['matched_without']}, with unwind {record['matched_with']}", file=sys.stderr, flush=True)
+    parser = argparse.ArgumentParser(
+        prog="python -m unwind.lab.gdbcompare",
+        description="Boot the lab guest of each ARCH under QEMU (UNWIND_CACHE), stop it in an interrupt handler "
+        "and in a kprobed function under a function_graph-traced (and, where the guest allows, kretprobed) "
+        "caller, and count the kernel's own frames gdb-multiarch's bt has, without and with unwind's "
+        "unwinder. One JSON line per stop on stdout, one summary line per stop on stderr.")
+    parser.add_argument("arch", nargs="*", default=["arm64"], help="x86_64, arm64 or riscv (default arm64)")
+    parser.add_argument("--kaslr", action="store_true", help="boot without nokaslr")
+    args = parser.parse_args(argv)
+    from .boot import LabError
+    from .fetch import FetchError
+
+    for arch in args.arch:
+        try:
+            stops = run(arch, kaslr=args.kaslr)
+        except (FetchError, LabError, RuntimeError, TimeoutError, OSError) as e:
+            print(f"gdbcompare: error: {arch}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+                  file=sys.stderr)
+            return 2
+        for stop in stops:
+            print(json.dumps(stop.to_json()), flush=True)
+            print(f"# {stop.summary()}", file=sys.stderr, flush=True)
     return 0
 
 

@@ -65,10 +65,10 @@ def phdrs_first_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-#: Debian packages of makedumpfile and its libraries (``name/suite``). Not the host's own: bookworm's
-#: 1.7.2 takes 6.10+ slab pages (page_type) for free ones and excludes them at -d 16, and one build of
-#: makedumpfile reads the dumps of one arch only
-MAKEDUMPFILE_PACKAGES = ("makedumpfile/sid", "libc6/trixie", "libdw1t64/trixie", "libelf1t64/trixie",
+#: Debian packages of makedumpfile's libraries (``name/suite``), beside makedumpfile of the suite asked for.
+#: Not the host's own makedumpfile: bookworm's 1.7.2 takes 6.10+ slab pages (page_type) for free ones and
+#: excludes them at -d 16, and one build of makedumpfile reads the dumps of one arch only
+MAKEDUMPFILE_LIBRARIES = ("libc6/trixie", "libdw1t64/trixie", "libelf1t64/trixie",
                          "liblzo2-2/trixie", "libzstd1/trixie", "zlib1g/trixie", "libbz2-1.0/trixie",
                          "liblzma5/trixie")
 #: our arch -> (qemu-user binary suffix, Debian multiarch triplet, dynamic loader)
@@ -77,20 +77,21 @@ QEMU_USER = {"x86_64": ("x86_64", "x86_64-linux-gnu", "ld-linux-x86-64.so.2"),
              "riscv": ("riscv64", "riscv64-linux-gnu", "ld-linux-riscv64-lp64d.so.1")}
 
 
-def makedumpfile_command(arch: str) -> list[str]:
-    """The command that runs sid's makedumpfile built for ``arch`` on this host.
+def makedumpfile_command(arch: str, suite: str = "sid") -> list[str]:
+    """The command that runs the makedumpfile of Debian ``suite`` built for ``arch`` on this host.
 
-    The package and its libraries are unpacked into ``<cache>/tools/makedumpfile-<dpkg arch>/``;
-    the host's arch runs it through the unpacked loader, other arches under ``qemu-<arch>-static``.
+    The package and its libraries are unpacked into ``<cache>/tools/makedumpfile-<dpkg arch>/``
+    (sid's; another suite's in ``makedumpfile-<suite>-<dpkg arch>/``); the host's arch runs it
+    through the unpacked loader, other arches under ``qemu-<arch>-static``.
     """
     dpkg_arch = ARCHES[arch][0]
     qarch, triplet, loader = QEMU_USER[arch]
-    root = cache_dir() / "tools" / f"makedumpfile-{dpkg_arch}"
+    root = cache_dir() / "tools" / ("makedumpfile-" + ("" if suite == "sid" else f"{suite}-") + dpkg_arch)
     binary = root / "usr" / "bin" / "makedumpfile"
     if not binary.exists():
         debs = root.parent / f"debs-{dpkg_arch}"
         debs.mkdir(parents=True, exist_ok=True)
-        for pkg in MAKEDUMPFILE_PACKAGES:
+        for pkg in (f"makedumpfile/{suite}", *MAKEDUMPFILE_LIBRARIES):
             name, _, suite = pkg.partition("/")
             deb = _download(name, newest_version(f"{name}:{dpkg_arch}", suite), dpkg_arch, debs)
             subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
