@@ -700,8 +700,8 @@ class Arm64Unwinder(Unwinder):
         if cur is not self._stack_obj:
             self._stack_obj = cur
             self._stack_label = cur.kind
-        frame = Frame(state.pc, None, state.fp, source, self._stack_label, flags, state.prov,
-                      pt_regs=state.regs if source is _SRC_REGS_PC else None)
+        frame = Frame(state.pc, None, state.fp, source, self._stack_label, flags, state.prov, None, None,
+                      state.regs if source is _SRC_REGS_PC else None)  # positional: a keyword costs ~0.1 µs
         if state.prov is not None:
             stack = frame.stack
             state.prov.note(lambda: f"record at {record_at:#x} on the {stack} stack")

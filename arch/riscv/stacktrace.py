@@ -438,6 +438,8 @@ class RiscvUnwinder(Unwinder):
             return frame
         if self.pending_regs is not None:
             return self._next_regs_pc()
+        if not self.complete:  # the kernel's loop: what follows is complete mode's alone
+            return self._next_frame_record()
         if self.trap_entry is not None:
             return self._next_trap_entry()
         if self.live is not None:

@@ -82,6 +82,18 @@ def test_stackset_copies_its_input():
     assert orig.low == 0x1000
 
 
+def test_stackset_transitions_leave_its_input_alone():
+    """The stacks a walk moves to and leaves are the caller's objects, found in place: none is changed, and a
+    second walk over the same list finds them all again."""
+    given = [StackInfo(0x1000, 0x2000, "task"), StackInfo(0x8000, 0x9000, "irq", 0)]
+    for _ in range(2):
+        ss = StackSet(given)
+        ss.consume(ss.find(0x8100, 16), 0x8100, 16)
+        ss.consume(ss.find(0x1100, 16), 0x1100, 16)
+        assert ss.find(0x8800, 16) is None and ss.stack.kind == "task"
+        assert [(s.low, s.high) for s in given] == [(0x1000, 0x2000), (0x8000, 0x9000)]
+
+
 @given(st.lists(st.integers(0, 0x3FF), min_size=1, max_size=200))
 def test_any_record_sequence_terminates(offsets):
     """Each consume raises low strictly, so no address is accepted twice."""

@@ -76,3 +76,66 @@ def test_kexec_needing_a_library_of_no_known_package_is_refused(tmp_path: Path, 
     monkeypatch.setattr(kdump, "_needed", lambda path: ["libnowhere.so.9"])
     with pytest.raises(FetchError, match="kexec needs libnowhere.so.9: no Debian package"):
         kexec_tree("arm64")
+
+
+def test_the_first_kernels_init_reads_back_the_payload_the_disk_was_given(tmp_path) -> None:
+    """The crash kernel and its initramfs go on the disk past the vmcore's room; /init's dd commands, run here with
+    the disk and /kdump pointed at files, give back the same bytes (sizes not a whole MiB on purpose)."""
+    import subprocess
+
+    from unwind.lab.kdump import payload_commands, write_payload
+
+    files = [("Image", bytes(range(256)) * 9001), ("initrd.gz", b"\x1f\x8b" + b"x" * (3 << 20))]
+    disk = tmp_path / "disk.raw"
+    disk.write_bytes(b"\xee" * (7 << 20))
+    write_payload(disk, 2, files)
+    (tmp_path / "kdump").mkdir()
+    script = payload_commands(2, [(n, len(d)) for n, d in files])
+    script = script.replace("/dev/vda", str(disk)).replace("/kdump/", f"{tmp_path}/kdump/")
+    subprocess.run(["sh", "-c", script], check=True)
+    for name, data in files:
+        assert (tmp_path / "kdump" / name).read_bytes() == data
+
+
+def test_a_slice_describes_the_ram_its_source_did_and_reads_the_pages_cut_away_as_excluded(tmp_path) -> None:
+    """slice_elf of a committed kdump slice down to two of its pages: the same PT_LOAD ranges to p_memsz, those
+    two pages' bytes, a page cut away raises ExcludedPageFault, RAM the source never described a plain miss."""
+    from elftools.elf.elffile import ELFFile
+
+    from unwind.core.memory import ExcludedPage, MemoryFault
+    from unwind.formats.vmcore.errors import ExcludedPageFault
+    from unwind.formats.vmcore.opening import open_vmcore
+    from unwind.lab.vmcores import slice_elf
+
+    src = tmp_path / "src.elf"
+    src.write_bytes(lzma.decompress(next(v for v in KDUMPS if v.parts[-4] == "riscv").read_bytes()))
+    with open(src, "rb") as f:
+        held = [(s["p_paddr"], s["p_filesz"]) for s in ELFFile(f).iter_segments()
+                if s["p_type"] == "PT_LOAD" and s["p_filesz"]]
+    a, b = held[len(held) // 2][0] >> 12, held[-1][0] >> 12
+    cut = slice_elf(src, tmp_path / "cut.elf", {a, b})
+
+    def described(path: Path) -> list[tuple[int, int]]:
+        with open(path, "rb") as f:
+            spans = sorted((s["p_paddr"], s["p_paddr"] + s["p_memsz"]) for s in ELFFile(f).iter_segments()
+                           if s["p_type"] == "PT_LOAD")
+        out: list[tuple[int, int]] = []
+        for lo, hi in spans:
+            if out and lo <= out[-1][1]:
+                out[-1] = (out[-1][0], max(hi, out[-1][1]))
+            else:
+                out.append((lo, hi))
+        return out
+
+    assert described(cut) == described(src)
+    whole, part = open_vmcore(src), open_vmcore(cut)
+    for pfn in (a, b):
+        assert part.read_phys(pfn << 12, 4096) == whole.read_phys(pfn << 12, 4096)
+    gone = next(p for p, n in held if p >> 12 not in (a, b) and n >= 8192) + 4096
+    whole.read_phys(gone, 8)
+    with pytest.raises(ExcludedPageFault):
+        part.read_phys(gone, 8)
+    hole = described(src)[0][1]  # the first byte past the first described range
+    with pytest.raises(MemoryFault) as e:
+        part.read_phys(hole, 8)
+    assert not isinstance(e.value, ExcludedPage)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from unwind.cli.main import main
-from unwind.core.memory import MemoryFault
+from unwind.core.memory import LeftOut, MemoryFault
 from unwind.formats.dump import Dump
 from unwind.formats.vmcore.virtual import VirtualMemory
 
@@ -44,12 +44,15 @@ class _FaultSeen:
 
     phys: Any
     faulted: bool = False
+    #: the fault was RAM the dump's own headers leave out (riscv kexec-tools drops the linear map's tables)
+    left_out: bool = False
 
     def read_phys(self, paddr: int, size: int) -> bytes:
         try:
             return self.phys.read_phys(paddr, size)
-        except MemoryFault:
+        except MemoryFault as e:
             self.faulted = True
+            self.left_out = isinstance(e, LeftOut)
             raise
 
 
@@ -98,13 +101,17 @@ def test_every_address_a_replay_reads_translates_the_same_by_shortcut_and_by_wal
                 walked = None
             if walked == shortcut.pa(va):
                 counts["agree"] += 1
+            elif walked is None and seen.left_out:
+                counts["table left out by the dump's headers"] += 1
             elif walked is None and seen.faulted:
                 counts["table not in the slice"] += 1
             else:
                 wrong.append(f"{va:#x}: shortcut {shortcut.pa(va):#x}, walk {walked and hex(walked)}")
     assert not wrong, (vmcore.name, wrong[:10])
-    # the replay reads through both kinds, and enough shortcut pages are confirmed by the walk to mean something
-    assert counts["walked"] >= 100 and counts["agree"] >= 100, counts
+    # the replay reads through both kinds, and enough shortcut pages are confirmed by the walk to mean something,
+    # unless the dump itself lacks the tables (then the load said so, and no page was merely cut from the slice)
+    lacking = counts["table left out by the dump's headers"] > 0 and not counts["table not in the slice"]
+    assert counts["walked"] >= 100 and (counts["agree"] >= 100 or lacking), counts
 
 
 def _replay_cpu(dump: Path, cpu: int, *mode: str) -> dict[str, Any]:
@@ -133,8 +140,11 @@ def _drgn_until_lost(frames: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-#: the running CPUs and the independent trace each is compared with
-RUNNING = [(v, cpu) for v in VMCORES for cpu in (0, 1)]
+#: the running CPUs and the independent trace each is compared with. A true kdump with no drgn oracle has no
+#: capture either (riscv's: drgn 0.3.0 cannot read it, kexec-tools 2.0.32 writes its RAM PT_LOADs' p_vaddr wrong):
+#: its crash CPU is compared with the kernel's own panic trace in tests/lab/test_kdump_corpus.py
+RUNNING = [(v, cpu) for v in VMCORES for cpu in (0, 1)
+           if not v.name.startswith("kdump-") or v.with_name(v.name.split(".")[0] + ".drgn-tasks.json.xz").exists()]
 
 
 @pytest.mark.parametrize("vmcore,cpu", RUNNING, ids=[f"{_ids(v)}-cpu{c}" for v, c in RUNNING])

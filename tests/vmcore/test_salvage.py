@@ -34,6 +34,7 @@ from unwind.formats.image import Image
 from unwind.formats.vmcore import open_vmcore
 from unwind.formats.vmcore.flattened import FlatSource
 from unwind.formats.vmcore.source import XzSource
+from unwind.formats.vmdump import VmcoreFile
 from unwind.session.replay import ReplayError, Session
 
 from .synth import flatten, kdump_of
@@ -215,7 +216,12 @@ def _salvage(vmcore: Path, fmt: str, keep: float, tmp: Path, folder: Path) -> Sa
     uncut = _uncut(vmcore, tmp)
     path = _cut(vmcore, fmt, keep, tmp, folder)
     got = _replay(path, _image(vmcore))
-    assert not isinstance(got, str), f"refused: {got}"
+    if isinstance(got, str):
+        # a file with no VMCOREINFO (QEMU writes none for riscv, and makedumpfile -i keeps none) places the kernel
+        # by the kernel's own vmcoreinfo_note in memory: where that page is past the cut, nothing can be read
+        assert keep < 0.999 and not VmcoreFile.open(str(vmcore)).vmcoreinfo_text, f"refused: {got}"
+        assert "the kernel's note may be beyond the end of the file" in got and "\n" not in got, got
+        return Salvage(0, 0, len(uncut))
     cut, warnings = got
     said = [w for w in warnings if w.startswith(f"{path}: truncated") or w.startswith(f"{path}: xz stream ends early")]
     got = _check_salvage(uncut, cut)
@@ -295,7 +301,7 @@ def test_a_riscv_vmcoreinfo_lost_with_the_cut_is_rebuilt_as_the_kernel_wrote_it(
     file still holds that note, and it is read from there; with the note's name also wiped out of the cut file,
     VMCOREINFO is rebuilt from the image's variables. Either way every key equals the kernel's note in the
     uncut file."""
-    vmcore = next(p for p in VMCORES if p.parts[-4] == "riscv")
+    vmcore = next(p for p in VMCORES if p.parts[-4] == "riscv" and p.name.startswith("stop-"))  # QEMU's, not a kdump
     tmp = tmp_path_factory.getbasetemp()
     data = _whole(vmcore, "elf", tmp)
     cut = bytearray(data[:int(len(data) * 0.999)])

@@ -45,6 +45,15 @@ class ExcludedPage(MemoryFault):
         self.args = (f"{addr:#x} (+{size}) is in a page excluded from the dump",)
 
 
+class LeftOut(MemoryFault):
+    """RAM of the dumped kernel that the dump's headers do not describe: a defect of the dump, not a filter."""
+
+    def __init__(self, addr: int, size: int) -> None:
+        super().__init__(addr, size)
+        self.args = (f"{addr:#x} (+{size}) is in RAM of the dumped kernel that the dump's headers leave out "
+                     "(its page, or the page table that maps it)",)
+
+
 @dataclass(frozen=True, slots=True)
 class Segment:
     """One captured range: ``data`` holds the bytes at ``[start, start + len(data))``."""

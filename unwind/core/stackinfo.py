@@ -52,9 +52,10 @@ class StackSet:
     __slots__ = ("stack", "stacks", "_known")
 
     def __init__(self, stacks: Iterable[StackInfo]) -> None:
-        # the caller's ranges are never changed: the walk consumes copies
+        # the caller's ranges are never changed: the walk consumes a copy of the one it moves to, and a
+        # stack left is dropped from ``stacks`` (the ranges are copied when moved to, not up front)
         self._known: tuple[StackInfo, ...] = tuple(stacks)
-        self.stacks: list[StackInfo] = [StackInfo(s.low, s.high, s.kind, s.cpu) for s in self._known]
+        self.stacks: list[StackInfo] = list(self._known)
         # unwind_init_common(): the walk starts on no stack at all.
         self.stack: StackInfo = StackInfo(0, 0, "unknown")
 
@@ -75,9 +76,18 @@ class StackSet:
         if info is not self.stack:
             left = self.stack.label() if self.stack.low else None
             self.stack = StackInfo(info.low, info.high, info.kind, info.cpu)
-            info.low = 0  # stackinfo_get_unknown(): never found again
+            self._forget(info)
         self.stack.low = sp + size
         return left
+
+    # *info = stackinfo_get_unknown()
+    def _forget(self, info: StackInfo) -> None:
+        """The entry of the stack moved to is never found again (the caller's range stays as it was)."""
+        stacks = self.stacks
+        for i, s in enumerate(stacks):
+            if s is info:
+                del stacks[i]
+                return
 
     def why_not(self, sp: int, size: int) -> Refusal:
         """Explain a failed :meth:`find` for a stop reason."""

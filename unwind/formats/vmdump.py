@@ -21,6 +21,7 @@ from unwind.kernel.kaslr import RelocatedImage, relocate_symbols, runtime_symbol
 from unwind.kernel.model import (MAX_CPUS, PID_MAX_LIMIT, Kernel, KernelError, KernelTask, LostTask, PerCpuUnread,
                                  ftrace_trampolines)
 from unwind.kernel.btf import Btf, BtfError
+from unwind.kernel.ram import crash_kernel_ranges, for_each_mem_range, subtract_ranges, walk_system_ram_res
 from unwind.core.memory import Memory, MemoryFault
 from unwind.core.stackinfo import StackInfo
 from unwind.kernel.symbols import SymbolTable
@@ -150,6 +151,7 @@ class VmcoreDump(NamedByVmcoreinfo):
         self._current_unread: dict[int, str] = {}
         try:
             self.kernel = Kernel(memory, btf, symbol, backend.kernel.CONTEXT_MEMBERS)
+            self._say_left_out_ram()
             self.cpus: list[CpuState] = self._read_cpus()
             currents = self._currents(self.kernel)
             self._ktasks: list[KernelTask] = self.kernel.tasks(currents, [c.cpu for c in self.cpus],
@@ -173,6 +175,31 @@ class VmcoreDump(NamedByVmcoreinfo):
             modules=tuple(modules), bpf_symbols=tuple(self.kernel.bpf_symbols()),
             ftrace_trampolines=None if trampolines is None else tuple(trampolines))
         self.warnings.extend(self.kernel.warnings)
+
+    def _say_left_out_ram(self) -> None:
+        """Say once which RAM of the kernel the dump's headers leave out, and have reads there say so.
+
+        The kernel's RAM is its ``System RAM`` (``iomem_resource``), else ``memblock.memory``
+        (:mod:`unwind.kernel.ram`), less the crash kernel's reservation, which a kdump leaves out by design.
+        Nothing is said when neither map is in the dump (a slice cut before either was read)."""
+        if self.phys is None:
+            return
+        for source, ram_of in (("iomem_resource's System RAM", walk_system_ram_res),
+                               ("memblock.memory", for_each_mem_range)):
+            try:
+                ram = subtract_ranges(ram_of(self.kernel), crash_kernel_ranges(self.kernel))
+                break
+            except (MemoryFault, KernelError, BtfError, ValueError):
+                continue
+        else:
+            return
+        left_out = subtract_ranges(ram, self.phys.described)
+        if left_out:
+            self.phys.left_out = tuple(left_out)
+            total = sum(r.end - r.start for r in left_out)
+            self.warnings.append(
+                f"{self.path}: the dump's headers leave out {total >> 10} KiB of the kernel's RAM ({source}, the crash "
+                "kernel's reservation aside): physical " + ", ".join(f"{r.start:#x}-{r.end:#x}" for r in left_out))
 
     @classmethod
     def open(cls, vmcore: VmcoreFile, image: Image, symbols: SymbolTable) -> "VmcoreDump":

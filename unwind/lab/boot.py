@@ -24,13 +24,16 @@ from .modules import LAB_MODULE_QEMU_ARGS, fetch_modules
 
 READY = "UNWIND-LAB-READY"
 
-#: /init: workloads, sysrq, then (by option) function_graph and a kretprobe; @TRACING@ is replaced.
-INIT_SCRIPT = r"""#!/bin/busybox sh
+#: the start of every lab guest's /init: busybox's applets, /proc, /sys and /dev
+INIT_PRELUDE = r"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
-mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
+"""
+
+#: /init: workloads, sysrq, then (by option) function_graph and a kretprobe; @TRACING@ is replaced.
+INIT_SCRIPT = INIT_PRELUDE + r"""mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
 echo 1 > /proc/sys/kernel/sysrq
 echo 8 > /proc/sys/kernel/printk
 [ -f /qemu_fw_cfg.ko ] && insmod /qemu_fw_cfg.ko
@@ -80,11 +83,19 @@ def init_script(fgraph: bool = True, kretprobe: bool = True, fill: int = 0) -> s
 
 
 @dataclass(frozen=True)
-class BootOptions:
-    """How to boot the lab guest; a running guest is reused only when booted with the same options."""
+class GuestOptions:
+    """The machine every lab guest is: its memory, its CPUs, KASLR."""
 
     mem: str = "1G"
     smp: int = 2
+    #: leave KASLR on (no ``nokaslr``): the capture refuses such a guest, ``unwind gdb`` reads it
+    kaslr: bool = False
+
+
+@dataclass(frozen=True)
+class BootOptions(GuestOptions):
+    """How to boot the lab guest; a running guest is reused only when booted with the same options."""
+
     #: a user /init (a file whose last step prints UNWIND-LAB-READY), else the built-in one
     init: str | None = None
     #: extra kernel command-line arguments
@@ -97,8 +108,6 @@ class BootOptions:
     modules: bool = False
     #: built-in /init: MiB of guest RAM filled with data (a tmpfs) before it reports ready
     fill: int = 0
-    #: leave KASLR on (no ``nokaslr``): the capture refuses such a guest, ``unwind gdb`` reads it
-    kaslr: bool = False
 
     def to_json(self) -> dict:
         """The options as stored in lab.json (``kaslr`` and ``fill`` only when on: a guest booted without is the same)."""
@@ -171,12 +180,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+#: arch -> (console device, QEMU machine arguments)
+MACHINE = {"x86_64": ("ttyS0", []), "arm64": ("ttyAMA0", ["-M", "virt", "-cpu", "max,pauth-impdef=on"]),
+           "riscv": ("ttyS0", ["-M", "virt", "-bios", "default"])}
+
+
+def guest_command(k: Kernel, opts: GuestOptions, initrd: Path) -> list[str]:
+    """QEMU under TCG with the arch's machine, ``opts``' memory and CPUs, no display nor default devices,
+    booting ``k`` with ``initrd``: the start of every lab guest's command line."""
+    return [ARCHES[k.arch][2], *MACHINE[k.arch][1], "-accel", "tcg", "-m", opts.mem, "-smp", str(opts.smp),
+            "-display", "none", "-nodefaults", "-kernel", str(k.boot_image), "-initrd", str(initrd)]
+
+
 def qemu_command(k: Kernel, run: Path, initrd: Path, port: int, opts: BootOptions = BootOptions()) -> list[str]:
     """The QEMU command line for ``k`` (TCG, gdbstub, HMP socket, logged console socket)."""
-    _, _, qemu, _ = ARCHES[k.arch]
-    common = ["-accel", "tcg", "-m", opts.mem, "-smp", str(opts.smp), "-display", "none", "-nodefaults",
-              "-kernel", str(k.boot_image), "-initrd", str(initrd),
-              "-chardev", f"socket,id=con,path={run}/con.sock,server=on,wait=off,"
+    common = ["-chardev", f"socket,id=con,path={run}/con.sock,server=on,wait=off,"
                           f"logfile={run}/console.log",
               "-serial", "chardev:con",
               "-gdb", f"tcp:127.0.0.1:{port}",
@@ -184,13 +202,9 @@ def qemu_command(k: Kernel, run: Path, initrd: Path, port: int, opts: BootOption
               "-pidfile", f"{run}/qemu.pid", "-daemonize"]
     tail = " ".join([*([] if opts.kaslr else ["nokaslr"]), "panic=-1 rdinit=/init loglevel=7 log_buf_len=4M",
                      opts.append]).strip()
-    if k.arch == "x86_64":
-        cmd = [qemu, *common, "-device", "vmcoreinfo", "-append", f"console=ttyS0 {tail}"]
-    elif k.arch == "arm64":
-        cmd = [qemu, "-M", "virt", "-cpu", "max,pauth-impdef=on", *common, "-device", "vmcoreinfo",
-               "-append", f"console=ttyAMA0 {tail}"]
-    else:
-        cmd = [qemu, "-M", "virt", "-bios", "default", *common, "-append", f"console=ttyS0 {tail}"]
+    # the device QEMU's dumps take VMCOREINFO from; QEMU writes none of a riscv guest (docs/vmcore.md)
+    vmcoreinfo = ["-device", "vmcoreinfo"] if k.arch != "riscv" else []
+    cmd = [*guest_command(k, opts, initrd), *common, *vmcoreinfo, "-append", f"console={MACHINE[k.arch][0]} {tail}"]
     return cmd + list(LAB_MODULE_QEMU_ARGS) * opts.modules + list(opts.qemu_args)
 
 

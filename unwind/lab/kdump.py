@@ -1,13 +1,15 @@
 """A true kdump in the lab: a guest panics, its kexec'd crash kernel copies ``/proc/vmcore`` to a disk.
 
 ``unwind lab kdump --arch ARCH -o DIR`` boots the fetched kernel under QEMU TCG with ``crashkernel=``,
-KASLR as the kernel is built (``--nokaslr`` to turn it off), and a busybox ``/init`` that loads the same
-kernel with ``kexec -p`` and crashes with sysrq ``c``. The capture kernel's ``/init`` loads
+KASLR as the kernel is built (``--nokaslr`` to turn it off), and a busybox ``/init`` that copies the same
+kernel and the capture initramfs from the disk (past the room the vmcore takes), loads them with ``kexec -p``,
+prints ``/proc/iomem`` and crashes with sysrq ``c``. The capture kernel's ``/init`` loads
 ``virtio_blk`` and copies ``/proc/vmcore`` onto a raw virtio disk, then powers off. Written to ``DIR``:
 
 * ``kdump-NNN.elf``: ``/proc/vmcore``, byte for byte (the disk cut to the ELF's last segment);
 * ``kdump-NNN.console.txt``: what the panicking kernel printed from ``sysrq: Trigger a crash`` on,
   up to the capture kernel's first line (its panic trace is the oracle of the crash CPU);
+* ``kdump-NNN.iomem.txt``: the first kernel's ``/proc/iomem`` (its RAM, as kexec-tools read it);
 * ``kdump-NNN.console-full.txt``: the whole console of both kernels.
 
 kexec comes from Debian's ``kexec-tools`` package of the guest's arch. Only the shared objects the
@@ -27,7 +29,7 @@ from pathlib import Path
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
-from .boot import LabError
+from .boot import INIT_PRELUDE, MACHINE, GuestOptions, LabError, guest_command
 from .fetch import (ARCHES, FetchError, Kernel, _download, _say, cache_dir, ensure_apt_source, ensure_tools,
                     newest_version)
 from .modules import fetch_modules
@@ -48,12 +50,20 @@ SONAME_PACKAGES = {
 SAVED = "UNWIND-KDUMP-SAVED"
 FAILED = "UNWIND-KDUMP-FAILED"
 
-#: the first kernel's /init: load the crash kernel, leave a few tasks blocked, crash with sysrq c on the last CPU
-FIRST_INIT = r"""#!/bin/busybox sh
-/bin/busybox --install -s /bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
+#: the first kernel's /init prints /proc/iomem between two of these lines
+IOMEM = "UNWIND-KDUMP-IOMEM"
+
+#: /init's wait for the virtio disk, its modules loaded
+DISK_WAIT = r"""for m in $(cat /modules/order); do insmod /modules/$m.ko; done
+i=0; while [ ! -b /dev/vda ] && [ $i -lt 100 ]; do sleep 0.2; i=$((i+1)); done
+"""
+
+#: the first kernel's /init: read the crash kernel and its initramfs from the disk past the vmcore's room (in the
+#: initramfs they would leave a large freed initrd range, which kexec-tools keeps out of the crash ELF headers),
+#: load them, leave a few tasks blocked, crash with sysrq c on the last CPU. @PAYLOAD@ is replaced by the
+#: ``dd`` commands (:func:`payload_commands`).
+FIRST_INIT = INIT_PRELUDE + DISK_WAIT + r"""mkdir -p /kdump
+@PAYLOAD@
 echo 1 > /proc/sys/kernel/sysrq
 echo 8 > /proc/sys/kernel/printk
 (while :; do cat /proc/meminfo /proc/stat > /dev/null; done) &
@@ -63,21 +73,20 @@ sleep 100000 &
 LD_LIBRARY_PATH=/lib/kexec /sbin/kexec -p /kdump/Image --initrd=/kdump/initrd.gz --append="@APPEND@" \
   || echo UNWIND-KDUMP-KEXEC-FAILED
 echo "kexec_crash_loaded: $(cat /sys/kernel/kexec_crash_loaded)"
+echo @IOMEM@; cat /proc/iomem; echo @IOMEM@
 sleep 3
 echo CRASHING NOW
 # from the last CPU, so the crash CPU is not simply the first one
 taskset $((1 << ($(nproc) - 1))) sh -c 'echo c > /proc/sysrq-trigger'
 echo c > /proc/sysrq-trigger
-"""
+""".replace("@IOMEM@", IOMEM)
 
 #: the capture kernel's /init: copy /proc/vmcore to the virtio disk, then power off
 CAPTURE_INIT = r"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t devtmpfs dev /dev
-for m in $(cat /modules/order); do insmod /modules/$m.ko; done
-i=0; while [ ! -b /dev/vda ] && [ $i -lt 100 ]; do sleep 0.2; i=$((i+1)); done
-if [ -b /dev/vda ] && dd if=/proc/vmcore of=/dev/vda bs=1M conv=fsync 2>/dev/null; then
+""" + DISK_WAIT + r"""if [ -b /dev/vda ] && dd if=/proc/vmcore of=/dev/vda bs=1M conv=fsync 2>/dev/null; then
   echo "@SAVED@ $(stat -c %s /proc/vmcore)"
 else
   echo @FAILED@
@@ -86,19 +95,14 @@ sync
 poweroff -f
 """.replace("@SAVED@", SAVED).replace("@FAILED@", FAILED)
 
-#: arch -> (console device, QEMU machine arguments)
-MACHINE = {"x86_64": ("ttyS0", []), "arm64": ("ttyAMA0", ["-M", "virt", "-cpu", "max,pauth-impdef=on"]),
-           "riscv": ("ttyS0", ["-M", "virt", "-bios", "default"])}
-
-
 @dataclass(frozen=True)
-class KdumpOptions:
-    """How the panicking guest is booted."""
+class KdumpOptions(GuestOptions):
+    """How the panicking guest is booted: the lab's guest (KASLR as the kernel is built) with a crash kernel."""
 
-    mem: str = "1G"
-    smp: int = 2
-    crashkernel: str = "256M"
     kaslr: bool = True
+    #: memory reserved for the crash kernel (``crashkernel=``)
+    crashkernel: str = "256M"
+    #: seconds until the guest must power off
     timeout: float = 1800.0
 
 
@@ -222,17 +226,41 @@ def capture_initramfs(k: Kernel, modules: list[str], out: Path) -> Path:
     return _cpio(out, ["bin", "proc", "dev", "modules"], files)
 
 
-def first_initramfs(k: Kernel, capture: Path, append: str, out: Path) -> Path:
-    """The panicking kernel's initramfs: busybox, kexec and its libraries, the kernel and ``capture``."""
+def payload_commands(first_mib: int, files: list[tuple[str, int]]) -> str:
+    """/init's ``dd`` commands that copy ``files`` (name, size), each at the next MiB of the disk from
+    ``first_mib`` on, out of ``/dev/vda`` into ``/kdump``."""
+    out, mib = [], first_mib
+    for name, size in files:
+        count = -(-size // (1 << 20))
+        out.append(f"dd if=/dev/vda bs=1M skip={mib} count={count} 2>/dev/null | head -c {size} > /kdump/{name}")
+        mib += count
+    return "\n".join(out)
+
+
+def write_payload(disk: Path, first_mib: int, files: list[tuple[str, bytes]]) -> None:
+    """Write ``files`` (name, bytes) into ``disk``, each at the next MiB from ``first_mib`` on (as
+    :func:`payload_commands` reads them)."""
+    with open(disk, "r+b") as f:
+        mib = first_mib
+        for _, data in files:
+            f.seek(mib << 20)
+            f.write(data)
+            mib += -(-len(data) // (1 << 20))
+
+
+def first_initramfs(k: Kernel, modules: list[str], payload: str, append: str, out: Path) -> Path:
+    """The panicking kernel's initramfs: busybox, kexec and its libraries, the disk's modules; its /init copies
+    the crash kernel and its initramfs from the disk with the ``payload`` commands."""
     binary, libs, interp = kexec_tree(k.arch)
-    init = FIRST_INIT.replace("@APPEND@", append)
+    init = FIRST_INIT.replace("@APPEND@", append).replace("@PAYLOAD@", payload)
     files = [("bin/busybox", k.busybox.read_bytes(), 0o755), ("init", init.encode(), 0o755),
              ("sbin/kexec", binary.read_bytes(), 0o755),
-             ("kdump/Image", k.boot_image.read_bytes(), 0o644), ("kdump/initrd.gz", capture.read_bytes(), 0o644)]
+             ("modules/order", ("\n".join(modules) + "\n").encode(), 0o644)]
+    files += [(f"modules/{m}.ko", (k.root / "kdump-modules" / f"{m}.ko").read_bytes(), 0o644) for m in modules]
     loader = Path(interp)
     files += [(f"lib/kexec/{lib.name}", lib.read_bytes(), 0o755) for lib in libs if lib.name != loader.name]
     files.append((str(loader).lstrip("/"), next(lib for lib in libs if lib.name == loader.name).read_bytes(), 0o755))
-    dirs = ["bin", "sbin", "proc", "sys", "dev", "kdump", "lib", "lib/kexec"]
+    dirs = ["bin", "sbin", "proc", "sys", "dev", "modules", "lib", "lib/kexec"]
     parent = str(loader.parent).lstrip("/")
     if parent not in dirs:
         dirs.append(parent)
@@ -241,12 +269,11 @@ def first_initramfs(k: Kernel, capture: Path, append: str, out: Path) -> Path:
 
 def qemu_command(k: Kernel, opts: KdumpOptions, initrd: Path, disk: Path, console: Path, device: str) -> list[str]:
     """QEMU for the panicking guest: TCG, no reboot (the capture kernel's poweroff ends QEMU)."""
-    tty, machine = MACHINE[k.arch]
-    append = f"console={tty} rdinit=/init loglevel=7 log_buf_len=1M crashkernel={opts.crashkernel} panic=-1"
+    append = (f"console={MACHINE[k.arch][0]} rdinit=/init loglevel=7 log_buf_len=1M "
+              f"crashkernel={opts.crashkernel} panic=-1")
     if not opts.kaslr:
         append += " nokaslr"
-    return [ARCHES[k.arch][2], *machine, "-accel", "tcg", "-m", opts.mem, "-smp", str(opts.smp),
-            "-display", "none", "-nodefaults", "-no-reboot", "-kernel", str(k.boot_image), "-initrd", str(initrd),
+    return [*guest_command(k, opts, initrd), "-no-reboot",
             "-append", append, "-chardev", f"file,id=con,path={console}", "-serial", "chardev:con",
             "-drive", f"file={disk},format=raw,if=none,id=vmcore", "-device", f"{device},drive=vmcore"]
 
@@ -278,6 +305,12 @@ def panic_console(text: str) -> str:
     return "\n".join(lines[start:end]) + "\n"
 
 
+def iomem_console(text: str) -> str:
+    """The ``/proc/iomem`` the first kernel's /init printed (between two :data:`IOMEM` lines); '' when none."""
+    parts = text.replace("\r", "").split(IOMEM + "\n")
+    return parts[1] if len(parts) >= 3 else ""
+
+
 def run_kdump(k: Kernel, out_dir: Path, opts: KdumpOptions = KdumpOptions(), index: int = 0) -> list[Path]:
     """Boot ``k``, crash it, let its crash kernel save ``/proc/vmcore``; returns the files written."""
     ensure_tools(k.arch)
@@ -286,14 +319,18 @@ def run_kdump(k: Kernel, out_dir: Path, opts: KdumpOptions = KdumpOptions(), ind
     out_dir.mkdir(parents=True, exist_ok=True)
     work = cache_dir() / "run" / f"kdump-{k.arch}"
     work.mkdir(parents=True, exist_ok=True)
-    tty, _ = MACHINE[k.arch]
+    tty = MACHINE[k.arch][0]
     capture = capture_initramfs(k, order, work / "capture.gz")
     append = f"console={tty} rdinit=/init nr_cpus=1 reset_devices irqpoll loglevel=7"
-    initrd = first_initramfs(k, capture, append, work / "initrd.gz")
+    payload = [("Image", k.boot_image.read_bytes()), ("initrd.gz", capture.read_bytes())]
+    first_mib = (_mem_bytes(opts.mem) >> 20) + 64
+    initrd = first_initramfs(k, order, payload_commands(first_mib, [(n, len(d)) for n, d in payload]), append,
+                             work / "initrd.gz")
     disk, console = work / "disk.raw", work / "console.log"
     disk.unlink(missing_ok=True)
     with open(disk, "wb") as f:
-        f.truncate(_mem_bytes(opts.mem) + (64 << 20))
+        f.truncate((first_mib << 20) + sum(-(-len(d) // (1 << 20)) << 20 for _, d in payload))
+    write_payload(disk, first_mib, payload)
     console.unlink(missing_ok=True)
     cmd = qemu_command(k, opts, initrd, disk, console, device)
     _say("$ " + " ".join(cmd))
@@ -322,6 +359,7 @@ def run_kdump(k: Kernel, out_dir: Path, opts: KdumpOptions = KdumpOptions(), ind
             remaining -= len(chunk)
     disk.unlink()
     (out_dir / f"{stem}.console.txt").write_text(panic_console(text))
+    (out_dir / f"{stem}.iomem.txt").write_text(iomem_console(text))
     shutil.copyfile(console, out_dir / f"{stem}.console-full.txt")
     print(f"[kdump] {elf} ({size} bytes)", file=sys.stderr)
-    return [elf, out_dir / f"{stem}.console.txt", out_dir / f"{stem}.console-full.txt"]
+    return [elf, *(out_dir / f"{stem}.{kind}.txt" for kind in ("console", "iomem", "console-full"))]

@@ -176,54 +176,66 @@ def slice_elf(src: Path, dst: Path, pages: set[int], page_size: int = 4096) -> P
     """Write an ELF vmcore holding ``src``'s notes and only its physical ``pages`` (page frame numbers).
 
     The ELF header and the notes are ``src``'s, as is the first page of each of its PT_LOADs; each
-    run of consecutive pages becomes one PT_LOAD
-    (``p_vaddr = p_paddr``, as QEMU writes them without paging). Reads of any other page fault, so a
-    reader that works on the slice needs nothing else of the dump.
+    run of consecutive pages becomes one PT_LOAD (``p_vaddr = p_paddr``, as QEMU writes them without
+    paging), and each gap between them inside one of ``src``'s PT_LOADs a PT_LOAD with no bytes in the
+    file (``p_filesz`` 0): the slice describes the RAM ``src`` describes, the pages cut away read as
+    excluded from the dump (as ``makedumpfile -E`` writes them), and memory ``src`` never described stays
+    outside every segment. A reader that works on the slice needs nothing else of the dump.
     """
+    import bisect
+
     with open(src, "rb") as f:
         elf = ELFFile(f)
         structs = elf.structs
-        loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD" and s["p_filesz"]]
+        loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD" and s["p_memsz"]]
         note = next(s for s in elf.iter_segments() if s["p_type"] == "PT_NOTE")
         notes = note.data()
         # each RAM block keeps its first page, so the slice's RAM starts where the guest's did
         # (readers place the riscv image from the start of RAM)
-        pages = set(pages) | {seg["p_paddr"] // page_size for seg in loads}
+        pages = set(pages) | {seg["p_paddr"] // page_size for seg in loads if seg["p_filesz"]}
         runs: list[tuple[int, int]] = []
         for pfn in sorted(pages):
             if runs and runs[-1][1] == pfn:
                 runs[-1] = (runs[-1][0], pfn + 1)
             else:
                 runs.append((pfn, pfn + 1))
-        chunks: list[tuple[int, bytes]] = []
-        for lo, hi in runs:
-            start, end = lo * page_size, hi * page_size
-            for seg in loads:
-                a, b = max(start, seg["p_paddr"]), min(end, seg["p_paddr"] + seg["p_filesz"])
-                if a < b:
-                    f.seek(seg["p_offset"] + a - seg["p_paddr"])
-                    chunks.append((a, f.read(b - a)))
+        run_ends = [hi * page_size for _, hi in runs]
+        chunks: list[tuple[int, int, bytes]] = []  # physical address, p_memsz, the bytes in the file
+        for seg in loads:
+            lo_seg, hi_seg = seg["p_paddr"], seg["p_paddr"] + seg["p_filesz"]
+            pos = lo_seg
+            for lo, hi in runs[bisect.bisect_right(run_ends, lo_seg):]:
+                a, b = max(lo * page_size, lo_seg), min(hi * page_size, hi_seg)
+                if a >= hi_seg:
+                    break
+                if a > pos:
+                    chunks.append((pos, a - pos, b""))
+                f.seek(seg["p_offset"] + a - lo_seg)
+                chunks.append((a, b - a, f.read(b - a)))
+                pos = b
+            if pos < lo_seg + seg["p_memsz"]:
+                chunks.append((pos, lo_seg + seg["p_memsz"] - pos, b""))
         header = Container(**elf.header)
     ehsize, phsize = structs.Elf_Ehdr.sizeof(), structs.Elf_Phdr.sizeof()
     phnum = 1 + len(chunks)
     if phnum >= 0xFFFF:
-        raise VmcoreToolError(f"{len(chunks)} page runs need PN_XNUM program headers")
+        raise VmcoreToolError(f"{len(chunks)} page runs and gaps need PN_XNUM program headers")
     header.update(e_phoff=ehsize, e_ehsize=ehsize, e_phnum=phnum, e_phentsize=phsize,
                   e_shoff=0, e_shnum=0, e_shstrndx=0, e_shentsize=0)
     offset = ehsize + phnum * phsize
     phdrs = [structs.Elf_Phdr.build(Container(p_type="PT_NOTE", p_flags=0, p_offset=offset, p_vaddr=0,
                                               p_paddr=0, p_filesz=len(notes), p_memsz=len(notes), p_align=0))]
     offset += len(notes)
-    for paddr, data in chunks:
+    for paddr, memsz, data in chunks:
         phdrs.append(structs.Elf_Phdr.build(Container(p_type="PT_LOAD", p_flags=7, p_offset=offset,
                                                       p_vaddr=paddr, p_paddr=paddr, p_filesz=len(data),
-                                                      p_memsz=len(data), p_align=0)))
+                                                      p_memsz=memsz, p_align=0)))
         offset += len(data)
     with open(dst, "wb") as out:
         out.write(structs.Elf_Ehdr.build(header))
         out.write(b"".join(phdrs))
         out.write(notes)
-        for _, data in chunks:
+        for _, _, data in chunks:
             out.write(data)
     return dst
 
@@ -395,29 +407,12 @@ def pages_walked_by_unwind(vmcore: Path, vmlinux: Path) -> set[int]:
 def kdump_slice(elf: Path, console: Path, vmlinux: Path, slim: Path, arch: str, dest: Path) -> list[Path]:
     """Commit-sized files of a true kdump in ``dest``: the slice of ``/proc/vmcore`` (xz) holding what
     the project reads with either image, the page tables behind it (:func:`pages_walked_by_unwind`)
-    and what drgn reads; the panicking kernel's console; drgn's task oracle of the full file (xz JSON)."""
-    import lzma
-
-    dest.mkdir(parents=True, exist_ok=True)
-    stem = _stem(elf)
+    and what drgn reads; the panicking kernel's console and its ``/proc/iomem`` where the lab kept one; drgn's
+    task oracle of the full file (xz JSON)."""
     pages = pages_read_by_unwind(elf, vmlinux) | pages_read_by_unwind(elf, slim)
     pages |= pages_walked_by_unwind(elf, slim)
-    drgn_json = dest / f".{stem}.drgn-tasks.json"
-    if arch in DRGN_ARCHES:
-        pages |= pages_read_by_drgn(elf.resolve(), vmlinux, arch=arch, json_out=drgn_json)
-    sliced = dest / f"{stem}.elf"
-    slice_elf(elf, sliced, pages)
-    out = [dest / f"{stem}.elf.xz", dest / console.name]
-    with open(sliced, "rb") as f, lzma.open(out[0], "wb", preset=9) as xz:
-        shutil.copyfileobj(f, xz)
-    sliced.unlink()
-    shutil.copyfile(console, out[1])
-    if drgn_json.exists():
-        out.append(dest / f"{stem}.drgn-tasks.json.xz")
-        with lzma.open(out[-1], "wt", preset=9) as xz:
-            xz.write(drgn_json.read_text())
-        drgn_json.unlink()
-    return out
+    iomem = console.with_name(f"{_stem(elf)}.iomem.txt")
+    return write_corpus_slice(elf, pages, [console] + [iomem] * iomem.exists(), vmlinux, arch, dest)
 
 
 _PREAD = re.compile(r"pread64\((\d+), .*, (\d+), (\d+)\)\s+=\s+(\d+)$")
@@ -475,25 +470,34 @@ def corpus_slice(elf: Path, capture: Path, vmlinux: Path, arch: str, dest: Path,
     memory, so those pages are kept too, and with ``tables`` the page tables behind every page
     a replay translates (:func:`pages_walked_by_unwind`), so the translation cross-check can walk them.
     """
-    import lzma
-
-    dest.mkdir(parents=True, exist_ok=True)
-    stem = _stem(elf)
     pages = pages_read_by_unwind(elf, vmlinux)
     if slim is not None:
         pages |= pages_read_by_unwind(elf, slim)
     if tables:
         pages |= pages_walked_by_unwind(elf, slim or vmlinux)
+    return write_corpus_slice(elf, pages, [capture], vmlinux, arch, dest, modules)
+
+
+def write_corpus_slice(elf: Path, pages: set[int], beside: list[Path], vmlinux: Path, arch: str, dest: Path,
+                       modules: list[Path] = ()) -> list[Path]:
+    """Write to ``dest`` the slice of the ELF vmcore ``elf`` holding ``pages`` and what drgn reads
+    (``<stem>.elf.xz``), copies of the files ``beside`` (the capture or the console of the same stop) and
+    drgn's task oracle of the full ``elf`` (``<stem>.drgn-tasks.json.xz``, for :data:`DRGN_ARCHES`); returns them."""
+    import lzma
+
+    dest.mkdir(parents=True, exist_ok=True)
+    stem = _stem(elf)
     drgn_json = dest / f".{stem}.drgn-tasks.json"
     if arch in DRGN_ARCHES:
-        pages |= pages_read_by_drgn(elf.resolve(), vmlinux, modules, arch, json_out=drgn_json)
+        pages = pages | pages_read_by_drgn(elf.resolve(), vmlinux, modules, arch, json_out=drgn_json)
     sliced = dest / f"{stem}.elf"
     slice_elf(elf, sliced, pages)
-    out = [dest / f"{stem}.elf.xz", dest / capture.name]
+    out = [dest / f"{stem}.elf.xz"]
     with open(sliced, "rb") as f, lzma.open(out[0], "wb", preset=9) as xz:
         shutil.copyfileobj(f, xz)
     sliced.unlink()
-    shutil.copyfile(capture, out[1])
+    for p in beside:
+        out.append(Path(shutil.copyfile(p, dest / p.name)))
     if drgn_json.exists():
         out.append(dest / f"{stem}.drgn-tasks.json.xz")
         with lzma.open(out[-1], "wt", preset=9) as xz:

@@ -112,8 +112,8 @@ class Session:
         self._walks: dict[tuple[object, ...], _Walk] = {}
         #: per task's stacks list (by id; the list is kept alive with them): what every walk of the task reads
         self._per_task: dict[int, _PerTask] = {}
-        #: the symbol table :meth:`symbolize` last named frames over, and its texts by (pc, source value)
-        self._names: tuple[object, dict[tuple[int, str], str]] = (None, {})
+        #: the symbol table :meth:`symbolize` last named frames over, and its texts by source value, then pc
+        self._names: tuple[object, dict[str, dict[int, str]]] = (None, {})
         #: the :meth:`source_lines` made last, with the image it was made of and its modules folder
         self._lines: tuple[object, str | None, FrameLines] | None = None
 
@@ -426,13 +426,18 @@ class Session:
         if held is not target.symbols:
             held, names = self._names = (target.symbols, {})
         name = self.backend.symbolize
+        source, by_pc = None, {}
         for f in frames:
-            key = (f.pc, f.source._value_)
-            text = names.get(key)
+            if f.source is not source:  # a walk's frames mostly share one source: its texts stay at hand
+                source = f.source
+                by_pc = names.get(source._value_)
+                if by_pc is None:
+                    by_pc = names[source._value_] = {}
+            text = by_pc.get(f.pc)
             if text is None:
-                if len(names) >= _MAX_NAMES:
-                    names.clear()
-                text = names[key] = name(f, target)
+                if len(by_pc) >= _MAX_NAMES:
+                    by_pc.clear()
+                text = by_pc[f.pc] = name(f, target)
             f.symbol = text
 
     def replay_all(self, options: Options | None = None, tasks: Sequence[Task] | None = None, *,

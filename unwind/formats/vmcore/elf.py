@@ -93,6 +93,7 @@ class ElfVmcore(PhysicalMemory):
 
         self.virtual_loads = [VirtualLoad(v, p, m) for p, v, _f, m, _o in loads if m and v != p]
         self._extents = _file_extents(loads, source.size)
+        self._described = merge_ranges([(p, p + m) for p, _v, _f, m, _o in loads])
         self._starts = [e.start for e in self._extents]
         if expected > source.size or source.cut:
             self.damage = self._truncation(source, expected, cut_notes, len(headers), elf)
@@ -126,6 +127,11 @@ class ElfVmcore(PhysicalMemory):
             else:
                 out.append(PhysRange(e.start, e.end))
         return out
+
+    @property
+    def described(self) -> list[PhysRange]:
+        """The ``PT_LOAD`` ranges to their ``p_memsz``, the tails the file does not hold included."""
+        return self._described
 
     def read_phys(self, paddr: int, size: int) -> bytes:
         """``size`` bytes at physical ``paddr``: a read of more than a chunk that one file extent holds

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Hashable
 
-from unwind.core.memory import MemoryFault
+from unwind.core.memory import LeftOut, MemoryFault
 from .errors import TruncatedFault, VmcoreError
 from .notes import Note, PrStatus
 from .source import Source, SourceTruncated
@@ -118,7 +118,9 @@ class PhysicalMemory:
     - ``block_size``: the format's storage unit (a diskdump block, 4096 for ELF);
     - ``page_size``: the dumped kernel's ``PAGESIZE`` from VMCOREINFO, else ``block_size``;
     - ``virtual_loads``: ELF ``PT_LOAD`` virtual mappings (empty for diskdump);
-    - ``damage``: what a truncated or incomplete file lacks (:class:`Damage`), else ``None``.
+    - ``damage``: what a truncated or incomplete file lacks (:class:`Damage`), else ``None``;
+    - ``left_out``: RAM of the dumped kernel that :attr:`described` leaves out, once the kernel's own map of
+      its RAM is read (a read there raises :class:`~unwind.core.memory.LeftOut`).
     """
 
     format: str
@@ -127,6 +129,7 @@ class PhysicalMemory:
     block_size: int
     virtual_loads: list[VirtualLoad]
     damage: Damage | None = None
+    left_out: tuple[PhysRange, ...] = ()
 
     def __init__(self, path: str, source: Source, notes: list[Note], prstatus: list[PrStatus],
                  vmcoreinfo: str | None, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
@@ -151,6 +154,11 @@ class PhysicalMemory:
         """The physical RAM ranges the dump describes, sorted and merged."""
         raise NotImplementedError
 
+    @property
+    def described(self) -> list[PhysRange]:
+        """The physical ranges the dump's headers describe, whether or not the file holds their bytes."""
+        return self.ranges
+
     def _locate(self, paddr: int, addr: int, size: int) -> tuple[Hashable, int]:
         """The cache key and start address of the chunk holding ``paddr``; faults name ``addr``/``size``."""
         raise NotImplementedError
@@ -160,7 +168,12 @@ class PhysicalMemory:
         raise NotImplementedError
 
     def _chunk(self, paddr: int, addr: int, size: int) -> Chunk:
-        key, start = self._locate(paddr, addr, size)
+        try:
+            key, start = self._locate(paddr, addr, size)
+        except MemoryFault as e:
+            if type(e) is MemoryFault and any(r.start <= paddr < r.end for r in self.left_out):
+                raise LeftOut(addr, size) from None
+            raise
         chunk = self._cache.get(key)
         if chunk is not None:
             self._cache.move_to_end(key)

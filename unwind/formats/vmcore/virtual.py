@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass
 from typing import Iterable, Protocol
 
-from unwind.core.memory import ExcludedPage, Memory, MemoryFault, NotMapped, Segment
+from unwind.core.memory import ExcludedPage, LeftOut, Memory, MemoryFault, NotMapped, Segment
 from .errors import TruncatedFault
 
 _U64 = struct.Struct("<Q")
@@ -74,6 +74,8 @@ def read_entry(phys: PhysReader, paddr: int, vaddr: int, what: str) -> int:
         return _U64.unpack(phys.read_phys(paddr, 8))[0]
     except TruncatedFault:  # the table is past the end of a cut file: whether it maps vaddr is unknown
         raise TruncatedFault(vaddr, 1) from None
+    except LeftOut:  # the table is in RAM the dump's headers leave out: likewise
+        raise LeftOut(vaddr, 1) from None
     except MemoryFault:
         raise NotMapped(vaddr, 1, f"the {what} entry at physical {paddr:#x} is not in the dump") from None
 
@@ -112,8 +114,12 @@ class VirtualMemory:
             raise NotMapped(addr, size, e.reason) from None
         except TruncatedFault:
             raise TruncatedFault(addr, size) from None
+        except LeftOut:
+            raise LeftOut(addr, size) from None
         try:
             return self.phys.read_phys(paddr, size)
+        except LeftOut:
+            raise LeftOut(addr, size) from None
         except ExcludedPage:
             raise ExcludedPage(addr, size) from None
         except TruncatedFault:
