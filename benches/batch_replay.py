@@ -29,9 +29,9 @@ image and shared by both paths: the warm figures come from sessions whose images
 already; each fresh figure opens the dumps again (an image still open is reused, as in one process).
 
 drgn (``--drgn-python``) walks the committed vmcores (``corpora/<arch>/<release>/vmcore/*.elf.xz``, or the
-lab's full vmcore of the same stop where it is at hand) with the committed slim image as its kernel file
-(``benchkit.DRGN_CHILD`` mode ``equal``: ORC on x86-64, frame pointers on arm64, nothing looked up in DWARF
-per frame); the tasks are those ``benchkit.peer_keys`` picks; ours walks the same tasks of the same vmcore
+lab's full vmcore of the same stop where it is at hand) with the committed slim image as its kernel file,
+from a ``struct pt_regs`` of each task's registers (``benchkit.DRGN_CHILD`` mode ``regs``, its bare unwinder: ORC
+on x86-64, frame pointers on arm64, no type lookups, nothing looked up in DWARF per frame); the tasks are those ``benchkit.peer_keys`` picks; ours walks the same tasks of the same vmcore
 with the same slim image, scalar and batch (**batch**: in lockstep, ``lockstep=True``, as one vmcore has
 fewer tasks than ``unwind.session.batch.MIN_TASKS``; **batch + read**: ``replay_all`` as called, so task by task).
 drgn's rate is its kernel frames per CPU second over the tasks it walks no user frame of (it walks on into
@@ -51,7 +51,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import DRGN_CHILD, IMPORT_ROOT, REPO, peer_cores, peer_keys, run_child  # noqa: E402
+from benchkit import DRGN_CHILD, IMPORT_ROOT, REPO, drgn_args, peer_cores, peer_keys, run_child  # noqa: E402
 
 ROOT = REPO
 
@@ -153,7 +153,8 @@ def main() -> int:
     p.add_argument("--arch", action="append", choices=ARCHES, help="repeat for several (default: all)")
     p.add_argument("--corpora", type=Path, default=ROOT / "corpora", help="corpora/<arch>/ of each arch")
     p.add_argument("--drgn-python", help="a python with drgn installed: adds the drgn peer")
-    p.add_argument("--vmlinux-dir", type=Path, default=Path.home() / ".cache/unwind/kernels",
+    p.add_argument("--vmlinux-dir", type=Path, default=Path(os.environ.get("UNWIND_CACHE", Path.home() / ".cache/unwind"))
+                   / "kernels",
                    help="<release>/vmlinux debug images for drgn (default: the lab's fetched kernels)")
     p.add_argument("--vmcores", type=Path, default=Path(os.environ.get("UNWIND_VMCORES", "/work/lab-out/vmcores")),
                    help="the lab's full vmcores, DIR/<arch>/<stop>.elf, read instead of the committed slices")
@@ -171,8 +172,7 @@ def main() -> int:
                 ours.setdefault(arch, []).append(run_child(sys.executable, OURS, str(ROOT), arch,
                                                            str(a.corpora / arch), str(a.passes)))
                 for pc in (pc for pc in cores.get(arch, []) if pc in keys):
-                    d = run_child(a.drgn_python, DRGN_CHILD, "equal", str(pc.core), str(pc.vmlinux),
-                                  str(pc.drgn_image), str(a.passes), keys[pc])
+                    d = run_child(a.drgn_python, DRGN_CHILD, *drgn_args("regs", pc, a.passes, keys[pc]))
                     for k in ("keys", "pcs", "names", "user"):
                         d.pop(k)
                     peer.setdefault((arch, "drgn"), []).append(d)
@@ -197,8 +197,8 @@ def main() -> int:
               f"{_rate(runs, 'per_dump_read', 'frames'):.3f} | "
               f"{fresh / fresh_scalar:.1f} | {warm / scalar:.1f} |")
     if peer:
-        print("\nEqual inputs: the committed vmcores, the tasks drgn walks (drgn with the slim image: ORC on x86-64, "
-              "frame pointers on arm64; its rate over the kernel-only tasks); M frames per CPU second, warm\n")
+        print("\ndrgn's bare unwinder: the committed vmcores, the tasks drgn walks (drgn from pt_regs with the slim image: "
+              "ORC on x86-64, frame pointers on arm64; its rate over the kernel-only tasks); M frames per CPU second, warm\n")
         print("| arch | tasks (batched) | frames ours / drgn | drgn | scalar | batch | batch + read | batch / drgn "
               "| batch + read / drgn |")
         print("|---" * 9 + "|")

@@ -660,24 +660,34 @@ def walk_sets(walk, items, pcs, kernel_only, passes):
 #: drgn's ``stack_trace`` of the tasks of a vmcore, warm; run with a Python that has drgn.
 #:
 #: ``argv``: MODE VMCORE VMLINUX IMAGE PASSES WANT. The task list comes from a program with the full debug
-#: ``VMLINUX`` (drgn finds tasks through DWARF types). MODE ``dwarf`` walks with that program: DWARF CFI
-#: (drgn's default), and every frame's inline scopes looked up in ``.debug_info``. MODE ``equal`` walks
-#: with a second program whose only file is ``IMAGE``, the slim image (ELF symbols, ORC on x86-64, no CFI
-#: and no DWARF: :func:`drgn_image`), so drgn unwinds by ORC on x86-64 and by frame pointers on arm64, and
-#: looks nothing up per frame; the few struct layouts ``stack_trace`` reads of a task (``thread``,
-#: ``on_cpu``, ``thread_info.cpu``, ``inactive_task_frame``) are copied into it from the first program by
-#: a type finder. WANT is a JSON list of ``[pid, cpu or null, kernel_only]`` (empty: every task drgn walks).
+#: ``VMLINUX`` (drgn finds tasks through DWARF types); IMAGE is the file MODE walks with (:func:`drgn_args`).
+#: The modes, the drgn configurations of the peer table (:data:`DRGN_MODES`):
 #:
-#: Everything before the timed passes is set-up: both programs, the task list, one untimed walk of every
-#: task (drgn parses its ORC and finds each pc's module on first use). A pass is every task's
-#: ``stack_trace`` with each frame's ``pc`` read; drgn's inline frames are not counted.
+#: - ``regs``, drgn's bare unwinder: a second program whose only kernel file is the slim image (ELF symbols,
+#:   ORC on x86-64, no CFI and no DWARF: :func:`drgn_image`) walks ``stack_trace`` of a ``struct pt_regs``
+#:   value built from the registers drgn itself starts each task with (frame 0 of the first program's trace);
+#:   the ``pt_regs`` type is made with ``struct_type`` (its size, no members): no type lookups at all. Per
+#:   frame: ORC on x86-64, the frame record on arm64; nothing looked up in DWARF.
+#: - ``types``: a second program with the debug vmlinux whose CFI sections are hidden (:func:`hide_cfi`)
+#:   walks the task itself: its layouts come from ``.debug_info`` in drgn's C, and it unwinds as ``regs``
+#:   does (ORC on x86-64, frame pointers on arm64), plus, on every frame, the inline scopes of its pc
+#:   looked up in ``.debug_info`` (drgn does that for each frame of a module with DWARF).
+#: - ``orc``: the first program, as a user runs it, with ``DRGN_PREFER_ORC_UNWINDER=1`` (x86-64 only; arm64
+#:   has no ORC): ORC, and every frame's inline scopes.
+#: - ``dwarf``: the first program, drgn's default: DWARF CFI from ``.debug_frame``, and every frame's inline
+#:   scopes.
+#:
+#: WANT is a JSON list of ``[pid, cpu or null, kernel_only]`` (empty: every task drgn walks). Everything
+#: before the timed passes is set-up: both programs, the task list, the ``pt_regs`` values, one untimed
+#: walk of every task (drgn parses its ORC and finds each pc's module on first use). A pass is every
+#: task's ``stack_trace`` with each frame's ``pc`` read; drgn's inline frames are not counted.
 DRGN_CHILD = TIMED + KERNEL_FRAMES + WALK_SETS + r"""
-import json, os, sys
+import json, os, struct, sys
 mode, core, vmlinux, image, passes, want = sys.argv[1:7]
-if mode == "equal":
-    os.environ["DRGN_PREFER_ORC_UNWINDER"] = "1"  # ORC wherever there is ORC (the image has no CFI anyway)
+if mode != "dwarf":
+    os.environ["DRGN_PREFER_ORC_UNWINDER"] = "1"  # ORC wherever there is ORC (regs and types have no CFI anyway)
 import drgn
-from drgn import Object, TypeKind, TypeMember
+from drgn import Object
 from drgn.helpers.linux.pid import for_each_task
 from drgn.helpers.linux.sched import task_cpu
 c0 = time.process_time()
@@ -690,41 +700,28 @@ def program(path):
         pass  # modules without debug info (qemu_fw_cfg): the kernel's own file was loaded
     return prog
 full = program(vmlinux)
-prog = full
-if mode == "equal":
-    prog = program(image)
-    def mirror(t, keep):
-        # t, a type of the full program, as a type of prog; of a struct only the members in keep (None: all)
-        while t.kind == TypeKind.TYPEDEF:
-            t = t.type
-        if t.kind == TypeKind.INT:
-            return prog.int_type(t.name, t.size, t.is_signed)
-        if t.kind == TypeKind.BOOL:
-            return prog.bool_type(t.name, t.size)
-        if t.kind in (TypeKind.POINTER, TypeKind.ENUM):
-            return prog.int_type("unsigned long" if t.kind == TypeKind.POINTER else "int", t.size, False)
-        if t.kind == TypeKind.ARRAY:
-            return prog.array_type(mirror(t.type, None), t.length)
-        members = [TypeMember(mirror(m.type, None if keep is None else keep[m.name]), m.name, m.bit_offset)
-                   for m in t.members if keep is None or m.name in keep]
-        make = prog.union_type if t.kind == TypeKind.UNION else prog.struct_type
-        return make(t.tag, t.size, members)
-    def mirrored(tag, keep):
-        t = full.type("struct " + tag)
-        if keep is not None:  # the members this kernel has (task->cpu or thread_info.cpu, ...)
-            keep = {m.name: keep[m.name] for m in t.members if m.name in keep}
-        return mirror(t, keep)
-    thread = {"sp": None} if full.platform.arch == drgn.Architecture.X86_64 else {"cpu_context": None}
-    layouts = {"task_struct": mirrored("task_struct", {"thread": thread, "on_cpu": None, "cpu": None,
-                                                       "thread_info": {"cpu": None}, "stack": None})}
-    for tag in ("inactive_task_frame", "thread_info"):
-        try:
-            layouts[tag] = mirrored(tag, None)
-        except LookupError:
-            pass
-    prog.register_type_finder("peer-layouts", lambda p, kinds, name, filename:
-                              layouts.get(name) if TypeKind.STRUCT in kinds else None, enable_index=0)
-    task_ptr = prog.pointer_type(layouts["task_struct"])
+prog = program(image) if mode in ("regs", "types") else full
+x86 = full.platform.arch == drgn.Architecture.X86_64
+if mode == "regs":
+    # struct pt_regs member -> drgn's register name; the offsets are the debug vmlinux's
+    fields = ({m: "r" + m for m in ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp", "ip")}
+              | {f"r{i}": f"r{i}" for i in range(8, 16)}) if x86 else {"sp": "sp", "pc": "pc"}
+    pt = full.type("struct pt_regs")
+    offsets = {name: drgn.offsetof(pt, m) for m, name in fields.items()}
+    if not x86:
+        offsets |= {f"x{i}": 8 * i for i in range(31)}  # regs[31] at the start of the arm64 pt_regs
+    pt_regs = prog.struct_type("pt_regs", pt.size, ())
+    def regs_object(frame):
+        # frame 0's registers, and its pc (arm64 lists no pc register of a blocked task's frame)
+        regs = {**frame.registers(), ("rip" if x86 else "pc"): frame.pc}
+        buf = bytearray(pt.size)
+        for name, value in regs.items():
+            name = {"fp": "x29", "lr": "x30"}.get(name, name)
+            if name in offsets:
+                struct.pack_into("<Q", buf, offsets[name], value)
+        return Object.from_bytes_(prog, pt_regs, bytes(buf))
+elif mode == "types":
+    task_ptr = prog.type("struct task_struct *")
 wanted = {(k[0], k[1]): k[2] for k in json.loads(want)} if want else None
 tasks, keys, failed = [], [], 0
 for t in for_each_task(full):
@@ -732,8 +729,13 @@ for t in for_each_task(full):
     key = (t.pid.value_(), task_cpu(t) if on_cpu else None)
     if wanted is not None and key not in wanted:
         continue
-    obj = t if mode == "dwarf" else Object(prog, task_ptr, t.value_())
     try:
+        if mode == "regs":
+            obj = regs_object(full.stack_trace(t)[0])
+        elif mode == "types":
+            obj = Object(prog, task_ptr, t.value_())
+        else:
+            obj = t
         [f.pc for f in prog.stack_trace(obj)]
     except Exception:
         failed += 1  # drgn cannot walk it: left out of every side
@@ -763,9 +765,24 @@ out.update({"mode": mode, "user_frames": sum(user), "failed": failed, "set_up": 
 print(json.dumps(out))
 """
 
-#: ``Session.replay(task, Options(), symbolize=False)`` of the tasks of a vmcore drgn walked, warm.
+#: the drgn configurations of the peer table, in the order a round runs them (``regs`` first: the bare unwinder)
+DRGN_MODES = ("regs", "types", "orc", "dwarf")
+
+
+def drgn_modes(arch: str) -> tuple[str, ...]:
+    """The :data:`DRGN_MODES` of ``arch``: arm64 has no ORC, so ``orc`` would be ``dwarf`` again."""
+    return DRGN_MODES if arch == "x86_64" else tuple(m for m in DRGN_MODES if m != "orc")
+
+
+def drgn_args(mode: str, pc: PeerCore, passes: int, keys: str) -> tuple[str, ...]:
+    """The ``argv`` of :data:`DRGN_CHILD` in ``mode`` on the peer vmcore ``pc``."""
+    image = {"regs": pc.drgn_image, "types": pc.nocfi}.get(mode, pc.vmlinux)
+    return (mode, str(pc.core), str(pc.vmlinux), str(image), str(passes), keys)
+#: ``Session.replay(task, Options(), symbolize=False)`` of the tasks of a vmcore drgn walked, fresh and warm.
 #:
 #: ``argv``: ROOT ARCH VMCORE IMAGE PASSES WANT (as in :data:`DRGN_CHILD`); frames counted as there.
+#: ``k_fresh``: the first pass over the kernel-only tasks in the Session just loaded (what a first replay
+#: pays on top of the warm walk: the image's call-site verdicts, caches filled); then the warm passes.
 OURS_PEER_CHILD = IMPORT_ROOT + TIMED + KERNEL_FRAMES + WALK_SETS + r"""
 import json
 from unwind.session.replay import Options, Session
@@ -774,6 +791,11 @@ wanted = {(k[0], k[1]): (i, k[2]) for i, k in enumerate(json.loads(sys.argv[6]))
 def key(t):
     return (t.pid, t.cpu if t.running else None)
 todo = sorted((t for t in s.select(every=True) if key(t) in wanted), key=lambda t: wanted[key(t)][0])
+c, w = time.process_time(), time.perf_counter()
+for t in todo:
+    if wanted[key(t)][1]:
+        s.replay(t, Options(), symbolize=False)
+k_fresh, k_fresh_wall = time.process_time() - c, time.perf_counter() - w
 pcs, names = [], {}
 for t in todo:
     frames = s.replay(t, Options()).frames
@@ -783,7 +805,8 @@ def walk(items):
     for t in items:
         s.replay(t, Options(), symbolize=False)
 out = walk_sets(walk, todo, pcs, [wanted[key(t)][1] for t in todo], int(sys.argv[5]))
-out.update({"keys": [key(t) for t in todo], "pcs": pcs, "names": names})
+out.update({"keys": [key(t) for t in todo], "pcs": pcs, "names": names, "k_fresh": k_fresh,
+            "k_fresh_wall": k_fresh_wall})
 print(json.dumps(out))
 """
 
@@ -849,9 +872,43 @@ def drgn_image(slim: Path, out: Path) -> Path | None:
     return out
 
 
+#: the sections drgn reads CFI from, and same-length names it does not look for
+CFI_SECTIONS = {b".debug_frame": b".nocfi_frame", b".eh_frame": b".no_frame"}
+
+
+def hide_cfi(vmlinux: Path, out: Path) -> Path | None:
+    """A copy of the debug ``vmlinux`` whose CFI sections drgn does not find: ``.debug_frame`` and
+    ``.eh_frame`` (``.eh_frame_hdr`` with it) renamed in place in the section-name table, everything else
+    (``.debug_info``, the ORC tables, the symbols) as it was. ``None`` (said on stderr) when the copy has no
+    section-name table to patch."""
+    from elftools.elf.elffile import ELFFile
+
+    if out.exists():
+        return out
+    with open(vmlinux, "rb") as f:
+        elf = ELFFile(f)
+        names = elf.get_section(elf.header["e_shstrndx"])
+        start, size = names["sh_offset"], names["sh_size"]
+    if not size:
+        print(f"{vmlinux} has no section names: the drgn types row is not measured", file=sys.stderr)
+        return None
+    part = out.with_suffix(".part")
+    shutil.copyfile(vmlinux, part)
+    with open(part, "r+b") as f:
+        f.seek(start)
+        table = f.read(size)
+        for name, hidden in CFI_SECTIONS.items():
+            table = table.replace(name, hidden)
+        f.seek(start)
+        f.write(table)
+    part.replace(out)
+    return out
+
+
 @dataclass(frozen=True)
 class PeerCore:
-    """One vmcore both sides read: ours with the slim image, drgn with ``drgn_image`` or the debug ``vmlinux``."""
+    """One vmcore both sides read: ours with the slim image; drgn with ``drgn_image`` (mode ``regs``), the
+    debug vmlinux with its CFI hidden (``nocfi``, mode ``types``) or the debug ``vmlinux`` itself."""
 
     arch: str
     name: str
@@ -859,6 +916,7 @@ class PeerCore:
     slim: Path
     vmlinux: Path
     drgn_image: Path
+    nocfi: Path
 
 
 def peer_cores(tmp: Path, arches: Iterable[str], vmlinux_dir: Path, vmcores: Path | None = None,
@@ -883,35 +941,36 @@ def peer_cores(tmp: Path, arches: Iterable[str], vmlinux_dir: Path, vmcores: Pat
             if build_id(slim) != build_id(vmlinux):
                 continue
             image = drgn_image(slim, tmp / f"{release.name}.drgn-image")
-            if image is None:
+            nocfi = hide_cfi(vmlinux, tmp / f"{release.name}.nocfi")
+            if image is None or nocfi is None:
                 continue
             stop = xz.name[:-len(".xz")]
             whole = vmcores / arch / stop if vmcores else None
             core = whole if whole is not None and whole.exists() else unxz(xz, tmp / f"{release.name}-{stop}")
-            found.setdefault(arch, []).append(PeerCore(arch, f"{release.name}/{stop}", core, slim, vmlinux, image))
+            found.setdefault(arch, []).append(PeerCore(arch, f"{release.name}/{stop}", core, slim, vmlinux, image,
+                                                          nocfi))
     return found
 
 
 def peer_keys(drgn_python: str, pc: PeerCore) -> tuple[list[list[Any]], dict[str, int]] | None:
-    """The tasks every side walks, as ``[pid, cpu or None, kernel_only]``: those drgn walks in both modes
-    with at most :data:`DRGN_MAX_FRAMES` kernel frames (drgn's DWARF unwinder loops on some arm64 stacks);
-    ``kernel_only`` when neither mode walked on into user frames. Also how many were left out, and why;
-    ``None`` (said on stderr) when drgn cannot list the vmcore's tasks (a kdump slice)."""
+    """The tasks every side walks, as ``[pid, cpu or None, kernel_only]``: those drgn walks in every mode of
+    :func:`drgn_modes` with at most :data:`DRGN_MAX_FRAMES` kernel frames (drgn's DWARF unwinder loops on
+    some arm64 stacks); ``kernel_only`` when no mode walked on into user frames. Also how many were left
+    out, and why; ``None`` (said on stderr) when drgn cannot list the vmcore's tasks (a kdump slice)."""
     runs = []
-    for mode in ("equal", "dwarf"):
+    for mode in drgn_modes(pc.arch):
         try:
-            runs.append(run_child(drgn_python, DRGN_CHILD, mode, str(pc.core), str(pc.vmlinux), str(pc.drgn_image),
-                                  "0", ""))
+            runs.append(run_child(drgn_python, DRGN_CHILD, *drgn_args(mode, pc, 0, "")))
         except SystemExit as e:
             print(f"drgn left out {pc.name}: {str(e).strip().splitlines()[-1]}", file=sys.stderr)
             return None
     seen = [{tuple(k): (len(p), u) for k, p, u in zip(r["keys"], r["pcs"], r["user"])} for r in runs]
-    both = [k for k in seen[0] if k in seen[1]]
-    keys = [[*k, not (seen[0][k][1] or seen[1][k][1])] for k in both
-            if max(seen[0][k][0], seen[1][k][0]) <= DRGN_MAX_FRAMES]
-    return keys, {"drgn failed": runs[0]["failed"] + runs[1]["failed"],
-                  "walked by one drgn mode only": len(seen[0]) + len(seen[1]) - 2 * len(both),
-                  f"drgn past {DRGN_MAX_FRAMES} kernel frames": len(both) - len(keys)}
+    every = [k for k in seen[0] if all(k in s for s in seen[1:])]
+    keys = [[*k, not any(s[k][1] for s in seen)] for k in every
+            if max(s[k][0] for s in seen) <= DRGN_MAX_FRAMES]
+    return keys, {"drgn failed": sum(r["failed"] for r in runs),
+                  "walked by some drgn modes only": len(set().union(*seen)) - len(every),
+                  f"drgn past {DRGN_MAX_FRAMES} kernel frames": len(every) - len(keys)}
 
 
 def same_pcs(a: dict[str, Any], b: dict[str, Any]) -> tuple[int, int, list[tuple[Any, list[int], list[int]]]]:

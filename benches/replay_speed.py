@@ -1,7 +1,7 @@
 """Single-task replay speed: ``Session.replay(task, Options(), symbolize=False)`` per frame, in CPU time.
 
 Compares this checkout with another one (``--base``, e.g. a ``git worktree`` of main) on the same
-committed corpora, and with drgn on equal inputs (``--drgn-python``). Every measurement runs in a fresh
+committed corpora, and with drgn's bare unwinder (``--drgn-python``). Every measurement runs in a fresh
 child process and the children are interleaved round by round (base, new, drgn for each arch), so load
 from other processes falls on all of them alike. Figures are medians over rounds of
 ``time.process_time``, divided by the frames walked::
@@ -21,9 +21,9 @@ from other processes falls on all of them alike. Figures are medians over rounds
 
 The drgn peer walks the committed vmcores (``corpora/<arch>/<release>/vmcore/*.elf.xz``, decompressed
 to a temporary folder, or the lab's full vmcore of the same stop where it is at hand): ours opens each with
-its committed slim image, drgn takes the same slim image as its kernel file (``benchkit.DRGN_CHILD`` mode
-``equal``), so that drgn unwinds as we do: ORC on x86-64 and frame pointers on arm64, nothing looked up in
-DWARF per frame (drgn has no riscv unwinder). Both sides walk the tasks drgn walks (``benchkit.peer_keys``);
+its committed slim image, drgn takes the same slim image as its kernel file and walks from a ``struct pt_regs``
+of each task's registers (``benchkit.DRGN_CHILD`` mode ``regs``), so that drgn unwinds as we do: ORC on x86-64
+and frame pointers on arm64, no type lookups, nothing looked up in DWARF per frame (drgn has no riscv unwinder). Both sides walk the tasks drgn walks (``benchkit.peer_keys``);
 the figure is CPU µs per kernel frame over the tasks no side walked a user frame of (drgn walks on into user
 frames, in the same call).
 """
@@ -39,7 +39,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import DRGN_CHILD, IMPORT_ROOT, OURS_PEER_CHILD, peer_cores, peer_keys, run_child  # noqa: E402
+from benchkit import DRGN_CHILD, IMPORT_ROOT, OURS_PEER_CHILD, drgn_args, peer_cores, peer_keys, run_child  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHES = ("x86_64", "arm64", "riscv")
@@ -120,8 +120,7 @@ def main() -> int:
                         run_child(sys.executable, OURS, str(root), arch, str(a.corpora / arch), str(a.passes)))
                 for pc in (pc for pc in cores.get(arch, []) if pc in keys):
                     peer.setdefault((arch, "drgn"), []).append(
-                        run_child(a.drgn_python, DRGN_CHILD, "equal", str(pc.core), str(pc.vmlinux),
-                                  str(pc.drgn_image), str(a.passes), keys[pc]))
+                        run_child(a.drgn_python, DRGN_CHILD, *drgn_args("regs", pc, a.passes, keys[pc])))
                     for name, root in roots.items():
                         peer.setdefault((arch, name), []).append(
                             run_child(sys.executable, OURS_PEER_CHILD, str(root), arch, str(pc.core), str(pc.slim),

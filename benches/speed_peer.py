@@ -9,19 +9,21 @@ the figures are medians over rounds.
   committed dump of the arch (the call-site check on), on sessions just opened (**fresh**) and
   again (**warm**): the single-task targets;
 - **ours, vmcores**: the same call on the committed vmcores' tasks that drgn walks
-  (``benchkit.OURS_PEER_CHILD``, the committed slim image), warm;
-- **drgn, equal inputs**: drgn 0.3.0 ``stack_trace`` of the same tasks with the same slim image as
-  its only kernel file: ORC on x86-64, frame pointers on arm64, no DWARF (``benchkit.DRGN_CHILD``
-  mode ``equal``);
-- **drgn, DWARF**: the same tasks with the full debug vmlinux: DWARF CFI and, on every frame, the
-  inline scopes of its pc looked up in ``.debug_info`` (mode ``dwarf``, drgn as a user runs it).
+  (``benchkit.OURS_PEER_CHILD``, the committed slim image): **fresh** (the first pass in a Session
+  just loaded) and **warm**. Pure-Python build: there is no compiled build of ``unwind``;
+- **drgn**, 0.3.0 ``stack_trace`` of the same tasks, in each configuration of ``benchkit.DRGN_CHILD``
+  (``benchkit.drgn_modes``): **regs**, its bare unwinder from a ``struct pt_regs`` of the registers it
+  starts the task with, the slim image its only kernel file, no type lookups; **types**, from the task
+  with its layouts read from the debug vmlinux's DWARF in drgn's C, the CFI hidden so it unwinds as
+  regs does; **orc** (x86-64) and **dwarf**, as users run it: the debug vmlinux, ORC preferred
+  (``DRGN_PREFER_ORC_UNWINDER=1``) or drgn's default, DWARF CFI.
 
 Frames are counted alike on every side: real frames (not drgn's inline ones) before the first pc
 outside the kernel half of the address space. drgn walks on into the user frames of a task that
 entered from user space (on x86-64 through whatever the user stack holds, up to its 1,024-frame
 limit), and that time cannot be split off its ``stack_trace``; so the per-frame figures come from
 the **kernel-only** tasks (no side walked a user frame), and the per-task figures from every task.
-The tasks are those drgn walks in both modes, within 64 kernel frames (``benchkit.peer_keys``). The
+The tasks are those drgn walks in every configuration, within 64 kernel frames (``benchkit.peer_keys``). The
 kernel pcs of each side are compared task by task, and a few traces are printed beside ours.
 
 drgn has no riscv unwinder; riscv has the corpus rows only::
@@ -35,18 +37,24 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import (DRGN_CHILD, IMPORT_ROOT, OURS_PEER_CHILD, REPO, TIMED, PeerCore, peer_cores,  # noqa: E402
-                      peer_keys, run_child, same_pcs)
+from benchkit import (DRGN_CHILD, IMPORT_ROOT, OURS_PEER_CHILD, REPO, TIMED, PeerCore, drgn_args,  # noqa: E402
+                      drgn_modes, peer_cores, peer_keys, run_child, same_pcs)
 
 ARCHES = ("arm64", "x86_64", "riscv")
-#: the sides walked on each peer vmcore, in the order each round runs them
-SIDES = ("drgn equal", "drgn dwarf", "ours")
+
+
+def sides(arch: str) -> tuple[str, ...]:
+    """The sides walked on each peer vmcore of ``arch``, in the order each round runs them."""
+    return (*(f"drgn {m}" for m in drgn_modes(arch)), "ours")
+
 
 OURS_CORPUS = IMPORT_ROOT + TIMED + r"""
 import glob, json
@@ -64,7 +72,8 @@ print(json.dumps({"dumps": len(paths), "tasks": sum(len(ts) for _, ts in todo), 
 """
 
 #: the figures a peer child reports that are summed over an arch's vmcores
-SUMMED = ("tasks", "frames", "warm", "warm_wall", "k_tasks", "k_frames", "k_warm", "k_warm_wall", "user_frames")
+SUMMED = ("tasks", "frames", "warm", "warm_wall", "k_tasks", "k_frames", "k_warm", "k_warm_wall", "k_fresh",
+          "k_fresh_wall", "user_frames")
 
 
 def side_run(drgn_python: str, side: str, pc: PeerCore, passes: int, keys: str) -> dict[str, Any]:
@@ -72,14 +81,19 @@ def side_run(drgn_python: str, side: str, pc: PeerCore, passes: int, keys: str) 
     if side == "ours":
         return run_child(sys.executable, OURS_PEER_CHILD, str(REPO), pc.arch, str(pc.core), str(pc.slim),
                          str(passes), keys)
-    return run_child(drgn_python, DRGN_CHILD, side.split()[1], str(pc.core), str(pc.vmlinux), str(pc.drgn_image),
-                     str(passes), keys)
+    return run_child(drgn_python, DRGN_CHILD, *drgn_args(side.split()[1], pc, passes, keys))
 
 
 def arch_rounds(peer: dict[str, dict[str, list[dict[str, Any]]]], side: str) -> list[dict[str, float]]:
     """Per round, ``side``'s figures summed over the arch's vmcores."""
     per_core = [runs[side] for runs in peer.values()]
     return [{k: sum(r[i].get(k, 0) for r in per_core) for k in SUMMED} for i in range(min(map(len, per_core)))]
+
+
+def commit() -> str | None:
+    """The checkout's commit (short), ``+`` when it has changes; ``None`` outside git."""
+    r = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty=+"], capture_output=True, text=True)
+    return r.stdout.strip() or None
 
 
 def per(runs: list[dict[str, float]], key: str, count: str, scale: float = 1e6) -> float | None:
@@ -97,12 +111,12 @@ def validation(first: dict[str, dict[str, Any]]) -> dict[str, Any]:
     def named(pcs: list[int], names: dict[str, str]) -> list[str]:
         return [names.get(f"{p:#x}", f"{p:#x}") for p in pcs]
     out: dict[str, Any] = {}
-    for side in SIDES[:2]:
+    for side in (x for x in first if x != "ours"):
         same, compared, differ = same_pcs(ours, first[side])
         out[side] = {"same": same, "compared": compared,
                      "differ": [{"task": k, "ours": named(a, ours["names"]), "drgn": named(b, first[side]["names"])}
                                 for k, a, b in differ[:3]]}
-    drgn = first["drgn equal"]
+    drgn = first["drgn regs"]
     out["samples"] = [{"task": k, "ours": named(a, ours["names"]), "drgn": named(b, drgn["names"])}
                       for k, a, b in zip(ours["keys"][:3], ours["pcs"][:3], drgn["pcs"][:3])]
     return out
@@ -114,13 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--passes", type=int, default=3, help="warm passes per child; the fastest counts (default 3)")
     p.add_argument("--arch", action="append", choices=ARCHES, help="repeat for several (default: all)")
     p.add_argument("--drgn-python", help="a python with drgn installed: adds the drgn rows")
-    p.add_argument("--vmlinux-dir", type=Path, default=Path.home() / ".cache/unwind/kernels",
+    p.add_argument("--vmlinux-dir", type=Path, default=Path(os.environ.get("UNWIND_CACHE", Path.home() / ".cache/unwind"))
+                   / "kernels",
                    help="<release>/vmlinux debug images for drgn (default: the lab's fetched kernels)")
     p.add_argument("--vmcores", type=Path, default=Path(os.environ.get("UNWIND_VMCORES", "/work/lab-out/vmcores")),
                    help="the lab's full vmcores, DIR/<arch>/<stop>.elf, read instead of the committed slices")
     p.add_argument("--json", type=Path, help="write every child's figures here")
     a = p.parse_args(argv)
     arches = a.arch or list(ARCHES)
+    started, load = datetime.now(timezone.utc).isoformat(timespec="seconds"), os.getloadavg()[0]
     runs: dict[str, list[dict]] = {}
     peer: dict[str, dict[str, dict[str, list[dict]]]] = {}
     checks: dict[str, dict[str, Any]] = {}
@@ -142,15 +158,16 @@ def main(argv: list[str] | None = None) -> int:
                 for pc in cores.get(arch, []):
                     if pc not in keys:
                         continue
-                    sides = peer.setdefault(arch, {}).setdefault(pc.name, {})
-                    first = {side: side_run(a.drgn_python, side, pc, a.passes, keys[pc]) for side in SIDES}
+                    by_side = peer.setdefault(arch, {}).setdefault(pc.name, {})
+                    first = {side: side_run(a.drgn_python, side, pc, a.passes, keys[pc]) for side in sides(arch)}
                     if pc.name not in checks:
                         checks[pc.name] = validation(first)
                     for side, r in first.items():
                         for k in ("keys", "pcs", "names", "user"):
                             r.pop(k, None)
-                        sides.setdefault(side, []).append(r)
-    out = {"rounds": a.rounds, "passes": a.passes, "runs": runs, "peer": peer, "validation": checks,
+                        by_side.setdefault(side, []).append(r)
+    out = {"rounds": a.rounds, "passes": a.passes, "datetime": started, "commit": commit(),
+           "load": [load, os.getloadavg()[0]], "runs": runs, "peer": peer, "validation": checks,
            "left_out": left_out, "vmcores": {pc.name: str(pc.core) for cs in cores.values() for pc in cs}}
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
@@ -162,22 +179,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {arch} | {c[0]['tasks']} / {c[0]['frames']} | {per(c, 'fresh', 'frames'):.2f} / "
               f"{per(c, 'fresh_wall', 'frames'):.2f} | {per(c, 'warm', 'frames'):.2f} / {per(c, 'warm_wall', 'frames'):.2f} |")
     if peer:
-        print("\nPeer vmcores: per kernel frame over the kernel-only tasks, per task over every task; CPU µs\n")
-        print("| arch | tasks (kernel-only) | kernel frames ours / drgn | drgn user frames | ours /frame | "
-              "drgn equal /frame | drgn DWARF /frame | ours /task | drgn equal /task | drgn DWARF /task |")
-        print("|---" * 10 + "|")
+        print("\nPeer vmcores: CPU µs per kernel frame over the kernel-only tasks (ratio: ÷ ours warm)\n")
         for arch, by_core in peer.items():
-            o, e, d = (arch_rounds(by_core, side) for side in ("ours", "drgn equal", "drgn dwarf"))
-            cells = [f"{o[0]['tasks']} ({o[0]['k_tasks']})", f"{o[0]['k_frames']} / {e[0]['k_frames']}",
-                     f"{e[0]['user_frames']}"]
-            cells += [f"{per(x, 'k_warm', 'k_frames') or 0:.2f}" for x in (o, e, d)]
-            cells += [f"{per(x, 'warm', 'tasks') or 0:.1f}" for x in (o, e, d)]
-            print(f"| {arch} | " + " | ".join(cells) + " |")
+            o = arch_rounds(by_core, "ours")
+            print(f"{arch}: {o[0]['k_tasks']} kernel-only tasks of {o[0]['tasks']}, {o[0]['k_frames']} kernel frames")
+            warm = per(o, "k_warm", "k_frames")
+            print(f"  ours warm {warm or 0:.2f}, ours fresh {per(o, 'k_fresh', 'k_frames') or 0:.2f}")
+            for side in sides(arch)[:-1]:
+                d = arch_rounds(by_core, side)
+                us = per(d, "k_warm", "k_frames")
+                print(f"  {side}: {us or 0:.2f} ({(us or 0) / (warm or 1):.2f}×), frames {d[0]['k_frames']}")
         for name, check in checks.items():
-            print(f"\n{name}: same kernel pcs as drgn equal on {check['drgn equal']['same']} of "
-                  f"{check['drgn equal']['compared']} tasks, as drgn DWARF on {check['drgn dwarf']['same']} of "
-                  f"{check['drgn dwarf']['compared']}")
-            for s in check["samples"][:2] + check["drgn equal"]["differ"][:1]:
+            print(f"\n{name}: same kernel pcs as ours: " + ", ".join(
+                f"{side} {c['same']} of {c['compared']}" for side, c in check.items() if side != "samples"))
+            for s in check["samples"][:2] + check["drgn regs"]["differ"][:1]:
                 print(f"  task {s['task']}:")
                 for i in range(max(len(s["ours"]), len(s["drgn"]))):
                     ours = s["ours"][i] if i < len(s["ours"]) else ""

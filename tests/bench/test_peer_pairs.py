@@ -33,3 +33,28 @@ def test_pair_is_vmcore_beside_dump_with_its_vmlinux(monkeypatch: pytest.MonkeyP
     assert not isinstance(pairs, benchkit.Missing)
     assert [(p.arch, p.dump.name, p.vmcore.name, p.vmlinux.name, p.image.name) for p in pairs] == [
         ("arm64", "stop.bin", "stop.vmcore", "stop.vmlinux", "stop.vmlinux")]
+
+
+def test_hide_cfi_renames_only_the_cfi_sections(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    from elftools.elf.elffile import ELFFile
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is missing: the test ELF is built with it")
+    (tmp_path / "f.c").write_text("int g(int x) { return x + 1; }\nint f(int x) { return g(x) * 2; }\n")
+    obj = tmp_path / "f.o"
+    subprocess.run(["gcc", "-g", "-c", "-fasynchronous-unwind-tables", str(tmp_path / "f.c"), "-o", str(obj)],
+                   check=True)
+
+    def sections(path: Path) -> dict[str, bytes]:
+        with open(path, "rb") as f:
+            return {s.name: s.data() for s in ELFFile(f).iter_sections() if s["sh_type"] != "SHT_NOBITS"}
+    before = sections(obj)
+    assert ".eh_frame" in before  # the compiler wrote CFI for drgn to find
+    after = sections(benchkit.hide_cfi(obj, tmp_path / "f.nocfi"))
+    renamed = {name.replace(".eh_frame", ".no_frame").replace(".debug_frame", ".nocfi_frame"): data
+               for name, data in before.items() if name != ".shstrtab"}
+    assert {n: d for n, d in after.items() if n != ".shstrtab"} == renamed
+    assert not [n for n in after if n.endswith((".eh_frame", ".debug_frame"))]

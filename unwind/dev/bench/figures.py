@@ -197,7 +197,7 @@ class Goal:
     measured: str
     ratio: str
     verdict: str
-    #: the same figure against drgn on equal inputs
+    #: the same figure against drgn's bare unwinder (from ``pt_regs``, same tasks, same run)
     drgn: str = ""
 
 

@@ -1,4 +1,4 @@
-"""Speed against drgn on equal inputs: the figures, targets and report lines of the JSON that
+"""Speed against drgn: the figures, targets and report lines of the JSON that
 ``benches/speed_peer.py``, ``batch_replay.py``, ``startup.py`` and ``profile_replay.py`` write."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from .results import ARCH_ORDER, fmt_num, fmt_rate, md_table
 
 #: the speed scripts ``unwind bench --speed`` runs beside the suite, and the JSON each writes into the report folder
 SPEED_SCRIPTS = (("speed_peer.py", "speed_peer.json"), ("batch_replay.py", "batch_replay.json"),
-                 ("startup.py", "startup.json"), ("profile_replay.py", "profile.json"))
+                 ("startup.py", "startup.json"), ("profile_replay.py", "profile.json"),
+                 ("triage_throughput.py", "triage.json"))
 #: single-task replay, warm, through the public API, call-site check on (µs per frame, CPU)
 TARGET_WARM_US = 2.0
 #: what a fresh Session may add per frame (µs)
@@ -25,9 +26,29 @@ TARGET_STARTUP_MS = 200.0
 
 
 #: the figures of a peer child (benchkit.DRGN_CHILD, OURS_PEER_CHILD) summed over an arch's vmcores
-_PEER_SUMMED = ("tasks", "frames", "warm", "warm_wall", "k_tasks", "k_frames", "k_warm", "k_warm_wall", "user_frames")
-#: the sides of speed_peer.py on a peer vmcore
-_PEER_SIDES = ("ours", "drgn equal", "drgn dwarf")
+_PEER_SUMMED = ("tasks", "frames", "warm", "warm_wall", "k_tasks", "k_frames", "k_warm", "k_warm_wall", "k_fresh",
+                "k_fresh_wall", "user_frames")
+#: the sides of speed_peer.py on a peer vmcore (``drgn orc`` on x86-64 only)
+_PEER_SIDES = ("ours", "drgn regs", "drgn types", "drgn orc", "drgn dwarf")
+#: the drgn configurations of the peer table: side, name, what it does per frame
+DRGN_CONFIGS = (
+    ("drgn regs", "drgn from `pt_regs` (its bare unwinder)",
+     "`prog.stack_trace(pt_regs)`: a `struct pt_regs` value of the registers drgn starts the task with, "
+     "the type made with `struct_type` (no type lookups), the slim image its only kernel file (ELF symbols, "
+     "ORC, no CFI, no DWARF). Per frame: finds the pc's module, then one ORC lookup (x86-64) or the frame "
+     "record at fp (arm64); nothing looked up in DWARF"),
+    ("drgn types", "drgn from the task, types from DWARF in C",
+     "`prog.stack_trace(task)` with the debug vmlinux, its CFI sections hidden: the task's layouts are read "
+     "from `.debug_info` by drgn's C (no Python type finder), and it unwinds as from `pt_regs` (ORC on "
+     "x86-64, frame pointers on arm64). Per frame: that unwind step, plus the inline scopes of the pc looked "
+     "up in `.debug_info` (drgn does it for every frame of a module with DWARF)"),
+    ("drgn orc", "drgn as users run it, ORC preferred",
+     "`prog.stack_trace(task)` with the debug vmlinux and `DRGN_PREFER_ORC_UNWINDER=1`. Per frame: one ORC "
+     "lookup and the pc's inline scopes in `.debug_info`. x86-64 only: arm64 has no ORC"),
+    ("drgn dwarf", "drgn as users run it, DWARF CFI",
+     "`prog.stack_trace(task)` with the debug vmlinux, drgn's default. Per frame: the pc's CFI row from "
+     "`.debug_frame`, evaluated, and its inline scopes in `.debug_info`"),
+)
 
 
 def _median(values: Iterable[float]) -> float:
@@ -98,10 +119,10 @@ def _single_goals(arch: str, corpus: list[dict[str, Any]], p: PeerArch | None) -
     goal = f"≤ {fmt_num(TARGET_WARM_US)} µs/frame (CPU), Session.replay, call-site check on"
     if warm is None:
         return [Goal(name, goal, "not measured", "–", "not measured: speed_peer.json has no corpus run")]
-    if p is not None and p.frame("drgn equal"):
-        ours, drgn = p.frame("ours"), p.frame("drgn equal")
-        vs = (f"{_times(ours, drgn)} drgn's time per frame (same {p.first('ours', 'k_tasks')} tasks: ours "
-              f"{fmt_num(ours or 0)}, drgn {fmt_num(drgn or 0)} µs)")
+    if p is not None and p.frame("drgn regs"):
+        ours, drgn = p.frame("ours"), p.frame("drgn regs")
+        vs = (f"{_times(ours, drgn)} drgn's time per frame from `pt_regs` (same {p.first('ours', 'k_tasks')} "
+              f"tasks: ours {fmt_num(ours or 0)}, drgn {fmt_num(drgn or 0)} µs)")
     else:
         vs = "no drgn peer (drgn has no riscv unwinder)" if arch == "riscv" else "not measured"
     goals = [Goal(name, goal, f"{_pair(warm, _per(corpus, 'warm_wall'))} ({corpus[0]['tasks']:,} tasks, "
@@ -130,10 +151,12 @@ def _batch_goal(arch: str, batch: dict[str, Any] | None) -> Goal:
     peer = (batch or {}).get("peer", {})
     mine, drgn = peer.get(f"{arch} ours", []), peer.get(f"{arch} drgn", [])
     vs = "no drgn peer (drgn has no riscv unwinder)" if arch == "riscv" else "not measured"
-    if mine and drgn:
+    if mine and drgn and drgn[0].get("mode", "regs") != "regs":
+        vs = f"not measured against drgn from `pt_regs` (its drgn runs are of mode {drgn[0]['mode']!r})"
+    elif mine and drgn:
         ours_rate = _per(mine, "batched_frames", "warm", 1.0)
         drgn_rate = _per(drgn, "k_frames", "k_warm", 1.0)
-        vs = (f"{_times(ours_rate, drgn_rate)} drgn's frames/s (the vmcores' tasks, warm: "
+        vs = (f"{_times(ours_rate, drgn_rate)} drgn's frames/s (from `pt_regs`, the vmcores' tasks, warm: "
               f"{fmt_rate(ours_rate or 0)} against {fmt_rate(drgn_rate or 0)})")
     return Goal(name, goal, f"{fmt_rate(rate).replace('/s', ' frames/s')} fresh (sessions just opened), "
                 f"{fmt_rate(warm_rate).replace('/s', ' frames/s')} warm; {share:.0%} of {b[0]['tasks']:,} tasks "
@@ -181,66 +204,80 @@ def _load_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _peer_lines(archs: dict[str, PeerArch], rounds: Any, corpus: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """The per-frame and per-task comparison with drgn, its validation and a few traces."""
-    L = ["", "### Against drgn, same tasks of the same vmcores", ""]
-    L.append(f"`benches/speed_peer.py`, rounds: {rounds}. drgn 0.3.0 `stack_trace` **on equal inputs**: its only "
-             "kernel file is the same slim image ours reads (ELF symbols, ORC on x86-64, no CFI, no DWARF), so "
-             "it unwinds by ORC on x86-64 and by frame pointers on arm64 and looks nothing up per frame; the few "
-             "task layouts `stack_trace` reads are copied in from the debug vmlinux by a type finder "
-             "(`benches/benchkit.py` `DRGN_CHILD`). **drgn with DWARF**: the full debug vmlinux, as a user runs "
-             "it: DWARF CFI, and every frame's inline scopes looked up in `.debug_info`, which is where its "
-             "time goes (with the CFI removed but `.debug_info` kept it costs the same). Ours: "
-             "`Session.replay(task, Options(), symbolize=False)` with the committed slim image. Every side in "
-             "fresh child processes interleaved round by round, warm (one untimed walk first), fastest of the "
-             "passes per child, median over rounds.")
+def _peer_lines(archs: dict[str, PeerArch], rounds: Any, peer: dict[str, Any]) -> list[str]:
+    """The one peer table: each drgn configuration and ours, per kernel frame, same tasks, same run; what
+    each drgn configuration does per frame; the pcs agreement and a few traces."""
+    run = "".join(f", {k} {peer[k]}" for k in ("datetime", "commit") if peer.get(k))
+    if peer.get("load"):
+        run += f", 1-minute load {fmt_num(peer['load'][0], 2)} → {fmt_num(peer['load'][1], 2)}"
+    shown = [a for a in ARCH_ORDER if a in archs]
+    L = ["", "### Against drgn: one peer table, same tasks of the same vmcores, same run", ""]
+    L.append(f"`benches/speed_peer.py`, rounds: {rounds}{run}. On each committed vmcore (`corpora/<arch>/<release>/"
+             "vmcore/`) every configuration below walks the same tasks, each in a fresh child process, the "
+             "children interleaved round by round (drgn's configurations, then ours, vmcore by vmcore), so "
+             "load from other processes falls on all of them alike. Warm: one untimed walk of every task first "
+             "(drgn parses its ORC and finds each pc's module on first use), then the fastest of the passes "
+             "per child; the median over rounds. CPU µs per kernel frame (wall beside it), and each "
+             "configuration's time ÷ ours warm (above 1: slower than ours). drgn is 0.3.0 from PyPI.")
     L.append("")
-    L.append("Frames are counted alike on both sides: real frames (not drgn's inline ones) before the first pc "
+    L.append("Frames are counted alike on every side: real frames (not drgn's inline ones) before the first pc "
              "outside the kernel half of the address space. drgn walks on into the user frames of a task that "
-             "entered from user space (on x86-64 through whatever the user stack holds, up to its 1,024-frame "
-             "limit), and that time is inside its `stack_trace`: so the per-frame figures are over the "
-             "**kernel-only tasks** (no side walked a user frame of them), the per-task figures over **every "
-             "task**, user frames included. The tasks are those drgn walks in both modes within 64 kernel "
-             "frames (drgn's DWARF unwinder loops on some arm64 stacks).")
+             "entered from user space, inside the same `stack_trace`, time that cannot be split off: so the "
+             "figures are over the **kernel-only tasks** (no side walked a user frame of them). The tasks are "
+             "those drgn walks in every configuration within 64 kernel frames (drgn's DWARF unwinder loops on "
+             "some arm64 stacks).")
     L.append("")
-    rows = []
-    for arch in (a for a in ARCH_ORDER if a in archs):
-        p = archs[arch]
-        rows.append((arch, f"{p.first('ours', 'k_tasks')} of {p.first('ours', 'tasks')}",
-                     f"{p.first('ours', 'k_frames')} / {p.first('drgn equal', 'k_frames')}",
-                     _pair(p.frame("ours"), p.frame("ours", True)),
-                     _pair(p.frame("drgn equal"), p.frame("drgn equal", True)),
-                     _pair(p.frame("drgn dwarf"), p.frame("drgn dwarf", True)),
-                     _times(p.frame("drgn equal"), p.frame("ours")), _times(p.frame("drgn dwarf"), p.frame("ours")),
-                     _pair(_per(corpus.get(f"{arch} corpus", []), "warm"), _per(corpus.get(f"{arch} corpus", []),
-                                                                                  "warm_wall"))))
-    L.append("Per kernel frame, kernel-only tasks (the last column: ours warm on the committed dumps, as in the "
-             "targets, for how much reading a vmcore adds to ours):")
+    rows: list[list[str]] = []
+
+    def row(name: str, cell: Any) -> None:
+        cells = [name]
+        for arch in shown:
+            got = cell(archs[arch])
+            cells += list(got) if got else ["–", "–"]
+        rows.append(cells)
+
+    def measured(side: str, fresh: bool = False) -> Any:
+        def cell(p: PeerArch) -> tuple[str, str] | None:
+            runs = p.sides.get(side, [])
+            key = "k_fresh" if fresh else "k_warm"
+            cpu, wall = _per(runs, key, "k_frames"), _per(runs, key + "_wall", "k_frames")
+            if cpu is None:
+                return None
+            return _pair(cpu, wall), _times(cpu, p.frame("ours"))
+        return cell
+    row("ours, warm (pure-Python build)", measured("ours"))
+    row("ours, fresh Session (pure-Python build)", measured("ours", fresh=True))
+    row("ours, compiled build", lambda p: ("does not exist (no compiled build of `unwind` yet)", "–"))
+    for side, name, _ in DRGN_CONFIGS:
+        row(name, lambda p, side=side: measured(side)(p) or (("no ORC on arm64", "–") if side == "drgn orc" else None))
+    L += md_table(("configuration", *(h for a in shown for h in (f"{a}: per kernel frame", f"{a}: ÷ ours warm"))),
+                  rows)
     L.append("")
-    L += md_table(("arch", "tasks", "frames ours / drgn", "ours", "drgn, equal inputs (ORC / FP)",
-                 "drgn, DWARF (full vmlinux)", "drgn equal ÷ ours", "drgn DWARF ÷ ours", "ours on the dumps"), rows)
-    rows = []
-    for arch in (a for a in ARCH_ORDER if a in archs):
+    for arch in shown:
         p = archs[arch]
-        rows.append((arch, str(p.first("ours", "tasks")),
-                     f"{p.first('ours', 'frames')} / {p.first('drgn equal', 'frames')} + "
-                     f"{p.first('drgn equal', 'user_frames'):,} user",
-                     *(f"{fmt_num(v)} µs" if v else "–" for v in (p.task("ours"), p.task("drgn equal"), p.task("drgn dwarf"))),
-                     _times(p.task("drgn equal"), p.task("ours")), _times(p.task("drgn dwarf"), p.task("ours"))))
-    L += ["", "Per task (CPU), every task:", ""]
-    L += md_table(("arch", "tasks", "kernel frames ours / drgn (+ drgn's user frames)", "ours", "drgn, equal inputs",
-                 "drgn, DWARF", "drgn equal ÷ ours", "drgn DWARF ÷ ours"), rows)
-    L += ["", "Validation: the kernel pcs of each task, ours against drgn's (first round):", ""]
-    for arch in (a for a in ARCH_ORDER if a in archs):
+        L.append(f"- {arch}: {p.first('ours', 'k_tasks')} kernel-only tasks of {p.first('ours', 'tasks')}; kernel "
+                 f"frames: ours {p.first('ours', 'k_frames')}, " + ", ".join(
+                     f"{side[5:]} {p.first(side, 'k_frames')}" for side, _, _ in DRGN_CONFIGS if p.sides.get(side)))
+    L += ["", "What each configuration does:", ""]
+    L.append("- **ours**: `Session.replay(task, Options(), symbolize=False)` with the committed slim image: per "
+             "frame the arch's unwind step (an ORC lookup on x86-64, the frame record on arm64), its reads from "
+             "the vmcore, the call-site check and a `Frame`; the stop reason. **Fresh**: the first pass in a "
+             "Session just loaded, which pays the Session's and its image's one-time work (their caches "
+             "filled, the call sites decided) over one vmcore's few frames; the goals table's fresh figure "
+             "spreads it over the committed corpora's. There is no compiled build: the figures are the "
+             "pure-Python modules'.")
+    for _, name, what in DRGN_CONFIGS:
+        L.append(f"- **{name}**: {what}.")
+    L += ["", "Validation: the kernel pcs of each task, ours against each drgn configuration (first round):", ""]
+    for arch in shown:
         for core, c in archs[arch].checks.items():
-            L.append(f"- `{core}`: the same pcs as drgn on equal inputs on {c['drgn equal']['same']} of "
-                     f"{c['drgn equal']['compared']} tasks, as drgn with DWARF on {c['drgn dwarf']['same']} of "
-                     f"{c['drgn dwarf']['compared']}; left out: {_left_out(archs[arch].left_out.get(core))}")
-    for arch in (a for a in ARCH_ORDER if a in archs):
+            same = ", ".join(f"{side[5:]} {c[side]['same']} of {c[side]['compared']}"
+                             for side, _, _ in DRGN_CONFIGS if side in c)
+            L.append(f"- `{core}`: the same pcs as ours: {same}; left out: {_left_out(archs[arch].left_out.get(core))}")
+    for arch in shown:
         for core, c in archs[arch].checks.items():
-            shown = c.get("samples", [])[:1] + c["drgn equal"].get("differ", [])[:1]
-            for s in shown:
-                L += ["", f"`{core}` task {s['task']} (pid, cpu when running): ours | drgn on equal inputs", "", "```"]
+            for s in c.get("samples", [])[:1] + c.get("drgn regs", {}).get("differ", [])[:1]:
+                L += ["", f"`{core}` task {s['task']} (pid, cpu when running): ours | drgn from `pt_regs`", "", "```"]
                 for i in range(max(len(s["ours"]), len(s["drgn"]))):
                     L.append(f"{s['ours'][i] if i < len(s['ours']) else '':<50} "
                              f"{s['drgn'][i] if i < len(s['drgn']) else ''}".rstrip())
@@ -261,18 +298,19 @@ def speed_lines(folder: Path) -> list[str]:
     if not goals:
         return []
     peer, start, prof = (_load_json(folder / n) for n in ("speed_peer.json", "startup.json", "profile.json"))
-    L = ["## Speed against drgn on equal inputs", ""]
+    L = ["## Speed against drgn", ""]
     L.append("Measured by `benches/speed_peer.py`, `benches/batch_replay.py` and `benches/startup.py` (their "
              "JSON beside this report), each in fresh child processes interleaved round by round, so load "
              "from other processes falls on every side alike; medians over rounds. CPU time is the "
              "figure to read on this shared machine; wall time is given beside it. The drgn column is "
              "measured on the same tasks of the same vmcores, in the same run (below).")
     L.append("")
-    L += md_table(("target", "goal", "measured", "ratio to the goal", "against drgn (equal inputs)", "verdict"),
+    L += md_table(("target", "goal", "measured", "ratio to the goal", "against drgn's bare unwinder (`pt_regs`)",
+                  "verdict"),
                 ((g.name, g.goal, g.measured, g.ratio, g.drgn, g.verdict) for g in goals))
     archs = peer_archs(peer)
     if archs:
-        L += _peer_lines(archs, (peer or {}).get("rounds"), (peer or {}).get("runs", {}))
+        L += _peer_lines(archs, (peer or {}).get("rounds"), peer or {})
     if start:
         L += ["", "### Start-up", ""]
         L.append(f"`benches/startup.py`, rounds: {start.get('rounds')}; every command a fresh process with warm "
@@ -283,9 +321,29 @@ def speed_lines(folder: Path) -> list[str]:
                     ((c["arch"], c["name"], fmt_num(c["wall_ms"]) if "wall_ms" in c else "failed",
                       fmt_num(c["cpu_ms"]) if "cpu_ms" in c else str(c.get("failed")))
                      for c in start.get("commands", [])))
+    triage = _load_json(folder / "triage.json")
+    if triage and triage.get("runs"):
+        L += triage_lines(triage)
     if prof:
         L += profile_lines(prof)
     L.append("")
+    return L
+
+
+def triage_lines(triage: dict[str, Any]) -> list[str]:
+    """``unwind triage`` on one core over the committed corpora (benches/triage_throughput.py's JSON)."""
+    runs = triage["runs"]
+    cpu, wall = _median(r["cpu"] for r in runs), _median(r["wall"] for r in runs)
+    r0 = runs[0]
+    L = ["", "### Triage throughput, one core", ""]
+    at = f", commit {triage['commit']}" if triage.get("commit") else ""
+    L.append(f"`benches/triage_throughput.py`, rounds: {triage.get('rounds')}{at}: `{triage['command']}`, the whole "
+             "command each round (imports, every dump opened, every task replayed and bucketed), a fresh "
+             "process; CPU is its user + system time; median over rounds.")
+    L.append("")
+    L += md_table(("dumps", "tasks", "CPU", "wall", "dumps/s per core (CPU)", "tasks/s per core (CPU)"),
+                  [(f"{r0['dumps']:,}" + (f" ({r0['failed']} failed)" if r0.get("failed") else ""), f"{r0['tasks']:,}",
+                    f"{fmt_num(cpu)} s", f"{fmt_num(wall)} s", fmt_num(r0["dumps"] / cpu), f"{r0['tasks'] / cpu:,.0f}")])
     return L
 
 
