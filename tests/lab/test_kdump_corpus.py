@@ -209,7 +209,7 @@ def _after_panic(trace: list[str]) -> list[str]:
 
 
 def _kdump_id(p: Path) -> str:
-    return f"{p.parts[-4]}-{p.name.split('.')[0]}"
+    return f"{p.parts[-4]}-{p.parts[-3]}-{p.name.split('.')[0]}"
 
 
 def _slim(vmcore: Path) -> str:

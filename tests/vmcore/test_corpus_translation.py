@@ -31,7 +31,7 @@ DRGN_BLIND = ("return_to_handler", "__kretprobe_trampoline", "arch_rethook_tramp
 
 
 def _ids(p: Path) -> str:
-    return f"{p.parts[-4]}-{p.name.split('.')[0]}"
+    return f"{p.parts[-4]}/{p.parts[-3]}/{p.name.split('.')[0]}"
 
 
 def _slim(vmcore: Path) -> Path:

@@ -463,16 +463,19 @@ DRGN_ARCHES = ("x86_64", "arm64")
 
 
 def corpus_slice(elf: Path, capture: Path, vmlinux: Path, arch: str, dest: Path,
-                 modules: list[Path] = (), slim: Path | None = None) -> list[Path]:
+                 modules: list[Path] = (), slim: Path | None = None, tables: bool = False) -> list[Path]:
     """Commit-sized files of one stop in ``dest``: the slice of QEMU's ELF that the project and drgn
     read (xz), the capture of the same stop, and drgn's task oracle of the full ELF (xz JSON).
 
     With the committed ``slim`` image (which has no BTF) the project reads the kernel's BTF from
-    memory, so those pages are kept too.
+    memory, so those pages are kept too, and with ``tables`` the page tables behind every page
+    a replay translates (:func:`pages_walked_by_unwind`), so the translation cross-check can walk them.
     """
     pages = pages_read_by_unwind(elf, vmlinux)
     if slim is not None:
         pages |= pages_read_by_unwind(elf, slim)
+    if tables:
+        pages |= pages_walked_by_unwind(elf, slim or vmlinux)
     return write_corpus_slice(elf, pages, [capture], vmlinux, arch, dest, modules)
 
 
