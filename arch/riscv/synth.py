@@ -580,6 +580,43 @@ def fgraph_retp_collision(with_fp: bool = False, running: bool = True,
                     faithful_flags={ret_a: Flag.FGRAPH}, complete_flags={ret_b: both, ret_a: both})
 
 
+def fgraph_unrecovered() -> Scenario:
+    """A running CPU with two hijacked returns in a row that riscv 6.12's walk does not recover.
+
+    ``ftrace_graph_func()`` records ``&fregs->ra`` (in ``ftrace_caller``'s frame) as retp and
+    ``walk_stackframe()`` searches for ``&frame->ra``: no entry matches, so the kernel prints
+    ``return_to_handler+0x0`` once per hijacked record (as the guest printed it above
+    ``call_on_irq_stack``), then goes on from the record's fp. Complete mode takes the entries in order.
+    """
+    s = RiscvSynth()
+    pid, cpu = 54, 0
+    st = s.task_stack(pid, cpu)
+    fp_e = st.high - 0x100                                       # __riscv_sys_clock_nanosleep ends the stack
+    s.record(st, fp_e, 0, 0)
+    fp_c = fp_e - 0x40                                           # hrtimer_nanosleep
+    s.record(st, fp_c, fp_e, s.at("__riscv_sys_clock_nanosleep", 0x30))
+    fp_a = fp_c - 0x40                                           # do_nanosleep: traced
+    s.record(st, fp_a, fp_c, s.at("return_to_handler"))
+    fp_b = fp_a - 0x40                                           # schedule_timeout: traced
+    s.record(st, fp_b, fp_a, s.at("return_to_handler"))
+    fp_s = fp_b - 0x30                                           # schedule
+    s.record(st, fp_s, fp_b, s.at("schedule_timeout", 0x94))
+    fp_0 = fp_s - 0x20                                           # __schedule
+    s.record(st, fp_0, fp_s, s.at("schedule", 0x2C))
+    ret_a, ret_b = s.at("hrtimer_nanosleep", 0x50), s.at("do_nanosleep", 0x58)
+    entries = [{"ret": ret_a, "retp": fp_0 - 0x180, "func": s.at("do_nanosleep")},  # &fregs->ra: in
+               {"ret": ret_b, "retp": fp_0 - 0x100, "func": s.at("schedule_timeout")}]  # no record
+    first = s.at("__schedule", 0x3A6)
+    s.sd.running_task(pid, "sleep", cpu, {"pc": first, "ra": s.at("schedule", 0x2C), "sp": fp_0 - 0x40,
+                                          "s0": fp_0}, fgraph=entries)
+    head = [first, s.at("schedule", 0x2C), s.at("schedule_timeout", 0x94)]
+    tail = s.at("__riscv_sys_clock_nanosleep", 0x30)
+    r2h = s.at("return_to_handler")
+    both = Flag.FGRAPH | Flag.COMPLETE
+    return Scenario(s, pid, [*head, r2h, r2h, tail], StopReason.END_OF_STACK, [*head, ret_b, ret_a, tail],
+                    StopReason.END_OF_STACK, complete_flags={ret_b: both, ret_a: both})
+
+
 def fgraph_in_flight() -> Scenario:
     """A CPU inside the tracer while it enters ``__clear_user`` from ``read_zero``.
 

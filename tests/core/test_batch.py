@@ -144,7 +144,7 @@ def test_mutated_stacks_replay_the_same(corpus) -> None:
 VMCORES = sorted(CORPORA.glob("*/*/vmcore/stop-*.elf.xz"))
 
 
-@pytest.mark.parametrize("xz", VMCORES, ids=lambda p: f"{p.parts[-4]}-{p.name.split('.')[0]}")
+@pytest.mark.parametrize("xz", VMCORES, ids=lambda p: f"{p.parts[-4]}-{p.parts[-3]}-{p.name.split('.')[0]}")
 def test_vmcore_slices_replay_the_same(xz: Path, tmp_path) -> None:
     """A vmcore's tasks read their own memory snapshots: the batch walks each in its own."""
     elf = tmp_path / xz.name[:-3]

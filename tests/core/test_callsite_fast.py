@@ -101,7 +101,8 @@ def test_fast_check_matches_capstone_on_every_corpus_return_address(folder: Path
         for task in session.dump.tasks():
             addresses.update(f.pc for f in session.replay(task, symbolize=False).frames)
     assert checker is not None and addresses
-    if checker.image is None and "6.12." not in folder.name:
+    # the full trixie 6.12 corpora carry text; the other generations and the 16K-page kernel do not
+    if checker.image is None and ("6.12." not in folder.name or folder.name.endswith("-16k")):
         pytest.skip(f"{folder.name}: its slim image carries no text (corpora/README.md)")
     assert checker.image is not None
     for ret in sorted(addresses):

@@ -9,6 +9,7 @@ import lzma
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -156,7 +157,15 @@ def test_vmmem_checks_fire(fuzzer, vmseed, monkeypatch):
     from unwind.session.replay import Session
 
     assert _vmcase(fuzzer, vmseed).kind == "ok"
-    assert _vmcase(fuzzer, vmseed, 0.05).kind == "hang"
+    with monkeypatch.context() as m:  # a walk that spins for 5 s of CPU, far past the bound, before it walks
+        def spin(self, *a, **kw):
+            end = time.process_time() + 5
+            while time.process_time() < end:
+                pass
+            return replay_all(self, *a, **kw)
+        replay_all = Session.replay_all
+        m.setattr(Session, "replay_all", spin)
+        assert _vmcase(fuzzer, vmseed, 0.05).kind == "hang"
     with monkeypatch.context() as m:
         m.setattr(checks, "frame_limit", lambda *a: 0)
         assert _vmcase(fuzzer, vmseed).kind == "runaway"

@@ -4,6 +4,7 @@ registers of the frame's ``UnwindInfo``)."""
 
 from __future__ import annotations
 
+import re
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -98,6 +99,17 @@ class Frame:
         return Value(self.regs[name], Type())
 
 
+@dataclass
+class SelectedFrame:
+    """gdb.Frame of the frame ``frame N`` selected: its type (``gdb.NORMAL_FRAME``, ``gdb.INLINE_FRAME``)."""
+
+    kind: int
+    pc: int
+
+    def type(self) -> int:
+        return self.kind
+
+
 class FakeGdb(types.ModuleType):
     """The ``gdb`` module over ``read(addr, size)`` (``None``: not readable) and gdb's registers of each
     CPU (by gdb's names), with the core file and the loaded files gdb would report."""
@@ -118,6 +130,11 @@ class FakeGdb(types.ModuleType):
         self.commands: dict[str, Any] = {}
         self.unwinders: list[Any] = []
         self.invalidated = 0
+        #: gdb's frame types (their values in gdb's Python API)
+        self.NORMAL_FRAME, self.INLINE_FRAME = 0, 5
+        #: ``frame N``: gdb's pc register, and how many inline frames deep frame 0 is
+        self.pc_name, self.inline = "pc", 0
+        self._selected: SelectedFrame | None = None
         self.error, self.MemoryError, self.GdbError, self.Value = error, MemoryError, GdbError, Value
         self.COMMAND_STACK = self.COMMAND_FILES = self.PARAM_OPTIONAL_FILENAME = 0
         self.handlers: dict[str, list[Callable[..., None]]] = {e: [] for e in ("cont", "new_objfile", "exited")}
@@ -165,7 +182,25 @@ class FakeGdb(types.ModuleType):
         return types.SimpleNamespace(core_filename=self.core)
 
     def execute(self, command: str, to_string: bool = False) -> str:
-        raise error(f"not in the stand-in: {command}")
+        m = re.fullmatch(r"frame (\d+)", command)
+        if m is None:
+            raise error(f"not in the stand-in: {command}")
+        stack = self.stack()
+        level = int(m.group(1))
+        if level >= len(stack):
+            raise error(f"No frame at level {level}.")
+        self._selected = stack[level]
+        return ""
+
+    def selected_frame(self) -> SelectedFrame:
+        if self._selected is None:
+            raise error("No frame selected.")
+        return self._selected
+
+    def parse_and_eval(self, expression: str) -> Value:
+        if expression != "$pc":
+            raise error(f"not in the stand-in: {expression}")
+        return Value(self.selected_frame().pc)
 
     def parameter(self, name: str) -> Any:
         return self.params.get(name)
@@ -216,6 +251,14 @@ class FakeGdb(types.ModuleType):
             regs = {**regs, **info.saved}
             out.append(dict(info.saved))
         return out
+
+    def stack(self) -> list[SelectedFrame]:
+        """The frames ``frame N`` selects on the selected thread: :attr:`inline` inline frames with frame 0's
+        pc (gdb's inline unwinder), then each frame :meth:`frames` unwinds."""
+        assert self.thread is not None
+        pcs = self.backtrace(self.thread.num - 1, self.pc_name)
+        return ([SelectedFrame(self.INLINE_FRAME, pcs[0])] * self.inline
+                + [SelectedFrame(self.NORMAL_FRAME, pc) for pc in pcs])
 
     def run(self, command: str, argument: str = "") -> str:
         """A command as gdb runs it: its output, or the ``GdbError`` it raised."""

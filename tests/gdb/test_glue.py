@@ -267,3 +267,24 @@ def test_unwinder_says_when_the_cpu_it_cannot_walk_runs_user_code() -> None:
     pending = PendingFrame(0, gdb.cpus[0])
     assert gdbtarget.user_mode(pending, gdb.threads[0], gdb) == "cpu0 runs user code (pc 0x401000)"
     assert gdbtarget.user_mode(PendingFrame(0, {"pc": 0xFFFFFFFF81000000}), gdb.threads[0], gdb) is None
+
+
+def test_unrecovered_hijacks_in_a_row_are_each_a_frame_of_bt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """riscv 6.12 prints ``return_to_handler+0x0`` once per hijacked record it does not recover
+    (``ftrace_graph_func()`` records ``&fregs->ra``, ``walk_stackframe()`` searches ``&frame->ra``): gdb's
+    frames through the unwinder have both, and the lab's count of them (:func:`frame_pcs`) keeps both,
+    leaving out only inline frames."""
+    from arch.riscv.synth import fgraph_unrecovered
+    from unwind.lab.gdbcompare import frame_pcs
+
+    scenario = fgraph_unrecovered()
+    session, task = scenario.session, scenario.task()
+    gdb = FakeGdb(_reader(session.dump.memory), {task.cpu: _gdb_regs(session, task.regs)}, [], None)
+    monkeypatch.setattr(gdbtarget, "open_session", lambda *_, **__: session)
+    gdbtarget.install(gdb)
+    r2h = scenario.synth.at("return_to_handler")
+    assert scenario.faithful.count(r2h) == 2
+    assert frame_pcs(gdb) == scenario.faithful
+    gdb.reset()
+    gdb.inline = 2  # frame 0 is two inline frames deep: gdb's levels 0-2 have its pc
+    assert frame_pcs(gdb) == scenario.faithful

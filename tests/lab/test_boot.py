@@ -136,7 +136,7 @@ def test_cli_fill_reaches_the_boot_options(tmp_path, monkeypatch) -> None:
     from unwind.lab import cli
 
     seen = []
-    monkeypatch.setattr(cli, "find_kernel", lambda arch, release: _kernel(tmp_path))
+    monkeypatch.setattr(cli, "find_kernel", lambda arch, release, flavour=None: _kernel(tmp_path))
     monkeypatch.setattr(cli, "boot", lambda k, opts, **kw: seen.append(opts) or {
         "arch": k.arch, "release": k.release, "pid": 1, "gdb": "", "monitor": "", "console": "", "console_log": ""})
     assert main(["lab", "boot", "--arch", "x86_64", "--mem", "4G", "--fill", "3584"]) == 0

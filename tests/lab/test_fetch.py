@@ -178,6 +178,41 @@ def test_find_kernel_takes_the_newest_version(tmp_path, monkeypatch) -> None:
         find_kernel("riscv")
 
 
+@needs_dpkg
+def test_find_kernel_keeps_flavours_apart(tmp_path, monkeypatch) -> None:
+    """The 16K-page kernel of a release is another kernel: picked only by its flavour or its release."""
+    monkeypatch.setenv("UNWIND_CACHE", str(tmp_path))
+    _fake_kernel(tmp_path, "6.12.117+deb13-arm64", "6.12.117-1", "arm64")
+    _fake_kernel(tmp_path, "6.12.117+deb13-arm64-16k", "6.12.117-1", "arm64")
+    _fake_kernel(tmp_path, "6.1.0-57-arm64", "6.1.192-3", "arm64")
+    assert find_kernel("arm64").release == "6.12.117+deb13-arm64"
+    assert find_kernel("arm64", flavour="arm64").release == "6.12.117+deb13-arm64"
+    assert find_kernel("arm64", flavour="arm64-16k").release == "6.12.117+deb13-arm64-16k"
+    assert find_kernel("arm64", "6.12.117+deb13-arm64-16k").flavour == "arm64-16k"
+    assert find_kernel("arm64", "6.1.0-57-arm64").flavour == "arm64"
+    (tmp_path / "kernels" / "6.12.117+deb13-arm64-16k" / "kernel.json").unlink()
+    with pytest.raises(FetchError, match="no fetched kernel for arm64 --flavour arm64-16k in .*; run: unwind "
+                                         "kernels fetch --arch arm64 --flavour arm64-16k$"):
+        find_kernel("arm64", flavour="arm64-16k")
+
+
+def test_unknown_or_mismatched_flavour_is_refused_before_any_apt_call() -> None:
+    with pytest.raises(FetchError, match="unknown arm64 kernel flavour 'arm64-4m'; expected one of arm64, arm64-16k"):
+        fetch("arm64", "trixie", flavour="arm64-4m")
+    with pytest.raises(FetchError, match="unknown x86_64 kernel flavour 'arm64-16k'"):
+        fetch("x86_64", "trixie", flavour="arm64-16k")
+    with pytest.raises(FetchError, match="6.12.117\\+deb13-arm64 is not of flavour arm64-16k"):
+        fetch("arm64", "trixie", "6.12.117+deb13-arm64", flavour="arm64-16k")
+
+
+def test_cli_flavour_error_is_one_line(tmp_path) -> None:
+    r = subprocess.run([sys.executable, "-m", "unwind", "lab", "boot", "--arch", "arm64", "--flavour", "arm64-4m"],
+                       capture_output=True, text=True, env={"UNWIND_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["unwind: error: unknown arm64 kernel flavour 'arm64-4m'; "
+                                             "expected one of arm64, arm64-16k"]
+
+
 def test_fetch_help_states_the_host_changes() -> None:
     r = subprocess.run([sys.executable, "-m", "unwind", "kernels", "fetch", "--help"], capture_output=True, text=True)
     out = " ".join(r.stdout.split())

@@ -10,7 +10,8 @@ import pytest
 
 from unwind.lab.boot import LabError
 from unwind.lab.fetch import FetchError, Kernel
-from unwind.lab.kdump import disk_transport, elf_size, kexec_tree, panic_console
+from unwind.lab.kdump import (IOMEM, KALLSYMS, between_markers, disk_transport, elf_size, kexec_tree,
+                               panic_console)
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 KDUMPS = sorted(CORPORA.glob("*/*/vmcore/kdump-*.elf.xz"))
@@ -38,6 +39,17 @@ def test_the_console_kept_is_the_panicking_kernels_from_the_sysrq_line_on() -> N
 def test_a_console_without_the_crash_is_refused() -> None:
     with pytest.raises(LabError, match="no 'sysrq: Trigger a crash'"):
         panic_console("[    9.0] Run /init as init process\n")
+
+
+def test_what_init_printed_between_its_markers_is_kept_without_the_kernels_messages() -> None:
+    """/init's /proc/kallsyms lines are kept, a kernel message printed among them left out; a console without both
+    markers keeps nothing."""
+    full = (f"kexec_crash_loaded: 1\r\n{IOMEM}\r\n00001000-0009fbff : System RAM\r\n{IOMEM}\r\n{KALLSYMS}\r\n"
+            f"ffffffff8e200000 T _text\r\n[    9.840148] random: crng init done\r\nffffffff8eebe4c0 T panic\r\n"
+            f"{KALLSYMS}\r\nCRASHING NOW\r\n")
+    assert between_markers(full, KALLSYMS) == "ffffffff8e200000 T _text\nffffffff8eebe4c0 T panic\n"
+    assert between_markers(full, IOMEM) == "00001000-0009fbff : System RAM\n"
+    assert between_markers(full.split(KALLSYMS)[0] + KALLSYMS + "\n", KALLSYMS) == ""
 
 
 @pytest.mark.parametrize("vmcore", KDUMPS, ids=lambda p: p.parts[-4])

@@ -31,7 +31,7 @@ DRGN_BLIND = ("return_to_handler", "__kretprobe_trampoline", "arch_rethook_tramp
 
 
 def _ids(p: Path) -> str:
-    return f"{p.parts[-4]}-{p.name.split('.')[0]}"
+    return f"{p.parts[-4]}/{p.parts[-3]}/{p.name.split('.')[0]}"
 
 
 def _slim(vmcore: Path) -> Path:
@@ -154,14 +154,19 @@ def test_running_cpu_trace_matches_an_independent_trace(vmcore: Path, cpu: int) 
     hijacked return drgn cannot follow. arm64 (drgn: "stack pointer is not known") and riscv (drgn has no riscv
     unwinder) have no kernel or drgn trace of a running CPU: there the oracle is the capture of the same stop,
     whose stacks QEMU's MMU translated, replayed by the same unwinder; its first frame differs where the
-    capture normalised a vCPU stopped at exception entry, so frames are compared from the second on."""
+    capture normalised a vCPU stopped at exception entry, so frames are compared from the second on. A CPU the
+    crash NMI stopped in user mode (x86 kdump-001's cpu0) has no kernel frame for drgn: none for us either, the
+    walk stops on the user-mode registers."""
     ours = _replay_cpu(vmcore, cpu, "--complete")
     drgn = _drgn_running(vmcore).get(cpu)
     if drgn is not None:
         expected = _drgn_until_lost(drgn["frames"])
         got = [f["pc"] for f in ours["frames"] if f["reliable"] or "complete" in f["flags"]]
         assert got[:len(expected)] == expected, (got, drgn["frames"])
-        assert len(expected) >= 3
+        if expected:
+            assert len(expected) >= 3
+        else:
+            assert ours["frames"] == [] and ours["stop"]["reason"] == "user_mode"
         return
     capture = vmcore.with_name(vmcore.name.split(".")[0] + ".bin.xz")
     assert vmcore.parts[-4] in ("arm64", "riscv") and capture.exists(), "a running CPU with no independent trace"

@@ -41,7 +41,7 @@ def _image(vmcore: Path) -> Path:
 
 
 def _name(vmcore: Path) -> str:
-    return f"{vmcore.parts[-4]}-{vmcore.name.split('.')[0]}"
+    return f"{vmcore.parts[-4]}-{vmcore.parts[-3]}-{vmcore.name.split('.')[0]}"
 
 
 @cache

@@ -59,7 +59,7 @@ def _image(vmcore: Path) -> Path:
 @cache
 def _large(vmcore: Path, tmp: Path) -> Path:
     """``vmcore`` with a sparse tail of :data:`TAIL` bytes."""
-    path = tmp / f"{vmcore.parts[-4]}-{vmcore.stem}.large"
+    path = tmp / f"{vmcore.parts[-4]}-{vmcore.parts[-3]}-{vmcore.stem}.large"
     with open(path, "wb") as f:
         f.write(lzma.decompress(vmcore.read_bytes()))
         f.truncate(f.tell() + TAIL)
@@ -74,7 +74,7 @@ def _intact_peak(vmcore: Path, tmp: Path) -> int:
 
 
 @pytest.mark.parametrize("damage", DAMAGE, ids=[d[0] for d in DAMAGE])
-@pytest.mark.parametrize("vmcore", VMCORES, ids=lambda p: f"{p.parts[-4]}-{p.name.split('.')[0]}")
+@pytest.mark.parametrize("vmcore", VMCORES, ids=lambda p: f"{p.parts[-4]}-{p.parts[-3]}-{p.name.split('.')[0]}")
 def test_a_damaged_elf_vmcore_is_refused_without_being_read_whole(vmcore: Path, damage: tuple, tmp_path_factory
                                                                   ) -> None:
     tmp = tmp_path_factory.getbasetemp()

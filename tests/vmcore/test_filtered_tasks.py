@@ -41,7 +41,7 @@ def _image(vmcore: Path) -> Path:
 
 @cache
 def _intact(vmcore: Path, tmp: Path) -> tuple[Path, Session]:
-    path = tmp / f"{vmcore.parts[-4]}-{vmcore.stem}.intact"
+    path = tmp / f"{vmcore.parts[-4]}-{vmcore.parts[-3]}-{vmcore.stem}.intact"
     path.write_bytes(lzma.decompress(vmcore.read_bytes()))
     return path, Session.load(path, vmlinux=_image(vmcore))
 
@@ -87,12 +87,12 @@ def _filtered(vmcore: Path, tmp: Path) -> tuple[Path, frozenset[int]]:
     path, s = _intact(vmcore, tmp)
     gone = frozenset(_victims(s))
     with open_vmcore(path) as vm:
-        out = tmp / f"{vmcore.parts[-4]}-{vmcore.stem}.filtered.kdump"
+        out = tmp / f"{vmcore.parts[-4]}-{vmcore.parts[-3]}-{vmcore.stem}.filtered.kdump"
         out.write_bytes(kdump_of(vm, exclude=gone))
     return out, gone
 
 
-@pytest.mark.parametrize("vmcore", VMCORES, ids=lambda p: f"{p.parts[-4]}-{p.name.split('.')[0]}")
+@pytest.mark.parametrize("vmcore", VMCORES, ids=lambda p: f"{p.parts[-4]}-{p.parts[-3]}-{p.name.split('.')[0]}")
 def test_every_task_is_reached_and_each_loss_is_named(vmcore: Path, tmp_path_factory) -> None:
     tmp = tmp_path_factory.getbasetemp()
     _, intact = _intact(vmcore, tmp)
@@ -131,7 +131,7 @@ def test_every_task_is_reached_and_each_loss_is_named(vmcore: Path, tmp_path_fac
 
 
 @pytest.mark.parametrize("vmcore", [v for v in VMCORES if v.with_name(v.name.split(".")[0] + ".drgn-tasks.json.xz")
-                                    .exists()], ids=lambda p: f"{p.parts[-4]}-{p.name.split('.')[0]}")
+                                    .exists()], ids=lambda p: f"{p.parts[-4]}-{p.parts[-3]}-{p.name.split('.')[0]}")
 def test_no_task_drgn_lists_is_lost(vmcore: Path, tmp_path_factory) -> None:
     """drgn's for_each_task() of the intact file (the pid IDR) against ps of the filtered one."""
     tmp = tmp_path_factory.getbasetemp()

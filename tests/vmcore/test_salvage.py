@@ -54,7 +54,7 @@ def _formats(vmcore: Path) -> tuple[str, ...]:
 
 
 def _vmcore_id(vmcore: Path) -> str:
-    return f"{vmcore.parts[-4]}-{vmcore.parent.name}-{vmcore.name.split('.')[0]}"
+    return f"{vmcore.parts[-4]}-{vmcore.parts[-3]}-{vmcore.parent.name}-{vmcore.name.split('.')[0]}"
 
 
 def _cases() -> list:
@@ -325,7 +325,7 @@ def test_a_riscv_vmcoreinfo_lost_with_the_cut_is_rebuilt_as_the_kernel_wrote_it(
     assert dict(read.dump.vmcoreinfo) == dict(note.dump.vmcoreinfo)
 
 
-@pytest.mark.parametrize("vmcore", VMCORES, ids=lambda p: f"{p.parts[-4]}-{p.name.split('.')[0]}")
+@pytest.mark.parametrize("vmcore", VMCORES, ids=lambda p: f"{p.parts[-4]}-{p.parts[-3]}-{p.name.split('.')[0]}")
 def test_a_vmcore_whose_btf_is_damaged_is_read_with_the_images(vmcore: Path, tmp_path_factory) -> None:
     """The kernel's own BTF is read from the dump when it parses; with its header broken (two bytes of the
     magic, found in the file by the image's ``.BTF`` bytes), the image's ``.BTF`` is used, the warning says so

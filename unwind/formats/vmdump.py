@@ -257,8 +257,8 @@ class VmcoreDump(NamedByVmcoreinfo):
             for start, end in snap.captured(lo, hi) + [(hi, hi)]:
                 while pos < start:
                     stop = min(start, (pos // step + 1) * step)
-                    try:
-                        self.memory.read(pos, 1)
+                    try:  # the whole span: a page cut by the end of the file starts with readable bytes
+                        self.memory.read(pos, stop - pos)
                         fault: type[MemoryFault] = MemoryFault
                     except MemoryFault as e:
                         fault = type(e)

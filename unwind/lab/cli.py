@@ -16,7 +16,7 @@ from unwind.kernel.model import KernelError
 from .capture import Plan, add_gdb_oracles, default_breaks, parse_vmcore_formats, reparse_oracles, run_capture
 from .console_oracles import FtraceStacktrace, SysrqOracle
 from .guest import CaptureError, CaptureSession, GuestImage
-from .fetch import HOST_CHANGES, FetchError, canonical_arch, fetch, find_kernel
+from .fetch import ARCHES, FLAVOURS, HOST_CHANGES, FetchError, canonical_arch, fetch, find_kernel
 from .rsp import RspClient, RspError
 
 #: what a lab step may raise for bad input or a failed step: each becomes one line, never a traceback
@@ -32,7 +32,7 @@ def _fail(msg: str, code: int = 2) -> int:
 def cmd_kernels_fetch(args: argparse.Namespace) -> int:
     """Fetch (or find) a kernel and print its cache folder."""
     try:
-        k = fetch(args.arch, args.suite, args.release)
+        k = fetch(args.arch, args.suite, args.release, args.flavour)
     except LAB_ERRORS as e:
         return _fail(str(e).splitlines()[0])
     print(k.root)
@@ -62,7 +62,7 @@ def cmd_lab_boot(args: argparse.Namespace) -> int:
         opts = BootOptions(mem=parse_mem(args.mem), smp=args.smp, init=args.init, append=args.append,
                            qemu_args=tuple(shlex.split(args.qemu_args)), fgraph=args.fgraph,
                            kretprobe=args.kretprobe, modules=args.modules, fill=args.fill)
-        st = boot(find_kernel(arch, args.release), opts, timeout=args.timeout, restart=args.restart)
+        st = boot(find_kernel(arch, args.release, args.flavour), opts, timeout=args.timeout, restart=args.restart)
     except ValueError as e:
         return _fail(f"bad --qemu-args: {e}")
     except LAB_ERRORS as e:
@@ -214,7 +214,7 @@ def cmd_lab_kdump(args: argparse.Namespace) -> int:
     try:
         opts = KdumpOptions(mem=parse_mem(args.mem), smp=args.smp, crashkernel=parse_mem(args.crashkernel),
                             kaslr=not args.nokaslr, timeout=args.timeout)
-        for p in run_kdump(find_kernel(canonical_arch(args.arch), args.release), Path(args.output), opts,
+        for p in run_kdump(find_kernel(canonical_arch(args.arch), args.release, args.flavour), Path(args.output), opts,
                            args.index):
             print(p)
     except (*LAB_ERRORS, subprocess.CalledProcessError) as e:
@@ -253,6 +253,15 @@ def _osrelease(vmcoreinfo: str) -> str:
     return ""
 
 
+#: what --flavour accepts, per arch
+FLAVOUR_HELP = "; ".join(f"{arch}: {', '.join((ARCHES[arch][1], *FLAVOURS[arch]))}" for arch in ARCHES)
+
+
+def _add_flavour(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--flavour", "--flavor", dest="flavour", metavar="FLAVOUR",
+                   help=f"Debian kernel flavour {what} (default: the arch's own; {FLAVOUR_HELP})")
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Add ``kernels``, ``lab`` and ``capture`` to the top-level parser."""
     k = sub.add_parser("kernels", help="fetch Debian kernels into the cache")
@@ -264,6 +273,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--suite", default="trixie",
                    help="Debian suite: bookworm (with bookworm-security), trixie, sid (default trixie)")
     f.add_argument("--release", help="kernel release (default: the suite's current one)")
+    _add_flavour(f, "to fetch (linux-image-FLAVOUR)")
     f.set_defaults(func=cmd_kernels_fetch)
     ksub.add_parser("list", help="list fetched kernels").set_defaults(func=cmd_kernels_list)
 
@@ -272,6 +282,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     b = lsub.add_parser("boot", help="boot the guest (gdbstub, monitor, logged console)")
     b.add_argument("--arch", required=True)
     b.add_argument("--release", help="which fetched kernel (default: the newest version fetched)")
+    _add_flavour(b, "to boot when no --release is given")
     b.add_argument("--mem", default="1G", help="guest memory, QEMU -m (default 1G; 512M is enough)")
     b.add_argument("--smp", type=int, default=2)
     b.add_argument("--init", metavar="FILE",
@@ -318,9 +329,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                          description="Boot the fetched kernel with crashkernel= and KASLR as built; /init loads "
                          "the same kernel with Debian's kexec -p and crashes with sysrq c; the capture kernel "
                          "copies /proc/vmcore to a virtio disk. Writes kdump-NNN.elf, kdump-NNN.console.txt "
-                         "(the panicking kernel's console from the sysrq line on) and the full console.")
+                         "(the panicking kernel's console from the sysrq line on), kdump-NNN.iomem.txt and "
+                         "kdump-NNN.kallsyms.txt (its /proc/iomem and a few /proc/kallsyms lines) and the full "
+                         "console.")
     kd.add_argument("--arch", required=True)
     kd.add_argument("--release", help="which fetched kernel (default: the newest version fetched)")
+    _add_flavour(kd, "to crash when no --release is given")
     kd.add_argument("--mem", default="1G", help="guest memory (default 1G)")
     kd.add_argument("--smp", type=int, default=2)
     kd.add_argument("--crashkernel", default="256M", help="memory reserved for the crash kernel (default 256M)")

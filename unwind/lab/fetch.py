@@ -72,6 +72,29 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "unwind"
 
 
+#: the other kernel flavours Debian builds per arch (``linux-image-<flavour>``) that the lab boots
+FLAVOURS: dict[str, tuple[str, ...]] = {"x86_64": (), "arm64": ("arm64-16k",), "riscv": ()}
+
+
+def canonical_flavour(arch: str, flavour: str | None) -> str:
+    """The kernel flavour to fetch for ``arch``: ``flavour``, or the arch's default when None."""
+    default = ARCHES[arch][1]
+    if flavour is None or flavour == default:
+        return default
+    if flavour not in FLAVOURS[arch]:
+        raise FetchError(f"unknown {arch} kernel flavour {flavour!r}; expected one of "
+                         f"{', '.join((default, *FLAVOURS[arch]))}")
+    return flavour
+
+
+def release_flavour(arch: str, release: str) -> str:
+    """The flavour a kernel release names by its suffix (``6.12.117+deb13-arm64-16k`` -> ``arm64-16k``)."""
+    for flavour in sorted(FLAVOURS[arch], key=len, reverse=True):
+        if release.endswith(f"-{flavour}"):
+            return flavour
+    return ARCHES[arch][1]
+
+
 def canonical_arch(arch: str) -> str:
     """Map user spellings (amd64, aarch64, riscv64, ...) to our arch names."""
     aliases = {"amd64": "x86_64", "x86-64": "x86_64", "aarch64": "arm64", "riscv64": "riscv"}
@@ -348,37 +371,57 @@ class Kernel:
     def busybox(self) -> Path:
         return self.root / "busybox"
 
+    @property
+    def flavour(self) -> str:
+        """The Debian kernel flavour (``arm64``, ``arm64-16k``, ...), from the release's suffix."""
+        return release_flavour(self.arch, self.release)
+
     def manifest(self) -> dict:
         """The kernel.json written by :func:`fetch` (empty dict when absent)."""
         p = self.root / "kernel.json"
         return json.loads(p.read_text()) if p.exists() else {}
 
 
-def find_kernel(arch: str, release: str | None = None) -> Kernel:
-    """The fetched kernel for ``arch`` (the newest package version unless ``release`` is given)."""
+def find_kernel(arch: str, release: str | None = None, flavour: str | None = None) -> Kernel:
+    """The fetched kernel for ``arch`` (the newest package version unless ``release`` is given).
+
+    Without ``release`` only kernels of ``flavour`` (the arch's default flavour when None) are candidates.
+    """
     arch = canonical_arch(arch)
+    flavour = canonical_flavour(arch, flavour)
     root = cache_dir() / "kernels"
     cands: list[tuple[str, Kernel]] = []
     for p in sorted(root.glob("*/kernel.json")) if root.exists() else []:
         m = json.loads(p.read_text())
-        if m.get("arch") == arch and (release is None or m.get("release") == release):
+        if m.get("arch") != arch:
+            continue
+        if (m.get("release") == release if release is not None
+                else release_flavour(arch, m["release"]) == flavour):
             cands.append((m.get("version") or m["release"], Kernel(arch, m["release"], p.parent)))
     if not cands:
+        hint = "" if flavour == ARCHES[arch][1] else f" --flavour {flavour}"
         raise FetchError(f"no fetched kernel for {arch}"
-                         + (f" {release}" if release else "")
-                         + f" in {root}; run: unwind kernels fetch --arch {arch}")
+                         + (f" {release}" if release else hint)
+                         + f" in {root}; run: unwind kernels fetch --arch {arch}{hint}")
     cands.sort(key=functools.cmp_to_key(lambda a, b: compare_versions(a[0], b[0])))
     return cands[-1][1]
 
 
-def fetch(arch: str, suite: str, release: str | None = None) -> Kernel:
-    """Download and extract one kernel for ``arch`` from ``suite``; idempotent."""
+def fetch(arch: str, suite: str, release: str | None = None, flavour: str | None = None) -> Kernel:
+    """Download and extract one kernel for ``arch`` from ``suite``; idempotent.
+
+    Without ``release``, the suite's current kernel of ``flavour`` (``linux-image-<flavour>``;
+    the arch's default flavour when None).
+    """
     arch = canonical_arch(arch)
-    dpkg_arch, flavor, _, _ = ARCHES[arch]
+    flavor = canonical_flavour(arch, flavour)
+    dpkg_arch = ARCHES[arch][0]
     if not re.fullmatch(r"[a-z][a-z0-9-]*", suite):
         raise FetchError(f"bad suite name {suite!r}")
     if release is not None and not re.fullmatch(r"[0-9][A-Za-z0-9.+~-]*", release):
         raise FetchError(f"bad kernel release {release!r}")
+    if release is not None and flavour is not None and release_flavour(arch, release) != flavor:
+        raise FetchError(f"kernel release {release} is not of flavour {flavor}")
     cache = cache_dir()
     debs = cache / "debs"
     debs.mkdir(parents=True, exist_ok=True)
@@ -425,7 +468,7 @@ def fetch(arch: str, suite: str, release: str | None = None) -> Kernel:
         k.fw_cfg_module.write_bytes(lzma.decompress(data) if data[:6] == b"\xfd7zXZ\0" else data)
     shutil.rmtree(tmp, ignore_errors=True)
     bid = build_id(k.vmlinux)
-    manifest = {"arch": arch, "release": release, "suite": suite, "version": version, "build_id": bid,
+    manifest = {"arch": arch, "release": release, "flavour": k.flavour, "suite": suite, "version": version, "build_id": bid,
                 "packages": {"kernel": [d.name for d in kdebs], "dbg": dbg.name, "busybox": bb.name},
                 "busybox_version": bb_version, "has_fw_cfg": k.fw_cfg_module.exists()}
     (k.root / "kernel.json").write_text(json.dumps(manifest, indent=1) + "\n")

@@ -5,7 +5,7 @@ A stop is an ftrace ``stacktrace:1`` trigger caught as it fires (the lab's ftrac
 :class:`~.console_oracles.FtraceStacktrace`): gdb-multiarch, started by ``unwind gdb`` on the guest's
 gdbstub, puts a hardware breakpoint on ``stacktrace_trigger``, the trigger is armed on the console, and
 the first CPU to run it stops there. gdb walks that CPU twice (``disable unwinder`` / ``enable
-unwinder``; ``frame N`` and ``$pc`` for each level, an inline frame's pc once), then detaches; the guest runs on, the trigger saves the
+unwinder``; ``frame N`` and ``$pc`` for each level but inline ones: :func:`frame_pcs`), then detaches; the guest runs on, the trigger saves the
 kernel's walk of the same state, and the console prints it.
 
 Two events, in the lab guest's workloads (``unwind lab boot``):
@@ -35,6 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .console_oracles import FTRACE_INSTANCE, FTRACE_TRIGGER_FN
 from .monitor import Console
@@ -42,24 +43,15 @@ from .oracles import SystemMap, parse_ftrace_stack
 
 #: where the gdb script prints its findings (one JSON line)
 _MARK = "@@unwind-gdbcompare "
+_U64 = (1 << 64) - 1
 #: the name the unwinder is registered under (``info unwinder``)
 _UNWINDER = "unwind-kernel"
 #: the script gdb runs: stop at the trigger, walk the CPU without and with the unwinder, detach
 _GDB_SCRIPT = '''
 import json, gdb
+from unwind.lab.gdbcompare import frame_pcs
 def pcs():
-    # frame by frame as `bt` goes (a Python Frame of the last one would ask for the one after it), an inline
-    # frame's pc being its caller's
-    out = []
-    for level in range(200):
-        try:
-            gdb.execute("frame %d" % level, to_string=True)
-            pc = int(gdb.parse_and_eval("$pc")) & (2**64 - 1)
-        except gdb.error:
-            break
-        if not out or out[-1] != pc:
-            out.append(pc)
-    return out
+    return frame_pcs(gdb)
 gdb.execute("target remote {gdbstub}")
 gdb.execute("hbreak *{trigger:#x}")
 print("{mark}" + json.dumps({{"ready": True}}), flush=True)
@@ -77,6 +69,30 @@ gdb.execute("delete")
 print("{mark}" + json.dumps({{"cpu": cpu, "pc": pc, "without": without, "with": with_unwind}}), flush=True)
 gdb.execute("detach")
 '''
+
+
+#: the frames of a ``bt`` taken, at most
+_MAX_LEVELS = 200
+
+
+def frame_pcs(gdb: Any, limit: int = _MAX_LEVELS) -> list[int]:
+    """The pc of each frame gdb's ``bt`` shows for the selected thread, inline frames left out: frame by
+    frame (``frame N``, as ``bt`` goes: a Python ``Frame`` of the last one would ask for the one after it).
+
+    An inline frame (``gdb.INLINE_FRAME``) has the pc of the frame it is inlined in, which follows it; the
+    walk has one frame for both. Two real frames with the same pc are both kept: the kernel's walk prints
+    a hijacked return it does not recover (``return_to_handler+0x0``) once per hijacked frame.
+    """
+    out = []
+    for level in range(limit):
+        try:
+            gdb.execute(f"frame {level}", to_string=True)
+            if gdb.selected_frame().type() == gdb.INLINE_FRAME:
+                continue
+            out.append(int(gdb.parse_and_eval("$pc")) & _U64)
+        except gdb.error:
+            break
+    return out
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,16 @@
 ``unwind lab kdump --arch ARCH -o DIR`` boots the fetched kernel under QEMU TCG with ``crashkernel=``,
 KASLR as the kernel is built (``--nokaslr`` to turn it off), and a busybox ``/init`` that copies the same
 kernel and the capture initramfs from the disk (past the room the vmcore takes), loads them with ``kexec -p``,
-prints ``/proc/iomem`` and crashes with sysrq ``c``. The capture kernel's ``/init`` loads
-``virtio_blk`` and copies ``/proc/vmcore`` onto a raw virtio disk, then powers off. Written to ``DIR``:
+prints ``/proc/iomem`` and a few lines of ``/proc/kallsyms`` and crashes with sysrq ``c``. The capture kernel's
+``/init`` loads ``virtio_blk`` and copies ``/proc/vmcore`` onto a raw virtio disk, then powers off. Written to
+``DIR``:
 
 * ``kdump-NNN.elf``: ``/proc/vmcore``, byte for byte (the disk cut to the ELF's last segment);
 * ``kdump-NNN.console.txt``: what the panicking kernel printed from ``sysrq: Trigger a crash`` on,
   up to the capture kernel's first line (its panic trace is the oracle of the crash CPU);
 * ``kdump-NNN.iomem.txt``: the first kernel's ``/proc/iomem`` (its RAM, as kexec-tools read it);
+* ``kdump-NNN.kallsyms.txt``: the first kernel's ``/proc/kallsyms`` lines of :data:`KALLSYMS_NAMES` (where KASLR
+  put them, as the running kernel says);
 * ``kdump-NNN.console-full.txt``: the whole console of both kernels.
 
 kexec comes from Debian's ``kexec-tools`` package of the guest's arch. Only the shared objects the
@@ -19,6 +22,7 @@ into the first kernel's initramfs with the dynamic loader at the binary's ``PT_I
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +57,12 @@ FAILED = "UNWIND-KDUMP-FAILED"
 #: the first kernel's /init prints /proc/iomem between two of these lines
 IOMEM = "UNWIND-KDUMP-IOMEM"
 
+#: the first kernel's /init prints these symbols' /proc/kallsyms lines between two of these lines
+KALLSYMS = "UNWIND-KDUMP-KALLSYMS"
+
+#: the symbols whose /proc/kallsyms lines are kept: the kernel's start and the functions of a sysrq c panic
+KALLSYMS_NAMES = ("_text", "_stext", "panic", "__crash_kexec", "sysrq_handle_crash")
+
 #: /init's wait for the virtio disk, its modules loaded
 DISK_WAIT = r"""for m in $(cat /modules/order); do insmod /modules/$m.ko; done
 i=0; while [ ! -b /dev/vda ] && [ $i -lt 100 ]; do sleep 0.2; i=$((i+1)); done
@@ -74,12 +84,13 @@ LD_LIBRARY_PATH=/lib/kexec /sbin/kexec -p /kdump/Image --initrd=/kdump/initrd.gz
   || echo UNWIND-KDUMP-KEXEC-FAILED
 echo "kexec_crash_loaded: $(cat /sys/kernel/kexec_crash_loaded)"
 echo @IOMEM@; cat /proc/iomem; echo @IOMEM@
+echo @KALLSYMS@; grep -E ' (@NAMES@)$' /proc/kallsyms; echo @KALLSYMS@
 sleep 3
 echo CRASHING NOW
 # from the last CPU, so the crash CPU is not simply the first one
 taskset $((1 << ($(nproc) - 1))) sh -c 'echo c > /proc/sysrq-trigger'
 echo c > /proc/sysrq-trigger
-""".replace("@IOMEM@", IOMEM)
+""".replace("@IOMEM@", IOMEM).replace("@KALLSYMS@", KALLSYMS).replace("@NAMES@", "|".join(KALLSYMS_NAMES))
 
 #: the capture kernel's /init: copy /proc/vmcore to the virtio disk, then power off
 CAPTURE_INIT = r"""#!/bin/busybox sh
@@ -305,10 +316,17 @@ def panic_console(text: str) -> str:
     return "\n".join(lines[start:end]) + "\n"
 
 
-def iomem_console(text: str) -> str:
-    """The ``/proc/iomem`` the first kernel's /init printed (between two :data:`IOMEM` lines); '' when none."""
-    parts = text.replace("\r", "").split(IOMEM + "\n")
-    return parts[1] if len(parts) >= 3 else ""
+#: a kernel message on the console (printk's timestamp), which may come between the lines /init prints
+_KERNEL_LINE = re.compile(r"^\[ *\d+\.\d+\] ")
+
+
+def between_markers(text: str, marker: str) -> str:
+    """What the first kernel's /init printed between two ``marker`` lines (:data:`IOMEM`, :data:`KALLSYMS`), the
+    kernel's own messages left out; '' when none."""
+    parts = text.replace("\r", "").split(marker + "\n")
+    if len(parts) < 3:
+        return ""
+    return "".join(ln for ln in parts[1].splitlines(keepends=True) if not _KERNEL_LINE.match(ln))
 
 
 def run_kdump(k: Kernel, out_dir: Path, opts: KdumpOptions = KdumpOptions(), index: int = 0) -> list[Path]:
@@ -359,7 +377,8 @@ def run_kdump(k: Kernel, out_dir: Path, opts: KdumpOptions = KdumpOptions(), ind
             remaining -= len(chunk)
     disk.unlink()
     (out_dir / f"{stem}.console.txt").write_text(panic_console(text))
-    (out_dir / f"{stem}.iomem.txt").write_text(iomem_console(text))
+    (out_dir / f"{stem}.iomem.txt").write_text(between_markers(text, IOMEM))
+    (out_dir / f"{stem}.kallsyms.txt").write_text(between_markers(text, KALLSYMS))
     shutil.copyfile(console, out_dir / f"{stem}.console-full.txt")
     print(f"[kdump] {elf} ({size} bytes)", file=sys.stderr)
-    return [elf, *(out_dir / f"{stem}.{kind}.txt" for kind in ("console", "iomem", "console-full"))]
+    return [elf, *(out_dir / f"{stem}.{kind}.txt" for kind in ("console", "iomem", "kallsyms", "console-full"))]

@@ -407,12 +407,13 @@ def pages_walked_by_unwind(vmcore: Path, vmlinux: Path) -> set[int]:
 def kdump_slice(elf: Path, console: Path, vmlinux: Path, slim: Path, arch: str, dest: Path) -> list[Path]:
     """Commit-sized files of a true kdump in ``dest``: the slice of ``/proc/vmcore`` (xz) holding what
     the project reads with either image, the page tables behind it (:func:`pages_walked_by_unwind`)
-    and what drgn reads; the panicking kernel's console and its ``/proc/iomem`` where the lab kept one; drgn's
+    and what drgn reads; the panicking kernel's console and its ``/proc/iomem`` and ``/proc/kallsyms`` lines where
+    the lab kept them; drgn's
     task oracle of the full file (xz JSON)."""
     pages = pages_read_by_unwind(elf, vmlinux) | pages_read_by_unwind(elf, slim)
     pages |= pages_walked_by_unwind(elf, slim)
-    iomem = console.with_name(f"{_stem(elf)}.iomem.txt")
-    return write_corpus_slice(elf, pages, [console] + [iomem] * iomem.exists(), vmlinux, arch, dest)
+    kept = [console.with_name(f"{_stem(elf)}.{kind}.txt") for kind in ("iomem", "kallsyms")]
+    return write_corpus_slice(elf, pages, [console] + [p for p in kept if p.exists()], vmlinux, arch, dest)
 
 
 _PREAD = re.compile(r"pread64\((\d+), .*, (\d+), (\d+)\)\s+=\s+(\d+)$")
@@ -462,16 +463,19 @@ DRGN_ARCHES = ("x86_64", "arm64")
 
 
 def corpus_slice(elf: Path, capture: Path, vmlinux: Path, arch: str, dest: Path,
-                 modules: list[Path] = (), slim: Path | None = None) -> list[Path]:
+                 modules: list[Path] = (), slim: Path | None = None, tables: bool = False) -> list[Path]:
     """Commit-sized files of one stop in ``dest``: the slice of QEMU's ELF that the project and drgn
     read (xz), the capture of the same stop, and drgn's task oracle of the full ELF (xz JSON).
 
     With the committed ``slim`` image (which has no BTF) the project reads the kernel's BTF from
-    memory, so those pages are kept too.
+    memory, so those pages are kept too, and with ``tables`` the page tables behind every page
+    a replay translates (:func:`pages_walked_by_unwind`), so the translation cross-check can walk them.
     """
     pages = pages_read_by_unwind(elf, vmlinux)
     if slim is not None:
         pages |= pages_read_by_unwind(elf, slim)
+    if tables:
+        pages |= pages_walked_by_unwind(elf, slim or vmlinux)
     return write_corpus_slice(elf, pages, [capture], vmlinux, arch, dest, modules)
 
 

@@ -147,3 +147,45 @@ def test_walk_width_follows_t1sz_except_with_64k(page, va_bits, t1sz, walk_bits,
 def test_bad_vmcoreinfo_is_one_dump_error(kv, msg):
     with pytest.raises(DumpError, match=msg):
         mm.translator(info(**kv), SparsePhys(), {}.get)
+
+
+@pytest.mark.parametrize("t1sz,walk_bits", [(0xC, 52), (0x11, 47)])
+def test_16k_kernel_from_vmcoreinfo(t1sz, walk_bits):
+    """Debian's arm64-16k 6.12 (``CONFIG_ARM64_16K_PAGES``, ``VA_BITS=52``) on LPA2 hardware (T1SZ 12: four
+    levels of 11/11/11/5 bits, PA[51:50] in descriptor bits [9:8]) and without it (T1SZ 17: three levels of
+    47 bits, [9:8] are SH). VMCOREINFO without ``MODULES_VADDR`` (before 6.3), so the linear map ends at
+    ``_PAGE_END(VA_BITS_MIN)``, VA_BITS_MIN being 47 with 16K pages (``asm/memory.h``), not 48."""
+    g, page = 14, 1 << 14
+    t = tables(g, walk_bits)
+    levels = MODES[(g, walk_bits)]
+    block = 1 << levels[-2][0]  # 32 MiB at level 2
+    text, end = 0xFFFFC00080000000, 0xFFFFC00082600000
+    kimage_voffset = 0xFFFFC0003FE00000
+    for va in range(text, end, block):
+        t.map(va, va - kimage_voffset, len(levels) - 2)
+    swapper = text + 0x1D64000
+    kimage_voffset = swapper - t.root  # the tables live where tables() put them: the image follows
+    vmalloc = 0xFFFFC00090004000
+    high = (0x9 << 48) if walk_bits == 52 else 0x7_4000_0000  # a PA above 2^50 only where LPA2 can say it
+    t.map(vmalloc, high + 5 * page, len(levels) - 1)
+    # arm64_memblock_init(): on 47-bit hardware memstart_addr drops by _PAGE_OFFSET(47) - _PAGE_OFFSET(52)
+    page_offset = 0xFFF0000000000000
+    phys_offset = (0x40000000 - ((-(1 << walk_bits) & U64) - page_offset)) & U64
+    vi = info(PAGESIZE="16384", **{"NUMBER(VA_BITS)": "52", "NUMBER(kimage_voffset)": f"{kimage_voffset:#x}",
+                                   "NUMBER(PHYS_OFFSET)": f"{phys_offset:#x}", "NUMBER(TCR_EL1_T1SZ)": f"{t1sz:#x}",
+                                   "SYMBOL(swapper_pg_dir)": f"{swapper:x}", "SYMBOL(_stext)": f"{text + 0x10000:x}"})
+    x = mm.translator(vi, t.phys, {"_text": text, "_end": end}.get)
+    assert (x.page_shift, x.va_bits, x.levels) == (g, walk_bits, len(levels))
+    assert x.translate(vmalloc + 0x3FF8) == high + 5 * page + 0x3FF8
+    with pytest.raises(NotMapped):
+        x.translate(vmalloc + page)
+    # the linear map, __lm_to_phys(): [-(1 << walk_bits), PAGE_END = -(1 << 46)), no table needed
+    lm_start = -(1 << walk_bits) & U64
+    for va in (lm_start + 0x1230, 0xFFFF9000_00004000, 0xFFFFBFFF_FFFFFFF8):
+        assert x.translate(va) == (va - page_offset + phys_offset) & U64
+    assert x.translate(lm_start) == 0x40000000
+    with pytest.raises(NotMapped):
+        x.translate(0xFFFFC00000000000)  # MODULES_VADDR: not linear, and no table maps it
+    if walk_bits < 52:
+        with pytest.raises(NotMapped, match="below the 47-bit"):
+            x.translate(page_offset)

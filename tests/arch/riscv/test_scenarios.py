@@ -36,6 +36,7 @@ SCENARIOS: dict[str, Callable[[], S.Scenario]] = {
     "fgraph, retp collision": S.fgraph_retp_collision,
     "fgraph, retp collision, with fp": lambda: S.fgraph_retp_collision(with_fp=True),
     "fgraph, a hijack in flight": S.fgraph_in_flight,
+    "6.12 fgraph, running, two returns not recovered": S.fgraph_unrecovered,
     "7.x fgraph, blocked, retp matches": lambda: S.fgraph_hijack(running=False, release="7.2.0-synthetic"),
     "7.x fgraph, blocked, retp in ftrace_caller's frame":
         lambda: S.fgraph_hijack(running=False, kernel_retp=False, release="7.2.0-synthetic"),
