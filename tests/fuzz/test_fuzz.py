@@ -448,3 +448,18 @@ def test_vmmem_a_crash_note_whose_pid_is_no_pid_gives_the_cpu_no_pid(fuzzer, vms
     (tmp_path / "v.elf").write_bytes(data)
     cpus = Session.load(tmp_path / "v.elf", vmlinux=vmseed.image_path).dump.cpus
     assert [c.pid for c in cpus] == [None] + [c.pid for c in clean_kdump.dump.cpus[1:]]
+
+
+def test_vmmem_a_last_cpu_past_nr_cpus_is_not_said(fuzzer, vmseed, clean_kdump, tmp_path):
+    # found by the seeded campaign on the riscv true kdump (case 0:280): a task's thread_info.cpu of 900640
+    # went into the note convert writes, whose schema refuses it (set_task_cpu() sets a possible CPU only)
+    from unwind.session.replay import Session
+
+    k = clean_kdump.dump.kernel
+    pid = next(t.pid for t in clean_kdump.dump.tasks() if not t.running and t.pid and t.cpu is not None)
+    word = _task_word(clean_kdump, vmseed, pid, "thread_info.cpu" if k.has("task_struct", "thread_info.cpu") else "cpu")
+    data = apply_edits(vmseed.raw, [(word.offset, word.width, 900640)])
+    assert fuzzer.guarded("vmmem", "cpu", lambda: fuzzer.check_vmcore(data, vmseed)).kind == "ok"
+    (tmp_path / "v.elf").write_bytes(data)
+    task = next(t for t in Session.load(tmp_path / "v.elf", vmlinux=vmseed.image_path).dump.tasks() if t.pid == pid)
+    assert task.cpu is None and not task.running

@@ -120,8 +120,8 @@ class KernelTask:
     state: str
     stack: int
     on_cpu: int
-    #: ``thread_info.cpu`` (or ``task_struct.cpu``): the CPU it last ran on
-    cpu: int
+    #: ``thread_info.cpu`` (or ``task_struct.cpu``): the CPU it last ran on; ``None`` past ``NR_CPUS``
+    cpu: int | None
     switches: int
     #: the CPU it is running on at the stop (``rq->curr``), else ``None``
     running_on: int | None = None
@@ -368,12 +368,13 @@ class Kernel:
         cpu_path = "thread_info.cpu" if self.has("task_struct", "thread_info.cpu") else "cpu"
         if u("pid") > PID_MAX_LIMIT:  # alloc_pid() hands out pids below pid_max only
             raise KernelError(f"pid {u('pid')} is past PID_MAX_LIMIT ({PID_MAX_LIMIT}): not a task")
+        cpu = u(cpu_path) if self.has("task_struct", cpu_path) else 0
         letter = task_state_char(state & 0xFFFFFFFF, u("exit_state"))
         unread = {path for path, _ in faults}
         if unread & set(self.STATE_MEMBERS):
             letter = "?"
         return KernelTask(addr=addr, pid=u("pid"), tgid=u("tgid"), comm=comm, state=letter, stack=u("stack"),
-                          on_cpu=u("on_cpu"), cpu=u(cpu_path) if self.has("task_struct", cpu_path) else 0,
+                          on_cpu=u("on_cpu"), cpu=cpu if cpu < MAX_CPUS else None,  # set_task_cpu(): a possible CPU
                           switches=u("nvcsw") + u("nivcsw"), data=data, missing=missing,
                           ppid=None if {"real_parent", "thread_pid"} & unread else self._ppid(data),
                           kthread=None if "flags" in unread or not self.has("task_struct", "flags")
