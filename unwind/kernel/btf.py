@@ -37,7 +37,7 @@ from bisect import bisect_left, bisect_right
 from collections import namedtuple
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Hashable, TypeVar
 
 from construct import Const, Construct, Int16ul, Int32sl, Int32ul, Int8ul, Struct
 from elftools.common.exceptions import ELFError
@@ -46,6 +46,23 @@ from unwind.formats.elfcore import section_data
 from unwind.formats.packed import packed
 
 BTF_MAGIC = 0xEB9F
+
+_T = TypeVar("_T")
+
+
+def _remembered(answers: dict[Any, Any], key: Hashable, answer: Callable[[], _T]) -> _T:
+    """``answer()`` the first time ``key`` is asked, the remembered answer after: a :class:`BtfError` is
+    remembered as its message and raised again."""
+    got = answers.get(key)
+    if got is None:
+        try:
+            got = answer()
+        except BtfError as e:
+            got = str(e)
+        answers[key] = got
+    if isinstance(got, str):
+        raise BtfError(got)
+    return got
 
 #: BTF_KIND_* (uapi/linux/btf.h)
 KIND = {1: "int", 2: "ptr", 3: "array", 4: "struct", 5: "union", 6: "enum", 7: "fwd", 8: "typedef",
@@ -404,16 +421,7 @@ class Btf:
 
     def find(self, name: str, kind: str | None = None) -> int:
         """Type id of the named type (struct/union/typedef/enum/int... or the given ``kind``)."""
-        got = self._found.get((name, kind))
-        if got is None:
-            try:
-                got = self._find(name, kind)
-            except BtfError as e:
-                got = str(e)
-            self._found[(name, kind)] = got
-        if isinstance(got, str):
-            raise BtfError(got)
-        return got
+        return _remembered(self._found, (name, kind), lambda: self._find(name, kind))
 
     def _find(self, name: str, kind: str | None) -> int:
         """:meth:`find`, by a bisection of the names."""
@@ -478,16 +486,7 @@ class Btf:
 
     def member(self, type_: str | int, path: str) -> Member:
         """Resolve ``a.b[2].c`` inside ``type_`` (a name or a type id) to its offset from the start."""
-        got = self._members.get((type_, path))
-        if got is None:
-            try:
-                got = self._walk_path(self._tid(type_), type_, path)
-            except BtfError as e:
-                got = str(e)
-            self._members[(type_, path)] = got
-        if isinstance(got, str):
-            raise BtfError(got)
-        return got
+        return _remembered(self._members, (type_, path), lambda: self._walk_path(self._tid(type_), type_, path))
 
     def _walk_path(self, tid: int, what: str | int, path: str) -> Member:
         off = bits = bsize = size = 0
