@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import lzma
 from collections import Counter
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -10,6 +13,19 @@ import pytest
 from unwind.cli.corpus import compare_oracle
 from unwind.session.replay import Session, load_session
 from unwind.core.target import Options
+
+
+def open_slice(xz: Path, folder: Path) -> dict[str, Any]:
+    """A committed vmcore slice (``vmcore/stop-*.elf.xz``) decompressed into ``folder``: ``elf``, its ``arch``,
+    the lab's ``capture`` of the same stop, the folder's ``slim`` image and drgn's record (``drgn``; ``None``
+    where drgn could not read the vmcore)."""
+    stem = xz.name.split(".")[0]
+    elf = folder / f"{stem}.elf"
+    elf.write_bytes(lzma.decompress(xz.read_bytes()))
+    drgn = xz.with_name(f"{stem}.drgn-tasks.json.xz")
+    return {"arch": xz.parts[-4], "elf": elf, "capture": xz.with_name(f"{stem}.bin.xz"),
+            "slim": next(xz.parents[1].glob("vmlinux-*.slim.xz")),
+            "drgn": json.loads(lzma.decompress(drgn.read_bytes())) if drgn.exists() else None}
 
 
 def running_cpu_results(session: Session, counts: dict[str, Counter[str]]) -> Iterator[tuple[Any, str]]:

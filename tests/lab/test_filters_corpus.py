@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import lzma
 import re
 from collections import Counter
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 from unwind.cli.main import main
 from unwind.core.target import Task
 from unwind.session.replay import Session
+from tests.corpus_checks import open_slice
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 DUMPS = sorted(CORPORA.glob("*/*/stop-*.bin.xz")) + sorted(CORPORA.glob("*/*/vmcore/stop-*.bin.xz"))
@@ -134,15 +134,9 @@ def test_filters_select_what_the_replay_and_the_kernel_show(path: Path) -> None:
 @pytest.fixture(scope="module", params=SLICES, ids=_id)
 def vmcore(request, tmp_path_factory) -> dict:
     """A committed vmcore slice, decompressed, with its slim image, drgn's record and the capture's sysrq-t."""
-    xz: Path = request.param
-    stem = xz.name.split(".")[0]
-    elf = tmp_path_factory.mktemp("slice") / f"{stem}.elf"
-    elf.write_bytes(lzma.decompress(xz.read_bytes()))
-    slim = next(xz.parents[1].glob("vmlinux-*.slim.xz"))
-    drgn = xz.with_name(f"{stem}.drgn-tasks.json.xz")
-    return {"elf": elf, "slim": slim, "session": Session.load(elf, vmlinux=slim),
-            "drgn": json.loads(lzma.decompress(drgn.read_bytes())) if drgn.exists() else None,
-            "sysrq": _sysrq_t(Session.load(xz.with_name(f"{stem}.bin.xz"), vmlinux=slim))}
+    stop = open_slice(request.param, tmp_path_factory.mktemp("slice"))
+    return {**stop, "session": Session.load(stop["elf"], vmlinux=stop["slim"]),
+            "sysrq": _sysrq_t(Session.load(stop["capture"], vmlinux=stop["slim"]))}
 
 
 def test_vmcore_filters_select_what_the_replay_and_drgn_show(vmcore) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import lzma
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from unwind.cli.main import main
 from unwind.formats.dump import Dump
 from unwind.formats.vmcore import open_vmcore
+from tests.corpus_checks import open_slice
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 SLICES = sorted(CORPORA.glob("*/*/vmcore/stop-*.elf.xz"))
@@ -32,14 +32,7 @@ def _ids(p: Path) -> str:
 @pytest.fixture(scope="module", params=SLICES, ids=_ids)
 def stop(request, tmp_path_factory) -> dict:
     """One committed stop: the decompressed slice, the capture, the slim image, drgn's answers."""
-    xz: Path = request.param
-    stem = xz.name.split(".")[0]
-    elf = tmp_path_factory.mktemp("slice") / f"{stem}.elf"
-    elf.write_bytes(lzma.decompress(xz.read_bytes()))
-    drgn = xz.with_name(f"{stem}.drgn-tasks.json.xz")
-    return {"arch": xz.parts[-4], "elf": elf, "capture": xz.with_name(f"{stem}.bin.xz"),
-            "slim": next(xz.parents[1].glob("vmlinux-*.slim.xz")),
-            "drgn": json.loads(lzma.decompress(drgn.read_bytes())) if drgn.exists() else None}
+    return open_slice(request.param, tmp_path_factory.mktemp("slice"))
 
 
 def _replay_all(dump: Path, slim: Path) -> dict[str, dict]:
