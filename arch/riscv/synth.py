@@ -533,6 +533,21 @@ def fgraph_hijack(running: bool = True, kernel_retp: bool = True, release: str =
                     complete_flags={real: Flag.FGRAPH if kernel_recovers else Flag.FGRAPH | Flag.COMPLETE})
 
 
+def _traced_nanosleep(s: RiscvSynth, st: SynthStack, fp_c: int) -> tuple[int, int, int]:
+    """Below ``hrtimer_nanosleep``'s record at ``fp_c``: ``do_nanosleep`` and ``schedule_timeout``, both
+    traced (their records' ra is ``return_to_handler``), then ``schedule`` and ``__schedule``. The fps
+    of ``do_nanosleep``, ``schedule_timeout`` and ``__schedule``."""
+    fp_a = fp_c - 0x40                                           # do_nanosleep: traced
+    s.record(st, fp_a, fp_c, s.at("return_to_handler"))
+    fp_b = fp_a - 0x40                                           # schedule_timeout: traced
+    s.record(st, fp_b, fp_a, s.at("return_to_handler"))
+    fp_s = fp_b - 0x30                                           # schedule
+    s.record(st, fp_s, fp_b, s.at("schedule_timeout", 0x94))
+    fp_0 = fp_s - 0x20                                           # __schedule
+    s.record(st, fp_0, fp_s, s.at("schedule", 0x2C))
+    return fp_a, fp_b, fp_0
+
+
 def fgraph_retp_collision(with_fp: bool = False, running: bool = True,
                           release: str = "6.12.0-synthetic") -> Scenario:
     """Two hijacked returns where an older entry's retp is the younger function's ``&frame->ra``.
@@ -550,14 +565,7 @@ def fgraph_retp_collision(with_fp: bool = False, running: bool = True,
     st = s.task_stack(pid, cpu if running else None)
     fp_c = st.high - 0x100                                       # hrtimer_nanosleep ends the stack
     s.record(st, fp_c, 0, 0)
-    fp_a = fp_c - 0x40                                           # do_nanosleep: traced
-    s.record(st, fp_a, fp_c, s.at("return_to_handler"))
-    fp_b = fp_a - 0x40                                           # schedule_timeout: traced
-    s.record(st, fp_b, fp_a, s.at("return_to_handler"))
-    fp_s = fp_b - 0x30                                           # schedule
-    s.record(st, fp_s, fp_b, s.at("schedule_timeout", 0x94))
-    fp_0 = fp_s - 0x20                                           # __schedule
-    s.record(st, fp_0, fp_s, s.at("schedule", 0x2C))
+    fp_a, fp_b, fp_0 = _traced_nanosleep(s, st, fp_c)
     ret_a, ret_b = s.at("hrtimer_nanosleep", 0x50), s.at("do_nanosleep", 0x58)
     entries = [{"ret": ret_a, "retp": fp_b - 8, "func": s.at("do_nanosleep")},      # retp collides
                {"ret": ret_b, "retp": fp_0 - 0x100, "func": s.at("schedule_timeout")}]
@@ -595,14 +603,7 @@ def fgraph_unrecovered() -> Scenario:
     s.record(st, fp_e, 0, 0)
     fp_c = fp_e - 0x40                                           # hrtimer_nanosleep
     s.record(st, fp_c, fp_e, s.at("__riscv_sys_clock_nanosleep", 0x30))
-    fp_a = fp_c - 0x40                                           # do_nanosleep: traced
-    s.record(st, fp_a, fp_c, s.at("return_to_handler"))
-    fp_b = fp_a - 0x40                                           # schedule_timeout: traced
-    s.record(st, fp_b, fp_a, s.at("return_to_handler"))
-    fp_s = fp_b - 0x30                                           # schedule
-    s.record(st, fp_s, fp_b, s.at("schedule_timeout", 0x94))
-    fp_0 = fp_s - 0x20                                           # __schedule
-    s.record(st, fp_0, fp_s, s.at("schedule", 0x2C))
+    _, _, fp_0 = _traced_nanosleep(s, st, fp_c)
     ret_a, ret_b = s.at("hrtimer_nanosleep", 0x50), s.at("do_nanosleep", 0x58)
     entries = [{"ret": ret_a, "retp": fp_0 - 0x180, "func": s.at("do_nanosleep")},  # &fregs->ra: in
                {"ret": ret_b, "retp": fp_0 - 0x100, "func": s.at("schedule_timeout")}]  # no record
