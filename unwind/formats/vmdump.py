@@ -70,6 +70,8 @@ class VmcoreFile(NamedByVmcoreinfo):
         self.vmcoreinfo_text: str = phys.vmcoreinfo or ""
         self.vmcoreinfo = VmcoreInfo.parse(self.vmcoreinfo_text).checked(
             lambda msg: self.warnings.append(f"{path}: {msg}"))
+        #: the image :meth:`vmcoreinfo_from_memory` last read VMCOREINFO through, and what it found
+        self._from_memory: tuple[Image, tuple[str, str]] | None = None
 
     @classmethod
     def open(cls, path: str) -> "VmcoreFile":
@@ -98,8 +100,11 @@ class VmcoreFile(NamedByVmcoreinfo):
 
         The image's link-time symbols and BTF locate the kernel's own
         ``vmcoreinfo_note`` (``ArchBackend.vmcoreinfo_from_memory``); a
-        ``BUILD-ID`` in it must be the image's.
+        ``BUILD-ID`` in it must be the image's. Read once per image: finding the image by it
+        (``Session.load``) and reading the kernel through it ask the same.
         """
+        if self._from_memory is not None and self._from_memory[0] is image:
+            return self._from_memory[1]
         ranges = [(r.start, r.end) for r in self.phys.ranges]
         try:
             info, how = self.backend.vmcoreinfo_from_memory(self.phys, ranges, image.symbols.address, image.btf)
@@ -114,7 +119,8 @@ class VmcoreFile(NamedByVmcoreinfo):
         if build_id and image.build_id and build_id != image.build_id:
             raise DumpError(f"{self.path}: the kernel's VMCOREINFO names build-id {build_id}, "
                             f"{image.path} is {image.build_id}")
-        return "".join(f"{k}={v}\n" for k, v in info.items()), how
+        self._from_memory = (image, ("".join(f"{k}={v}\n" for k, v in info.items()), how))
+        return self._from_memory[1]
 
 
 class VmcoreDump(NamedByVmcoreinfo):
