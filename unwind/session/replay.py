@@ -417,7 +417,6 @@ class Session:
             self.source_lines().fill(frames)
         return Replay(target, frames, stop, verdict, unwinder.basis())
 
-
     def symbolize(self, frames: Sequence[Frame], target: Target) -> None:
         """Set each frame's ``symbol`` to what the kernel prints (:meth:`ArchBackend.symbolize`). That text
         depends on the frame's pc and source and the target's symbols only, so it is made once per
@@ -540,7 +539,7 @@ def _image_by_memory(vmcore: "VmcoreFile") -> Image | None:
             continue  # another machine's: not unpacked
         try:
             image = open_image(cand.resolve())
-            if image.machine != vmcore.backend.elf_machine or not image.build_id:
+            if not image.build_id:
                 continue
             text, _how = vmcore.vmcoreinfo_from_memory(image)
         except (ImageError, DumpError):
