@@ -10,6 +10,7 @@ import io
 import lzma
 import os
 import tempfile
+import weakref
 
 
 class SourceTruncated(Exception):
@@ -102,10 +103,14 @@ class XzSource(Source):
         self.path = path
         self.mtime_ns = os.stat(path).st_mtime_ns  # the flattened index cache keys on the compressed file
         self._file = tempfile.SpooledTemporaryFile(max_size=XZ_SPOOL_BYTES)
+        #: closes the spool when this source is collected unclosed: a weakref callback, which the collector runs
+        #: before any finalizer, so the spool is never collected open (its ResourceWarning, raised in whatever
+        #: frame the collection interrupts, adds ``__warningregistry__`` to that module's globals)
+        self._close = weakref.finalize(self, self._file.close)
         try:
             self.size = self.stored = self._decompress(path, XZ_MAX_BYTES if limit is None else limit)
         except BaseException:
-            self._file.close()
+            self._close()
             raise
 
     def _decompress(self, path: str, limit: int) -> int:
@@ -143,7 +148,7 @@ class XzSource(Source):
         return self._file.read(size)
 
     def close(self) -> None:
-        self._file.close()
+        self._close()
 
 
 def xz_head(path: str, size: int) -> bytes:
