@@ -173,15 +173,3 @@ def test_printk_prefixes_and_blocks():
     assert (nmi.kind, nmi.cpu, nmi.pid, nmi.comm) == (BlockKind.NMI, 1, 5, "kworker/1:0")
     assert [f.guess for f in nmi.frames] == [True, False] and nmi.reliable[0].address == 0xffffffff0204d9da
     assert anon.kind is BlockKind.TRACE and anon.frames == [] and anon.damaged == [(12, "schedule+0x27/0xxc0")]
-
-
-def test_a_kdump_vmcore_and_its_panic_log(capsys):
-    """The committed kdump vmcore's console: its one trace, the panic's, is matched by the crash CPU and
-    the pid and comm its CPU: line prints, and compared (never reported as unmatched)."""
-    folder = ROOT / "corpora/x86_64/6.12.117+deb13-amd64/vmcore"
-    log = folder / "kdump-000.console.txt"
-    rc = main(["diff", str(folder / "kdump-000.elf.xz"), "--oracle", str(log), "--json"])
-    (c,) = json.loads(capsys.readouterr().out)["compared"]
-    assert c["kind"] == "crash" and c["who"] == "cpu0 (pid 1 (init))" and c["task"] == "pid 1 (init) on cpu0"
-    assert c["printed"][:2] == ["dump_stack_lvl+0x5d", "panic+0x118"]
-    assert rc == (0 if c["agrees"] else 1)

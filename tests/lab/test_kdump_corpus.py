@@ -239,6 +239,79 @@ def test_complete_crash_cpu_equals_the_console_panic_trace(vmcore: Path, capsys)
     assert _after_panic(ours) == expected
 
 
+def _diff_oracle(capsys, vmcore: Path, console: Path) -> tuple[int, dict, list[str]]:
+    """``unwind diff VMCORE --oracle CONSOLE``: exit status, its one comparison (JSON) and its text lines."""
+    rc, out = _run(capsys, "diff", str(vmcore), "--vmlinux", _slim(vmcore), "--oracle", str(console), "--json")
+    (compared,) = json.loads(out[0])["compared"]
+    rc_text, text = _run(capsys, "diff", str(vmcore), "--vmlinux", _slim(vmcore), "--oracle", str(console))
+    assert rc_text == rc
+    return rc, compared, text
+
+
+@pytest.mark.parametrize("vmcore", KDUMPS, ids=_kdump_id)
+def test_diff_oracle_compares_the_panic_trace_below_panic(vmcore: Path, capsys) -> None:
+    """``diff --oracle`` of the console: the panic trace (printed by dump_stack() in panic()) against the crash CPU's
+    walk (from the registers __crash_kexec() saved, later on the same stack), compared below panic()'s frame, where
+    the two moments part: every frame the console printed below it, as the console printed it (read here with this
+    file's own pattern), and the comparison says so. x86-64's faithful walk has no frame there (__crash_kexec has no
+    ORC, so the kernel's unwinder prints only '?' words), so its --complete walk is compared, and said to be."""
+    con = panic_console(vmcore)
+    rc, c, text = _diff_oracle(capsys, vmcore, vmcore.with_name(vmcore.name.split(".")[0] + ".console.txt"))
+    below = [_symbol(ln) for ln in _after_panic(con.trace) if "+0x" in ln and not ln.startswith(" ? ")]
+    assert rc == 0 and c["agrees"] and c["task"] == f"pid {con.pid} ({con.comm}) on cpu{con.cpu}"
+    i, j = c["cut"]
+    assert c["printed"][i:] == c["replayed"][j:] == [s.split("/")[0] for s in below] and len(below) >= 5
+    assert [p.split("+")[0] for p in c["parted"]] == ["panic", "panic"] and c["parted"][0] != c["parted"][1]
+    assert c["mode"] == ("complete" if vmcore.parts[-4] == "x86_64" else "faithful")
+    assert any(f"compared from printed frame {i} and {c['mode']} replayed frame {j}, below {c['parted'][0]} and "
+               f"{c['parted'][1]}, where they part" in ln for ln in text)
+    if c["mode"] == "complete":
+        assert "--complete looks for the caller" in c["faithful_stop"]
+        assert any("the faithful walk holds none of the printed functions" in ln and "compared with the --complete "
+                   "walk" in ln for ln in text)
+    assert text[-1].endswith("1 traces: 1 agree, 0 differ, 0 unmatched")
+
+
+def _changed(console: str, index: int, by: int) -> str:
+    """``console`` with the pc of the ``index``-th frame line below panic()'s raised by ``by``: its offset, and
+    riscv's ``[<address>]`` with it."""
+    lines = console.splitlines()
+    at = [n for n, ln in enumerate(lines) if "+0x" in ln and _FRAME.match(_STAMP.sub("", ln)) and " ? " not in ln]
+    first = next(k for k, n in enumerate(at) if _symbol(_STAMP.sub("", lines[n])).startswith("panic+"))
+    n = at[first + 1 + index]
+    for pattern in (r"\+0x([0-9a-f]+)/", r"\[<([0-9a-f]+)>\]"):
+        if m := re.search(pattern, lines[n]):
+            digits = f"{int(m.group(1), 16) + by:x}".rjust(len(m.group(1)), "0")
+            lines[n] = lines[n][:m.start(1)] + digits + lines[n][m.end(1):]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("index", [0, 2], ids=["first-below-panic", "third-below-panic"])
+@pytest.mark.parametrize("vmcore", KDUMPS, ids=_kdump_id)
+def test_diff_oracle_fails_on_a_changed_frame(vmcore: Path, index: int, tmp_path: Path, capsys) -> None:
+    """The same console with one frame below panic() changed (its offset, by 2) is one difference at that line
+    (exit 1): the first frame below panic() too, which a comparison from the first frame both hold would leave out."""
+    log = tmp_path / "console.txt"
+    log.write_text(_changed(vmcore.with_name(vmcore.name.split(".")[0] + ".console.txt").read_text(), index, 2))
+    rc, c, text = _diff_oracle(capsys, vmcore, log)
+    assert rc == 1 and not c["agrees"] and len(c["differences"]) == 1
+    (d,) = c["differences"]
+    assert d["frame"] == c["cut"][0] + index and d["printed"] != d["replayed"]
+    assert d["printed"].split("+")[0] == d["replayed"].split("+")[0]
+    assert any(ln.startswith(f"{log}:{d['line']}: ") and f"printed {d['printed']}, replayed {d['replayed']}" in ln
+               for ln in text)
+
+
+def test_diff_oracle_of_a_kdump_whose_stacks_are_left_out_says_where_the_walk_ends(capsys) -> None:
+    """riscv's kdump-001, whose crash CPU's stack the headers leave out: the walk ends after its first frame, so the
+    printed frames are differences (exit 1), and the text says why the replay has none of them."""
+    [vmcore] = STACKS_LEFT_OUT
+    rc, c, text = _diff_oracle(capsys, vmcore, vmcore.with_name(vmcore.name.split(".")[0] + ".console.txt"))
+    assert rc == 1 and c["mode"] == "faithful" and len(c["replayed"]) == 1
+    assert c["stop"].startswith("memory not in the dump: ") and "leave out" in c["stop"]
+    assert text[-2].endswith(f"the faithful walk ends after 1 frames: -- stop: {c['stop']}")
+
+
 @pytest.mark.parametrize("value,first", [(1, 1), (-1, 0)], ids=["panic_cpu=1", "PANIC_CPU_INVALID"])
 def test_the_cpu_panic_cpu_names_leads(value: int, first: int, monkeypatch, capsys) -> None:
     """The order comes from the kernel's panic_cpu (kernel/panic.c), not from the CPU numbers: on the arm64 kdump

@@ -8,10 +8,13 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from unwind.session.replay import Replay, Session, load_session
 from unwind.core.target import Options, Task
+
+if TYPE_CHECKING:
+    from unwind.session.oracle_log import LogComparison
 
 
 @dataclass
@@ -227,8 +230,11 @@ def cmd_diff_log(args: argparse.Namespace) -> int:
         print(json.dumps({
             "dump": args.dumps[0], "log": log, "agrees": diff.agrees,
             "compared": [{"line": c.trace.line, "kind": c.trace.kind.value, "who": c.trace.who(),
-                          "task": c.task.describe(), "agrees": c.agrees, "printed": [f.key for f in c.printed],
-                          "replayed": [f.key for f in c.replayed], "cut": list(c.cut),
+                          "task": c.task.describe(), "agrees": c.agrees, "mode": c.mode,
+                          "printed": [f.key for f in c.printed], "replayed": [f.key for f in c.replayed],
+                          "cut": list(c.cut), "parted": list(c.parted) if c.parted else None,
+                          "stop": str(c.stop) if c.stop else None,
+                          "faithful_stop": str(c.faithful_stop) if c.faithful_stop else None,
                           "differences": [{"frame": d.index, "line": d.line, "printed": d.printed,
                                            "replayed": d.replayed} for d in c.differences]}
                          for c in diff.compared],
@@ -236,16 +242,8 @@ def cmd_diff_log(args: argparse.Namespace) -> int:
                           for u in diff.unmatched]}))
     else:
         for c in diff.compared:
-            head = f"{log}:{c.trace.line}: {c.trace.who()}"
-            if c.cut != (0, 0):
-                print(f"{head}: compared from printed frame {c.cut[0]} and replayed frame {c.cut[1]}, the first "
-                      "both hold (printed on the way to the dump)")
-            for d in c.differences:
-                where = f"{log}:{d.line}" if d.line is not None else head.partition(": ")[0]
-                print(f"{where}: {c.trace.who()} frame {d.index}: printed {d.printed or '(none)'}, "
-                      f"replayed {d.replayed or '(none)'}")
-            if args.verbose and c.agrees:
-                print(f"{head}: agrees ({len(c.printed)} frames)")
+            for line in _log_comparison_text(log, c, args.verbose):
+                print(line)
         for u in diff.unmatched:
             print(f"{log}:{u.trace.line}: {u.trace.who()}: unmatched: {u.why}")
         differ = sum(not c.agrees for c in diff.compared)
@@ -257,6 +255,29 @@ def cmd_diff_log(args: argparse.Namespace) -> int:
         print(f"unwind: error: {log} holds {what}: nothing was compared", file=sys.stderr)
         return 2
     return 0 if diff.agrees else 1
+
+
+def _log_comparison_text(log: str, c: LogComparison, verbose: bool) -> list[str]:
+    """The lines ``diff --oracle`` prints for one compared trace: which walk and which frames were compared
+    (a crash block), each difference at its log line, and the walk's stop when it ran out first."""
+    head = f"{log}:{c.trace.line}: {c.trace.who()}"
+    out = []
+    if c.faithful_stop is not None:
+        out.append(f"{head}: the faithful walk holds none of the printed functions (-- stop: {c.faithful_stop}); "
+                   "compared with the --complete walk")
+    if c.cut != (0, 0):
+        where = f"below {c.parted[0]} and {c.parted[1]}, where they part" if c.parted else "the first both hold"
+        out.append(f"{head}: compared from printed frame {c.cut[0]} and {c.mode} replayed frame {c.cut[1]}, {where} "
+                   "(printed on the way to the dump)")
+    for d in c.differences:
+        where = f"{log}:{d.line}" if d.line is not None else head.partition(": ")[0]
+        out.append(f"{where}: {c.trace.who()} frame {d.index}: printed {d.printed or '(none)'}, "
+                   f"replayed {d.replayed or '(none)'}")
+    if c.differences and c.differences[-1].replayed is None and c.stop is not None:
+        out.append(f"{head}: the {c.mode} walk ends after {len(c.replayed)} frames: -- stop: {c.stop}")
+    if verbose and c.agrees:
+        out.append(f"{head}: agrees ({len(c.printed) - c.cut[0]} frames compared, with the {c.mode} walk)")
+    return out
 
 
 def cmd_slim(args: argparse.Namespace) -> int:

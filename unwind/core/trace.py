@@ -75,14 +75,25 @@ class TraceLine:
         return out
 
 
+#: what :func:`frame_line` puts after a frame only complete mode adds
+_COMPLETE_MARK = " [complete"
+
+
 def frame_line(frame: Frame, symbol: str, text: str, complete_why: Callable[[Frame], str]) -> TraceLine:
     """The line ``text`` printing ``frame`` (``symbol`` is the symbol it shows); on a frame only complete
     mode adds, `` [complete: why]`` follows, ``why`` from the arch's ``complete_why(frame)`` (an empty one
     leaves `` [complete]``)."""
     if frame.flags & Flag.COMPLETE:
         why = complete_why(frame)
-        text += f" [complete: {why}]" if why else " [complete]"
+        text += f"{_COMPLETE_MARK}: {why}]" if why else f"{_COMPLETE_MARK}]"
     return TraceLine(text, LineKind.FRAME, frame, {"pc": frame.pc, "symbol": symbol})
+
+
+def kernel_text(line: TraceLine) -> str:
+    """The line as the kernel prints it: its text without the `` [complete: why]`` :func:`frame_line` adds."""
+    if line.frame is not None and line.frame.flags & Flag.COMPLETE and _COMPLETE_MARK in line.text:
+        return line.text[:line.text.rindex(_COMPLETE_MARK)]
+    return line.text
 
 
 def _hexed(v: Any) -> Any:

@@ -8,8 +8,13 @@ the same parser as the log's, so both are compared pc for pc: as ``name+0xoff``,
 both lines print one (riscv's ``[<address>]``); the ``? `` guesses are not compared.
 
 A ``CPU:`` block was printed by the crashing task on its way to the dump: the dump's registers were
-taken later on the same path (``__crash_kexec()`` after ``panic()`` printed), so the two are compared from
-the first frame both hold, and the frames above it are reported as left out.
+taken later on the same path (``__crash_kexec()`` after ``panic()`` printed), so the two are two moments of
+one stack. They are compared below the frame where they part: the first printed frame whose function the
+replay also holds (``panic``, which called ``dump_stack()`` and then ``__crash_kexec()``); from that frame
+when both print the same pc, else from the frames below it. The frames above are reported as left out.
+Where the faithful walk holds none of the printed functions (x86-64's crash CPU: ``__crash_kexec()`` has
+no ORC, so the kernel's unwinder prints only ``? `` words from those registers), the ``--complete`` walk is
+compared instead, as crash's ``bt`` and drgn walk that CPU, and the comparison says so.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from unwind.core.target import Options, Task
+from unwind.core.trace import kernel_text
+from unwind.core.walk import Stop
 from unwind.formats.console import BlockKind, PrintedFrame, PrintedTrace, parse_frame, parse_traces
 from .output import trace_lines
 from .replay import Session
@@ -45,15 +52,33 @@ class LogComparison:
     #: the frames of the kernel's walk the log printed, and those the replay prints
     printed: list[PrintedFrame]
     replayed: list[PrintedFrame]
-    #: frames left out at the top of (the log, the replay): a crash block is compared from the first frame
-    #: both hold
+    #: frames left out at the top of (the log, the replay): a crash block is compared below where they part
     cut: tuple[int, int] = (0, 0)
+    #: the replay's stop (what ends its frames)
+    stop: Stop | None = None
+    #: the faithful walk's stop when the ``--complete`` walk was compared instead (it holds none of the printed
+    #: functions), else ``None``
+    faithful_stop: Stop | None = None
     differences: list[FrameDifference] = field(default_factory=list)
 
     @property
     def agrees(self) -> bool:
         """Equal pc for pc (below the cut)."""
         return not self.differences
+
+    @property
+    def mode(self) -> str:
+        """The replay compared: ``faithful``, or ``complete`` (see :attr:`faithful_stop`)."""
+        return "faithful" if self.faithful_stop is None else "complete"
+
+    @property
+    def parted(self) -> tuple[str, str] | None:
+        """The printed and the replayed frame just above the cut, where the two moments part (the same
+        function at two calls), or ``None`` when either side has no frame left out."""
+        i, j = self.cut
+        if not i or not j:
+            return None
+        return self.printed[i - 1].key, self.replayed[j - 1].key
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,32 +127,51 @@ def match_task(tasks: list[Task], trace: PrintedTrace) -> Task | str:
     return task
 
 
-def replayed_frames(session: Session, task: Task) -> list[PrintedFrame]:
-    """Each frame line the faithful replay of ``task`` prints, read back (no ``? `` guesses)."""
-    r = session.replay(task, Options())
+def replayed_frames(session: Session, task: Task, options: Options) -> tuple[list[PrintedFrame], Stop]:
+    """Each frame line the replay of ``task`` prints, read back (no ``? `` guesses), and the walk's stop."""
+    r = session.replay(task, options)
     out = []
     for line in trace_lines(session, r):
-        fr = parse_frame(line.text)
+        fr = parse_frame(kernel_text(line))
         if fr is not None and not fr.guess:
             out.append(fr)
-    return out
+    return out, r.stop
 
 
-def _first_common(printed: list[PrintedFrame], replayed: list[PrintedFrame]) -> tuple[int, int]:
-    """(i, j): the first printed frame the replay also holds, at ``j``; (0, 0) when none is shared."""
+def _same_function(p: PrintedFrame, r: PrintedFrame) -> bool:
+    return p.symbol is not None and r.symbol is not None and \
+        (p.symbol.name, p.symbol.module) == (r.symbol.name, r.symbol.module)
+
+
+def _parting(printed: list[PrintedFrame], replayed: list[PrintedFrame]) -> tuple[int, int] | None:
+    """(i, j): where the printed trace and the replay, two moments of one stack, are compared from. The first
+    printed frame whose function the replay also holds, at ``j``: from there when both print the same pc, else
+    (the same function at another call) from the frames below it; ``None`` when the replay holds none."""
     for i, p in enumerate(printed):
         for j, r in enumerate(replayed):
             if p.same_pc(r):
                 return i, j
-    return 0, 0
+            if _same_function(p, r):
+                return i + 1, j + 1
+    return None
 
 
 def compare_trace(session: Session, trace: PrintedTrace, task: Task) -> LogComparison:
-    """``trace`` against the replay of ``task``, frame by frame."""
+    """``trace`` against the replay of ``task``, frame by frame: the faithful replay, or for a crash block whose
+    functions it holds none of, the ``--complete`` one."""
     printed = trace.reliable
-    replayed = replayed_frames(session, task)
-    cut = _first_common(printed, replayed) if trace.kind is BlockKind.CRASH else (0, 0)
-    out = LogComparison(trace, task, printed, replayed, cut)
+    replayed, stop = replayed_frames(session, task, Options())
+    faithful_stop = None
+    cut: tuple[int, int] | None = (0, 0)
+    if trace.kind is BlockKind.CRASH:
+        cut = _parting(printed, replayed)
+        if cut is None:
+            complete, complete_stop = replayed_frames(session, task, Options(complete=True))
+            cut = _parting(printed, complete)
+            if cut is not None:
+                faithful_stop, replayed, stop = stop, complete, complete_stop
+    cut = cut or (0, 0)
+    out = LogComparison(trace, task, printed, replayed, cut, stop, faithful_stop)
     a, b = printed[cut[0]:], replayed[cut[1]:]
     for k in range(max(len(a), len(b))):
         p = a[k] if k < len(a) else None
