@@ -780,7 +780,7 @@ class RiscvUnwinder(Unwinder):
         fp, sp, pc = self.fp, self.sp, self.pc
         if fp == 0:
             return UnwindStop(StopReason.END_OF_STACK, FP_ZERO_DETAIL)
-        if sp == self.task_pt_regs and (self.sp_from_record or not self.t.task.running):
+        if sp == self.task_pt_regs and (self.sp_from_record or self.t.task.regs is None):
             return self._first_frame_stop(fp, sp, pc)
         if fp & 7:
             return UnwindStop(StopReason.MISALIGNED_FP, f"fp {fp:#x} (sp {sp:#x})")

@@ -325,7 +325,7 @@ def show_trace(frames: list[Frame], target: Target) -> Lines:
     A CPU in user mode prints its registers only (``SHOW_REGS_USER``, no ``Code:`` since the
     dump holds no user text) and no ``Call Trace:``, as ``show_regs()`` does.
     """
-    regs = cpu_regs(target) if target.task.running else None
+    regs = cpu_regs(target) if target.task.regs is not None else None
     if regs is not None and regs["cs"] & 3:
         return regs_lines(regs, False, target) + user_system_regs_lines(target)
     out: Lines = []

@@ -8,6 +8,7 @@ from unwind.core import registry
 from unwind.core.dumpinfo import BpfSymbol
 from unwind.formats.dump import Dump
 from unwind.core.memory import ExcludedPage, Memory, MemoryFault, Segment
+from unwind.session.output import replay_json
 from unwind.session.replay import Session
 from unwind.kernel.symbols import KernelSymbols, ModuleSymbols, SymbolTable
 from unwind.cli.tasks import convert, ps_lines
@@ -147,8 +148,10 @@ def test_convert_keeps_every_task_and_replays_the_same(tmp_path) -> None:
     convert(session, tasks).write(out)
     again = Session(Dump.open(out), None, None)
     back = again.select(every=True)
-    key = lambda t: (t.pid, t.cpu, t.running, t.task_struct, t.ppid, t.tgid, t.kthread)  # noqa: E731
+    # a dump's running task has its CPU's registers: cpu0's swapper, running without them, is written as blocked
+    key = lambda t: (t.pid, t.cpu, t.regs is not None, t.task_struct, t.ppid, t.tgid, t.kthread)  # noqa: E731
     assert sorted(map(key, back)) == sorted(map(key, tasks))
+    assert [t.pid for t in tasks if t.running and t.regs is None] == [0]
     by = {key(t): t for t in back}
     for t in tasks:
         b = by[key(t)]
@@ -180,6 +183,11 @@ def test_ps_lists_every_task_with_its_task_struct() -> None:
     swapper = next(t for t in session.dump.tasks() if t.cpu == 0)
     r = session.replay(swapper)
     assert r.frames == [] and r.stop.reason is StopReason.MISSING_REGISTER and "cpu0's registers" in r.stop.detail
+    # running as ps shows it for every command: --cpu 0 and the default selection take it, the JSON says so
+    assert (swapper.running, swapper.running_cpu, swapper.regs) == (True, 0, None)
+    assert session.select(cpu=0) == [swapper] and swapper in session.select()
+    task = replay_json(session, r)["task"]
+    assert (task["cpu"], task["running"], task["regs"]) == (0, True, None)
 
 
 @pytest.mark.parametrize("gen", ["new", "old"])
@@ -325,7 +333,9 @@ def test_a_real_crash_takes_each_cpus_registers_from_its_crash_notes() -> None:
     d = VmcoreDump("kdump", registry.get("arm64"), k.memory(), [bogus], "OSRELEASE=6.12.0\nCRASHTIME=1700000000\n",
                    k.symbol, k.btf)
     assert [(c.cpu, c.regs["pc"]) for c in d.cpus] == [(1, regs1["pc"])]
-    assert [t.pid for t in d.tasks() if t.running] == [running.pid]
+    assert [t.pid for t in d.tasks() if t.regs is not None] == [running.pid]
+    (idle,) = [t for t in d.tasks() if t.running and t.regs is None]  # cpu0's current: running, its registers lost
+    assert (idle.pid, idle.running_cpu, idle.lacks.registers) == (0, 0, True)
 
 
 @pytest.mark.parametrize("gen", ["new", "old"])

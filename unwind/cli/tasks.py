@@ -26,9 +26,9 @@ def task_json(task: Task) -> dict[str, Any]:
     """The ``tasks[]`` entry of the dump's JSON note for ``task`` (docs/dump-format.md)."""
     # a dump's running task has its CPU's registers: one whose registers are missing is written without its CPU
     out: dict[str, Any] = {"pid": task.pid, "comm": task.comm, "state": task.state,
-                           "cpu": task.cpu if task.running else None}
+                           "cpu": task.cpu if task.regs is not None else None}
     known = {"task": None if task.task_struct is None else _hex(task.task_struct),
-             "last_cpu": None if task.running else task.cpu, "ppid": task.ppid, "tgid": task.tgid,
+             "last_cpu": None if task.regs is not None else task.cpu, "ppid": task.ppid, "tgid": task.tgid,
              "kthread": task.kthread}
     out.update({k: v for k, v in known.items() if v is not None})
     if task.context is not None:
@@ -86,7 +86,7 @@ def ps_lines(session: Session, tasks: list[Task] | None = None) -> list[str]:
     for t in _ps_order(session.dump.tasks() if tasks is None else tasks):
         addr = "-" if t.task_struct is None else f"{t.task_struct:016x}"
         lacks = f"  ({t.lacks.what})" if t.lacks is not None else ""
-        lines.append(f"{'>' if t.running_cpu is not None else ' '}{_dash(t.pid):>5}  {_dash(t.ppid):>5}  "
+        lines.append(f"{'>' if t.running else ' '}{_dash(t.pid):>5}  {_dash(t.ppid):>5}  "
                      f"{_dash(t.cpu):>3}  {addr:<16}  {t.state or '?':<2}  {t.comm}{lacks}")
     return lines
 
@@ -98,7 +98,7 @@ def _dash(v: int | None) -> str:
 def ps_json(task: Task) -> dict[str, Any]:
     """One task of ``unwind ps --json`` (docs/json.md): ``null`` where the dump does not say."""
     return {"pid": task.pid, "ppid": task.ppid, "tgid": task.tgid, "cpu": task.cpu,
-            "running": task.running_cpu is not None, "state": task.state or None, "comm": task.comm,
+            "running": task.running, "state": task.state or None, "comm": task.comm,
             "task_struct": None if task.task_struct is None else _hex(task.task_struct), "kthread": task.kthread,
             "lacks": None if task.lacks is None else task.lacks.what}
 

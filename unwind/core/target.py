@@ -64,8 +64,9 @@ class Task:
     plus the per-CPU stacks of its CPU when it was running there.
 
     ``cpu`` is the CPU a running task runs on, else the CPU a blocked task last ran on
-    (``task_cpu()``); :attr:`running` says which. A task running on a CPU whose registers
-    the dump lacks has that ``cpu`` too, and ``lacks`` says so (:attr:`running_cpu`).
+    (``task_cpu()``); :attr:`running` says which. Running is one fact, the task was its CPU's
+    current; whether the dump holds that CPU's registers is another: ``regs``, or ``None`` with
+    ``lacks.registers`` saying so (its note was lost), and then its walk stops on that.
     ``task_struct``, ``ppid``, ``tgid``, ``kthread`` and a blocked task's ``cpu`` are
     ``None`` where the dump does not say.
     """
@@ -95,16 +96,15 @@ class Task:
 
     @property
     def running(self) -> bool:
-        """True for the task that was running on a CPU when the dump was taken, with that CPU's registers (its
-        ``cpu`` is that CPU)."""
-        return self.regs is not None
+        """True for the task that was running on a CPU when the dump was taken (its ``cpu`` is that CPU), with
+        that CPU's registers in ``regs`` or without them (``lacks.registers``); a walk starts from registers
+        where ``regs is not None``."""
+        return self.regs is not None or (self.lacks is not None and self.lacks.registers)
 
     @property
     def running_cpu(self) -> int | None:
-        """The CPU the task runs on (its registers there may be missing: ``lacks.registers``), ``None`` for a
-        blocked task."""
-        missing = self.lacks is not None and self.lacks.registers
-        return self.cpu if self.regs is not None or missing else None
+        """:attr:`cpu` for a running task, ``None`` for a blocked one."""
+        return self.cpu if self.running else None
 
     def describe(self) -> str:
         """``pid 12 (sh) on cpu1`` style text."""
