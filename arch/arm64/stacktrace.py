@@ -31,7 +31,7 @@ from unwind.core.frame import Flag, Frame, Provenance, Source
 from unwind.core.memory import Memory, MemoryFault
 from unwind.core.stackinfo import Refusal, StackInfo, StackSet
 from unwind.core.target import FgraphEntry, KretprobeInstance, Target
-from unwind.core.walk import StopReason, Unwinder, UnwindStop
+from unwind.core.walk import Stop, StopReason, Unwinder, UnwindStop
 
 from unwind.kernel.btf import BtfError
 from unwind.kernel.fgraph import fgraph_idx, ftrace_graph_ret_addr
@@ -490,7 +490,7 @@ def kunwind_next_regs_pc(state: KunwindState) -> None:
 
 
 # kunwind_next_frame_record_meta() (v6.13+)
-def kunwind_next_frame_record_meta(state: KunwindState) -> UnwindStop | None:
+def kunwind_next_frame_record_meta(state: KunwindState) -> Stop | None:
     """A ``{0, 0}`` record is metadata: FINAL ends the walk (``-ENOENT``, returned), PT_REGS crosses an
     exception."""
     fp = state.fp
@@ -498,7 +498,7 @@ def kunwind_next_frame_record_meta(state: KunwindState) -> UnwindStop | None:
     kind = state.read_u64(fp + 16, "frame_record_meta.type")
     if kind == FRAME_META_TYPE_FINAL:
         if fp == state.final_fp:
-            return UnwindStop(StopReason.END_OF_STACK, lambda: final_record_detail(fp))  # made when read
+            return Stop(StopReason.END_OF_STACK, lambda: final_record_detail(fp))  # made when read
         raise UnwindStop(StopReason.UNKNOWN_METADATA,
                          f"FRAME_META_TYPE_FINAL at {fp:#x}, not at task_pt_regs(tsk)->stackframe "
                          f"{state.final_fp:#x}" if state.final_fp is not None else
@@ -512,7 +512,7 @@ def kunwind_next_frame_record_meta(state: KunwindState) -> UnwindStop | None:
 
 
 # kunwind_next_frame_record() (v6.13+)
-def kunwind_next_frame_record(state: KunwindState) -> UnwindStop | None:
+def kunwind_next_frame_record(state: KunwindState) -> Stop | None:
     """v6.13: find the record's stack, read it, hand ``{0, 0}`` to the meta step, else consume it."""
     fp = state.fp
     if fp & 0x7:
@@ -536,7 +536,7 @@ def kunwind_next_frame_record(state: KunwindState) -> UnwindStop | None:
 
 
 # kunwind_next()
-def kunwind_next(state: KunwindState) -> UnwindStop | None:
+def kunwind_next(state: KunwindState) -> Stop | None:
     """One step: the next record (or exception boundary), PAC strip, return-address recovery. The walk's
     end (``-ENOENT``) is returned, its errors raised."""
     state.flags = _NO_FLAGS
@@ -549,7 +549,7 @@ def kunwind_next(state: KunwindState) -> UnwindStop | None:
     else:
         if state.fp == state.final_fp:
             fp = state.fp  # every walk of a blocked task ends here: the detail is made when read
-            return UnwindStop(StopReason.END_OF_STACK, lambda: final_frame_detail(fp))
+            return Stop(StopReason.END_OF_STACK, lambda: final_frame_detail(fp))
         unwind_next_frame_record(state)
     raw = state.pc
     pc = state.pc = (ptrauth_strip_kernel_insn_pac(raw, state.pac_mask) if state.first_pc_recovered
@@ -675,7 +675,7 @@ class Arm64Unwinder(Unwinder):
         return first
 
     # kunwind_next(), then consume_state() of do_kunwind()'s loop
-    def next(self) -> Frame | UnwindStop:
+    def next(self) -> Frame | Stop:
         """kunwind_next(), reported as the frame the consumer sees (or the walk's end, returned)."""
         if self._pending:
             return self._pending.pop(0)

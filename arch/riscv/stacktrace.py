@@ -38,7 +38,7 @@ from unwind.core.memory import MemoryFault
 from unwind.core.stackinfo import StackInfo, StackSet
 from unwind.core.target import Target
 from unwind.formats.vmcore.vmcoreinfo import vmcoreinfo_number
-from unwind.core.walk import StopReason, Unwinder, UnwindStop
+from unwind.core.walk import Stop, StopReason, Unwinder, UnwindStop
 
 from unwind.kernel.fgraph import fgraph_idx, ftrace_graph_ret_addr
 from unwind.kernel.generation import KernelGeneration, kernel_generation
@@ -430,7 +430,7 @@ class RiscvUnwinder(Unwinder):
 
     # --- steps ------------------------------------------------------------------------------
 
-    def next(self) -> Frame | UnwindStop:
+    def next(self) -> Frame | Stop:
         """The next pc the kernel loop prints (or, in complete mode, one it misses); where the loop breaks,
         the stop (returned when the record chain ends, raised on a read's error)."""
         if self.pending_frame is not None:
@@ -454,7 +454,7 @@ class RiscvUnwinder(Unwinder):
         return self._next_frame_record()
 
     # stacktrace.c:74-92 walk_stackframe(): the loop body from fp_is_valid() to the next pc
-    def _next_frame_record(self) -> Frame | UnwindStop:
+    def _next_frame_record(self) -> Frame | Stop:
         fp, sp, ts = self.fp, self.sp, self.ts
         flags = self.beyond
         switch_note = None
@@ -488,7 +488,7 @@ class RiscvUnwinder(Unwinder):
         if ra == self.return_to_handler:
             pc, more = self._ftrace_graph_ret_addr(ra, rec + STACKFRAME_RA, callee, new_fp, fp, prov)
             self.pc, flags = pc, flags | more
-        elif ra in self.rethook_trampolines and self.complete:
+        elif self.complete and ra in self.rethook_trampolines:  # complete mode's alone: asked first
             pc, more = self._recover_kretprobe(ra, new_fp, prov)
             self.pc, flags = pc, flags | more
         lo, hi = self.exc_frame
@@ -775,36 +775,36 @@ class RiscvUnwinder(Unwinder):
     # --- stops ------------------------------------------------------------------------------
 
     # stacktrace.c:77-78 walk_stackframe(): if (!fp_is_valid(fp, sp)) break
-    def _invalid_fp_stop(self) -> UnwindStop:
+    def _invalid_fp_stop(self) -> Stop:
         """Why ``fp_is_valid()`` failed, as a stop reason."""
         fp, sp, pc = self.fp, self.sp, self.pc
         if fp == 0:
-            return UnwindStop(StopReason.END_OF_STACK, FP_ZERO_DETAIL)
+            return Stop(StopReason.END_OF_STACK, FP_ZERO_DETAIL)
         if sp == self.task_pt_regs and (self.sp_from_record or self.t.task.regs is None):
             return self._first_frame_stop(fp, sp, pc)
         if fp & 7:
-            return UnwindStop(StopReason.MISALIGNED_FP, f"fp {fp:#x} (sp {sp:#x})")
+            return Stop(StopReason.MISALIGNED_FP, f"fp {fp:#x} (sp {sp:#x})")
         low, high = fp_bounds(sp, self.ts)
         window = f"[sp+16, ALIGN(sp, THREAD_SIZE)] = [{low:#x}, {high:#x}]"
         if low > high:
             window = f"[sp+16, ALIGN(sp, THREAD_SIZE)], an empty window (sp {sp:#x} is on a THREAD_SIZE boundary)"
         here, there = self.stacks.kind_of(sp), self.stacks.kind_of(fp - STACKFRAME_SIZE)
         if self._irq_switch_record(at_entry=True) is not None:
-            return UnwindStop(StopReason.KERNEL_LIMIT,
-                              f"{self.generation.name} walk_stackframe does not leave the {here.kind} stack at call_on_irq_stack: "
-                              f"fp {fp:#x} on the task stack is outside {window} (--complete crosses)")
+            return Stop(StopReason.KERNEL_LIMIT,
+                        f"{self.generation.name} walk_stackframe does not leave the {here.kind} stack at call_on_irq_stack: "
+                        f"fp {fp:#x} on the task stack is outside {window} (--complete crosses)")
         if there is not None and here is not None and here.kind != there.kind:
-            return UnwindStop(StopReason.TRANSITION_REFUSED,
-                              f"{self.generation.name} walk_stackframe does not leave the {here.kind} stack: fp {fp:#x} on the "
-                              f"{there.kind} stack is outside {window} (--complete crosses at call_on_irq_stack)")
+            return Stop(StopReason.TRANSITION_REFUSED,
+                        f"{self.generation.name} walk_stackframe does not leave the {here.kind} stack: fp {fp:#x} on the "
+                        f"{there.kind} stack is outside {window} (--complete crosses at call_on_irq_stack)")
         if fp < low and there is not None:
-            return UnwindStop(StopReason.TRANSITION_REFUSED, f"fp {fp:#x} is below sp+16 = {low:#x}: "
-                                                             "the record would not move up the stack")
+            return Stop(StopReason.TRANSITION_REFUSED, f"fp {fp:#x} is below sp+16 = {low:#x}: "
+                                                       "the record would not move up the stack")
         if fp < UPPER_HALF:
             if self._before_handler_prologue():
                 return self._handler_entry_stop(fp, window)
             window += " (a user address: s0 still holds the user sp, as at the trap entry)"
-        return UnwindStop(StopReason.OUTSIDE_STACK, f"fp {fp:#x} outside {window}")
+        return Stop(StopReason.OUTSIDE_STACK, f"fp {fp:#x} outside {window}")
 
     # handle_exception calls the trap handler with ra in the entry code; s0 is user mode's until its prologue
     def _before_handler_prologue(self) -> bool:
@@ -814,18 +814,18 @@ class RiscvUnwinder(Unwinder):
         return (not self.sp_from_record and self.t.task.regs is not None and self.pc == self.regs_epc
                 and lo <= self.regs_ra < hi)
 
-    def _handler_entry_stop(self, fp: int, window: str) -> UnwindStop:
+    def _handler_entry_stop(self, fp: int, window: str) -> Stop:
         """The kernel's walk from a CPU stopped in a trap handler before its prologue: ``fp_is_valid()``
         fails on the user's s0 after the handler's pc, so ``walk_stackframe()`` ends there."""
         sym = self.t.symbols.lookup(self.pc) if self.t.symbols is not None else None
         name = sym.name if sym is not None else f"{self.pc:#x}"
-        return UnwindStop(StopReason.KERNEL_LIMIT,
-                          f"fp {fp:#x} outside {window} is s0 as user mode left it: the trap entry called {name} "
-                          f"(ra {self.regs_ra:#x}), whose prologue has not set s0 yet; fp_is_valid() fails, so "
-                          "walk_stackframe() ends after the handler's pc (--complete goes on from ra)")
+        return Stop(StopReason.KERNEL_LIMIT,
+                    f"fp {fp:#x} outside {window} is s0 as user mode left it: the trap entry called {name} "
+                    f"(ra {self.regs_ra:#x}), whose prologue has not set s0 yet; fp_is_valid() fails, so "
+                    "walk_stackframe() ends after the handler's pc (--complete goes on from ra)")
 
     # the end of every task's chain: the first kernel frame of a task has task_pt_regs(tsk) as its fp
-    def _first_frame_stop(self, fp: int, sp: int, pc: int) -> UnwindStop:
+    def _first_frame_stop(self, fp: int, sp: int, pc: int) -> Stop:
         """The record just read was the task's first (its fp is ``task_pt_regs(tsk)``): a clean end.
 
         A kernel thread starts at ``ret_from_fork`` (6.1, 6.12) or
@@ -835,7 +835,7 @@ class RiscvUnwinder(Unwinder):
         there. The symbol's name is only reported.
         """
         # the end of every walk: the sentence is made when read
-        return UnwindStop(StopReason.END_OF_STACK, lambda: first_frame_detail(self.t, self.pt, fp, sp, pc))
+        return Stop(StopReason.END_OF_STACK, lambda: first_frame_detail(self.t, self.pt, fp, sp, pc))
 
     def _bad_pc_stop(self, pc: int, fp: int, where: str) -> UnwindStop:
         if pc == 0 and fp == 0:

@@ -26,7 +26,7 @@ from unwind.core.frame import Flag, Frame, Provenance, Source
 from unwind.kernel.symbols import Symbol
 from unwind.core.memory import Memory, MemoryFault
 from unwind.core.target import Target
-from unwind.core.walk import StopReason, Unwinder, UnwindStop
+from unwind.core.walk import Stop, StopReason, Unwinder, UnwindStop
 from unwind.kernel.fgraph import fgraph_idx, ftrace_graph_ret_addr
 from unwind.kernel.generation import kernel_generation
 from unwind.kernel.kretprobe import rethook_find_ret_addr
@@ -527,7 +527,7 @@ class OrcUnwinder(Unwinder):
     # --- one step: unwind_next_frame() ---
 
     # unwind_next_frame() (unwind_orc.c:472-681)
-    def unwind_next_frame(self) -> Frame | UnwindStop:
+    def unwind_next_frame(self) -> Frame | Stop:
         """The caller's frame: ``unwind_next_frame()`` in the kernel's order (the rule, the previous
         sp by ``sp_reg``, ip/sp/regs by ``type``, bp by ``bp_reg``, the direction check), then
         ``unwind_get_return_address()``. This is :meth:`next`; the walk's clean ends (``the_end``)
@@ -535,7 +535,7 @@ class OrcUnwinder(Unwinder):
         try:
             info = self.stack_info
             if not info.type:  # unwind_done(): STACK_TYPE_UNKNOWN is 0
-                return UnwindStop(StopReason.END_OF_STACK, "the walk is done")
+                return Stop(StopReason.END_OF_STACK, "the walk is done")
             prev_sp, prev_type, orig_ip = self.sp, info.type, self.ip
             prov = Provenance("") if self.record else None
             self.recovered = 0
@@ -554,7 +554,7 @@ class OrcUnwinder(Unwinder):
                     if not self.target.options.complete:
                         raise  # re-raised here: a function holding the stop while raising it makes a cycle
                     return self.complete_undefined(stop, error, prov)
-                if found.__class__ is UnwindStop:  # ORC_TYPE_END_OF_STACK: the_end
+                if found.__class__ is Stop:  # ORC_TYPE_END_OF_STACK: the_end
                     return found  # type: ignore[return-value]
                 orc, source = found  # type: ignore[misc]
             self.signal = orc.signal  # unwind_orc.c:512
@@ -617,7 +617,7 @@ class OrcUnwinder(Unwinder):
 
     # unwind_orc.c:476-483 (the next call's user_mode() test) and the frame of a pc from pt_regs
     def regs_frame(self, typ: int, source: Source, stack: str, flags: int,
-                   prov: Provenance | None) -> Frame | UnwindStop:
+                   prov: Provenance | None) -> Frame | Stop:
         """The frame after a REGS or REGS_PARTIAL step: a boundary; user-mode regs end the walk (the_end,
         the stop returned)."""
         regs = self.regs
@@ -627,8 +627,8 @@ class OrcUnwinder(Unwinder):
             if regs.user_mode(self.read):  # unwind_orc.c:481-483 on the next call: the_end
                 if self.last is not None:
                     self.last.extra = {**(self.last.extra or {}), "user_regs": regs.addr}
-                return UnwindStop(StopReason.USER_MODE, f"user-mode {regs.describe()}: ip {self.ip:#x}, "
-                                  f"sp {self.sp:#x}")
+                return Stop(StopReason.USER_MODE, f"user-mode {regs.describe()}: ip {self.ip:#x}, "
+                            f"sp {self.sp:#x}")
         if not self.stext <= self.ip < self.etext:
             self.check_text(self.ip)
         frame = self.last = Frame(self.ip, self.sp, self.bp, source, stack, _FLAGS[flags], prov,
@@ -637,7 +637,7 @@ class OrcUnwinder(Unwinder):
 
     # unwind_orc.c:485-510, past orc_find(): modules, ftrace trampolines, the frame-pointer guess, the ends
     def find_orc(self, ip: int, orc: OrcEntry | None,
-                 prov: Provenance | None) -> tuple[OrcEntry, Source] | UnwindStop:
+                 prov: Provenance | None) -> tuple[OrcEntry, Source] | Stop:
         """The rule for ``ip`` when ``orc_find()`` gave ``orc`` (``None``: no entry), and its source; at an
         ``ORC_TYPE_END_OF_STACK`` entry the walk's end (returned)."""
         if orc is None and self.target.info.modules:
@@ -656,7 +656,7 @@ class OrcUnwinder(Unwinder):
             reason = StopReason.KERNEL_LIMIT if skipped is not None else StopReason.UNKNOWN_METADATA
             raise UndefinedOrc(reason, f"ORC entry for {ip:#x} is UNDEFINED{self.undefined_why(skipped)}", ip)
         if orc.type == ORC_TYPE_END_OF_STACK:  # every walk of a blocked task ends here: the detail is made when read
-            return UnwindStop(StopReason.END_OF_STACK, lambda: orc_end_detail(ip))
+            return Stop(StopReason.END_OF_STACK, lambda: orc_end_detail(ip))
         if prov is not None:  # the rule is written when read
             which = "ip" if self.signal else "ip-1"
             prov.rule = lambda: f"ORC at {ip:#x} ({which}): {orc}"

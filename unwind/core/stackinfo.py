@@ -38,6 +38,10 @@ class StackInfo:
         return self.kind if self.cpu is None else f"{self.kind}@cpu{self.cpu}"
 
 
+#: ``stackinfo_get_unknown()``: the stack a walk is on before it finds one (``low == 0``: nothing is on it)
+UNKNOWN = StackInfo(0, 0, "unknown")
+
+
 class Refusal(Enum):
     """Why a stack address was not accepted by :meth:`StackSet.find`."""
 
@@ -56,8 +60,9 @@ class StackSet:
         # stack left is dropped from ``stacks`` (the ranges are copied when moved to, not up front)
         self._known: tuple[StackInfo, ...] = tuple(stacks)
         self.stacks: list[StackInfo] = list(self._known)
-        # unwind_init_common(): the walk starts on no stack at all.
-        self.stack: StackInfo = StackInfo(0, 0, "unknown")
+        # unwind_init_common(): the walk starts on no stack at all (one shared range: nothing is on it, so
+        # nothing is consumed of it; consume() moves to a copy of the stack found)
+        self.stack: StackInfo = UNKNOWN
 
     # unwind_find_stack()
     def find(self, sp: int, size: int) -> StackInfo | None:

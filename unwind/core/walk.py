@@ -5,9 +5,11 @@ consumer adapters the kernel builds on it (``arch_stack_walk``,
 ``arch_stack_walk_reliable``, ``arch_bpf_stack_walk``). A backend supplies an
 :class:`Unwinder`: ``start()`` gives the first frame, ``next()`` each further
 one; where the kernel's step returns ``-ENOENT`` (a clean end) or an error,
-``start()`` raises an :class:`UnwindStop` and ``next()`` returns or raises one
-(a walk's natural end is returned, as the kernel's loop tests the step's
-return value: a raise costs more than the rest of a short walk's end).
+``start()`` raises an :class:`UnwindStop` and ``next()`` raises one or returns
+the walk's :class:`Stop` (a walk's natural end is returned, as the kernel's loop
+tests the step's return value: a raise costs more than the rest of a short
+walk's end, and the returned stop is the one the walk hands back, its frame
+count set by the loop).
 """
 
 from __future__ import annotations
@@ -126,8 +128,9 @@ class Unwinder(ABC):
         """Initialise from the task's registers or saved context; return the first frame."""
 
     @abstractmethod
-    def next(self) -> "Frame | UnwindStop":
-        """Step to the caller's frame; at the end, return (or raise) the :class:`UnwindStop`."""
+    def next(self) -> "Frame | Stop | UnwindStop":
+        """Step to the caller's frame; at the end, return the :class:`Stop` (its ``frames`` are set by the
+        walk) or raise an :class:`UnwindStop`."""
 
     def bpf_args(self, frame: Frame) -> tuple[int, int, int]:
         """What ``arch_bpf_stack_walk`` hands its consumer: ``(ip, sp, fp)``."""
@@ -173,6 +176,9 @@ def kunwind_stack_walk(unwinder: Unwinder, consume: Consumer | None,
                 return Stop(StopReason.FRAME_LIMIT, f"{max_frames} frames", count)
             frame = step()
             if frame.__class__ is not Frame:  # the step's stop, returned (kunwind_next()'s ret)
+                if frame.__class__ is Stop:  # made by the step for this walk: handed back with its count
+                    frame.frames = count  # type: ignore[union-attr]
+                    return frame  # type: ignore[return-value]
                 return Stop(frame.reason, frame._detail, count)  # type: ignore[union-attr]
     except UnwindStop as stop:
         return Stop(stop.reason, stop._detail, count)
@@ -238,6 +244,9 @@ def iter_frames(unwinder: Unwinder, max_frames: int = DEFAULT_MAX_FRAMES) -> Ite
                 return Stop(StopReason.FRAME_LIMIT, f"{max_frames} frames", count)
             frame = unwinder.next()  # type: ignore[assignment]
             if frame.__class__ is not Frame:  # the step's stop, returned
+                if frame.__class__ is Stop:
+                    frame.frames = count  # type: ignore[attr-defined]
+                    return frame  # type: ignore[return-value]
                 return Stop(frame.reason, frame._detail, count)  # type: ignore[attr-defined]
     except UnwindStop as stop:
         return Stop(stop.reason, stop._detail, count)

@@ -598,7 +598,7 @@ class BatchReplay(Sequence["Replay"]):
         constants = rec.constants[self._job_index]
         # the detail formatted when read, as the scalar walk's stops are
         stop = Stop(reason, partial(detail, target, constants, *stop_args[lane]), len(frames))
-        return Replay(target, frames, stop, None, dict(constants.basis))
+        return Replay(target, frames, stop, None, constants.basis.copy)  # the basis copied when read
 
 
 #: the fewest tasks of one arch walked in lockstep: a smaller batch, every replay read, costs more CPU than

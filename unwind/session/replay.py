@@ -19,8 +19,8 @@ from unwind.core.stackinfo import StackInfo
 from unwind.kernel.symbols import KernelSymbols, ModuleSymbols, SymbolError, SymbolTable
 from unwind.kernel.generation import OLDEST_FOLLOWED
 from unwind.core.target import Options, SavedRegs, Target, Task, kernel_version
-from unwind.core.walk import (ReliableResult, Stop, StopReason, Unwinder, UnwindStop, collect, frame_limit,
-                              stack_walk_reliable)
+from unwind.core.walk import (ReliableResult, Stop, StopReason, Unwinder, UnwindStop, frame_limit,
+                              kunwind_stack_walk, stack_walk_reliable)
 from .result import Replay
 
 if TYPE_CHECKING:
@@ -406,7 +406,8 @@ class Session:
                 max_frames = per_task.max_frames = frame_limit(task.stacks, per_task.memory,
                                                                self.backend.min_frame_bytes)
         unwinder = self.backend.unwinder(target)
-        frames, stop = collect(unwinder, max_frames)
+        frames: list[Frame] = []
+        stop = kunwind_stack_walk(unwinder, None, max_frames, frames)  # collect(), one call fewer per task
         verdict = None
         if reliable:
             verdict = stack_walk_reliable(self.backend.unwinder(target), lambda pc: True, max_frames)
@@ -415,7 +416,7 @@ class Session:
         self._callsites.annotate_frames(frames)
         if lines:
             self.source_lines().fill(frames)
-        return Replay(target, frames, stop, verdict, unwinder.basis())
+        return Replay(target, frames, stop, verdict, unwinder.basis)  # the basis made when read
 
     def symbolize(self, frames: Sequence[Frame], target: Target) -> None:
         """Set each frame's ``symbol`` to what the kernel prints (:meth:`ArchBackend.symbolize`). That text
@@ -499,7 +500,7 @@ class SymbolizingUnwinder(Unwinder):
         """The arch unwinder's first frame, symbolised."""
         return self._named(self.inner.start())
 
-    def next(self) -> "Frame | UnwindStop":
+    def next(self) -> "Frame | Stop | UnwindStop":
         """The arch unwinder's next frame, symbolised (or the stop it returns)."""
         frame = self.inner.next()
         return self._named(frame) if frame.__class__ is Frame else frame

@@ -8,24 +8,47 @@ calls for :meth:`~unwind.session.replay.Session.replay_all`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from unwind.core.frame import Frame
 from unwind.core.target import Target, Task
 from unwind.core.walk import ReliableResult, Stop
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Replay:
-    """The outcome of one task's walk."""
+    """The outcome of one task's walk.
+
+    The basis may be given as a function of no arguments (the unwinder's :meth:`Unwinder.basis`): it is
+    called the first time :attr:`basis` is read (a replay whose basis no one reads copies no dict)."""
 
     target: Target
     frames: list[Frame]
     stop: Stop
     reliable: ReliableResult | None = None
-    #: the generation followed and the layouts read (:meth:`Unwinder.basis`)
-    basis: dict[str, str] = field(default_factory=dict)
+    _basis: "dict[str, str] | Callable[[], dict[str, str]]" = field(default_factory=dict)
+
+    @property
+    def basis(self) -> dict[str, str]:
+        """The generation followed and the layouts read (:meth:`Unwinder.basis`)."""
+        basis = self._basis
+        if basis.__class__ is not dict:
+            basis = self._basis = basis()  # type: ignore[operator]
+        return basis  # type: ignore[return-value]
+
+    @basis.setter
+    def basis(self, value: dict[str, str]) -> None:
+        self._basis = value
 
     @property
     def task(self) -> Task:
         """The task walked."""
         return self.target.task
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Replay):
+            return NotImplemented
+        return ((self.target, self.frames, self.stop, self.reliable, self.basis)
+                == (other.target, other.frames, other.stop, other.reliable, other.basis))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it was
