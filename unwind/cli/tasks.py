@@ -38,6 +38,8 @@ def task_json(task: Task) -> dict[str, Any]:
                          for e in task.fgraph]
     if task.kretprobes:
         out["kretprobes"] = [{"ret": _hex(e.ret), "fp": _hex(e.fp)} for e in task.kretprobes]
+    if task.lacks is not None:  # its walk stops on it in the dump as in the vmcore
+        out["lacks"] = {"what": task.lacks.what, "registers": task.lacks.registers}
     out.update(task.extra)
     return out
 

@@ -31,7 +31,7 @@ from .vmcore.notes import NoteError as ElfNoteError
 from .vmcore.notes import parse_notes
 from .vmcore.vmcoreinfo import VmcoreInfo
 from unwind.core.stackinfo import StackInfo
-from unwind.core.target import FgraphEntry, KretprobeInstance, Task
+from unwind.core.target import FgraphEntry, KretprobeInstance, Lack, Task
 
 FORMAT_VERSION = 1
 
@@ -453,6 +453,7 @@ class Dump:
             user_regs=dict(t["user_regs"]) if t["user_regs"] else None,
             extra={k: v for k, v in t.items() if k not in self._task_keys},
             task_struct=task_struct, ppid=t["ppid"], tgid=t["tgid"], kthread=t["kthread"],
+            lacks=None if t["lacks"] is None else Lack(t["lacks"]["what"], t["lacks"]["registers"]),
         )
 
     @cached_property

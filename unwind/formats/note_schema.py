@@ -148,6 +148,11 @@ def _context_keys(v: dict[str, int] | None, info: cs.ValidationInfo) -> dict[str
     return v
 
 
+#: ``tasks[].lacks``: what the dump lacks that a walk of the task needs (``unwind.core.target.Lack``): its walk
+#: stops on it, saying ``what``; ``registers``: the missing thing is its CPU's registers
+LACK_NOTE = _obj(what=_required(cs.str_schema(min_length=1, max_length=4096)),
+                 registers=_default(cs.bool_schema(), False))
+
 #: ``tasks[]``: one task (``task`` is its task_struct address); keys not declared here reach the
 #: backend as ``Task.extra``
 TASK_NOTE = _obj(
@@ -164,6 +169,7 @@ TASK_NOTE = _obj(
     ppid=_nullable(PID),
     tgid=_nullable(PID),
     kthread=_nullable(cs.bool_schema()),
+    lacks=_nullable(LACK_NOTE),
 )
 #: the keys :data:`TASK_NOTE` declares
 TASK_KEYS = frozenset(TASK_NOTE["fields"])
