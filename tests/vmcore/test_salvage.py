@@ -18,6 +18,7 @@ cut on some vmcore); ``--slow`` cuts every vmcore in every format.
 from __future__ import annotations
 
 import lzma
+import os
 import re
 import subprocess
 import sys
@@ -216,12 +217,7 @@ def _salvage(vmcore: Path, fmt: str, keep: float, tmp: Path, folder: Path) -> Sa
     uncut = _uncut(vmcore, tmp)
     path = _cut(vmcore, fmt, keep, tmp, folder)
     got = _replay(path, _image(vmcore))
-    if isinstance(got, str):
-        # a file with no VMCOREINFO (QEMU writes none for riscv, and makedumpfile -i keeps none) places the kernel
-        # by the kernel's own vmcoreinfo_note in memory: where that page is past the cut, nothing can be read
-        assert keep < 0.999 and not VmcoreFile.open(str(vmcore)).vmcoreinfo_text, f"refused: {got}"
-        assert "the kernel's note may be beyond the end of the file" in got and "\n" not in got, got
-        return Salvage(0, 0, len(uncut))
+    assert not isinstance(got, str), f"refused: {got}"
     cut, warnings = got
     said = [w for w in warnings if w.startswith(f"{path}: truncated") or w.startswith(f"{path}: xz stream ends early")]
     got = _check_salvage(uncut, cut)
@@ -320,6 +316,26 @@ def test_a_truncated_xz_vmcore_reads_what_decompresses(tmp_path_factory) -> None
     cut, warnings = got
     assert sum("xz stream ends early" in w for w in warnings) == 1
     _check_salvage(_uncut(vmcore, tmp), cut)
+
+
+def test_a_cut_that_loses_the_kernels_place_lists_the_cpus_by_their_notes(tmp_path_factory) -> None:
+    """The riscv makedumpfile slice has no VMCOREINFO note (made with ``-i``): the kernel is placed by its own
+    ``vmcoreinfo_note``, and at 50 % that page, ``kernel_map`` and ``swapper_pg_dir`` are past the cut. The file
+    is not refused: each CPU of the uncut file is listed by its note, with its registers, and not walked (exit 1,
+    damaged); stderr says once what the file lacks. Without the image at hand, the same."""
+    vmcore = next(p for p in MAKEDUMPFILE if p.parts[-4] == "riscv")
+    assert not VmcoreFile.open(str(vmcore)).vmcoreinfo_text
+    path = _cut(vmcore, "flat", 0.5, tmp_path_factory.getbasetemp(), tmp_path_factory.mktemp("unplaced"))
+    running = {w.running_cpu for w in _uncut(vmcore, tmp_path_factory.getbasetemp()).values()} - {None}
+    for vmlinux in (["--vmlinux", str(_image(vmcore))], []):
+        r = subprocess.run([sys.executable, "-m", "unwind", "replay", "--all", *vmlinux, str(path)],
+                           capture_output=True, text=True, timeout=600, env={**os.environ, "UNWIND_IMAGE_PATH": ""})
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        said = [ln for ln in r.stderr.splitlines() if "not placed" in ln]
+        assert len(said) == 1 and "VMCOREINFO" in said[0] and "beyond the end of the file" in said[0], r.stderr
+        cpus = re.findall(r"^pid \? \(\?\) on cpu(\d+):$", r.stdout, re.M)
+        assert {int(c) for c in cpus} == running and len(cpus) == len(running), r.stdout
+        assert r.stdout.count("task is unknown (the kernel is not placed") == len(running), r.stdout
 
 
 def test_a_riscv_vmcoreinfo_lost_with_the_cut_is_rebuilt_as_the_kernel_wrote_it(tmp_path_factory) -> None:

@@ -40,6 +40,11 @@ def _prstatus_pid(raw: bytes) -> int:
     return int.from_bytes(raw[32:36], "little", signed=True)  # elf_prstatus.pr_pid
 
 
+class KernelNotPlaced(DumpError):
+    """A damaged vmcore with no VMCOREINFO note whose kernel's own note may be beyond the end of the file: the
+    kernel cannot be placed (:class:`CpuNotesDump` lists what its notes say)."""
+
+
 class NamedByVmcoreinfo:
     """The kernel a vmcore is of, as its VMCOREINFO names it."""
 
@@ -113,8 +118,8 @@ class VmcoreFile(NamedByVmcoreinfo):
         except DumpError as e:
             if self.phys.damage is None:
                 raise
-            raise DumpError(f"{self.path}: {e}; the file is {self.phys.damage.what}: the kernel's note may be "
-                            "beyond the end of the file") from None
+            raise KernelNotPlaced(f"{self.path}: {e}; the file is {self.phys.damage.what}: the kernel's note may be "
+                                  "beyond the end of the file") from None
         build_id = info.get("BUILD-ID")
         if build_id and image.build_id and build_id != image.build_id:
             raise DumpError(f"{self.path}: the kernel's VMCOREINFO names build-id {build_id}, "
@@ -286,28 +291,11 @@ class VmcoreDump(NamedByVmcoreinfo):
         1``; otherwise (pids that are not distinct CPU numbers + 1) the notes
         are taken in file order.
         """
-        names = self.backend.prstatus_regs
-        layout = elfcore.elf_prstatus(len(names))
         by_cpu: dict[int, bytes] = {}
         if self.crashed:
-            by_cpu, unread = self._crash_notes(layout.sizeof())
+            by_cpu, unread = self._crash_notes(elfcore.elf_prstatus(len(self.backend.prstatus_regs)).sizeof())
             by_cpu = self._notes_of_unread_buffers(by_cpu, unread) if by_cpu else self._notes_in_cpu_order()
-        if not by_cpu:
-            pids = [_prstatus_pid(raw) for raw in self._prstatus]
-            qemu = len(set(pids)) == len(pids) and all(1 <= p <= MAX_CPUS for p in pids)
-            by_cpu = {(pid - 1 if qemu else i): raw for i, (pid, raw) in enumerate(zip(pids, self._prstatus))}
-        out = []
-        hooks = self.backend.kernel
-        for cpu in sorted(by_cpu):
-            raw = by_cpu[cpu]
-            if len(raw) < layout.sizeof():
-                raise DumpError(f"{self.path}: NT_PRSTATUS of cpu{cpu} is {len(raw)} bytes, "
-                                f"expected {layout.sizeof()}")
-            regs = dict(zip(names, layout.parse(raw).pr_reg))
-            pid = _prstatus_pid(raw)  # a pid_t: past PID_MAX_LIMIT (or below 0) it is none (a corrupt note)
-            out.append(CpuState(cpu=cpu, regs=regs, pid=pid if 0 <= pid <= PID_MAX_LIMIT else None,
-                                mode=hooks.cpu_mode(regs)))
-        return out
+        return cpu_states(self.path, self.backend, by_cpu or notes_by_number(self._prstatus))
 
     @property
     def crashed(self) -> bool:
@@ -500,6 +488,97 @@ class VmcoreDump(NamedByVmcoreinfo):
     def oracles(self) -> list[dict[str, Any]]:
         """A vmcore carries no oracle traces."""
         return []
+
+
+class CpuNotesDump(NamedByVmcoreinfo):
+    """A damaged vmcore whose kernel cannot be placed (:class:`KernelNotPlaced`): what its notes say.
+
+    Each CPU that saved registers is listed by its ``NT_PRSTATUS`` note, numbered as
+    :func:`notes_by_number` numbers notes, and not walked: without the kernel placed no
+    address translates, so no stack of it is known, and registers are not walked over
+    stacks that would be guessed. It has the surface of :class:`VmcoreDump`.
+    """
+
+    def __init__(self, vmcore: VmcoreFile, why: str) -> None:
+        self.path = vmcore.path
+        self.phys = vmcore.phys
+        self.backend = vmcore.backend
+        self.arch = vmcore.arch
+        self.source = vmcore.phys.format
+        self.image: Image | None = None
+        self.symbols: SymbolTable | None = None
+        self.memory = Memory(())
+        self.vmcoreinfo_text = ""
+        self.vmcoreinfo = VmcoreInfo.parse("")
+        self.info = DumpInfo()
+        self.cpus: list[CpuState] = cpu_states(vmcore.path, vmcore.backend, notes_by_number(
+            [p.desc for p in vmcore.phys.prstatus]))
+        why = why.removeprefix(f"{vmcore.path}: ")
+        damage = vmcore.phys.damage
+        self.warnings: list[str] = [*vmcore.warnings, *([f"{vmcore.path}: {damage}"] if damage is not None else []),
+                                    f"{vmcore.path}: the kernel is not placed ({why}): its CPUs are listed by their "
+                                    "NT_PRSTATUS notes, and none is walked"]
+
+    @classmethod
+    def open(cls, vmcore: VmcoreFile, why: str) -> "CpuNotesDump":
+        """What ``vmcore``'s notes say, its kernel not placed (``why``); :class:`DumpError` with ``why`` when it
+        has no CPU note either: nothing is left to say."""
+        if not vmcore.phys.prstatus:
+            raise DumpError(why)
+        return cls(vmcore, why)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The ``UNWIND`` note's keys this vmcore fills (``unwind convert``)."""
+        return {"format": FORMAT_VERSION, "arch": self.arch, "kernel": {"release": None}, "build_id": None,
+                "capture": {"tool": self.source}, **note_keys(self.info)}
+
+    @property
+    def modules(self) -> tuple[ModuleInfo, ...]:
+        """No module is known."""
+        return ()
+
+    def tasks(self) -> list[Task]:
+        """Each CPU's unknown task, in CPU order, with its registers and why it is not walked."""
+        return [Task(pid=None, comm="?", state="R", cpu=c.cpu, regs=dict(c.regs),
+                     lacks=Lack(f"cpu{c.cpu}'s task is unknown (the kernel is not placed: no VMCOREINFO): its stacks "
+                                "are not known")) for c in self.cpus]
+
+    def task_memory(self, task: Task) -> Memory:
+        """Nothing: no kernel address translates."""
+        return self.memory
+
+    def kernel_tasks(self) -> list[KernelTask]:
+        """No task list is read."""
+        return []
+
+    def oracles(self) -> list[dict[str, Any]]:
+        """A vmcore carries no oracle traces."""
+        return []
+
+
+def notes_by_number(prstatus: Sequence[bytes]) -> dict[int, bytes]:
+    """The notes by CPU where no ``crash_notes`` buffer places them: QEMU numbers its notes ``pr_pid = cpu + 1``;
+    otherwise (pids that are not distinct CPU numbers + 1) they are taken in file order."""
+    pids = [_prstatus_pid(raw) for raw in prstatus]
+    qemu = len(set(pids)) == len(pids) and all(1 <= p <= MAX_CPUS for p in pids)
+    return {(pid - 1 if qemu else i): raw for i, (pid, raw) in enumerate(zip(pids, prstatus))}
+
+
+def cpu_states(path: str, backend: "registry.ArchBackend", by_cpu: dict[int, bytes]) -> list[CpuState]:
+    """One :class:`CpuState` per CPU of ``by_cpu`` (its raw ``NT_PRSTATUS``), in CPU order."""
+    names = backend.prstatus_regs
+    layout = elfcore.elf_prstatus(len(names))
+    out = []
+    for cpu in sorted(by_cpu):
+        raw = by_cpu[cpu]
+        if len(raw) < layout.sizeof():
+            raise DumpError(f"{path}: NT_PRSTATUS of cpu{cpu} is {len(raw)} bytes, expected {layout.sizeof()}")
+        regs = dict(zip(names, layout.parse(raw).pr_reg))
+        pid = _prstatus_pid(raw)  # a pid_t: past PID_MAX_LIMIT (or below 0) it is none (a corrupt note)
+        out.append(CpuState(cpu=cpu, regs=regs, pid=pid if 0 <= pid <= PID_MAX_LIMIT else None,
+                            mode=backend.kernel.cpu_mode(regs)))
+    return out
 
 
 #: the task_struct members a walk reads besides the stack and the saved context: the return addresses
