@@ -338,6 +338,21 @@ def test_a_cut_that_loses_the_kernels_place_lists_the_cpus_by_their_notes(tmp_pa
         assert r.stdout.count("task is unknown (the kernel is not placed") == len(running), r.stdout
 
 
+def test_a_cpus_current_cut_short_is_listed_running_there(tmp_path_factory) -> None:
+    """riscv's ``current`` is ``tp``: at 50 % the running tasks' ``task_struct.pid`` is past the cut, and each
+    is listed by its address running on its CPU (``ps`` shows ``>``), the uncut file's task there, with its
+    registers, not walked, saying what is missing."""
+    vmcore = next(p for p in VMCORES if p.parts[-4] == "riscv" and p.name.startswith("stop-"))
+    tmp = tmp_path_factory.getbasetemp()
+    path = _cut(vmcore, "elf", 0.5, tmp, tmp_path_factory.mktemp("current"))
+    got = _replay(path, _image(vmcore))
+    assert not isinstance(got, str), got
+    running = {w.running_cpu: k[1] for k, w in _uncut(vmcore, tmp).items() if w.running_cpu is not None}
+    lost = {w.running_cpu: k[1] for k, w in got[0].items() if k[0] is None and w.running_cpu is not None}
+    assert running and lost == running, (lost, running)
+    assert all(BEYOND in got[0][(None, addr)].detail for addr in lost.values())
+
+
 def test_a_riscv_vmcoreinfo_lost_with_the_cut_is_rebuilt_as_the_kernel_wrote_it(tmp_path_factory) -> None:
     """QEMU writes no VMCOREINFO for riscv, so the kernel's own note in memory is all there is. Cut short, the
     file still holds that note, and it is read from there; with the note's name also wiped out of the cut file,

@@ -165,6 +165,8 @@ class VmcoreDump(NamedByVmcoreinfo):
             self._say_left_out_ram()
             self.cpus: list[CpuState] = self._read_cpus()
             currents = self._currents(self.kernel)
+            #: CPU -> the ``task_struct`` of its ``current``, where the arch's rule read it
+            self.currents: dict[int, int] = currents
             self._ktasks: list[KernelTask] = self.kernel.tasks(currents, [c.cpu for c in self.cpus],
                                                                self._note_pids(currents))
             self._lost: list[LostTask] = list(self.kernel.lost_tasks)
@@ -410,7 +412,8 @@ class VmcoreDump(NamedByVmcoreinfo):
             unknown = set(regs) - {t.running_on for t in self._ktasks}  # CPUs whose current was not read
             out = [self._task(k, t, regs, stacks, unknown) for t in self._ktasks]
             out += [self._cpu_task(regs[cpu]) for cpu in sorted(unknown) if not self._current_read(cpu)]
-            out += [_lost_task(t) for t in self._lost]
+            on = {addr: cpu for cpu, addr in self.currents.items()}
+            out += [_lost_task(t, regs.get(on[t.addr]) if t.addr in on else None) for t in self._lost]
             first = self._panic_cpu(k)
             out.sort(key=lambda t: (t.running_cpu is None, t.running_cpu != first, t.running_cpu or 0))
             self._tasks = out
@@ -586,8 +589,12 @@ def cpu_states(path: str, backend: "registry.ArchBackend", by_cpu: dict[int, byt
 FGRAPH_MEMBERS = ("ret_stack", "curr_ret_stack", "rethooks", "kretprobe_instances")
 
 
-def _lost_task(t: LostTask) -> Task:
-    """A ``task_struct`` whose pid or comm the dump lacks: listed by its address, with what is missing."""
+def _lost_task(t: LostTask, cpu: CpuState | None) -> Task:
+    """A ``task_struct`` whose pid or comm the dump lacks: listed by its address, with what is missing; the
+    ``current`` of ``cpu`` (its registers there) is listed running on it."""
+    if cpu is not None:
+        return Task(pid=None, comm="?", state="R", cpu=cpu.cpu, regs=dict(cpu.regs), lacks=Lack(t.why),
+                    task_struct=t.addr)
     return Task(pid=None, comm="?", state="?", lacks=Lack(t.why), task_struct=t.addr)
 
 
