@@ -174,6 +174,22 @@ TASK_NOTE = _obj(
 #: the keys :data:`TASK_NOTE` declares
 TASK_KEYS = frozenset(TASK_NOTE["fields"])
 
+#: the ``fault`` names of ``holes[]`` (``unwind.formats.dump.HOLE_FAULTS``)
+HOLE_FAULT_NAMES = ("missing", "excluded", "not_mapped", "truncated", "left_out")
+
+
+def _hole_range(v: Note) -> Note:
+    """``holes[]``: ``low < high``."""
+    if not v["low"] < v["high"]:
+        raise PydanticCustomError("range", f"low {v['low']:#x} is not below high {v['high']:#x}")
+    return v
+
+
+#: ``holes[]``: a range of a stack the dump lacks, and why the source lacked it (``fault``): a read there
+#: raises that fault, so a walk's stop says what the vmcore's said
+HOLE_NOTE = cs.no_info_after_validator_function(_hole_range, _obj(
+    low=_required(U64), high=_required(U64), fault=_default(cs.literal_schema(list(HOLE_FAULT_NAMES)), "missing")))
+
 #: ``ftrace_trampolines[]``: a dynamic ftrace trampoline (x86-64 ``orc_ftrace_find``)
 TRAMPOLINE = _obj(addr=_required(U64), size=_required(cs.int_schema(gt=0, le=MAX_TRAMPOLINE_BYTES)),
                   ops=_nullable(U64), save_regs=_default(cs.bool_schema(), False))
@@ -225,6 +241,7 @@ NOTE = _obj(
     ftrace_trampolines=_list(TRAMPOLINE),
     offsets=_nullable(cs.dict_schema(NAME, STRUCT_OFFSETS)),
     modules=_list(MODULE_NOTE),
+    holes=_list(HOLE_NOTE),
 )
 #: the validator of the whole note
 VALIDATOR = SchemaValidator(NOTE, _STRICT)
