@@ -317,14 +317,30 @@ def test_a_truncated_xz_vmcore_reads_what_decompresses(tmp_path_factory) -> None
     _check_salvage(_uncut(vmcore, tmp), cut)
 
 
-def test_a_cut_that_loses_the_kernels_place_lists_the_cpus_by_their_notes(tmp_path_factory) -> None:
+def _unplaced(case: str, tmp: Path, folder: Path) -> tuple[Path, Path]:
+    """The vmcore and a cut of it that has lost what places its kernel (:func:`test_a_cut_that_loses_the_kernels_place_lists_the_cpus_by_their_notes`)."""
+    if case == "riscv-makedumpfile-0.5":
+        vmcore = next(p for p in MAKEDUMPFILE if p.parts[-4] == "riscv")
+        assert not VmcoreFile.open(str(vmcore)).vmcoreinfo_text
+        return vmcore, _cut(vmcore, "flat", 0.5, tmp, folder)
+    vmcore = next(p for p in VMCORES if p.parts[-4] == "x86_64" and p.name.startswith("stop-"))
+    data = bytearray(_whole(vmcore, "elf", tmp))
+    data = data[:int(len(data) * 0.999)]
+    at = data.find(b"VMCOREINFO\0")  # the PT_NOTE's, first in the file: x86-64 reads VMCOREINFO only from it
+    data[at:at + 10] = bytes(10)
+    path = folder / "x86-no-vmcoreinfo.elf"
+    path.write_bytes(bytes(data))
+    return vmcore, path
+
+
+@pytest.mark.parametrize("case", ["riscv-makedumpfile-0.5", "x86_64-elf-0.999-note-wiped"])
+def test_a_cut_that_loses_the_kernels_place_lists_the_cpus_by_their_notes(case: str, tmp_path_factory) -> None:
     """The riscv makedumpfile slice has no VMCOREINFO note (made with ``-i``): the kernel is placed by its own
-    ``vmcoreinfo_note``, and at 50 % that page, ``kernel_map`` and ``swapper_pg_dir`` are past the cut. The file
-    is not refused: each CPU of the uncut file is listed by its note, with its registers, and not walked (exit 1,
-    damaged); stderr says once what the file lacks. Without the image at hand, the same."""
-    vmcore = next(p for p in MAKEDUMPFILE if p.parts[-4] == "riscv")
-    assert not VmcoreFile.open(str(vmcore)).vmcoreinfo_text
-    path = _cut(vmcore, "flat", 0.5, tmp_path_factory.getbasetemp(), tmp_path_factory.mktemp("unplaced"))
+    ``vmcoreinfo_note``, and at 50 % that page, ``kernel_map`` and ``swapper_pg_dir`` are past the cut; an x86-64
+    vmcore cut short whose VMCOREINFO note is gone has nothing to place its kernel by. Neither is refused: each
+    CPU of the uncut file is listed by its note, with its registers, and not walked (exit 1, damaged); stderr
+    says once what the file lacks. Without the image at hand, the same."""
+    vmcore, path = _unplaced(case, tmp_path_factory.getbasetemp(), tmp_path_factory.mktemp("unplaced"))
     running = {w.running_cpu for w in _uncut(vmcore, tmp_path_factory.getbasetemp()).values()} - {None}
     for vmlinux in (["--vmlinux", str(_image(vmcore))], []):
         r = subprocess.run([sys.executable, "-m", "unwind", "replay", "--all", *vmlinux, str(path)],

@@ -93,10 +93,7 @@ class VmcoreFile(NamedByVmcoreinfo):
             backend = registry.for_machine(phys.machine)
         except registry.ArchError:
             raise DumpError(f"{path}: a vmcore of {phys.machine}, which unwind has no backend for") from None
-        if not phys.vmcoreinfo and not backend.vmcoreinfo_in_memory:
-            if phys.damage is not None:
-                raise DumpError(f"{path}: no VMCOREINFO note, which may be beyond the end of the file ({phys.damage}): "
-                                "cannot find the kernel")
+        if not phys.vmcoreinfo and not backend.vmcoreinfo_in_memory and phys.damage is None:
             raise DumpError(f"{path}: no VMCOREINFO note (QEMU needs -device vmcoreinfo): cannot find the kernel")
         return cls(path, phys, backend)
 
@@ -114,7 +111,10 @@ class VmcoreFile(NamedByVmcoreinfo):
         try:
             info, how = self.backend.vmcoreinfo_from_memory(self.phys, ranges, image.symbols.address, image.btf)
         except registry.ArchError as e:
-            raise DumpError(f"{self.path}: no VMCOREINFO note, and {e}") from None
+            if self.phys.damage is None:
+                raise DumpError(f"{self.path}: no VMCOREINFO note, and {e}") from None
+            raise KernelNotPlaced(f"{self.path}: no VMCOREINFO note, which may be beyond the end of the file (the file "
+                                  f"is {self.phys.damage.what}): cannot find the kernel") from None
         except DumpError as e:
             if self.phys.damage is None:
                 raise

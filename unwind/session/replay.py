@@ -199,7 +199,7 @@ class Session:
         if image is None and vmcore.build_id is None:
             why = (f"{path}: no VMCOREINFO note, so no build-id to find the image by, and no image near it whose "
                    "kernel's own VMCOREINFO is in its memory")
-            if vmcore.phys.damage is None:
+            if vmcore.phys.damage is None or vmcore.vmcoreinfo_text:  # the note, if any, was not lost to the damage
                 raise ReplayError(f"{why}: give it with --vmlinux")
             return cls._unplaced(CpuNotesDump.open(vmcore, f"{why}, which may be beyond the end of the file"))
         if image is None:
