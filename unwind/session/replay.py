@@ -26,7 +26,7 @@ from .result import Replay
 if TYPE_CHECKING:
     import re
 
-    from unwind.formats.vmdump import VmcoreFile
+    from unwind.formats.vmdump import CpuNotesDump, VmcoreFile
 
     from .batch import BatchReplay
     from .filters import Selection, TaskFilter
@@ -224,10 +224,10 @@ class Session:
         return session
 
     @classmethod
-    def _unplaced(cls, dump: Any) -> "Session":
+    def _unplaced(cls, dump: "CpuNotesDump") -> "Session":
         """A damaged vmcore whose kernel is not placed (:class:`unwind.formats.vmdump.CpuNotesDump`): its CPUs'
         notes, no image (nothing of it is known to be where it was linked)."""
-        session = cls(dump, None, None)
+        session = cls(dump, None, None)  # type: ignore[arg-type]
         session.warnings.extend(dump.warnings)
         return session
 
