@@ -18,6 +18,7 @@ cut on some vmcore); ``--slow`` cuts every vmcore in every format.
 from __future__ import annotations
 
 import lzma
+import os
 import re
 import subprocess
 import sys
@@ -216,12 +217,7 @@ def _salvage(vmcore: Path, fmt: str, keep: float, tmp: Path, folder: Path) -> Sa
     uncut = _uncut(vmcore, tmp)
     path = _cut(vmcore, fmt, keep, tmp, folder)
     got = _replay(path, _image(vmcore))
-    if isinstance(got, str):
-        # a file with no VMCOREINFO (QEMU writes none for riscv, and makedumpfile -i keeps none) places the kernel
-        # by the kernel's own vmcoreinfo_note in memory: where that page is past the cut, nothing can be read
-        assert keep < 0.999 and not VmcoreFile.open(str(vmcore)).vmcoreinfo_text, f"refused: {got}"
-        assert "the kernel's note may be beyond the end of the file" in got and "\n" not in got, got
-        return Salvage(0, 0, len(uncut))
+    assert not isinstance(got, str), f"refused: {got}"
     cut, warnings = got
     said = [w for w in warnings if w.startswith(f"{path}: truncated") or w.startswith(f"{path}: xz stream ends early")]
     got = _check_salvage(uncut, cut)
@@ -269,6 +265,31 @@ def test_the_cli_says_once_what_a_cut_file_lacks(tmp_path_factory) -> None:
     assert len(lines) == 1 and lines[0].startswith(f"unwind: warning: {path}: truncated"), r.stderr
 
 
+@pytest.mark.parametrize("arch,keep", [("x86_64", 0.5), ("riscv", 0.9)])
+def test_a_cut_vmcore_converted_stops_as_the_vmcore(arch: str, keep: float, tmp_path_factory) -> None:
+    """``unwind convert`` of a cut vmcore keeps what each task lacks, and why each part of a stack it lacks is
+    missing: every task of the converted dump walks the vmcore's frames and stops as the vmcore's does, saying
+    the same (x86 at 50 %: both CPUs' tasks unknown, ``init_task`` by its address; riscv at 90 %: tasks whose
+    ``task_struct`` is cut, walks stopped on stack pages past the cut)."""
+    from unwind.cli.tasks import convert
+
+    vmcore = next(p for p in VMCORES if p.parts[-4] == arch and p.name.startswith("stop-"))
+    folder = tmp_path_factory.mktemp("convert")
+    path = _cut(vmcore, "elf", keep, tmp_path_factory.getbasetemp(), folder)
+    s = Session.load(path, vmlinux=_image(vmcore))
+    convert(s, s.select(every=True)).write(folder / "converted.bin")
+    got, want = _replay(folder / "converted.bin", _image(vmcore)), _replay(path, _image(vmcore))
+    assert not isinstance(got, str) and not isinstance(want, str), (got, want)
+    lacking = [k for k, w in want[0].items() if not w.frames and w.reason is StopReason.MEMORY_FAULT
+               and ("unknown" in w.detail or k[0] is None)]
+    assert lacking, "the cut leaves every task walkable: nothing to carry"
+    assert any(BEYOND in w.detail and w.frames for w in want[0].values()) or arch == "x86_64"
+    assert got[0].keys() == want[0].keys()
+    for key, w in want[0].items():
+        g = got[0][key]
+        assert (g.frames, g.reason, g.detail, g.running_cpu) == (w.frames, w.reason, w.detail, w.running_cpu), key
+
+
 def test_a_truncated_xz_vmcore_reads_what_decompresses(tmp_path_factory) -> None:
     tmp = tmp_path_factory.getbasetemp()
     vmcore = next(p for p in VMCORES if "x86_64" in p.parts[-4] and "stop" in p.name)
@@ -294,6 +315,57 @@ def test_a_truncated_xz_vmcore_reads_what_decompresses(tmp_path_factory) -> None
     cut, warnings = got
     assert sum("xz stream ends early" in w for w in warnings) == 1
     _check_salvage(_uncut(vmcore, tmp), cut)
+
+
+def _unplaced(case: str, tmp: Path, folder: Path) -> tuple[Path, Path]:
+    """The vmcore and a cut of it that has lost what places its kernel (:func:`test_a_cut_that_loses_the_kernels_place_lists_the_cpus_by_their_notes`)."""
+    if case == "riscv-makedumpfile-0.5":
+        vmcore = next(p for p in MAKEDUMPFILE if p.parts[-4] == "riscv")
+        assert not VmcoreFile.open(str(vmcore)).vmcoreinfo_text
+        return vmcore, _cut(vmcore, "flat", 0.5, tmp, folder)
+    vmcore = next(p for p in VMCORES if p.parts[-4] == "x86_64" and p.name.startswith("stop-"))
+    data = bytearray(_whole(vmcore, "elf", tmp))
+    data = data[:int(len(data) * 0.999)]
+    at = data.find(b"VMCOREINFO\0")  # the PT_NOTE's, first in the file: x86-64 reads VMCOREINFO only from it
+    data[at:at + 10] = bytes(10)
+    path = folder / "x86-no-vmcoreinfo.elf"
+    path.write_bytes(bytes(data))
+    return vmcore, path
+
+
+@pytest.mark.parametrize("case", ["riscv-makedumpfile-0.5", "x86_64-elf-0.999-note-wiped"])
+def test_a_cut_that_loses_the_kernels_place_lists_the_cpus_by_their_notes(case: str, tmp_path_factory) -> None:
+    """The riscv makedumpfile slice has no VMCOREINFO note (made with ``-i``): the kernel is placed by its own
+    ``vmcoreinfo_note``, and at 50 % that page, ``kernel_map`` and ``swapper_pg_dir`` are past the cut; an x86-64
+    vmcore cut short whose VMCOREINFO note is gone has nothing to place its kernel by. Neither is refused: each
+    CPU of the uncut file is listed by its note, with its registers, and not walked (exit 1, damaged); stderr
+    says once what the file lacks. Without the image at hand, the same."""
+    vmcore, path = _unplaced(case, tmp_path_factory.getbasetemp(), tmp_path_factory.mktemp("unplaced"))
+    running = {w.running_cpu for w in _uncut(vmcore, tmp_path_factory.getbasetemp()).values()} - {None}
+    for vmlinux in (["--vmlinux", str(_image(vmcore))], []):
+        r = subprocess.run([sys.executable, "-m", "unwind", "replay", "--all", *vmlinux, str(path)],
+                           capture_output=True, text=True, timeout=600, env={**os.environ, "UNWIND_IMAGE_PATH": ""})
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        said = [ln for ln in r.stderr.splitlines() if "not placed" in ln]
+        assert len(said) == 1 and "VMCOREINFO" in said[0] and "beyond the end of the file" in said[0], r.stderr
+        cpus = re.findall(r"^pid \? \(\?\) on cpu(\d+):$", r.stdout, re.M)
+        assert {int(c) for c in cpus} == running and len(cpus) == len(running), r.stdout
+        assert r.stdout.count("task is unknown (the kernel is not placed") == len(running), r.stdout
+
+
+def test_a_cpus_current_cut_short_is_listed_running_there(tmp_path_factory) -> None:
+    """riscv's ``current`` is ``tp``: at 50 % the running tasks' ``task_struct.pid`` is past the cut, and each
+    is listed by its address running on its CPU (``ps`` shows ``>``), the uncut file's task there, with its
+    registers, not walked, saying what is missing."""
+    vmcore = next(p for p in VMCORES if p.parts[-4] == "riscv" and p.name.startswith("stop-"))
+    tmp = tmp_path_factory.getbasetemp()
+    path = _cut(vmcore, "elf", 0.5, tmp, tmp_path_factory.mktemp("current"))
+    got = _replay(path, _image(vmcore))
+    assert not isinstance(got, str), got
+    running = {w.running_cpu: k[1] for k, w in _uncut(vmcore, tmp).items() if w.running_cpu is not None}
+    lost = {w.running_cpu: k[1] for k, w in got[0].items() if k[0] is None and w.running_cpu is not None}
+    assert running and lost == running, (lost, running)
+    assert all(BEYOND in got[0][(None, addr)].detail for addr in lost.values())
 
 
 def test_a_riscv_vmcoreinfo_lost_with_the_cut_is_rebuilt_as_the_kernel_wrote_it(tmp_path_factory) -> None:

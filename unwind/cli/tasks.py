@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from unwind.formats.dump import DumpWriter
+from unwind.formats.dump import DumpWriter, hole_fault_name
 from unwind.session.replay import ReplayError, Session, load_session
 from unwind.core.target import Task
 
@@ -38,6 +38,8 @@ def task_json(task: Task) -> dict[str, Any]:
                          for e in task.fgraph]
     if task.kretprobes:
         out["kretprobes"] = [{"ret": _hex(e.ret), "fp": _hex(e.fp)} for e in task.kretprobes]
+    if task.lacks is not None:  # its walk stops on it in the dump as in the vmcore
+        out["lacks"] = {"what": task.lacks.what, "registers": task.lacks.registers}
     out.update(task.extra)
     return out
 
@@ -48,9 +50,13 @@ def convert(session: Session, tasks: list[Task]) -> DumpWriter:
     w = DumpWriter(session.backend)
     stacks: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
+    holes: dict[tuple[int, int], str] = {}
     for task in tasks:
-        for seg in dump.task_memory(task).segments:
+        memory = dump.task_memory(task)
+        for seg in memory.segments:
             w.add_memory(seg.start, seg.data)
+        for lo, hi, fault in getattr(memory, "holes", ()):  # why the vmcore lacked it, for the same stop
+            holes[(lo, hi)] = hole_fault_name(fault)
         for s in task.stacks:
             pid = task.pid if s.kind == "task" else None
             key = (s.kind, s.low, s.high, s.cpu, pid, task.task_struct if pid is not None else None)
@@ -69,6 +75,8 @@ def convert(session: Session, tasks: list[Task]) -> DumpWriter:
     w.meta["cpus"] = [{"cpu": c.cpu, "pid": c.pid, "mode": c.mode} for c in dump.cpus]
     w.meta["stacks"] = stacks
     w.meta["tasks"] = [task_json(t) for t in tasks]
+    if holes:
+        w.meta["holes"] = [{"low": _hex(lo), "high": _hex(hi), "fault": f} for (lo, hi), f in sorted(holes.items())]
     w.meta["capture"] = {**dump.meta.get("capture", {}), "converted_from": dump.path}
     return w
 

@@ -24,14 +24,15 @@ from . import elfcore
 from unwind.core import registry
 from unwind.core.errors import DumpError
 from unwind.core.dumpinfo import DumpInfo
-from unwind.core.memory import Memory, Segment
+from unwind.core.memory import ExcludedPage, LeftOut, Memory, MemoryFault, NotMapped, Segment
 from .note import U64_MAX, Note, NoteError, note_bytes, read_note
 from .note_info import dump_info
 from .vmcore.notes import NoteError as ElfNoteError
+from .vmcore.errors import TruncatedFault
 from .vmcore.notes import parse_notes
 from .vmcore.vmcoreinfo import VmcoreInfo
 from unwind.core.stackinfo import StackInfo
-from unwind.core.target import FgraphEntry, KretprobeInstance, Task
+from unwind.core.target import FgraphEntry, KretprobeInstance, Lack, Task
 
 FORMAT_VERSION = 1
 
@@ -54,6 +55,17 @@ class CpuState:
     mode: str = "kernel"
     sysregs: dict[str, int] | None = None
     normalised: str | None = None
+
+
+#: the faults the note's ``holes[]`` name: why the source (a vmcore ``unwind convert`` read) lacked a range
+HOLE_FAULTS: dict[str, type[MemoryFault]] = {"missing": MemoryFault, "excluded": ExcludedPage,
+                                             "not_mapped": NotMapped, "truncated": TruncatedFault,
+                                             "left_out": LeftOut}
+
+
+def hole_fault_name(fault: type[MemoryFault]) -> str:
+    """The ``holes[].fault`` name of ``fault``: its own, else its nearest base's."""
+    return next(name for cls in fault.__mro__ for name, f in HOLE_FAULTS.items() if f is cls)
 
 
 def _backend(arch: "str | registry.ArchBackend") -> registry.ArchBackend:
@@ -392,6 +404,9 @@ class Dump:
             self.info: DumpInfo = dump_info(self.note, release)
         except (ValueError, KeyError, TypeError) as e:
             raise DumpError(f"{self.path}: malformed modules or bpf_symbols list: {e}") from None
+        if self.note["holes"]:
+            self.memory = Memory(self.memory.segments, [(h["low"], h["high"], HOLE_FAULTS[h["fault"]])
+                                                        for h in self.note["holes"]])
         self.cpus: list[CpuState] = self._cpus(prstatus)
         self._tasks: list[Task] = [self._task(t) for t in self.note["tasks"]]
         self._tasks.sort(key=lambda t: (not t.running, t.running_cpu or 0))
@@ -453,6 +468,7 @@ class Dump:
             user_regs=dict(t["user_regs"]) if t["user_regs"] else None,
             extra={k: v for k, v in t.items() if k not in self._task_keys},
             task_struct=task_struct, ppid=t["ppid"], tgid=t["tgid"], kthread=t["kthread"],
+            lacks=None if t["lacks"] is None else Lack(t["lacks"]["what"], t["lacks"]["registers"]),
         )
 
     @cached_property

@@ -148,6 +148,11 @@ def _context_keys(v: dict[str, int] | None, info: cs.ValidationInfo) -> dict[str
     return v
 
 
+#: ``tasks[].lacks``: what the dump lacks that a walk of the task needs (``unwind.core.target.Lack``): its walk
+#: stops on it, saying ``what``; ``registers``: the missing thing is its CPU's registers
+LACK_NOTE = _obj(what=_required(cs.str_schema(min_length=1, max_length=4096)),
+                 registers=_default(cs.bool_schema(), False))
+
 #: ``tasks[]``: one task (``task`` is its task_struct address); keys not declared here reach the
 #: backend as ``Task.extra``
 TASK_NOTE = _obj(
@@ -164,9 +169,26 @@ TASK_NOTE = _obj(
     ppid=_nullable(PID),
     tgid=_nullable(PID),
     kthread=_nullable(cs.bool_schema()),
+    lacks=_nullable(LACK_NOTE),
 )
 #: the keys :data:`TASK_NOTE` declares
 TASK_KEYS = frozenset(TASK_NOTE["fields"])
+
+#: the ``fault`` names of ``holes[]`` (``unwind.formats.dump.HOLE_FAULTS``)
+HOLE_FAULT_NAMES = ("missing", "excluded", "not_mapped", "truncated", "left_out")
+
+
+def _hole_range(v: Note) -> Note:
+    """``holes[]``: ``low < high``."""
+    if not v["low"] < v["high"]:
+        raise PydanticCustomError("range", f"low {v['low']:#x} is not below high {v['high']:#x}")
+    return v
+
+
+#: ``holes[]``: a range of a stack the dump lacks, and why the source lacked it (``fault``): a read there
+#: raises that fault, so a walk's stop says what the vmcore's said
+HOLE_NOTE = cs.no_info_after_validator_function(_hole_range, _obj(
+    low=_required(U64), high=_required(U64), fault=_default(cs.literal_schema(list(HOLE_FAULT_NAMES)), "missing")))
 
 #: ``ftrace_trampolines[]``: a dynamic ftrace trampoline (x86-64 ``orc_ftrace_find``)
 TRAMPOLINE = _obj(addr=_required(U64), size=_required(cs.int_schema(gt=0, le=MAX_TRAMPOLINE_BYTES)),
@@ -219,6 +241,7 @@ NOTE = _obj(
     ftrace_trampolines=_list(TRAMPOLINE),
     offsets=_nullable(cs.dict_schema(NAME, STRUCT_OFFSETS)),
     modules=_list(MODULE_NOTE),
+    holes=_list(HOLE_NOTE),
 )
 #: the validator of the whole note
 VALIDATOR = SchemaValidator(NOTE, _STRICT)

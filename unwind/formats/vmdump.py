@@ -40,6 +40,11 @@ def _prstatus_pid(raw: bytes) -> int:
     return int.from_bytes(raw[32:36], "little", signed=True)  # elf_prstatus.pr_pid
 
 
+class KernelNotPlaced(DumpError):
+    """A damaged vmcore with no VMCOREINFO note whose kernel's own note may be beyond the end of the file: the
+    kernel cannot be placed (:class:`CpuNotesDump` lists what its notes say)."""
+
+
 class NamedByVmcoreinfo:
     """The kernel a vmcore is of, as its VMCOREINFO names it."""
 
@@ -88,10 +93,7 @@ class VmcoreFile(NamedByVmcoreinfo):
             backend = registry.for_machine(phys.machine)
         except registry.ArchError:
             raise DumpError(f"{path}: a vmcore of {phys.machine}, which unwind has no backend for") from None
-        if not phys.vmcoreinfo and not backend.vmcoreinfo_in_memory:
-            if phys.damage is not None:
-                raise DumpError(f"{path}: no VMCOREINFO note, which may be beyond the end of the file ({phys.damage}): "
-                                "cannot find the kernel")
+        if not phys.vmcoreinfo and not backend.vmcoreinfo_in_memory and phys.damage is None:
             raise DumpError(f"{path}: no VMCOREINFO note (QEMU needs -device vmcoreinfo): cannot find the kernel")
         return cls(path, phys, backend)
 
@@ -109,12 +111,15 @@ class VmcoreFile(NamedByVmcoreinfo):
         try:
             info, how = self.backend.vmcoreinfo_from_memory(self.phys, ranges, image.symbols.address, image.btf)
         except registry.ArchError as e:
-            raise DumpError(f"{self.path}: no VMCOREINFO note, and {e}") from None
+            if self.phys.damage is None:
+                raise DumpError(f"{self.path}: no VMCOREINFO note, and {e}") from None
+            raise KernelNotPlaced(f"{self.path}: no VMCOREINFO note, which may be beyond the end of the file (the file "
+                                  f"is {self.phys.damage.what}): cannot find the kernel") from None
         except DumpError as e:
             if self.phys.damage is None:
                 raise
-            raise DumpError(f"{self.path}: {e}; the file is {self.phys.damage.what}: the kernel's note may be "
-                            "beyond the end of the file") from None
+            raise KernelNotPlaced(f"{self.path}: {e}; the file is {self.phys.damage.what}: the kernel's note may be "
+                                  "beyond the end of the file") from None
         build_id = info.get("BUILD-ID")
         if build_id and image.build_id and build_id != image.build_id:
             raise DumpError(f"{self.path}: the kernel's VMCOREINFO names build-id {build_id}, "
@@ -160,6 +165,8 @@ class VmcoreDump(NamedByVmcoreinfo):
             self._say_left_out_ram()
             self.cpus: list[CpuState] = self._read_cpus()
             currents = self._currents(self.kernel)
+            #: CPU -> the ``task_struct`` of its ``current``, where the arch's rule read it
+            self.currents: dict[int, int] = currents
             self._ktasks: list[KernelTask] = self.kernel.tasks(currents, [c.cpu for c in self.cpus],
                                                                self._note_pids(currents))
             self._lost: list[LostTask] = list(self.kernel.lost_tasks)
@@ -286,28 +293,11 @@ class VmcoreDump(NamedByVmcoreinfo):
         1``; otherwise (pids that are not distinct CPU numbers + 1) the notes
         are taken in file order.
         """
-        names = self.backend.prstatus_regs
-        layout = elfcore.elf_prstatus(len(names))
         by_cpu: dict[int, bytes] = {}
         if self.crashed:
-            by_cpu, unread = self._crash_notes(layout.sizeof())
+            by_cpu, unread = self._crash_notes(elfcore.elf_prstatus(len(self.backend.prstatus_regs)).sizeof())
             by_cpu = self._notes_of_unread_buffers(by_cpu, unread) if by_cpu else self._notes_in_cpu_order()
-        if not by_cpu:
-            pids = [_prstatus_pid(raw) for raw in self._prstatus]
-            qemu = len(set(pids)) == len(pids) and all(1 <= p <= MAX_CPUS for p in pids)
-            by_cpu = {(pid - 1 if qemu else i): raw for i, (pid, raw) in enumerate(zip(pids, self._prstatus))}
-        out = []
-        hooks = self.backend.kernel
-        for cpu in sorted(by_cpu):
-            raw = by_cpu[cpu]
-            if len(raw) < layout.sizeof():
-                raise DumpError(f"{self.path}: NT_PRSTATUS of cpu{cpu} is {len(raw)} bytes, "
-                                f"expected {layout.sizeof()}")
-            regs = dict(zip(names, layout.parse(raw).pr_reg))
-            pid = _prstatus_pid(raw)  # a pid_t: past PID_MAX_LIMIT (or below 0) it is none (a corrupt note)
-            out.append(CpuState(cpu=cpu, regs=regs, pid=pid if 0 <= pid <= PID_MAX_LIMIT else None,
-                                mode=hooks.cpu_mode(regs)))
-        return out
+        return cpu_states(self.path, self.backend, by_cpu or notes_by_number(self._prstatus))
 
     @property
     def crashed(self) -> bool:
@@ -422,7 +412,8 @@ class VmcoreDump(NamedByVmcoreinfo):
             unknown = set(regs) - {t.running_on for t in self._ktasks}  # CPUs whose current was not read
             out = [self._task(k, t, regs, stacks, unknown) for t in self._ktasks]
             out += [self._cpu_task(regs[cpu]) for cpu in sorted(unknown) if not self._current_read(cpu)]
-            out += [_lost_task(t) for t in self._lost]
+            on = {addr: cpu for cpu, addr in self.currents.items()}
+            out += [_lost_task(t, regs.get(on[t.addr]) if t.addr in on else None) for t in self._lost]
             first = self._panic_cpu(k)
             out.sort(key=lambda t: (t.running_cpu is None, t.running_cpu != first, t.running_cpu or 0))
             self._tasks = out
@@ -502,13 +493,108 @@ class VmcoreDump(NamedByVmcoreinfo):
         return []
 
 
+class CpuNotesDump(NamedByVmcoreinfo):
+    """A damaged vmcore whose kernel cannot be placed (:class:`KernelNotPlaced`): what its notes say.
+
+    Each CPU that saved registers is listed by its ``NT_PRSTATUS`` note, numbered as
+    :func:`notes_by_number` numbers notes, and not walked: without the kernel placed no
+    address translates, so no stack of it is known, and registers are not walked over
+    stacks that would be guessed. It has the surface of :class:`VmcoreDump`.
+    """
+
+    def __init__(self, vmcore: VmcoreFile, why: str) -> None:
+        self.path = vmcore.path
+        self.phys = vmcore.phys
+        self.backend = vmcore.backend
+        self.arch = vmcore.arch
+        self.source = vmcore.phys.format
+        self.image: Image | None = None
+        self.symbols: SymbolTable | None = None
+        self.memory = Memory(())
+        self.vmcoreinfo_text = ""
+        self.vmcoreinfo = VmcoreInfo.parse("")
+        self.info = DumpInfo()
+        self.cpus: list[CpuState] = cpu_states(vmcore.path, vmcore.backend, notes_by_number(
+            [p.desc for p in vmcore.phys.prstatus]))
+        why = why.removeprefix(f"{vmcore.path}: ")
+        damage = vmcore.phys.damage
+        self.warnings: list[str] = [*vmcore.warnings, *([f"{vmcore.path}: {damage}"] if damage is not None else []),
+                                    f"{vmcore.path}: the kernel is not placed ({why}): its CPUs are listed by their "
+                                    "NT_PRSTATUS notes, and none is walked"]
+
+    @classmethod
+    def open(cls, vmcore: VmcoreFile, why: str) -> "CpuNotesDump":
+        """What ``vmcore``'s notes say, its kernel not placed (``why``); :class:`DumpError` with ``why`` when it
+        has no CPU note either: nothing is left to say."""
+        if not vmcore.phys.prstatus:
+            raise DumpError(why)
+        return cls(vmcore, why)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The ``UNWIND`` note's keys this vmcore fills (``unwind convert``)."""
+        return {"format": FORMAT_VERSION, "arch": self.arch, "kernel": {"release": None}, "build_id": None,
+                "capture": {"tool": self.source}, **note_keys(self.info)}
+
+    @property
+    def modules(self) -> tuple[ModuleInfo, ...]:
+        """No module is known."""
+        return ()
+
+    def tasks(self) -> list[Task]:
+        """Each CPU's unknown task, in CPU order, with its registers and why it is not walked."""
+        return [Task(pid=None, comm="?", state="R", cpu=c.cpu, regs=dict(c.regs),
+                     lacks=Lack(f"cpu{c.cpu}'s task is unknown (the kernel is not placed: no VMCOREINFO): its stacks "
+                                "are not known")) for c in self.cpus]
+
+    def task_memory(self, task: Task) -> Memory:
+        """Nothing: no kernel address translates."""
+        return self.memory
+
+    def kernel_tasks(self) -> list[KernelTask]:
+        """No task list is read."""
+        return []
+
+    def oracles(self) -> list[dict[str, Any]]:
+        """A vmcore carries no oracle traces."""
+        return []
+
+
+def notes_by_number(prstatus: Sequence[bytes]) -> dict[int, bytes]:
+    """The notes by CPU where no ``crash_notes`` buffer places them: QEMU numbers its notes ``pr_pid = cpu + 1``;
+    otherwise (pids that are not distinct CPU numbers + 1) they are taken in file order."""
+    pids = [_prstatus_pid(raw) for raw in prstatus]
+    qemu = len(set(pids)) == len(pids) and all(1 <= p <= MAX_CPUS for p in pids)
+    return {(pid - 1 if qemu else i): raw for i, (pid, raw) in enumerate(zip(pids, prstatus))}
+
+
+def cpu_states(path: str, backend: "registry.ArchBackend", by_cpu: dict[int, bytes]) -> list[CpuState]:
+    """One :class:`CpuState` per CPU of ``by_cpu`` (its raw ``NT_PRSTATUS``), in CPU order."""
+    names = backend.prstatus_regs
+    layout = elfcore.elf_prstatus(len(names))
+    out = []
+    for cpu in sorted(by_cpu):
+        raw = by_cpu[cpu]
+        if len(raw) < layout.sizeof():
+            raise DumpError(f"{path}: NT_PRSTATUS of cpu{cpu} is {len(raw)} bytes, expected {layout.sizeof()}")
+        regs = dict(zip(names, layout.parse(raw).pr_reg))
+        pid = _prstatus_pid(raw)  # a pid_t: past PID_MAX_LIMIT (or below 0) it is none (a corrupt note)
+        out.append(CpuState(cpu=cpu, regs=regs, pid=pid if 0 <= pid <= PID_MAX_LIMIT else None,
+                            mode=backend.kernel.cpu_mode(regs)))
+    return out
+
+
 #: the task_struct members a walk reads besides the stack and the saved context: the return addresses
 #: function graph tracing and kretprobes hid
 FGRAPH_MEMBERS = ("ret_stack", "curr_ret_stack", "rethooks", "kretprobe_instances")
 
 
-def _lost_task(t: LostTask) -> Task:
-    """A ``task_struct`` whose pid or comm the dump lacks: listed by its address, with what is missing."""
+def _lost_task(t: LostTask, cpu: CpuState | None) -> Task:
+    """A ``task_struct`` whose pid or comm the dump lacks: listed by its address, with what is missing; the
+    ``current`` of ``cpu`` (its registers there) is listed running on it."""
+    if cpu is not None:
+        return Task(pid=None, comm="?", state="R", cpu=cpu.cpu, regs=dict(cpu.regs), lacks=Lack(t.why),
+                    task_struct=t.addr)
     return Task(pid=None, comm="?", state="?", lacks=Lack(t.why), task_struct=t.addr)
 
 

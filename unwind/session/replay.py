@@ -26,7 +26,7 @@ from .result import Replay
 if TYPE_CHECKING:
     import re
 
-    from unwind.formats.vmdump import VmcoreFile
+    from unwind.formats.vmdump import CpuNotesDump, VmcoreFile
 
     from .batch import BatchReplay
     from .filters import Selection, TaskFilter
@@ -184,7 +184,7 @@ class Session:
     def _read_vmcore(cls, vmcore: "VmcoreFile", arch: str | None, vmlinux: str | Path | None,
                      system_map: str | Path | None) -> "Session":
         """The kernel in an opened vmcore, read with its image."""
-        from unwind.formats.vmdump import VmcoreDump
+        from unwind.formats.vmdump import CpuNotesDump, KernelNotPlaced, VmcoreDump
 
         path = vmcore.path
         if arch is not None and registry.get(arch).name != vmcore.arch:
@@ -197,8 +197,11 @@ class Session:
         if found_by_memory:
             image = _image_by_memory(vmcore)
         if image is None and vmcore.build_id is None:
-            raise ReplayError(f"{path}: no VMCOREINFO note, so no build-id to find the image by, and no image near "
-                              "it whose kernel's own VMCOREINFO is in its memory: give it with --vmlinux")
+            why = (f"{path}: no VMCOREINFO note, so no build-id to find the image by, and no image near it whose "
+                   "kernel's own VMCOREINFO is in its memory")
+            if vmcore.phys.damage is None or vmcore.vmcoreinfo_text:  # the note, if any, was not lost to the damage
+                raise ReplayError(f"{why}: give it with --vmlinux")
+            return cls._unplaced(CpuNotesDump.open(vmcore, f"{why}, which may be beyond the end of the file"))
         if image is None:
             raise ReplayError(f"{path}: no image with build-id {vmcore.build_id} found (looked in "
                               f"{', '.join(image_search_places(path, None))}): a vmcore's tasks need the kernel's "
@@ -209,11 +212,22 @@ class Session:
             symbols = SymbolTable.from_system_map(system_map) if system_map is not None else image.symbols
         except (SymbolError, ImageError) as e:
             raise ReplayError(str(e)) from None
-        dump = VmcoreDump.open(vmcore, image, symbols)
+        try:
+            dump = VmcoreDump.open(vmcore, image, symbols)
+        except KernelNotPlaced as e:
+            return cls._unplaced(CpuNotesDump.open(vmcore, str(e)))
         session = cls(dump, dump.image, dump.symbols)  # type: ignore[arg-type]
         if found_by_memory:
             session.warnings.append(f"{path}: no VMCOREINFO note: {image.path} is the image, as the kernel's own "
                                     "VMCOREINFO in memory names its build-id")
+        session.warnings.extend(dump.warnings)
+        return session
+
+    @classmethod
+    def _unplaced(cls, dump: "CpuNotesDump") -> "Session":
+        """A damaged vmcore whose kernel is not placed (:class:`unwind.formats.vmdump.CpuNotesDump`): its CPUs'
+        notes, no image (nothing of it is known to be where it was linked)."""
+        session = cls(dump, None, None)  # type: ignore[arg-type]
         session.warnings.extend(dump.warnings)
         return session
 
