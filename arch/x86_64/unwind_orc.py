@@ -194,6 +194,31 @@ def _read_module_orc(target: Target, m: ModuleInfo, orc: ModuleOrc,
     return m.name, table, [table.ip(i) for i in range(len(table))]
 
 
+# orc_module_find() and orc_ftrace_find() as the kernel would answer them, against what the dump holds
+def orc_not_in_dump(target: Target, ip: int) -> str | None:
+    """Why the dump, not the kernel, lacks the ORC of ``ip`` (a sentence), else ``None``: the module holding
+    ``ip`` has ORC tables the dump does not hold, or ``ip`` is in the module area and the dump lists no
+    modules (and no BPF program or ftrace trampoline holds it). Where the kernel has no ORC either (no
+    module holds ``ip``, or its module has none) its frame-pointer guess is the kernel's own walk."""
+    info = target.info
+    m = next((m for m in info.modules if m.contains(ip)), None)
+    if m is not None:
+        if m.orc is None:
+            return None
+        try:
+            for lo, hi in m.orc.ranges():
+                target.mem.read(lo, hi - lo)
+        except MemoryFault as e:
+            return f"module {m.name}'s ORC tables are not in the dump ({e})"
+        return None
+    if info.modules or not MODULES_RANGE[0] <= ip < MODULES_RANGE[1]:
+        return None
+    if any(b.start <= ip < b.end for b in info.bpf_symbols) or \
+            any(t.addr <= ip < t.addr + t.size for t in info.ftrace_trampolines or ()):
+        return None
+    return "the dump lists no modules"
+
+
 def orc_end_detail(ip: int) -> str:
     """The stop at an ``ORC_TYPE_END_OF_STACK`` entry for ``ip`` (the ip looked up)."""
     return f"ORC END_OF_STACK at {ip:#x}"
@@ -645,6 +670,9 @@ class OrcUnwinder(Unwinder):
         if orc is None and self.target.info.ftrace_trampolines:
             orc = self.orc_ftrace_find(ip, prov)
         if orc is None:
+            lacking = orc_not_in_dump(self.target, ip)
+            if lacking is not None:  # the kernel has this ORC: its walk goes on where the dump cannot follow
+                raise UnwindStop(StopReason.MEMORY_FAULT, f"no ORC for {self.ip:#x}: {lacking}")
             self.error = True
             if prov is not None:
                 prov.rule = f"no ORC entry for {ip:#x}: orc_fp_entry {ORC_FP_ENTRY} (a guess; unreliable)"

@@ -157,6 +157,21 @@ class _SynthStub:
             raise RspMemoryError(f"cannot read {size} bytes at {addr:#x}") from None
 
 
+def _synth_session(k, everyone, running) -> tuple[CaptureSession, _SynthStub]:  # type: ignore[no-untyped-def]
+    """A capture session on the built synthetic kernel ``k``: cpu0 runs init_task, cpu1 ``running``."""
+    from tests.vmtasks.kernelgen import THREAD_SIZE
+
+    k.define("vmcoreinfo_data", 8)
+    k.define("vmcoreinfo_size", 8)
+    init = everyone[0]
+    stub = _SynthStub(k.memory(), [init.stack + THREAD_SIZE - 0x80, running.stack + THREAD_SIZE - 0x80])
+    img = SimpleNamespace(arch="arm64", btf=k.btf, get=k.symbol, addr=k.symbols.__getitem__, build_id="b",
+                          notes_addr=0, notes_data=b"")
+    s = CaptureSession(stub, img, log=lambda msg: None)  # type: ignore[arg-type]
+    s.setup()
+    return s, stub
+
+
 @pytest.mark.parametrize("gen", ["new", "old"])
 def test_a_stop_is_read_through_the_kernel_model(gen: str) -> None:
     # every answer is the synthetic kernel's construction; the letters are the kernel's
@@ -168,14 +183,7 @@ def test_a_stop_is_read_through_the_kernel_model(gen: str) -> None:
     procs = _procs() + [SynthTask(400, 400, "parked", 0x40), SynthTask(500, 500, "waking", 0x200)]
     running = procs[1].threads[1]
     everyone, idle = k.build(procs, [None, running])
-    k.define("vmcoreinfo_data", 8)
-    k.define("vmcoreinfo_size", 8)
-    init = everyone[0]
-    stub = _SynthStub(k.memory(), [init.stack + THREAD_SIZE - 0x80, running.stack + THREAD_SIZE - 0x80])
-    img = SimpleNamespace(arch="arm64", btf=k.btf, get=k.symbol, addr=k.symbols.__getitem__, build_id="b",
-                          notes_addr=0, notes_data=b"")
-    s = CaptureSession(stub, img, log=lambda msg: None)  # type: ignore[arg-type]
-    s.setup()
+    s, stub = _synth_session(k, everyone, running)
     res = s.capture_stop("random")
     assert not isinstance(res, str)
     tasks = {t["pid"]: t for t in res.meta["tasks"]}
@@ -203,6 +211,43 @@ def test_a_stop_is_read_through_the_kernel_model(gen: str) -> None:
     irq = [(st["cpu"], int(st["low"], 16)) for st in res.meta["stacks"] if st["kind"] == "irq"]
     assert irq == [(0, k.irq_stacks[0]), (1, k.irq_stacks[1])]
     assert res.meta["capture"]["unreadable_tasks"] == 0
+
+
+def test_a_stop_records_the_modules_and_their_orc_tables(tmp_path) -> None:
+    # the modules of the synthetic kernel, by construction: one with ORC tables (x86-64's
+    # mod->arch.orc_unwind_ip/orc_unwind/num_orcs, 6-byte entries), one without
+    from tests.vmtasks.kernelgen import SynthKernel
+    from tests.vmtasks.test_kernel_tasks import _procs
+    from unwind.core.dumpinfo import ModuleInfo, ModuleOrc, ModuleRegion
+    from unwind.formats.dump import Dump
+
+    k = SynthKernel(module_orc=True)
+    procs = _procs()
+    running = procs[1].threads[1]
+    everyone, _ = k.build(procs, [None, running])
+    text = 0xFFFF800078000000
+    ips = b"".join((0x10 - 4 * i).to_bytes(4, "little", signed=True) for i in range(3))  # relative to each slot
+    entries = bytes(range(18))
+    fuse = k.module("fuse", text, 0x3000, [(text + 0x100, "fuse_dev_read"), (text + 0x40, "fuse_init")],
+                    orc=(ips, entries))
+    rng = k.module("virtio_rng", text + 0x10000, 0x1000, [(text + 0x10000, "random_recv_done")])
+    k.link(k.define("modules", 16), [m + k.off("module", "list") for m in (fuse, rng)])
+    s, stub = _synth_session(k, everyone, running)
+    res = s.capture_stop("random")
+    assert not isinstance(res, str)
+    ip_at, entry_at = (int.from_bytes(stub.mem.read(fuse + k.off("module", f"arch.{n}"), 8), "little")
+                       for n in ("orc_unwind_ip", "orc_unwind"))
+    want = (ModuleInfo("fuse", fuse, 0, (ModuleRegion("text", text, 0x3000),),
+                       ((text + 0x40, "fuse_init"), (text + 0x100, "fuse_dev_read")), ModuleOrc(ip_at, entry_at, 3, 6)),
+            ModuleInfo("virtio_rng", rng, 0, (ModuleRegion("text", text + 0x10000, 0x1000),),
+                       ((text + 0x10000, "random_recv_done"),)))
+    assert (res.memory[ip_at], res.memory[entry_at]) == (ips, entries)
+    s.offsets_meta = dict  # the synthetic BTF has no pt_regs to lay out
+    s.img.build_id = "b0"
+    s.write_dump(res, tmp_path / "stop.bin", "6.12.0", {})
+    dump = Dump.open(tmp_path / "stop.bin")
+    assert dump.info.modules == want
+    assert [dump.memory.read(lo, hi - lo) for lo, hi in want[0].orc.ranges()] == [ips, entries]
 
 
 def test_guest_memory_reads_a_page_once_while_held() -> None:

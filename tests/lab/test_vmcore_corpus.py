@@ -35,18 +35,52 @@ def stop(request, tmp_path_factory) -> dict:
     return open_slice(request.param, tmp_path_factory.mktemp("slice"))
 
 
-def _replay_all(dump: Path, slim: Path) -> dict[str, dict]:
-    """``unwind replay --all --json`` of ``dump``: task_struct -> the task's JSON object."""
+def _replay_all(dump: Path, slim: Path, status: dict[str, int], name: str) -> dict[str, dict]:
+    """``unwind replay --all --json`` of ``dump``: task_struct -> the task's JSON object; its exit status
+    goes into ``status[name]``."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert main(["replay", str(dump), "--vmlinux", str(slim), "--all", "--json"]) in (0, 1)
+        status[name] = main(["replay", str(dump), "--vmlinux", str(slim), "--all", "--json"])
     return {o["task"]["task_struct"]: o for o in map(json.loads, out.getvalue().splitlines())}
 
 
 @pytest.fixture(scope="module")
-def replays(stop) -> dict[str, dict[str, dict]]:
-    """Every task replayed once from the slice and once from the capture."""
-    return {"vmcore": _replay_all(stop["elf"], stop["slim"]), "capture": _replay_all(stop["capture"], stop["slim"])}
+def replays(stop) -> dict[str, dict]:
+    """Every task replayed once from the slice and once from the capture (``exit``: each one's exit status)."""
+    status: dict[str, int] = {}
+    return {"vmcore": _replay_all(stop["elf"], stop["slim"], status, "vmcore"),
+            "capture": _replay_all(stop["capture"], stop["slim"], status, "capture"), "exit": status}
+
+
+def test_every_task_of_the_capture_replays_with_no_error(replays) -> None:
+    # exit 0: every walk ended cleanly (where the kernel's own walk ends too), none on an error
+    stopped = [(o["task"]["pid"], o["stop"]["detail"]) for o in replays["capture"].values() if not o["stop"]["clean"]]
+    assert (replays["exit"]["capture"], stopped) == (0, [])
+
+
+def test_module_kthreads_walk_from_the_capture_as_drgn_walks_them(stop, replays) -> None:
+    """Blocked tasks whose stack holds module code (the lab's ``scsi_eh_0`` in ``scsi_error_handler()``
+    and ``dd`` in ``uhid_char_read()``): the capture's walk is drgn's, pc for pc, and where the capture lists
+    the modules (x86-64 follows their ORC, read from it) each module frame names its module."""
+    if stop["drgn"] is None:
+        pytest.skip("drgn 0.3.0 has no riscv stack unwinder")
+    modules = Dump.open(stop["capture"]).info.modules
+    ours = replays["capture"]
+    walked = []
+    for t in stop["drgn"]["tasks"]:
+        module_pcs = [int(f["pc"], 16) for f in t.get("frames", ())
+                      if (f["symbol"] or "").startswith(("scsi_error_handler+", "uhid_char_read+"))]
+        if t["on_cpu"] or "error" in t or not module_pcs:
+            continue
+        frames = ours[t["task"]]["frames"]
+        assert [f["pc"] for f in frames if f["reliable"]] == [f["pc"] for f in t["frames"]], (t["pid"], t["comm"])
+        if modules:
+            named = {int(f["pc"], 16): f["symbol"] for f in frames}
+            assert all(any(m.contains(pc) and named[pc].endswith(f" [{m.name}]") for m in modules)
+                       for pc in module_pcs), (t["pid"], t["comm"])
+        walked.append(t["comm"])
+    if "virtio-scsi-pci" in Dump.open(stop["capture"]).meta["capture"]["qemu"]:
+        assert {"scsi_eh_0", "dd"} <= set(walked)
 
 
 def test_slice_is_the_vmcore_of_the_captured_stop(stop) -> None:
@@ -104,15 +138,14 @@ def test_module_frames_are_named_with_their_module(stop, replays) -> None:
 def test_blocked_tasks_replay_as_from_the_capture(stop, replays) -> None:
     """The same stop read two ways: QEMU's vmcore and our gdbstub capture.
 
-    Running tasks are left out (the capture normalises a vCPU stopped at trap entry, the vmcore
-    has the raw NT_PRSTATUS), and so are walks through module code: the capture has no module
-    memory, so it cannot follow module ORC.
+    Running tasks are left out: the capture normalises a vCPU stopped at trap entry, the vmcore
+    has the raw NT_PRSTATUS.
     """
     from_vmcore, from_capture = replays["vmcore"], replays["capture"]
     compared = 0
     for task, cap in from_capture.items():
         got = from_vmcore[task]
-        if cap["task"]["running"] or any("[" in (f["symbol"] or "") for f in got["frames"]):
+        if cap["task"]["running"]:
             continue
         assert [f["pc"] for f in got["frames"]] == [f["pc"] for f in cap["frames"]], cap["task"]["pid"]
         assert got["stop"]["reason"] == cap["stop"]["reason"], cap["task"]["pid"]

@@ -48,8 +48,10 @@ class SynthTask:
 class SynthKernel:
     """Build memory, symbols and BTF; ``tasks``/``idle``/``curr`` say what a reader must find."""
 
-    def __init__(self, gen: str = "new", ncpu: int = 2) -> None:
+    def __init__(self, gen: str = "new", ncpu: int = 2, module_orc: bool = False) -> None:
         self.gen = gen
+        #: ``struct module`` has x86-64's ``arch.orc_unwind_ip``/``orc_unwind``/``num_orcs`` (``new`` only)
+        self.module_orc = module_orc and gen == "new"
         self.ncpu = ncpu
         self.segs: dict[int, bytearray] = {}
         self.symbols: dict[str, int] = {}
@@ -106,8 +108,13 @@ class SynthKernel:
             mm = b.struct("module_memory", 0x20, [("base", b.voidp, 0), ("size", b.u32, 8)])
             b.enum("mod_mem_type", {"MOD_TEXT": 0, "MOD_DATA": 1, "MOD_RODATA": 2, "MOD_RO_AFTER_INIT": 3,
                                     "MOD_INIT_TEXT": 4, "MOD_INIT_DATA": 5, "MOD_INIT_RODATA": 6})
+            arch = []
+            if self.module_orc:  # x86-64's struct mod_arch_specific, and its 6-byte struct orc_entry
+                b.struct("orc_entry", 6, [("sp_offset", b.u32, 0)])
+                arch = [("arch", b.struct("mod_arch_specific", 0x18, [
+                    ("num_orcs", b.u32, 0), ("orc_unwind_ip", b.voidp, 8), ("orc_unwind", b.voidp, 0x10)]), 0x1A0)]
             b.struct("module", 0x200, [("state", b.u32, 0), ("list", lh, 8), ("name", name, 0x18),
-                                       ("mem", b.array(mm, 7), 0x60), ("kallsyms", b.voidp, 0x180)])
+                                       ("mem", b.array(mm, 7), 0x60), ("kallsyms", b.voidp, 0x180), *arch])
         self.btf = Btf(b.blob())
 
     # -- memory -----------------------------------------------------------------
@@ -198,9 +205,18 @@ class SynthKernel:
             prev = n + self.off(node_t, "llist")
         self.u64(o(head), prev)
 
-    def module(self, name: str, text: int, size: int, symbols: list[tuple[int, str]]) -> int:
-        """A LIVE module whose text is ``[text, text + size)`` with ``symbols`` (value, name) in its kallsyms."""
+    def module(self, name: str, text: int, size: int, symbols: list[tuple[int, str]],
+               orc: tuple[bytes, bytes] | None = None) -> int:
+        """A LIVE module whose text is ``[text, text + size)`` with ``symbols`` (value, name) in its kallsyms
+        and (with :attr:`module_orc`) ``orc``: the bytes of its ``orc_unwind_ip`` and ``orc_unwind`` tables."""
         m = self.alloc(0x200)
+        if orc is not None:
+            ips, entries = orc
+            for member, table in (("orc_unwind_ip", ips), ("orc_unwind", entries)):
+                at = self.alloc(len(table))
+                self.write(at, table)
+                self.u64(m + self.off("module", f"arch.{member}"), at)
+            self.u32(m + self.off("module", "arch.num_orcs"), len(ips) // 4)
         self.write(m + self.off("module", "name"), name.encode())
         if self.gen == "old":
             self.u64(m + self.off("module", "core_layout.base"), text)

@@ -59,7 +59,7 @@ def _bpf_symbol(row: Any) -> BpfSymbol:
 def note_keys(info: DumpInfo) -> dict[str, Any]:
     """The note's ``modules``, ``bpf_symbols``, ``symbols`` and (when known) ``ftrace_trampolines`` of ``info``."""
     out: dict[str, Any] = {
-        "modules": [_module_json(m) for m in info.modules],
+        "modules": [module_json(m) for m in info.modules],
         "bpf_symbols": [[f"{b.start:#x}", f"{b.end:#x}", b.name] for b in info.bpf_symbols],
         "symbols": {n: f"{a:#x}" for n, a in info.symbols.items()},
     }
@@ -68,7 +68,7 @@ def note_keys(info: DumpInfo) -> dict[str, Any]:
     return out
 
 
-def _module_json(m: ModuleInfo) -> dict[str, Any]:
+def module_json(m: ModuleInfo) -> dict[str, Any]:
     """The ``modules[]`` entry of ``m``."""
     out: dict[str, Any] = {"name": m.name, "addr": _hex(m.addr), "state": m.state,
                            "regions": [{"kind": r.kind, "base": f"{r.base:#x}", "size": r.size} for r in m.regions],

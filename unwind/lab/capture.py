@@ -4,10 +4,11 @@ Per stop (:meth:`.guest.CaptureSession.capture_stop`): every CPU's registers
 (trap-entry stops normalised by the arch's ``lab`` module), each running task
 with its task stack and its CPU's typed per-CPU stacks, every blocked task with
 its saved context and task stack trimmed to ``[sp, top)``, the function-graph
-return stack and kretprobe/rethook instances per task, and VMCOREINFO read
-from guest memory. Layouts come from the vmlinux's BTF; symbols from its
-``.symtab``. This module plans the stops, takes them, and writes each as a
-dump, with QEMU's vmcores of the same stop and gdb's traces when asked.
+return stack and kretprobe/rethook instances per task, the loaded modules
+(regions, kallsyms, x86-64 ORC tables), and VMCOREINFO read from guest
+memory. Layouts come from the vmlinux's BTF; symbols from its ``.symtab``.
+This module plans the stops, takes them, and writes each as a dump, with
+QEMU's vmcores of the same stop and gdb's traces when asked.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ from elftools.elf.elffile import ELFFile
 from unwind.core import registry
 from unwind.core.memory import MemoryFault
 from unwind.kernel.btf import Btf, BtfError
-from unwind.formats.note_info import trampoline_json
+from unwind.core.dumpinfo import ModuleInfo
+from unwind.formats.note_info import module_json, trampoline_json
 from unwind.kernel.model import Kernel, KernelError, KernelTask, ftrace_trampolines
 from .fetch import build_id
 from .rsp import RspClient, RspMemoryError
@@ -424,9 +425,23 @@ class CaptureSession:
         res.cpus = cpus
         res.meta = {"cpus": cpu_meta, "stacks": stacks_meta, "tasks": task_meta,
                     "ftrace_trampolines": [trampoline_json(t) for t in ftrace_trampolines(k)],
+                    "modules": [module_json(m) for m in self._capture_modules(k, res)],
                     "capture": {"tool": "unwind capture", "kind": kind, "time": time.time(),
                                 "unreadable_tasks": unreadable}}
         return res
+
+    @staticmethod
+    def _capture_modules(k: Kernel, res: StopResult) -> list[ModuleInfo]:
+        """The loaded modules (regions, kallsyms, x86-64 ORC table pointers), read as a vmcore's are; the
+        bytes of each module's ORC tables go into ``res.memory`` (x86-64 ``orc_module_find()`` reads them)."""
+        modules = k.modules()
+        for m in modules:
+            for lo, hi in m.orc.ranges() if m.orc is not None else ():
+                try:
+                    res.memory[lo] = k.read(lo, hi - lo)
+                except MemoryFault as e:
+                    k.warnings.append(f"module {m.name}: its ORC tables are unreadable: {e}")
+        return modules
 
     def _capture_task(self, k: Kernel, t: KernelTask, running: CpuStop | None, res: StopResult,
                       stacks_meta: list[dict[str, Any]]) -> dict[str, Any]:
