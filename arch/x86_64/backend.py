@@ -159,7 +159,8 @@ class X86_64Backend(ArchBackend):
                     and not replay.target.info.ftrace_trampolines and expected[:len(printed)] == printed):
                 return "ftrace-trampoline"
             return None
-        if not replay.frames and replay.task.running and replay.stop.reason is StopReason.OUTSIDE_STACK:
+        if not replay.frames and replay.task.running and (replay.stop.reason is StopReason.OUTSIDE_STACK
+                                                          or "switching_to" in replay.task.extra):
             return "switching"
         return self._categorize_debugger(expected, got, replay)
 

@@ -30,7 +30,7 @@ from unwind.core.walk import StopReason
 
 from .orc import (ORC_REG_BP, ORC_REG_PREV_SP, ORC_REG_SP, ORC_REG_UNDEFINED, ORC_TYPE_CALL, ORC_TYPE_END_OF_STACK,
                   OrcTable)
-from .unwind_orc import OrcUnwinder, orc_end_detail
+from .unwind_orc import OrcUnwinder, orc_end_detail, task_on_another_cpu
 
 _U64 = np.uint64
 #: the frame sources a batch walk reports, by index
@@ -246,9 +246,9 @@ def kernel_text_lanes(ip: np.ndarray, text: np.ndarray) -> np.ndarray:
 
 def lane_of(task: Task) -> tuple[int, ...] | None:
     """A lane's words for ``task`` when the batch takes it: a blocked task with a saved ``thread.sp`` and one
-    task stack; its ``thread.sp, stack low, stack high``."""
+    task stack, not refused by ``task_on_another_cpu()``; its ``thread.sp, stack low, stack high``."""
     ctx = task.context
-    if task.regs is None and ctx is not None and len(task.stacks) == 1:
+    if task.regs is None and ctx is not None and len(task.stacks) == 1 and not task_on_another_cpu(task):
         stack = task.stacks[0]
         tsp = ctx.get("sp")
         if stack.kind == "task" and stack.low < stack.high and tsp is not None:

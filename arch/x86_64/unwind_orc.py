@@ -25,7 +25,7 @@ from unwind.core.frame import FLAGS as _FLAGS
 from unwind.core.frame import Flag, Frame, Provenance, Source
 from unwind.kernel.symbols import Symbol
 from unwind.core.memory import Memory, MemoryFault
-from unwind.core.target import Target
+from unwind.core.target import Target, Task
 from unwind.core.walk import Stop, StopReason, Unwinder, UnwindStop
 from unwind.kernel.fgraph import fgraph_idx, ftrace_graph_ret_addr
 from unwind.kernel.generation import kernel_generation
@@ -217,6 +217,21 @@ def orc_not_in_dump(target: Target, ip: int) -> str | None:
             any(t.addr <= ip < t.addr + t.size for t in info.ftrace_trampolines or ()):
         return None
     return "the dump lists no modules"
+
+
+# task_on_another_cpu() (asm/unwind.h): task != current && task->on_cpu
+def task_on_another_cpu(task: Task) -> bool:
+    """A blocked task (the walk runs on another CPU) whose ``on_cpu`` the dump says is set."""
+    return task.regs is None and bool(task.extra.get("on_cpu"))
+
+
+def on_another_cpu_detail(task: Task) -> str:
+    """Why ``__unwind_start()`` refuses ``task``: a CPU is switching to or from it."""
+    prev = task.extra.get("switching_from")
+    how = (f"cpu{task.cpu} is switching to it from pid {prev} (that CPU's sp is on its stack)" if prev is not None
+           else f"no CPU runs it: cpu{task.cpu} is switching to or from it")
+    return (f"task->on_cpu is set, {how}: __unwind_start() refuses to walk a task executing on another CPU "
+            f"(task_on_another_cpu())")
 
 
 def orc_end_detail(ip: int) -> str:
@@ -504,6 +519,8 @@ class OrcUnwinder(Unwinder):
 
     def _start(self) -> Frame:
         task = self.task
+        if task_on_another_cpu(task):  # unwind_orc.c:694-700: goto err
+            raise UnwindStop(StopReason.KERNEL_LIMIT, on_another_cpu_detail(task))
         prov = Provenance("") if self.record else None
         if task.regs is not None:  # unwind_orc.c:702-711
             regs = Regs(None, task.regs, self.c.consts.off)
@@ -537,7 +554,7 @@ class OrcUnwinder(Unwinder):
             up = (self.sp + PAGE_SIZE - 1) & ~(PAGE_SIZE - 1)
             info = self.stacks.get_stack_info(up, self.stack_mask)
             if info is None:
-                raise UnwindStop(StopReason.OUTSIDE_STACK, f"sp {self.sp:#x}: {self.stacks.why}")
+                raise self.off_stack_stop()
             if prov is not None:
                 prov.note(f"sp {self.sp:#x} is on no stack: guard-page retry at {up:#x}; unreliable")
         self.stack_info = info
@@ -548,6 +565,18 @@ class OrcUnwinder(Unwinder):
         frame = Frame(self.ip, self.sp, self.bp, source, info.kind, flags, prov)
         self.last = frame
         return frame
+
+    # unwind_orc.c:729-742 with no stack found: the walk ends with no frame
+    def off_stack_stop(self) -> UnwindStop:
+        """The stop where the start's sp is on no stack: the kernel's own end when the CPU is switching to the
+        task whose stack holds it (the dump's ``switching_to``), else an error."""
+        nxt = self.task.extra.get("switching_to")
+        if nxt is None:
+            return UnwindStop(StopReason.OUTSIDE_STACK, f"sp {self.sp:#x}: {self.stacks.why}")
+        return UnwindStop(StopReason.KERNEL_LIMIT,
+                          f"sp {self.sp:#x} is on the stack of pid {nxt}, to which cpu{self.task.cpu} is switching "
+                          f"(__switch_to_asm() has loaded its sp, __switch_to() has not yet made it current): "
+                          f"get_stack_info() finds no stack of current there, and the kernel's walk ends with no frame")
 
     # --- one step: unwind_next_frame() ---
 

@@ -414,6 +414,7 @@ class VmcoreDump(NamedByVmcoreinfo):
             out += [self._cpu_task(regs[cpu]) for cpu in sorted(unknown) if not self._current_read(cpu)]
             on = {addr: cpu for cpu, addr in self.currents.items()}
             out += [_lost_task(t, regs.get(on[t.addr]) if t.addr in on else None) for t in self._lost]
+            mark_switches(out, self.backend.sp_reg)
             first = self._panic_cpu(k)
             out.sort(key=lambda t: (t.running_cpu is None, t.running_cpu != first, t.running_cpu or 0))
             self._tasks = out
@@ -460,6 +461,8 @@ class VmcoreDump(NamedByVmcoreinfo):
         if stale:
             why = "whose current could not be read" if t.cpu in unknown else "which has no registers in the dump"
             extra["note"] = f"on_cpu on cpu{t.cpu}, {why}: its saved context may be stale"
+        if cpu is None and t.on_cpu:  # no CPU's current, yet on_cpu: a CPU is switching to or from it
+            extra["on_cpu"] = True
         # a NULL task->stack (an exited task's, freed at its last switch) is kept as the capture keeps it: low 0
         stacks = [StackInfo(t.stack, t.stack + k.thread_size, "task", cpu)]
         if t.stack + k.thread_size >= 2**64:  # task_stack_page() + THREAD_SIZE: the end is an address too
@@ -587,6 +590,23 @@ def cpu_states(path: str, backend: "registry.ArchBackend", by_cpu: dict[int, byt
 #: the task_struct members a walk reads besides the stack and the saved context: the return addresses
 #: function graph tracing and kretprobes hid
 FGRAPH_MEMBERS = ("ret_stack", "curr_ret_stack", "rethooks", "kretprobe_instances")
+
+
+# context_switch() -> switch_to(): the next task's stack is loaded before it is made current (x86-64:
+# __switch_to_asm(), then __switch_to())
+def mark_switches(tasks: list[Task], sp_reg: str) -> None:
+    """Where a running task's CPU has its sp on the task stack of a task that is ``on_cpu`` on that CPU, the
+    CPU is switching to that task (its stack loaded, ``current`` not changed yet): the running task's
+    ``extra["switching_to"]`` and the other's ``extra["switching_from"]`` name each other's pid."""
+    waiting = [t for t in tasks if t.extra.get("on_cpu") and t.pid is not None]
+    for t in tasks:
+        sp = (t.regs or {}).get(sp_reg)
+        if sp is None or t.pid is None or any(s.low <= sp < s.high for s in t.stacks):
+            continue
+        for n in waiting:
+            if n.cpu == t.cpu and any(s.kind == "task" and s.low <= sp < s.high for s in n.stacks):
+                t.extra["switching_to"], n.extra["switching_from"] = n.pid, t.pid
+                break
 
 
 def _lost_task(t: LostTask, cpu: CpuState | None) -> Task:
