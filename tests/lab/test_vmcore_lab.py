@@ -129,15 +129,16 @@ def test_module_guest_gets_the_modules_and_the_scsi_host(tmp_path, initramfs_mem
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,flavour", [("x86_64", None), ("arm64", None), ("riscv", None),
-                                          ("arm64", "arm64-16k")])
-def test_rebuild_the_committed_vmcore_slices(tmp_path, arch, flavour) -> None:
+@pytest.mark.parametrize("arch,flavour,suite", [("x86_64", None, "trixie"), ("arm64", None, "trixie"),
+                                                ("riscv", None, "trixie"), ("arm64", "arm64-16k", "trixie"),
+                                                ("arm64", "arm64-16k", "sid")])
+def test_rebuild_the_committed_vmcore_slices(tmp_path, arch, flavour, suite) -> None:
     """The recipe of ``corpora/<arch>/<release>/vmcore/``: a 256 MB module guest, one stop, its slice.
 
     Needs network, QEMU, drgn (x86_64, arm64), strace and ~10 min per arch; the new slice must
     list the same tasks as drgn's ``for_each_task`` of the full vmcore it came from. The 16K-page
-    arm64 kernel boots on ``-cpu max`` (16K granule, LPA2: 52-bit VA) and its slice keeps the page
-    tables behind every page a replay translates.
+    arm64 kernels (trixie's 6.12, sid's 7.x) boot on ``-cpu max`` (16K granule, LPA2: 52-bit VA) and
+    their slices keep the page tables behind every page a replay translates.
     """
     import lzma
     import sys
@@ -149,7 +150,7 @@ def test_rebuild_the_committed_vmcore_slices(tmp_path, arch, flavour) -> None:
     def unwind(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "unwind", *args], capture_output=True, text=True, timeout=3600)
 
-    r = unwind("kernels", "fetch", "--arch", arch, "--suite", "trixie", *(["--flavour", flavour] if flavour else []))
+    r = unwind("kernels", "fetch", "--arch", arch, "--suite", suite, *(["--flavour", flavour] if flavour else []))
     assert r.returncode == 0, r.stderr
     k = find_kernel(arch, Path(r.stdout.strip()).name)
     assert k.flavour == (flavour or {"x86_64": "amd64", "arm64": "arm64", "riscv": "riscv64"}[arch])

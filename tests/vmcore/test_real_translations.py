@@ -5,7 +5,9 @@ The committed files (``data/*-translations.json.xz``) were written by
 QEMU ``dump-guest-memory`` vmcores of Debian 6.12.117 guests (x86-64 4-level;
 arm64 4K pages, 52-bit VA with LPA2; riscv Sv57 without VMCOREINFO; stop-000,
 and stop-001 with modules loaded for ``*-modules-*``), on vmfmt's true kdump
-``/proc/vmcore`` of an x86-64 crash (``*-kdump-*``: kexec -p, sysrq c) and on one
+``/proc/vmcore`` of an x86-64 crash (``*-kdump-*``: kexec -p, sysrq c), on
+the 16K-page arm64 kernels (``*-16k-*``: trixie's 6.12.117 and sid's 7.2.13
+``arm64-16k`` flavour, module guests of the lab) and on one
 x86-64 guest booted by hand with KASLR and ``-cpu max`` (LA57: 5-level paging,
 KERNELOFFSET 0x25600000, a negative phys_base): ``qemu-system-x86_64 -accel tcg
 -m 256M -smp 1 -cpu max -device vmcoreinfo -kernel <boot-image> -initrd <the
