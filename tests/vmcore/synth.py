@@ -151,22 +151,21 @@ def kdump_file(spec: KdumpSpec) -> bytes:
     desc_start = (1 + sub_hdr_size + bitmap_blocks) * bs
     data_off = desc_start + len(spec.dumped) * diskdump.Page_desc.sizeof()
     descs, data = [], bytearray()
-    zero_desc = None
+
+    def record(page: bytes) -> dict[str, int]:
+        comp = _compress(spec.codec, page)
+        if len(comp) < bs and spec.codec:
+            data.extend(comp)
+            return dict(offset=data_off + len(data) - len(comp), size=len(comp), flags=spec.codec, page_flags=0)
+        data.extend(page)
+        return dict(offset=data_off + len(data) - bs, size=bs, flags=0, page_flags=0)
+
+    # the pages of zeros share one record, written before every other page's data (QEMU and makedumpfile alike)
+    zero_desc = record(bytes(bs)) if bytes(bs) in spec.dumped.values() else None
     for pfn in sorted(spec.dumped):
         page = spec.dumped[pfn]
         assert len(page) == bs
-        if page == bytes(bs) and zero_desc is not None:
-            desc = dict(zero_desc)
-        else:
-            comp = _compress(spec.codec, page)
-            if len(comp) < bs and spec.codec:
-                desc = dict(offset=data_off + len(data), size=len(comp), flags=spec.codec, page_flags=0)
-                data += comp
-            else:
-                desc = dict(offset=data_off + len(data), size=bs, flags=0, page_flags=0)
-                data += page
-            if page == bytes(bs):
-                zero_desc = dict(desc)
+        desc = dict(zero_desc) if zero_desc is not None and page == bytes(bs) else record(page)
         desc.update(spec.page_overrides.get(pfn, {}))
         descs.append(desc)
     uts = {k: b"" for k in ("sysname", "nodename", "release", "version", "machine", "domainname")}
