@@ -23,6 +23,8 @@ from unwind.session.replay import Session, load_session
 
 FOLDER = Path(__file__).resolve().parents[3] / "corpora" / "x86_64" / "6.12.117+deb13-amd64" / "vmcore"
 CAPTURE = FOLDER / "stop-001-random.bin.xz"
+#: the capture's image: a copy written elsewhere finds it by nothing else
+IMAGE = next(FOLDER.parent.glob("vmlinux-*.slim.xz"))
 
 
 def _rewritten(path: Path, drop_modules: bool, drop_orc: bool) -> Path:
@@ -64,7 +66,7 @@ def test_the_capture_walks_through_module_orc(comm: str, function: str) -> None:
 ])
 def test_a_dump_without_module_orc_stops_at_the_module_frame(tmp_path, drop_modules: bool, lacks: str) -> None:
     pid, want = _drgn_frames("scsi_eh_0", "scsi_error_handler")
-    session = Session.load(_rewritten(tmp_path / "dump.bin", drop_modules, drop_orc=not drop_modules))
+    session = Session.load(_rewritten(tmp_path / "dump.bin", drop_modules, drop_orc=not drop_modules), vmlinux=IMAGE)
     scsi_mod = next(m for m in Dump.open(CAPTURE).info.modules if m.name == "scsi_mod")
     first = next(i for i, pc in enumerate(want) if scsi_mod.contains(pc))
     for complete in (False, True):
