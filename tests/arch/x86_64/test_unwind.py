@@ -42,9 +42,11 @@ def chain(stack, sp: int, frames: list[tuple[int, int]]) -> int:
     return sp
 
 
-def blocked(b: OrcBuilder, build, version: int = 3, release: str = "6.12.0-synthetic", **task):
-    """A blocked task on a task stack; ``build(stack, a)`` writes it and returns thread.sp."""
+def blocked(b: OrcBuilder, build, version: int = 3, release: str = "6.12.0-synthetic", modules=(), **task):
+    """A blocked task on a task stack; ``build(stack, a)`` writes it and returns thread.sp; ``modules`` are the
+    note's ``modules[]``."""
     sd = SynthDump("x86_64", release)
+    sd.extra_meta["modules"] = list(modules)
     st = sd.stack("task", TASK_LO, STACK, pid=7)
     tsp = build(st, b.addr)
     sd.blocked_task(7, "worker", {"sp": tsp}, **task)
@@ -314,11 +316,14 @@ def test_orc_missing_pc_falls_back_to_frame_pointers_and_is_unreliable():
     def build(st, a):
         tsp = TASK_LO + 0x3000
         bp = TASK_LO + 0x3100
-        st.put(tsp, 0, 0, 0, 0, 0, bp, MODULE_PC)                  # a module: no ORC table
+        st.put(tsp, 0, 0, 0, 0, 0, bp, MODULE_PC)                  # in a module with no ORC table
         st.put(bp, TASK_LO + 0x3200, a["kthread"] + 0x30)          # its frame-pointer record
         st.put(bp + 16, a["ret_from_fork_asm"] + 8)                # kthread: call(8)
         return tsp
-    s, t = blocked(b, build)
+    # a loaded module the kernel has no ORC for (mod->arch.num_orcs 0): orc_find() finds nothing
+    no_orc = {"name": "no_orc", "regions": [{"kind": "text", "base": hex(MODULE_PC & ~0xFFFF), "size": 0x10000}],
+              "orc": None}
+    s, t = blocked(b, build, modules=[no_orc])
     frames, stop = walk(s, t, record=True)
     assert [f.pc for f in frames] == [MODULE_PC, b.addr["kthread"] + 0x30, b.addr["ret_from_fork_asm"] + 8]
     assert frames[0].reliable and not frames[1].reliable and not frames[2].reliable
