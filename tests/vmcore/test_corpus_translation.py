@@ -131,12 +131,13 @@ def _drgn_running(vmcore: Path) -> dict[int, dict[str, Any]]:
 
 
 def _drgn_until_lost(frames: list[dict[str, Any]]) -> list[str]:
-    """drgn's pcs up to and including the first return it cannot follow (a hijacked return)."""
+    """drgn's pcs before the first return it cannot follow (a hijacked return: drgn prints the trampoline, where
+    the kernel and the replay print the return address recovered from the fgraph or kretprobe stack)."""
     out = []
     for f in frames:
-        out.append(f["pc"])
         if (f["symbol"] or "").startswith(DRGN_BLIND):
             break
+        out.append(f["pc"])
     return out
 
 
@@ -151,20 +152,26 @@ RUNNING = [(v, cpu) for v in VMCORES for cpu in (0, 1)
 def test_running_cpu_trace_matches_an_independent_trace(vmcore: Path, cpu: int) -> None:
     """x86-64: drgn 0.3.0 on the full vmcore (``DRGN_PREFER_ORC_UNWINDER=1``) unwound both running CPUs of each
     vmcore; its pcs are a prefix of the complete replay's (reliable and recovered frames), up to the first
-    hijacked return drgn cannot follow. arm64 (drgn: "stack pointer is not known") and riscv (drgn has no riscv
+    hijacked return drgn cannot follow (not included). arm64 (drgn: "stack pointer is not known") and riscv (drgn has no riscv
     unwinder) have no kernel or drgn trace of a running CPU: there the oracle is the capture of the same stop,
     whose stacks QEMU's MMU translated, replayed by the same unwinder; its first frame differs where the
     capture normalised a vCPU stopped at exception entry, so frames are compared from the second on. A CPU the
     crash NMI stopped in user mode (x86 kdump-001's cpu0) has no kernel frame for drgn: none for us either, the
-    walk stops on the user-mode registers."""
+    walk stops on the user-mode registers. A CPU caught mid-switch (x86 switch-000's cpu1) has no frame in the
+    kernel's walk; drgn's first frame there must be in ``__switch_to``."""
     ours = _replay_cpu(vmcore, cpu, "--complete")
     drgn = _drgn_running(vmcore).get(cpu)
+    if drgn is not None and ours["stop"]["reason"] == "kernel_limit" and "switching" in ours["stop"]["detail"]:
+        # caught between __switch_to_asm() and __switch_to()'s store of current: the kernel's walk gives no frame
+        # (tests/vmcore/test_mid_switch.py); drgn, which walks the registers anyway, was caught in __switch_to too
+        assert ours["frames"] == [] and drgn["frames"][0]["symbol"].startswith("__switch_to+")
+        return
     if drgn is not None:
         expected = _drgn_until_lost(drgn["frames"])
         got = [f["pc"] for f in ours["frames"] if f["reliable"] or "complete" in f["flags"]]
         assert got[:len(expected)] == expected, (got, drgn["frames"])
         if expected:
-            assert len(expected) >= 3
+            assert len(expected) >= 2
         else:
             assert ours["frames"] == [] and ours["stop"]["reason"] == "user_mode"
         return
