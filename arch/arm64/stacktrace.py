@@ -31,7 +31,7 @@ from unwind.core.frame import Flag, Frame, Provenance, Source
 from unwind.core.memory import Memory, MemoryFault
 from unwind.core.stackinfo import Refusal, StackInfo, StackSet
 from unwind.core.target import FgraphEntry, KretprobeInstance, Target
-from unwind.core.walk import Stop, StopReason, Unwinder, UnwindStop
+from unwind.core.walk import Stop, StopReason, Unwinder, UnwindStop, stop_on_lost_entries
 
 from unwind.kernel.btf import BtfError
 from unwind.kernel.fgraph import fgraph_idx, ftrace_graph_ret_addr
@@ -272,6 +272,7 @@ class KunwindState:
     __slots__ = ("fp", "pc", "stacks", "graph_idx", "kr_cur", "source", "flags", "regs",
                  "mem", "meta_records", "kunwind", "first_pc_recovered", "fgraph_idx", "layout", "final_fp",
                  "pac_mask", "return_to_handler", "kretprobe_trampoline", "fgraph", "kretprobes", "prov", "record",
+                 "fgraph_lacks", "kretprobes_lacks",
                  "seg_start", "seg_data", "seg_last")
 
     def __init__(self, target: Target, gen: Generation, layout: PtRegsLayout, consts: DumpConstants) -> None:
@@ -289,6 +290,7 @@ class KunwindState:
         self.kretprobe_trampoline = consts.kretprobe_trampoline
         self.fgraph: list[FgraphEntry] = task.fgraph
         self.kretprobes: list[KretprobeInstance] = task.kretprobes
+        self.fgraph_lacks, self.kretprobes_lacks = task.fgraph_lacks, task.kretprobes_lacks
         self.record = target.options.record
         self.fp = 0
         self.pc = 0
@@ -374,6 +376,7 @@ def kunwind_recover_return_address(state: KunwindState) -> None:
         orig, state.graph_idx, at = ftrace_graph_ret_addr(state.fgraph, state.graph_idx, pc, state.fp, pc,
                                                           state.fgraph_idx)
         if orig == pc:
+            stop_on_lost_entries(state.fgraph_lacks, f"return_to_handler at fp {state.fp:#x}")
             raise UnwindStop(StopReason.RECOVERY_FAILED,
                              f"return_to_handler at fp {state.fp:#x}: no function-graph return-stack entry "
                              f"with retp {state.fp:#x} (of {len(state.fgraph)} captured)")
@@ -383,6 +386,8 @@ def kunwind_recover_return_address(state: KunwindState) -> None:
                    f"(retp {state.fp:#x})")
     if pc == state.kretprobe_trampoline:
         orig, state.kr_cur = kretprobe_find_ret_addr(state.kretprobes, state.fp, state.kr_cur, pc)
+        if not orig:
+            stop_on_lost_entries(state.kretprobes_lacks, f"__kretprobe_trampoline at fp {state.fp:#x}")
         if not orig and not state.kunwind:  # v6.1-v6.7: the pc becomes 0 and the walk goes on
             state.pc = 0
             state.note(f"__kretprobe_trampoline at fp {state.fp:#x}: no kretprobe instance; v6.1 goes on with pc 0")

@@ -38,7 +38,7 @@ from unwind.core.memory import MemoryFault
 from unwind.core.stackinfo import StackInfo, StackSet
 from unwind.core.target import Target
 from unwind.formats.vmcore.vmcoreinfo import vmcoreinfo_number
-from unwind.core.walk import Stop, StopReason, Unwinder, UnwindStop
+from unwind.core.walk import Stop, StopReason, Unwinder, UnwindStop, stop_on_lost_entries
 
 from unwind.kernel.fgraph import fgraph_idx, ftrace_graph_ret_addr
 from unwind.kernel.generation import KernelGeneration, kernel_generation
@@ -274,10 +274,12 @@ class RiscvUnwinder(Unwinder):
             if st.kind == "task":
                 self.task_pt_regs = st.high - layout.pt_regs_space
                 break
-        # the kernel passes current: a blocked task's ret_stack is never consulted
         # 6.12 passes current: a blocked task's ret_stack is never consulted; 7.x passes the task
         fgraph = self.fgraph_all = target.task.fgraph
-        self.fgraph_kernel = fgraph if target.task.running or gen.fgraph_of_task else []
+        of_task = target.task.running or gen.fgraph_of_task
+        self.fgraph_kernel = fgraph if of_task else []
+        #: what the dump lacks of the ret_stack the kernel searches
+        self.fgraph_lacks = target.task.fgraph_lacks if of_task else None
         self.fg_cursor = len(fgraph) - 1
 
     # the layout's values by the names the steps use
@@ -652,11 +654,12 @@ class RiscvUnwinder(Unwinder):
         if retp is not None:
             kernel_pc, self.graph_idx, at = ftrace_graph_ret_addr(self.fgraph_kernel, self.graph_idx, ra, retp,
                                                                   handler, self.k.generation.fgraph_idx)
-            if kernel_pc != handler:
-                if prov is not None:
-                    prov.note(f"ftrace_graph_ret_addr: return_to_handler -> {kernel_pc:#x} "
-                              f"(ret_stack entry {at}, retp {retp:#x} = &frame->ra)")
-            elif prov is not None and not self.complete:
+            if kernel_pc == handler:
+                stop_on_lost_entries(self.fgraph_lacks, f"return_to_handler at &frame->ra {retp:#x}")
+            elif prov is not None:
+                prov.note(f"ftrace_graph_ret_addr: return_to_handler -> {kernel_pc:#x} "
+                          f"(ret_stack entry {at}, retp {retp:#x} = &frame->ra)")
+            if kernel_pc == handler and prov is not None and not self.complete:
                 why = ("no ret_stack entry has retp == &frame->ra" if self.fgraph_kernel else
                        f"{self.generation.name} searches current's ret_stack, not this blocked task's")
                 prov.note(f"return_to_handler left as is: {why}")

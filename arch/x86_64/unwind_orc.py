@@ -26,7 +26,7 @@ from unwind.core.frame import Flag, Frame, Provenance, Source
 from unwind.kernel.symbols import Symbol
 from unwind.core.memory import Memory, MemoryFault
 from unwind.core.target import Target, Task
-from unwind.core.walk import Stop, StopReason, Unwinder, UnwindStop
+from unwind.core.walk import Stop, StopReason, Unwinder, UnwindStop, stop_on_lost_entries
 from unwind.kernel.fgraph import fgraph_idx, ftrace_graph_ret_addr
 from unwind.kernel.generation import kernel_generation
 from unwind.kernel.kretprobe import rethook_find_ret_addr
@@ -854,8 +854,10 @@ class OrcUnwinder(Unwinder):
             self.recovered |= _FGRAPH
             if prov is not None:
                 prov.note(f"return_to_handler at {retp:#x}: fgraph entry {at} gives {ret:#x}")
-        elif prov is not None:
-            prov.note(f"return_to_handler at {retp:#x}: no fgraph entry for it (left as is)")
+        else:
+            stop_on_lost_entries(self.task.fgraph_lacks, f"return_to_handler at {retp:#x}")
+            if prov is not None:
+                prov.note(f"return_to_handler at {retp:#x}: no fgraph entry for it (left as is)")
         return ret
 
     # unwind_recover_rethook() (asm/unwind.h:106-116): rethook_find_ret_addr(state->task, addr_p, &state->kr_cur)
@@ -866,6 +868,7 @@ class OrcUnwinder(Unwinder):
             return ip
         ret, self.kr_cur = rethook_find_ret_addr(self.task.kretprobes, ip_p, self.kr_cur, tramp)
         if not ret:
+            stop_on_lost_entries(self.task.kretprobes_lacks, f"arch_rethook_trampoline at {ip_p:#x}")
             raise UnwindStop(StopReason.RECOVERY_FAILED,
                              f"arch_rethook_trampoline at {ip_p:#x}: no rethook instance for that frame")
         self.recovered |= _KRETPROBE

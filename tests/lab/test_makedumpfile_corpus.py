@@ -185,3 +185,29 @@ def test_drgn_oracle_is_what_drgn_lists_from_the_committed_file(old_file) -> Non
     live = drgn_tasks(old_file, kernel.vmlinux, "x86_64")
     want = _drgn_oracle()
     assert (live["tasks"], live["unreadable"], live["stopped"]) == (want["tasks"], want["unreadable"], want["stopped"])
+
+
+def test_a_return_stack_the_filter_excluded_stops_the_walk_on_it(old_file, files, tmp_path) -> None:
+    """md5sum (pid 499) runs under the function-graph tracer, and makedumpfile 1.7.2 excluded the page of its
+    ``ret_stack``. Its walk prints the frames the capture of the same stop gives, up to the first
+    ``return_to_handler``, and stops there naming the excluded page (no frame is left as the tracer's
+    handler); ``unwind convert`` keeps what is missing, so the converted dump stops the same."""
+    from unwind.cli.tasks import convert
+    from unwind.core.walk import StopReason
+    from unwind.session.replay import Session
+
+    slim = files("x86_64")["slim"]
+    vm = Session.load(old_file, vmlinux=slim)
+    task = vm.select(pid=499)[0]
+    r = vm.replay(task)
+    assert task.fgraph == [] and task.fgraph_lacks is not None
+    assert r.stop.reason is StopReason.MEMORY_FAULT and "return_to_handler at 0x" in r.stop.detail
+    assert "excluded from the dump" in r.stop.detail
+    whole = Session.load(_capture("x86_64"), vmlinux=slim)
+    w = whole.replay(whole.select(pid=499)[0])
+    assert whole.select(pid=499)[0].fgraph and len(r.frames) < len(w.frames)
+    assert [f.pc for f in r.frames] == [f.pc for f in w.frames[:len(r.frames)]]
+    convert(vm, vm.select(every=True)).write(tmp_path / "converted.bin")
+    small = Session.load(tmp_path / "converted.bin", vmlinux=slim)
+    back = small.replay(small.select(pid=499)[0])
+    assert [f.pc for f in back.frames] == [f.pc for f in r.frames] and back.stop == r.stop

@@ -75,11 +75,32 @@ def test_fgraph_and_kretprobes_per_generation(gen: str) -> None:
     k.build(procs, [None, None])
     kern = Kernel(k.memory(), k.btf, k.symbol)
     by_pid = {t.pid: t for t in kern.tasks()}
-    fg = kern.fgraph(by_pid[100])
+    fg = kern.fgraph(by_pid[100]).entries
     assert [(e.ret, e.func, e.retp) for e in fg] == procs[0].fgraph
-    kr = kern.kretprobes(by_pid[200])
+    kr = kern.kretprobes(by_pid[200]).entries
     assert [(e.ret, e.fp) for e in kr] == procs[1].kretprobes
-    assert kern.fgraph(by_pid[200]) == [] and kern.kretprobes(by_pid[100]) == []
+    assert kern.fgraph(by_pid[200]) == ([], None) and kern.kretprobes(by_pid[100]) == ([], None)
+
+
+@pytest.mark.parametrize("gen", ["new", "old"])
+def test_a_list_the_dump_lacks_part_of_is_read_up_to_the_gap_and_says_where(gen: str) -> None:
+    k = SynthKernel(gen)
+    procs = _procs()
+    k.build(procs, [None, None])
+    sh, worker = procs[0], procs[1]
+    mem = k.memory()
+    head, node_t = ("rethooks", "rethook_node") if gen == "new" else ("kretprobe_instances", "kretprobe_instance")
+    ret_stack = mem.read_u64(sh.addr + k.off("task_struct", "ret_stack"))
+    older = mem.read_u64(mem.read_u64(worker.addr + k.off("task_struct", head)))  # the newest node's next
+    del k.segs[ret_stack]  # the return stack's page is not in the dump
+    del k.segs[older - k.off(node_t, "llist")]  # nor the older instance's node
+    kern = Kernel(k.memory(), k.btf, k.symbol)
+    by_pid = {t.pid: t for t in kern.tasks()}
+    fg = kern.fgraph(by_pid[100])
+    assert fg.entries == [] and fg.lacks is not None and f"task->ret_stack {ret_stack:#x}" in fg.lacks
+    kr = kern.kretprobes(by_pid[200])
+    assert [(e.ret, e.fp) for e in kr.entries] == worker.kretprobes[:1]
+    assert kr.lacks is not None and f"node {older:#x}" in kr.lacks
 
 
 def test_a_looping_task_list_ends_with_a_warning() -> None:

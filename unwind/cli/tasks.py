@@ -40,6 +40,8 @@ def task_json(task: Task) -> dict[str, Any]:
         out["kretprobes"] = [{"ret": _hex(e.ret), "fp": _hex(e.fp)} for e in task.kretprobes]
     if task.lacks is not None:  # its walk stops on it in the dump as in the vmcore
         out["lacks"] = {"what": task.lacks.what, "registers": task.lacks.registers}
+    out.update({k: v for k, v in (("fgraph_lacks", task.fgraph_lacks), ("kretprobes_lacks", task.kretprobes_lacks))
+                if v is not None})
     out.update(task.extra)
     return out
 

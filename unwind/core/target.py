@@ -93,6 +93,10 @@ class Task:
     tgid: int | None = None
     #: a kernel thread (``task->flags & PF_KTHREAD``)
     kthread: bool | None = None
+    #: what the dump lacks of the return stack (``fgraph`` is then empty: it is read whole or not at all)
+    fgraph_lacks: str | None = None
+    #: what the dump lacks of the kretprobe/rethook list (``kretprobes`` holds the instances before it)
+    kretprobes_lacks: str | None = None
 
     @property
     def running(self) -> bool:

@@ -469,6 +469,7 @@ class Dump:
             extra={k: v for k, v in t.items() if k not in self._task_keys},
             task_struct=task_struct, ppid=t["ppid"], tgid=t["tgid"], kthread=t["kthread"],
             lacks=None if t["lacks"] is None else Lack(t["lacks"]["what"], t["lacks"]["registers"]),
+            fgraph_lacks=t["fgraph_lacks"], kretprobes_lacks=t["kretprobes_lacks"],
         )
 
     @cached_property

@@ -170,6 +170,8 @@ TASK_NOTE = _obj(
     tgid=_nullable(PID),
     kthread=_nullable(cs.bool_schema()),
     lacks=_nullable(LACK_NOTE),
+    fgraph_lacks=_nullable(cs.str_schema(min_length=1, max_length=4096)),
+    kretprobes_lacks=_nullable(cs.str_schema(min_length=1, max_length=4096)),
 )
 #: the keys :data:`TASK_NOTE` declares
 TASK_KEYS = frozenset(TASK_NOTE["fields"])

@@ -18,8 +18,8 @@ from unwind.core import registry
 from unwind.core.dumpinfo import DumpInfo, FtraceTrampoline, ModuleInfo
 from .dump import CpuState, DumpError
 from unwind.kernel.kaslr import RelocatedImage, relocate_symbols, runtime_symbols
-from unwind.kernel.model import (MAX_CPUS, PID_MAX_LIMIT, Kernel, KernelError, KernelTask, LostTask, PerCpuUnread,
-                                 ftrace_trampolines)
+from unwind.kernel.model import (MAX_CPUS, PID_MAX_LIMIT, Kernel, KernelError, KernelTask, ListRead, LostTask,
+                                 PerCpuUnread, ftrace_trampolines)
 from unwind.kernel.btf import Btf, BtfError
 from unwind.kernel.ram import crash_kernel_ranges, for_each_mem_range, subtract_ranges, walk_system_ram_res
 from unwind.core.memory import Memory, MemoryFault
@@ -479,13 +479,13 @@ class VmcoreDump(NamedByVmcoreinfo):
                 context = self.backend.kernel.blocked_context(k, t.addr, t.data)
             except BtfError as e:
                 extra["note"] = f"no saved context: {e}"
-        fgraph = k.fgraph(t) if lacks is None else []
-        kretprobes = k.kretprobes(t) if lacks is None else []
+        fgraph = k.fgraph(t) if lacks is None else ListRead([], None)
+        kretprobes = k.kretprobes(t) if lacks is None else ListRead([], None)
         on = t.running_on if t.running_on is not None else t.cpu
         return Task(pid=t.pid, comm=t.comm, state=t.state, cpu=on if cpu is None else cpu, regs=regs,
-                    context=context, stacks=stacks, fgraph=fgraph, kretprobes=kretprobes, extra=extra, lacks=lacks,
-                    task_struct=t.addr, ppid=t.ppid, tgid=t.tgid if t.tgid <= PID_MAX_LIMIT else None,
-                    kthread=t.kthread)
+                    context=context, stacks=stacks, fgraph=fgraph.entries, kretprobes=kretprobes.entries, extra=extra,
+                    lacks=lacks, task_struct=t.addr, ppid=t.ppid, tgid=t.tgid if t.tgid <= PID_MAX_LIMIT else None,
+                    kthread=t.kthread, fgraph_lacks=fgraph.lacks, kretprobes_lacks=kretprobes.lacks)
 
     def kernel_tasks(self) -> list[KernelTask]:
         """The tasks as ``ps`` lists them (``task_struct`` fields)."""

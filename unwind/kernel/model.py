@@ -13,7 +13,7 @@ blocked task's saved context, the per-CPU stacks) are the arch's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Generic, Iterable, Iterator, NamedTuple, Protocol, TypeVar
 
 from .btf import Btf, BtfError
 from unwind.core.memory import MemoryFault
@@ -148,6 +148,17 @@ class LostTask:
     addr: int
     #: the member, its address and why it is unreadable
     why: str
+
+
+_Entry = TypeVar("_Entry")
+
+
+class ListRead(NamedTuple, Generic[_Entry]):
+    """A task's list as the dump holds it: the entries read, and what the dump lacks of the rest."""
+
+    entries: list[_Entry]
+    #: where the read stopped and why (``None``: the whole list was read)
+    lacks: str | None
 
 
 class PerCpuUnread(KernelError):
@@ -621,24 +632,25 @@ class Kernel:
             self.warnings.append(f"cpu{cpu}: pid {pid} ({t.comm}) placed there by the pid its crash note records")
 
     # -- function graph and kretprobes -----------------------------------------
-    def fgraph(self, task: KernelTask) -> list[FgraphEntry]:
-        """The task's function-graph return stack, bottom to top (``ftrace_graph_get_ret_stack()``)."""
+    def fgraph(self, task: KernelTask) -> ListRead[FgraphEntry]:
+        """The task's function-graph return stack, bottom to top (``ftrace_graph_get_ret_stack()``); read
+        whole or not at all."""
         if not (self.has("task_struct", "ret_stack") and self.has("task_struct", "curr_ret_stack")):
-            return []
+            return ListRead([], None)
         b = self.btf
         ptr = field_int(b, task.data, "task_struct", "ret_stack")
         curr = field_int(b, task.data, "task_struct", "curr_ret_stack", signed=True)
         if not ptr or curr < 0:
-            return []
+            return ListRead([], None)
         fields = [n for n in ("ret", "func", "retp", "fp") if self.has("ftrace_ret_stack", n)]
         size = self._sizeof("ftrace_ret_stack")
         try:
             if self._ret_stack_is_words():
-                return self._fgraph_words(ptr, curr, size, fields)
-            return self._fgraph_array(ptr, curr, size, fields)
+                return ListRead(self._fgraph_words(ptr, curr, size, fields), None)
+            return ListRead(self._fgraph_array(ptr, curr, size, fields), None)
         except (MemoryFault, KernelError, BtfError) as e:
             self.warnings.append(f"pid {task.pid}: fgraph ret_stack unreadable: {e}")
-            return []
+            return ListRead([], f"task->ret_stack {ptr:#x}: {e}")
 
     def ret_stack_span(self, task: KernelTask) -> tuple[int, int] | None:
         """``(address, bytes)`` of the part of ``task->ret_stack`` in use: what :meth:`fgraph` reads
@@ -688,8 +700,9 @@ class Kernel:
         out.reverse()
         return out
 
-    def kretprobes(self, task: KernelTask) -> list[KretprobeInstance]:
-        """The task's kretprobe (``kretprobe_instances``) or rethook (``rethooks``) instances, newest first."""
+    def kretprobes(self, task: KernelTask) -> ListRead[KretprobeInstance]:
+        """The task's kretprobe (``kretprobe_instances``) or rethook (``rethooks``) instances, newest first:
+        those before the first node the dump lacks."""
         b = self.btf
         for head, node_t, ret_f, fp_f in (("kretprobe_instances", "kretprobe_instance", "ret_addr", "fp"),
                                           ("rethooks", "rethook_node", "ret_addr", "frame")):
@@ -708,8 +721,9 @@ class Kernel:
                     node = self.read_u64(node)
             except (MemoryFault, KernelError) as e:
                 self.warnings.append(f"pid {task.pid}: {head} list unreadable: {e}")
-            return out
-        return []
+                return ListRead(out, f"task->{head} node {node:#x}: {e}")
+            return ListRead(out, None)
+        return ListRead([], None)
 
     # bpf_ksym_add() keeps every JITed program and trampoline on bpf_kallsyms (kernel/bpf/core.c)
     def bpf_symbols(self) -> list[BpfSymbol]:

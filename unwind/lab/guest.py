@@ -216,7 +216,7 @@ class StopResult:
 def task_fgraph(k: Kernel, t: KernelTask, res: StopResult) -> list[dict[str, str]]:
     """The task's function-graph return stack (bottom to top) as the JSON note holds it (the members
     this kernel's ``ftrace_ret_stack`` has); the bytes it spans go into ``res.memory``."""
-    entries = k.fgraph(t)
+    entries = k.fgraph(t).entries
     span = k.ret_stack_span(t) if entries else None
     if span is None:
         return []
@@ -489,7 +489,7 @@ class CaptureSession:
         fg = task_fgraph(k, t, res)
         if fg:
             entry["fgraph"] = fg
-        kr = k.kretprobes(t)
+        kr = k.kretprobes(t).entries
         if kr:
             entry["kretprobes"] = [{"ret": _hex(i.ret), "fp": _hex(i.fp)} for i in kr]
         return entry

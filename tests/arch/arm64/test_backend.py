@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -123,6 +124,21 @@ def test_bpf_adapter_passes_pc_zero_fp():
     assert got[0] == (ret(63), 0, ctx_fp)
     assert got[1:] == [(sc.expected[1], 0, fps[1]), (sc.expected[2], 0, fps[2]),
                        (sc.expected[3], 0, sc.synth.final_fp_of(7))]
+
+
+@pytest.mark.parametrize("generation", ["6.1", "6.13"])
+@pytest.mark.parametrize("build, lost, trampoline", [(S.fgraph_hijack, "fgraph", "return_to_handler"),
+                                                     (S.kretprobe_hijack, "kretprobes", "__kretprobe_trampoline")])
+def test_a_hijacked_return_whose_entries_the_dump_lacks_stops_on_what_is_missing(generation, build, lost,
+                                                                                 trampoline):
+    sc = build(generation)
+    why = "task->ret_stack 0xffff000004560000: memory not in the dump (beyond the end of the file)"
+    task = replace(sc.task, **{lost: [], f"{lost}_lacks": why})
+    r = sc.session.replay(task, Options())
+    assert [f.pc for f in r.frames] == sc.expected[:1]
+    assert r.stop.reason is StopReason.MEMORY_FAULT
+    keyed = sc.task.context["fp"] + 0x40  # the caller's record, which the hijacked entry is keyed by
+    assert r.stop.detail == f"{trampoline} at fp {keyed:#x}: {why}"
 
 
 # -- --explain ---------------------------------------------------------------------

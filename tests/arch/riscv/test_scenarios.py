@@ -212,3 +212,26 @@ def test_a_frame_record_in_a_page_excluded_from_the_dump_says_so():
     assert [f.pc for f in r.frames] == [f.pc for f in frames[:len(r.frames)]] and len(r.frames) < len(frames)
     assert r.stop.reason is StopReason.MEMORY_FAULT
     assert f"{rec:#x}" in r.stop.detail and "excluded from the dump" in r.stop.detail
+
+
+WHY = "task->ret_stack 0xff60000001234000: memory not in the dump (beyond the end of the file)"
+
+
+@pytest.mark.parametrize("release", ["6.12.0-synthetic", "7.2.0-synthetic"])
+def test_a_return_stack_the_dump_lacks_stops_the_walk_where_the_kernel_would_search_it(release: str) -> None:
+    sc = S.fgraph_hijack(running=release.startswith("6."), release=release)  # a task whose list 6.12 and 7.x read
+    task = sc.task()
+    retp = task.fgraph[0].retp
+    task.fgraph, task.fgraph_lacks = [], WHY
+    r = sc.session.replay(task, Options())
+    assert [f.pc for f in r.frames] == sc.faithful[:3]
+    assert r.stop.reason is StopReason.MEMORY_FAULT
+    assert r.stop.detail == f"return_to_handler at &frame->ra {retp:#x}: {WHY}"
+
+
+def test_a_return_stack_the_kernel_does_not_search_is_not_missed() -> None:
+    sc = S.fgraph_hijack(running=False)  # 6.12 searches current's list, not this blocked task's
+    task = sc.task()
+    task.fgraph, task.fgraph_lacks = [], WHY
+    r = sc.session.replay(task, Options())
+    assert [f.pc for f in r.frames] == sc.faithful and r.stop.reason is sc.faithful_stop

@@ -415,6 +415,23 @@ def test_rethook_without_instance_is_a_recovery_failure():
     assert len(frames) == 1 and stop.reason is StopReason.RECOVERY_FAILED
 
 
+@pytest.mark.parametrize("hijack, lost", [("arch_rethook_trampoline", "kretprobes_lacks"),
+                                          ("return_to_handler", "fgraph_lacks")])
+def test_a_hijacked_return_whose_entries_the_dump_lacks_stops_on_what_is_missing(hijack, lost):
+    b = kernel()
+
+    def build(st, a):
+        tsp = TASK_LO + 0x3000
+        st.put(tsp, 0, 0, 0, 0, 0, 0, a["__schedule"] + 0x50)
+        st.put(tsp + 56 + 8, a[hijack])
+        return tsp
+    why = "task->list node 0xffff888000123000: memory not in the dump (beyond the end of the file)"
+    s, t = blocked(b, build, **{lost: why})
+    frames, stop = walk(s, t)
+    assert len(frames) == 1 and stop.reason is StopReason.MEMORY_FAULT
+    assert stop.detail == f"{hijack} at {TASK_LO + 0x3000 + 56 + 8:#x}: {why}"
+
+
 def test_bpf_walk_passes_sp_and_bp():
     b = kernel()
     s, t = blocked(b, sleeping)
