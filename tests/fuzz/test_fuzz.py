@@ -463,3 +463,21 @@ def test_vmmem_a_last_cpu_past_nr_cpus_is_not_said(fuzzer, vmseed, clean_kdump, 
     (tmp_path / "v.elf").write_bytes(data)
     task = next(t for t in Session.load(tmp_path / "v.elf", vmlinux=vmseed.image_path).dump.tasks() if t.pid == pid)
     assert task.cpu is None and not task.running
+
+
+class _SpinsWhenCollected:
+    """Spins for a second of CPU in ``__del__``, where Python drops whatever is raised (as in a gc callback)."""
+
+    def __del__(self) -> None:
+        end = time.process_time() + 1
+        while time.process_time() < end:
+            pass
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_timeout_dropped_where_it_landed_is_still_a_hang():
+    def run() -> Outcome:
+        _SpinsWhenCollected()  # collected at once: the bound passes inside its __del__, which drops the raise
+        return Outcome("case", "ok")
+    assert checks.guarded("case", "label", run, 0.05).kind == "hang"
+    assert checks.guarded("case", "label", lambda: Outcome("case", "ok"), 5).kind == "ok"
