@@ -323,12 +323,14 @@ def show_trace(frames: list[Frame], target: Target) -> Lines:
     """``show_regs()`` for a running task's CPU registers, then ``show_trace_log_lvl()``.
 
     A CPU in user mode prints its registers only (``SHOW_REGS_USER``, no ``Code:`` since the
-    dump holds no user text) and no ``Call Trace:``, as ``show_regs()`` does.
+    dump holds no user text) and no ``Call Trace:``, as ``show_regs()`` does. In kernel mode
+    ``__show_regs()`` prints the registers before the walk starts, so a walk that gives no frame
+    (a CPU caught mid-switch, a stack the dump lacks) still has them above its ``Call Trace:``.
     """
     regs = cpu_regs(target) if target.task.regs is not None else None
     if regs is not None and regs["cs"] & 3:
         return regs_lines(regs, False, target) + user_system_regs_lines(target)
     out: Lines = []
-    if frames and frames[0].source is Source.REGS_PC:
-        out += regs_lines(cpu_regs(target), False, target, frames[0]) + system_regs_lines(target)
+    if regs is not None and (not frames or frames[0].source is Source.REGS_PC):
+        out += regs_lines(regs, False, target, frames[0] if frames else None) + system_regs_lines(target)
     return out + TracePrinter(frames, target).print_trace()

@@ -99,3 +99,18 @@ def test_replay_all_exits_clean(elf, capsys) -> None:
     assert main(["replay", "--all", "--vmlinux", str(IMAGE), str(elf)]) == 0
     out = capsys.readouterr().out
     assert "(ERROR)" not in out and out.count("(clean, truncated)") == 2
+
+
+def test_the_switching_cpu_prints_its_registers_before_an_empty_call_trace(elf, drgn, capsys) -> None:
+    """``show_regs()`` (arch/x86/kernel/process_64.c) prints ``__show_regs()`` before ``show_trace_log_lvl()``
+    starts the walk: the registers of the CPU (drgn's first frame is their ip, ``__switch_to+0x122``), then
+    ``Call Trace:`` and no frame."""
+    s = Session.load(elf, vmlinux=IMAGE)
+    prev, _, entry = _switching(drgn, s)
+    cpu = next(t.cpu for t in s.select(every=True) if t.pid == prev)
+    assert main(["replay", "--cpu", str(cpu), "--vmlinux", str(IMAGE), str(elf)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rip = next(i for i, ln in enumerate(lines) if ln.startswith("RIP: "))
+    assert lines[rip].startswith(f"RIP: 0010:{entry['frames'][0]['symbol'].split('/')[0]}/")  # sizes: kallsyms's
+    call = lines.index("Call Trace:")
+    assert rip < call and lines[call + 1].startswith("-- stop: ")
