@@ -410,6 +410,7 @@ class Dump:
         self.cpus: list[CpuState] = self._cpus(prstatus)
         self._tasks: list[Task] = [self._task(t) for t in self.note["tasks"]]
         self._tasks.sort(key=lambda t: (not t.running, t.running_cpu or 0))
+        mark_switches(self._tasks, self.backend.sp_reg)  # a capture's on_cpu tasks (convert wrote the pairs too)
 
     def _elf_header(self, data: bytes) -> dict[str, int]:
         """The ELF header's fields, checked before the program headers are read."""
@@ -510,3 +511,20 @@ def _error_text(e: Exception) -> str:
     """One line for a construct or note error (their texts may span lines)."""
     text = str(e).splitlines()[0] if str(e) else ""
     return text[:200] or type(e).__name__
+
+
+# context_switch() -> switch_to(): the next task's stack is loaded before it is made current (x86-64:
+# __switch_to_asm(), then __switch_to())
+def mark_switches(tasks: list[Task], sp_reg: str) -> None:
+    """Where a running task's CPU has its sp on the task stack of a task that is ``on_cpu`` on that CPU, the
+    CPU is switching to that task (its stack loaded, ``current`` not changed yet): the running task's
+    ``extra["switching_to"]`` and the other's ``extra["switching_from"]`` name each other's pid."""
+    waiting = [t for t in tasks if t.extra.get("on_cpu") and t.pid is not None]
+    for t in tasks:
+        sp = (t.regs or {}).get(sp_reg)
+        if sp is None or t.pid is None or any(s.low <= sp < s.high for s in t.stacks):
+            continue
+        for n in waiting:
+            if n.cpu == t.cpu and any(s.kind == "task" and s.low <= sp < s.high for s in n.stacks):
+                t.extra["switching_to"], n.extra["switching_from"] = n.pid, t.pid
+                break

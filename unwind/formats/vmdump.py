@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from . import elfcore
 from unwind.core import registry
 from unwind.core.dumpinfo import DumpInfo, FtraceTrampoline, ModuleInfo
-from .dump import CpuState, DumpError
+from .dump import CpuState, DumpError, mark_switches
 from unwind.kernel.kaslr import RelocatedImage, relocate_symbols, runtime_symbols
 from unwind.kernel.model import (MAX_CPUS, PID_MAX_LIMIT, Kernel, KernelError, KernelTask, ListRead, LostTask,
                                  PerCpuUnread, ftrace_trampolines)
@@ -590,23 +590,6 @@ def cpu_states(path: str, backend: "registry.ArchBackend", by_cpu: dict[int, byt
 #: the task_struct members a walk reads besides the stack and the saved context: the return addresses
 #: function graph tracing and kretprobes hid
 FGRAPH_MEMBERS = ("ret_stack", "curr_ret_stack", "rethooks", "kretprobe_instances")
-
-
-# context_switch() -> switch_to(): the next task's stack is loaded before it is made current (x86-64:
-# __switch_to_asm(), then __switch_to())
-def mark_switches(tasks: list[Task], sp_reg: str) -> None:
-    """Where a running task's CPU has its sp on the task stack of a task that is ``on_cpu`` on that CPU, the
-    CPU is switching to that task (its stack loaded, ``current`` not changed yet): the running task's
-    ``extra["switching_to"]`` and the other's ``extra["switching_from"]`` name each other's pid."""
-    waiting = [t for t in tasks if t.extra.get("on_cpu") and t.pid is not None]
-    for t in tasks:
-        sp = (t.regs or {}).get(sp_reg)
-        if sp is None or t.pid is None or any(s.low <= sp < s.high for s in t.stacks):
-            continue
-        for n in waiting:
-            if n.cpu == t.cpu and any(s.kind == "task" and s.low <= sp < s.high for s in n.stacks):
-                t.extra["switching_to"], n.extra["switching_from"] = n.pid, t.pid
-                break
 
 
 def _lost_task(t: LostTask, cpu: CpuState | None) -> Task:

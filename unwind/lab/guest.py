@@ -464,7 +464,8 @@ class CaptureSession:
                                         ("kthread", t.kthread)) if v is not None})
         stacks_meta.append({"kind": "task", "low": _hex(lo), "high": _hex(hi), "cpu": cpu, "pid": t.pid})
         if running is None:
-            if t.on_cpu:
+            if t.on_cpu:  # a CPU is switching to or from it: its saved context may be stale (Dump pairs them)
+                entry["on_cpu"] = True
                 entry["note"] = "on_cpu but no stopped vCPU runs it (switching)"
             ctx = self.hooks.blocked_context(k, t.addr, t.data)
             entry["context"] = {r: _hex(v) for r, v in ctx.items()}

@@ -545,3 +545,24 @@ def test_a_wrong_pt_regs_size_breaks_the_walk_without_the_derivation():
     r = s.replay(t)
     assert r.basis["pt_regs"].startswith("struct pt_regs: 168 bytes, from dump")
     assert r.stop.reason is not StopReason.USER_MODE
+
+
+def test_a_capture_caught_mid_switch_stops_both_tasks_as_the_kernel_does():
+    """A capture (the lab's JSON note) of cpu0 between ``__switch_to_asm()`` and ``__switch_to()``: the CPU's sp
+    is on the stack of pid 18, whose ``on_cpu`` is set, while its current is still pid 7. The note says only
+    ``on_cpu``; reading it pairs the two, and both walks end at once, as for the vmcore (test_mid_switch)."""
+    b = kernel()
+    sd = SynthDump("x86_64")
+    sd.stack("task", TASK_LO, STACK, pid=7)
+    nxt = sd.stack("task", TASK_LO + 2 * STACK, STACK, pid=18)
+    tsp = TASK_LO + 2 * STACK + 0x3000
+    sleeping(nxt, b.addr, tsp)
+    sd.blocked_task(18, "rcu_preempt", {"sp": tsp}, on_cpu=True, last_cpu=0)
+    sd.running_task(7, "exe", 0, {"cs": KERNEL_CS, "ss": KERNEL_SS, "rip": b.addr["__schedule"] + 0x50,
+                                  "rsp": tsp + 56, "rbp": 0xB0B0})
+    s = session(sd, b.image(3))
+    prev, nxt_task = s.select(pid=7)[0], s.select(pid=18)[0]
+    assert prev.extra["switching_to"] == 18 and nxt_task.extra["switching_from"] == 7
+    for t in (prev, nxt_task):
+        frames, stop = walk(s, t)
+        assert frames == [] and stop.reason is StopReason.KERNEL_LIMIT and "switching" in stop.detail, stop
