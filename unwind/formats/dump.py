@@ -445,6 +445,9 @@ class Dump:
         """The kernel release: the JSON note's, else VMCOREINFO ``OSRELEASE``."""
         return self.info.release
 
+    def close(self) -> None:
+        """Release what the dump reads from: nothing, as it was read whole at open."""
+
     def tasks(self) -> list[Task]:
         """Every task in the dump, running ones first in CPU order (built once, at open)."""
         return [copy.copy(t) for t in self._tasks]

@@ -46,9 +46,14 @@ class KernelNotPlaced(DumpError):
 
 
 class NamedByVmcoreinfo:
-    """The kernel a vmcore is of, as its VMCOREINFO names it."""
+    """The kernel a vmcore is of, as its VMCOREINFO names it, and the file it is read from (``phys``)."""
 
     vmcoreinfo: VmcoreInfo
+    phys: Any
+
+    def close(self) -> None:
+        """Release the vmcore file (an ``.xz`` one's decompressed spool with it); reads fail afterwards."""
+        self.phys.close()
 
     @property
     def build_id(self) -> str | None:

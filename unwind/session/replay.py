@@ -117,6 +117,17 @@ class Session:
         #: the :meth:`source_lines` made last, with the image it was made of and its modules folder
         self._lines: tuple[object, str | None, FrameLines] | None = None
 
+    def close(self) -> None:
+        """Release the dump's file (a vmcore's, and an ``.xz`` one's decompressed spool); the image stays open,
+        as other sessions may share it. The session cannot read the dump afterwards."""
+        self.dump.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def callsites(self) -> CallSiteChecker:
         """The call-site check of this session's image (its verdicts cached with the image)."""
@@ -178,6 +189,7 @@ class Session:
             return cls._read_vmcore(vmcore, arch, vmlinux, system_map)
         except (DumpError, ReplayError) as e:  # what the file's notes said is still worth saying
             e.warnings = (*vmcore.warnings, *e.warnings)
+            vmcore.close()
             raise
 
     @classmethod
