@@ -101,10 +101,12 @@ def test_the_walks_read_the_note_as_typed_values():
     assert d.info.bpf_symbols == (BpfSymbol(0xFFFF800078100000, 0xFFFF800078100080, "bpf_prog_1"),)
 
 
-@pytest.mark.parametrize("rows", [[["0x10", "zz", "p"]], [["0x10", "0x20"]], [7]])
-def test_a_malformed_bpf_symbols_list_is_one_line(rows):
-    with pytest.raises(DumpError, match=r"^d\.bin: malformed modules or bpf_symbols list: [^\n]*$"):
-        opened(lambda m: m.update(bpf_symbols=rows))
+@pytest.mark.parametrize("row", [["0x10", "zz", "p"], ["0x10", "0x20"], 7, ["0x20", "0x10", "p"]])
+def test_a_malformed_bpf_symbol_is_dropped_with_a_warning(row):
+    good = ["0xffff800078100000", "0xffff800078100080", "bpf_prog_1"]
+    d = opened(lambda m: m.update(bpf_symbols=[row, good]))
+    assert d.info.bpf_symbols == (BpfSymbol(0xFFFF800078100000, 0xFFFF800078100080, "bpf_prog_1"),)
+    assert any(w.startswith("d.bin: dropped bpf_symbols[0] (") for w in d.warnings), d.warnings
 
 
 def test_a_trampoline_without_addr_or_size_is_dropped_with_a_warning():

@@ -399,11 +399,8 @@ class Dump:
             raise DumpError(f"{self.path}: note says arch {self.note['arch']} but the ELF machine is {self.arch}")
         self.vmcoreinfo: dict[str, str] = dict(VmcoreInfo.parse(self.vmcoreinfo_text).checked(self._warn))
         release = self.note["kernel"]["release"] or self.vmcoreinfo.get("OSRELEASE")
-        try:
-            #: the note's facts as typed values, what the walks read (``Target.info``)
-            self.info: DumpInfo = dump_info(self.note, release)
-        except (ValueError, KeyError, TypeError) as e:
-            raise DumpError(f"{self.path}: malformed modules or bpf_symbols list: {e}") from None
+        #: the note's facts as typed values, what the walks read (``Target.info``)
+        self.info: DumpInfo = dump_info(self.note, release)
         if self.note["holes"]:
             self.memory = Memory(self.memory.segments, [(h["low"], h["high"], HOLE_FAULTS[h["fault"]])
                                                         for h in self.note["holes"]])

@@ -71,6 +71,8 @@ DROPPABLE: tuple[tuple[Any, ...], ...] = (
     ("offsets",),
     ("modules", _ANY),                       # that module's pcs print raw; x86 walks stop in it
     ("modules",),
+    ("bpf_symbols", _ANY),                   # that program's pcs print bare
+    ("bpf_symbols",),
     ("stacks", _ANY, "task"),                # the stack is then tied to its task by pid
     ("tasks", _ANY, "task"),
     ("tasks", _ANY, "last_cpu"),             # what the dump does not say is None

@@ -16,17 +16,14 @@ from .note import Note
 
 
 def dump_info(note: Note, release: str | None) -> DumpInfo:
-    """The validated ``note`` as typed values; ``release`` is the dump's (the note's, else VMCOREINFO's).
-
-    Raises ``ValueError``, ``KeyError`` or ``TypeError`` for a malformed ``bpf_symbols`` list (a key the
-    schema does not declare)."""
+    """The validated ``note`` as typed values; ``release`` is the dump's (the note's, else VMCOREINFO's)."""
     kernel = note["kernel"] or {}
     offsets = note["offsets"]
     return DumpInfo(
         release=release, generation=kernel.get("generation"), build_id=note["build_id"],
         symbols=note["symbols"],
         modules=tuple(_module(m) for m in note["modules"]),
-        bpf_symbols=tuple(_bpf_symbol(row) for row in note.get("bpf_symbols") or ()),
+        bpf_symbols=tuple(BpfSymbol(lo, hi, name) for lo, hi, name in note["bpf_symbols"]),
         ftrace_trampolines=tuple(FtraceTrampoline(t["addr"], t["size"], t["ops"], t["save_regs"])
                                  for t in note["ftrace_trampolines"]),
         offsets=None if offsets is None else {k: StructOffsets(v["size"], v["members"]) for k, v in offsets.items()},
@@ -46,21 +43,11 @@ def _module(m: Note) -> ModuleInfo:
                                                           orc["entry_size"]))
 
 
-def _number(v: Any) -> int:
-    return int(v, 0) if isinstance(v, str) else int(v)
-
-
-def _bpf_symbol(row: Any) -> BpfSymbol:
-    """A ``bpf_symbols[]`` entry ``[start, end, name]`` (hex strings or ints)."""
-    lo, hi, name = row
-    return BpfSymbol(_number(lo), _number(hi), str(name))
-
-
 def note_keys(info: DumpInfo) -> dict[str, Any]:
     """The note's ``modules``, ``bpf_symbols``, ``symbols`` and (when known) ``ftrace_trampolines`` of ``info``."""
     out: dict[str, Any] = {
         "modules": [module_json(m) for m in info.modules],
-        "bpf_symbols": [[f"{b.start:#x}", f"{b.end:#x}", b.name] for b in info.bpf_symbols],
+        "bpf_symbols": [bpf_json(b) for b in info.bpf_symbols],
         "symbols": {n: f"{a:#x}" for n, a in info.symbols.items()},
     }
     if info.ftrace_trampolines is not None:
@@ -77,6 +64,11 @@ def module_json(m: ModuleInfo) -> dict[str, Any]:
         out["orc"] = {"orc_unwind_ip": f"{m.orc.orc_unwind_ip:#x}", "orc_unwind": f"{m.orc.orc_unwind:#x}",
                       "num_orcs": m.orc.num_orcs, "entry_size": m.orc.entry_size}
     return out
+
+
+def bpf_json(b: BpfSymbol) -> list[str]:
+    """The ``bpf_symbols[]`` entry of ``b``."""
+    return [f"{b.start:#x}", f"{b.end:#x}", b.name]
 
 
 def trampoline_json(t: FtraceTrampoline) -> dict[str, Any]:

@@ -227,6 +227,17 @@ MODULE_NOTE = _obj(name=_required(NAME), addr=_nullable(U64), state=_nullable(cs
                    symbols=_list(cs.no_info_before_validator_function(_pair, cs.tuple_schema([U64, NAME]))),
                    orc=_nullable(MODULE_ORC))
 
+def _bpf_range(v: Any) -> Any:
+    """``bpf_symbols[]``: ``start < end``."""
+    if not v[0] < v[1]:
+        raise PydanticCustomError("range", f"start {v[0]:#x} is not below end {v[1]:#x}")
+    return v
+
+
+#: ``bpf_symbols[]``: a JITed BPF program or trampoline on ``bpf_kallsyms``, ``[start, end, name]``
+BPF_SYMBOL = cs.no_info_after_validator_function(_bpf_range, cs.no_info_before_validator_function(
+    _pair, cs.tuple_schema([U64, U64, NAME])))
+
 #: the whole ``UNWIND`` note
 NOTE = _obj(
     format=_required(cs.literal_schema([1])),
@@ -243,6 +254,7 @@ NOTE = _obj(
     ftrace_trampolines=_list(TRAMPOLINE),
     offsets=_nullable(cs.dict_schema(NAME, STRUCT_OFFSETS)),
     modules=_list(MODULE_NOTE),
+    bpf_symbols=_list(BPF_SYMBOL),
     holes=_list(HOLE_NOTE),
 )
 #: the validator of the whole note

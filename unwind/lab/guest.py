@@ -30,7 +30,7 @@ from unwind.core import registry
 from unwind.core.memory import MemoryFault
 from unwind.kernel.btf import Btf, BtfError
 from unwind.core.dumpinfo import ModuleInfo
-from unwind.formats.note_info import module_json, trampoline_json
+from unwind.formats.note_info import bpf_json, module_json, trampoline_json
 from unwind.kernel.model import Kernel, KernelError, KernelTask, ftrace_trampolines
 from .fetch import build_id
 from .rsp import RspClient, RspMemoryError
@@ -426,6 +426,7 @@ class CaptureSession:
         res.meta = {"cpus": cpu_meta, "stacks": stacks_meta, "tasks": task_meta,
                     "ftrace_trampolines": [trampoline_json(t) for t in ftrace_trampolines(k)],
                     "modules": [module_json(m) for m in self._capture_modules(k, res)],
+                    "bpf_symbols": [bpf_json(b) for b in k.bpf_symbols()],
                     "capture": {"tool": "unwind capture", "kind": kind, "time": time.time(),
                                 "unreadable_tasks": unreadable}}
         return res
