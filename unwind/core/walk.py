@@ -115,10 +115,10 @@ class UnwindStop(_Detail, Exception):
         self._detail = detail
 
 
-
 def stop_on_lost_entries(lacks: str | None, where: str) -> None:
     """At a hijacked return no entry recovers: stop when the dump lacks part of the task's entries
-    (``lacks``, e.g. :attr:`unwind.core.target.Task.fgraph_lacks`), since the kernel, holding them all, may find one there."""
+    (``lacks``, e.g. :attr:`unwind.core.target.Task.fgraph_lacks`), since the kernel, holding them all, may
+    find one there."""
     if lacks is not None:
         raise UnwindStop(StopReason.MEMORY_FAULT, f"{where}: {lacks}")
 
