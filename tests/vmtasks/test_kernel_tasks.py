@@ -169,8 +169,8 @@ def test_convert_keeps_every_task_and_replays_the_same(tmp_path) -> None:
     convert(session, tasks).write(out)
     again = Session(Dump.open(out), None, None)
     back = again.select(every=True)
-    # a dump's running task has its CPU's registers: cpu0's swapper, running without them, is written as blocked
-    key = lambda t: (t.pid, t.cpu, t.regs is not None, t.task_struct, t.ppid, t.tgid, t.kthread)  # noqa: E731
+    # cpu0's swapper runs without its CPU's registers: written with no cpu and lacks.registers, it is running still
+    key = lambda t: (t.pid, t.cpu, t.running, t.regs is not None, t.task_struct, t.ppid, t.tgid, t.kthread)  # noqa: E731
     assert sorted(map(key, back)) == sorted(map(key, tasks))
     assert [t.pid for t in tasks if t.running and t.regs is None] == [0]
     by = {key(t): t for t in back}
