@@ -654,15 +654,16 @@ class RiscvUnwinder(Unwinder):
         if retp is not None:
             kernel_pc, self.graph_idx, at = ftrace_graph_ret_addr(self.fgraph_kernel, self.graph_idx, ra, retp,
                                                                   handler, self.k.generation.fgraph_idx)
-            if kernel_pc == handler:
+            if kernel_pc != handler:
+                if prov is not None:
+                    prov.note(f"ftrace_graph_ret_addr: return_to_handler -> {kernel_pc:#x} "
+                              f"(ret_stack entry {at}, retp {retp:#x} = &frame->ra)")
+            else:
                 stop_on_lost_entries(self.fgraph_lacks, f"return_to_handler at &frame->ra {retp:#x}")
-            elif prov is not None:
-                prov.note(f"ftrace_graph_ret_addr: return_to_handler -> {kernel_pc:#x} "
-                          f"(ret_stack entry {at}, retp {retp:#x} = &frame->ra)")
-            if kernel_pc == handler and prov is not None and not self.complete:
-                why = ("no ret_stack entry has retp == &frame->ra" if self.fgraph_kernel else
-                       f"{self.generation.name} searches current's ret_stack, not this blocked task's")
-                prov.note(f"return_to_handler left as is: {why}")
+                if prov is not None and not self.complete:
+                    why = ("no ret_stack entry has retp == &frame->ra" if self.fgraph_kernel else
+                           f"{self.generation.name} searches current's ret_stack, not this blocked task's")
+                    prov.note(f"return_to_handler left as is: {why}")
         if not self.complete:
             return kernel_pc, (Flag.FGRAPH if kernel_pc != handler else _NONE)
         pc, flags = self._fgraph_by_order(ra, retp, callee, caller_fp, frame_fp, prov)

@@ -520,6 +520,8 @@ def mark_switches(tasks: list[Task], sp_reg: str) -> None:
     CPU is switching to that task (its stack loaded, ``current`` not changed yet): the running task's
     ``extra["switching_to"]`` and the other's ``extra["switching_from"]`` name each other's pid."""
     waiting = [t for t in tasks if t.extra.get("on_cpu") and t.pid is not None]
+    if not waiting:  # every load asks; almost no dump has a CPU mid-switch
+        return
     for t in tasks:
         sp = (t.regs or {}).get(sp_reg)
         if sp is None or t.pid is None or any(s.low <= sp < s.high for s in t.stacks):

@@ -227,6 +227,7 @@ MODULE_NOTE = _obj(name=_required(NAME), addr=_nullable(U64), state=_nullable(cs
                    symbols=_list(cs.no_info_before_validator_function(_pair, cs.tuple_schema([U64, NAME]))),
                    orc=_nullable(MODULE_ORC))
 
+
 def _bpf_range(v: Any) -> Any:
     """``bpf_symbols[]``: ``start < end``."""
     if not v[0] < v[1]:
