@@ -20,7 +20,10 @@ import sys
 from importlib.util import module_from_spec, spec_from_file_location
 from typing import TYPE_CHECKING
 
+from . import accel
 from .lazy import lazy_exports
+
+accel.install()  # the compiled build of the walk's hot modules, where one is made (unwind.accel)
 
 if TYPE_CHECKING:
     from .core.errors import DumpError

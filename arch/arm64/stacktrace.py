@@ -23,7 +23,9 @@ prove; it never changes the frames the kernel reports.
 from __future__ import annotations
 
 import struct
+import sys
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Sequence
 
 from unwind.core.frame import FLAGS as _FLAGS
@@ -48,6 +50,8 @@ if TYPE_CHECKING:
     from .complete import Completer
 
 _RECORD = struct.Struct("<QQ")  # struct frame_record {fp, lr} (structs.frame_record), decoded in one call
+_NO_WORDS = memoryview(b"").cast("Q")
+_LITTLE_ENDIAN = sys.byteorder == "little"  # the dumps' words are read as the host's (arm64 dumps are little-endian)
 # Enum members looked up once: a class attribute lookup costs more than a frame's arithmetic.
 _NO_FLAGS = Flag.NONE
 _PAC_STRIPPED = Flag.PAC_STRIPPED
@@ -273,7 +277,7 @@ class KunwindState:
                  "mem", "meta_records", "kunwind", "first_pc_recovered", "fgraph_idx", "layout", "final_fp",
                  "pac_mask", "return_to_handler", "kretprobe_trampoline", "fgraph", "kretprobes", "prov", "record",
                  "fgraph_lacks", "kretprobes_lacks",
-                 "seg_start", "seg_data", "seg_last")
+                 "seg_start", "seg_words", "seg_last")
 
     def __init__(self, target: Target, gen: Generation, layout: PtRegsLayout, consts: DumpConstants) -> None:
         task = target.task
@@ -300,8 +304,8 @@ class KunwindState:
         self.flags = Flag.NONE
         self.regs: int | None = None
         self.prov: Provenance | None = None
-        # The captured segment the last record came from: records are read straight from it.
-        self.seg_start, self.seg_data, self.seg_last = 0, b"", -1
+        # The captured segment the last record came from: records are read straight from its words.
+        self.seg_start, self.seg_words, self.seg_last = 0, _NO_WORDS, -1
 
     def read_u64(self, addr: int, what: str) -> int:
         """``READ_ONCE()`` of a captured word; a missing word ends the walk."""
@@ -320,7 +324,9 @@ class KunwindState:
         except MemoryFault as e:
             raise UnwindStop(StopReason.MEMORY_FAULT, f"{what} at {addr:#x}: {e}") from None
         start, data = seg.start, seg.data
-        self.seg_start, self.seg_data, self.seg_last = start, data, len(data) - FRAME_RECORD_SIZE
+        if not start & 7 and _LITTLE_ENDIAN:  # its 64-bit words, for the aligned records read from it
+            self.seg_start, self.seg_words = start, memoryview(data)[:len(data) & ~7].cast("Q")
+            self.seg_last = len(data) - FRAME_RECORD_SIZE
         return data[addr - start:addr - start + size]
 
     def note(self, text: str) -> None:
@@ -438,11 +444,14 @@ def unwind_consume_stack(state: KunwindState, info: StackInfo, sp: int, size: in
         state.prov.note(f"stack transition: {left} -> {stacks.stack.label()} (one-way)")
 
 
+# READ_ONCE(record->fp), READ_ONCE(record->lr)
 def _read_record(state: KunwindState, fp: int) -> tuple[int, int]:
-    """``READ_ONCE()`` of ``record->fp`` and ``record->lr``; a missing word ends the walk."""
+    """``record->fp`` and ``record->lr`` of the aligned record at ``fp``; a missing word ends the walk."""
     off = fp - state.seg_start
     if 0 <= off <= state.seg_last:
-        new_fp, new_pc = _RECORD.unpack_from(state.seg_data, off)
+        i = off >> 3
+        words = state.seg_words
+        new_fp, new_pc = words[i], words[i + 1]
     else:
         new_fp, new_pc = _RECORD.unpack(state.read_bytes(fp, FRAME_RECORD_SIZE, "frame record"))
     if state.prov is not None:
@@ -457,17 +466,9 @@ def unwind_next_frame_record(state: KunwindState) -> None:
     fp = state.fp
     if fp & 0x7:
         raise UnwindStop(StopReason.MISALIGNED_FP, f"fp {fp:#x} is not 8-byte aligned")
-    cur = state.stacks.stack
-    if cur.low and cur.low <= fp and fp + FRAME_RECORD_SIZE <= cur.high:
-        cur.low = fp + FRAME_RECORD_SIZE  # unwind_consume_stack() on the current stack, inlined
-    else:
-        info = unwind_find_stack(state, fp, FRAME_RECORD_SIZE, "frame record")
-        unwind_consume_stack(state, info, fp, FRAME_RECORD_SIZE)
-    off = fp - state.seg_start
-    if 0 <= off <= state.seg_last and state.prov is None:
-        state.fp, state.pc = _RECORD.unpack_from(state.seg_data, off)  # _read_record(), inlined
-    else:
-        state.fp, state.pc = _read_record(state, fp)
+    info = unwind_find_stack(state, fp, FRAME_RECORD_SIZE, "frame record")
+    unwind_consume_stack(state, info, fp, FRAME_RECORD_SIZE)
+    state.fp, state.pc = _read_record(state, fp)
     state.source = _SRC_FRAME
 
 
@@ -523,17 +524,10 @@ def kunwind_next_frame_record(state: KunwindState) -> Stop | None:
     if fp & 0x7:
         raise UnwindStop(StopReason.MISALIGNED_FP, f"fp {fp:#x} is not 8-byte aligned")
     info = unwind_find_stack(state, fp, FRAME_RECORD_SIZE, "frame record")
-    off = fp - state.seg_start
-    if 0 <= off <= state.seg_last and state.prov is None:
-        new_fp, new_pc = _RECORD.unpack_from(state.seg_data, off)  # _read_record(), inlined
-    else:
-        new_fp, new_pc = _read_record(state, fp)
+    new_fp, new_pc = _read_record(state, fp)
     if not new_fp and not new_pc:
         return kunwind_next_frame_record_meta(state)
-    if info is state.stacks.stack:
-        info.low = fp + FRAME_RECORD_SIZE  # unwind_consume_stack() on the current stack, inlined
-    else:
-        unwind_consume_stack(state, info, fp, FRAME_RECORD_SIZE)
+    unwind_consume_stack(state, info, fp, FRAME_RECORD_SIZE)
     state.fp = new_fp
     state.pc = new_pc
     state.source = _SRC_FRAME
@@ -553,8 +547,8 @@ def kunwind_next(state: KunwindState) -> Stop | None:
             return end
     else:
         if state.fp == state.final_fp:
-            fp = state.fp  # every walk of a blocked task ends here: the detail is made when read
-            return Stop(StopReason.END_OF_STACK, lambda: final_frame_detail(fp))
+            # every walk of a blocked task ends here: the detail is made when read
+            return Stop(StopReason.END_OF_STACK, partial(final_frame_detail, state.fp))
         unwind_next_frame_record(state)
     raw = state.pc
     pc = state.pc = (ptrauth_strip_kernel_insn_pac(raw, state.pac_mask) if state.first_pc_recovered

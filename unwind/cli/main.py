@@ -32,7 +32,8 @@ DISTRIBUTION = "kernel-unwind"
 
 #: modules that add subcommands: each has ``add_commands(subparsers)``
 _COMMAND_MODULES = ("unwind.lab.cli", "unwind.cli.corpus", "unwind.dev.bench.cli", "unwind.cli.triage",
-                    "unwind.cli.tasks", "unwind.dev.fuzz.cli", "unwind.cli.gdb", "unwind.cli.decode")
+                    "unwind.cli.tasks", "unwind.dev.fuzz.cli", "unwind.cli.gdb", "unwind.cli.decode",
+                    "unwind.cli.accel")
 
 #: the input errors every subcommand turns into exit status 2
 INPUT_ERRORS: tuple[type[Exception], ...] = (DumpError, ImageError, ArchError, ReplayError, OSError)

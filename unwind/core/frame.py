@@ -189,7 +189,6 @@ class SourceLine:
         return {"function": self.function, "file": self.short_file(base), "line": self.line}
 
 
-@dataclass(slots=True)
 class Frame:
     """One reported frame.
 
@@ -197,25 +196,45 @@ class Frame:
     (arm64 kunwind tracks no sp; x86 ORC tracks no frame pointer chain).
     ``pt_regs`` is the address of the ``struct pt_regs`` the walk read this frame's pc from (an exception
     boundary crossed on the stack), ``None`` elsewhere (the CPU's own registers are in no memory).
+
+    ``line`` is the frame's own source position, asked for with ``Session.replay(..., lines=True)``: where in
+    the function its symbol names (the outermost level of the inline chain) the frame stands, or was inlined
+    into by ``inlined``; ``None`` when not asked for, or when the image has no DWARF for the pc.
+    ``inlined`` is the functions inlined at the frame's pc, innermost first, each where it stands or where
+    the next one in was inlined (``addr2line -i``'s levels before the last); empty when none, or ``line`` is
+    ``None``.
     """
 
-    pc: int
-    sp: int | None = None
-    fp: int | None = None
-    source: Source = Source.UNKNOWN
-    stack: str | None = None
-    flags: Flag = Flag.NONE
-    provenance: Provenance | None = None
-    symbol: str | None = None
-    extra: dict[str, Any] | None = None
-    pt_regs: int | None = None
-    #: the frame's own source position, asked for with ``Session.replay(..., lines=True)``: where in the
-    #: function its symbol names (the outermost level of the inline chain) the frame stands, or was inlined
-    #: into by :attr:`inlined`; ``None`` when not asked for, or when the image has no DWARF for the pc
-    line: SourceLine | None = None
-    #: the functions inlined at the frame's pc, innermost first, each where it stands or where the next one
-    #: in was inlined (``addr2line -i``'s levels before the last); empty when none, or :attr:`line` is ``None``
-    inlined: tuple[SourceLine, ...] = ()
+    __slots__ = ("pc", "sp", "fp", "source", "stack", "flags", "provenance", "symbol", "extra", "pt_regs",
+                 "line", "inlined")
+
+    def __init__(self, pc: int, sp: int | None = None, fp: int | None = None, source: Source = Source.UNKNOWN,
+                 stack: str | None = None, flags: Flag = Flag.NONE, provenance: Provenance | None = None,
+                 symbol: str | None = None, extra: dict[str, Any] | None = None, pt_regs: int | None = None,
+                 line: SourceLine | None = None, inlined: tuple[SourceLine, ...] = ()) -> None:
+        self.pc = pc
+        self.sp = sp
+        self.fp = fp
+        self.source = source
+        self.stack = stack
+        self.flags = flags
+        self.provenance = provenance
+        self.symbol = symbol
+        self.extra = extra
+        self.pt_regs = pt_regs
+        self.line = line
+        self.inlined = inlined
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.pc, self.sp, self.fp, self.source, self.stack, self.flags, self.provenance, self.symbol,
+                self.extra, self.pt_regs, self.line, self.inlined)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
 
     @property
     def reliable(self) -> bool:

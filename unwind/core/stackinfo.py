@@ -12,19 +12,31 @@ which are usable for a given task; this module knows no architecture.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable
 
 
-@dataclass(slots=True)
 class StackInfo:
     """A stack range ``[low, high)``; ``low == 0`` means unknown, as in the kernel."""
 
-    low: int
-    high: int
-    kind: str
-    cpu: int | None = None
+    __slots__ = ("low", "high", "kind", "cpu")
+
+    def __init__(self, low: int, high: int, kind: str, cpu: int | None = None) -> None:
+        self.low = low
+        self.high = high
+        self.kind = kind
+        self.cpu = cpu
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        o: StackInfo = other  # type: ignore[assignment]
+        return (self.low, self.high, self.kind, self.cpu) == (o.low, o.high, o.kind, o.cpu)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"StackInfo(low={self.low!r}, high={self.high!r}, kind={self.kind!r}, cpu={self.cpu!r})"
 
     def on_stack(self, sp: int, size: int) -> bool:
         """``stackinfo_on_stack()``: does ``[sp, sp + size)`` lie in this stack?"""

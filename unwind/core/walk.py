@@ -14,7 +14,6 @@ count set by the loop).
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Iterable, Iterator
@@ -123,21 +122,22 @@ def stop_on_lost_entries(lacks: str | None, where: str) -> None:
         raise UnwindStop(StopReason.MEMORY_FAULT, f"{where}: {lacks}")
 
 
-class Unwinder(ABC):
-    """One walk of one task, as an arch backend implements it."""
+class Unwinder:
+    """One walk of one task, as an arch backend implements it (a backend overrides :meth:`start` and
+    :meth:`next`)."""
 
     #: arm64 and the proposed RISC-V port refuse any frame taken from exception
     #: registers in the reliable walk; x86 ORC accepts kernel pt_regs.
     reliable_refuses_boundary: bool = True
 
-    @abstractmethod
     def start(self) -> Frame:
         """Initialise from the task's registers or saved context; return the first frame."""
+        raise NotImplementedError
 
-    @abstractmethod
     def next(self) -> "Frame | Stop | UnwindStop":
         """Step to the caller's frame; at the end, return the :class:`Stop` (its ``frames`` are set by the
         walk) or raise an :class:`UnwindStop`."""
+        raise NotImplementedError
 
     def bpf_args(self, frame: Frame) -> tuple[int, int, int]:
         """What ``arch_bpf_stack_walk`` hands its consumer: ``(ip, sp, fp)``."""

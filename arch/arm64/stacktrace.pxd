@@ -1,0 +1,42 @@
+cimport cython
+from unwind.core.stackinfo cimport StackInfo, StackSet
+from unwind.core.frame cimport Frame
+from unwind.arch.arm64.ptrauth cimport ptrauth_strip_kernel_insn_pac, ptrauth_clear_pac
+
+cdef class KunwindState:
+    cdef public object fp, pc
+    cdef public StackSet stacks
+    cdef public object graph_idx, kr_cur
+    cdef public object source, flags, regs, mem
+    cdef public bint meta_records, kunwind, first_pc_recovered, fgraph_idx
+    cdef public object layout, final_fp
+    cdef public object pac_mask
+    cdef public object return_to_handler, kretprobe_trampoline, fgraph, kretprobes, prov
+    cdef public bint record
+    cdef public object fgraph_lacks, kretprobes_lacks
+    cdef public object seg_start
+    cdef const unsigned long long[:] seg_words
+    cdef public object seg_last
+
+@cython.locals(cur=StackInfo)
+cpdef unwind_find_stack(KunwindState state, object sp, object size, str what)
+
+@cython.locals(stacks=StackSet)
+cpdef unwind_consume_stack(KunwindState state, StackInfo info, object sp, object size)
+
+cpdef unwind_next_frame_record(KunwindState state)
+
+cpdef kunwind_next(KunwindState state)
+
+@cython.locals(info=StackInfo)
+cpdef kunwind_next_frame_record(KunwindState state)
+
+from unwind.core.walk cimport Unwinder
+
+cdef class Arm64Unwinder(Unwinder):
+    cdef public object target, consts, generation
+    cdef public KunwindState state
+    cdef public object completer, _pending, _deferred, _stack_obj, _stack_label
+
+@cython.locals(i=cython.Py_ssize_t, off=object)
+cpdef tuple _read_record(KunwindState state, object fp)

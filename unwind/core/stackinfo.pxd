@@ -1,0 +1,7 @@
+cdef class StackInfo:
+    cdef public object low, high, kind, cpu
+
+cdef class StackSet:
+    cdef public StackInfo stack
+    cdef public list stacks
+    cdef public tuple _known
