@@ -9,7 +9,6 @@ task running on that CPU, which is the kernel's ``task != current`` rule of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 from unwind.core.memory import Memory, MemoryFault
@@ -47,16 +46,33 @@ _PT_REGS_SP = offsetof(PT_REGS, "sp")
 _KIND_ORDER = {kind: _SEARCH_ORDER[typ] for kind, typ in KIND_TYPES.items()}
 
 
-@dataclass(slots=True)
 class StackInfo:
     """``struct stack_info``: the type, ``[begin, end)``, and where the previous stack pointer is."""
 
-    type: int
-    begin: int
-    end: int
-    next_sp: int | None
-    kind: str
-    cpu: int | None = None
+    __slots__ = ("type", "begin", "end", "next_sp", "kind", "cpu")
+
+    def __init__(self, type: int, begin: int, end: int, next_sp: int | None, kind: str,
+                 cpu: int | None = None) -> None:
+        self.type = type
+        self.begin = begin
+        self.end = end
+        self.next_sp = next_sp
+        self.kind = kind
+        self.cpu = cpu
+
+    def _fields(self) -> tuple[int, int, int, int | None, str, int | None]:
+        return self.type, self.begin, self.end, self.next_sp, self.kind, self.cpu
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return ("StackInfo(type={!r}, begin={!r}, end={!r}, next_sp={!r}, kind={!r}, cpu={!r})"
+                .format(*self._fields()))
 
     def on_stack(self, addr: int, length: int) -> bool:
         """``on_stack()`` (asm/stacktrace.h)."""

@@ -36,7 +36,6 @@ import hashlib
 import re
 import weakref
 from array import array
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
@@ -101,16 +100,33 @@ class OrcFormatError(ImageError):
     """The ORC tables cannot be read: unknown format, missing or inconsistent sections."""
 
 
-@dataclass(frozen=True, slots=True)
 class OrcEntry:
-    """One normalised ``struct orc_entry`` (types v3-numbered, registers v4-numbered)."""
+    """One normalised ``struct orc_entry`` (types v3-numbered, registers v4-numbered); a value, never changed."""
 
-    sp_offset: int
-    bp_offset: int
-    sp_reg: int
-    bp_reg: int
-    type: int
-    signal: bool
+    __slots__ = ("sp_offset", "bp_offset", "sp_reg", "bp_reg", "type", "signal")
+
+    def __init__(self, sp_offset: int, bp_offset: int, sp_reg: int, bp_reg: int, type: int, signal: bool) -> None:
+        self.sp_offset = sp_offset
+        self.bp_offset = bp_offset
+        self.sp_reg = sp_reg
+        self.bp_reg = bp_reg
+        self.type = type
+        self.signal = signal
+
+    def _fields(self) -> tuple[int, int, int, int, int, bool]:
+        return self.sp_offset, self.bp_offset, self.sp_reg, self.bp_reg, self.type, self.signal
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return ("OrcEntry(sp_offset={!r}, bp_offset={!r}, sp_reg={!r}, bp_reg={!r}, type={!r}, signal={!r})"
+                .format(*self._fields()))
 
     def __str__(self) -> str:
         """objtool ``--dump=orc`` style: ``type:call sp:sp+8 bp:undef signal:0``."""
