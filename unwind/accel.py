@@ -33,6 +33,9 @@ MODULES: dict[str, tuple[str, str]] = {
     "unwind.core.walk": ("unwind", "core/walk"),
     "unwind.arch.arm64.ptrauth": ("arch", "arm64/ptrauth"),
     "unwind.arch.arm64.stacktrace": ("arch", "arm64/stacktrace"),
+    "unwind.arch.x86_64.dumpstack": ("arch", "x86_64/dumpstack"),
+    "unwind.arch.x86_64.orc": ("arch", "x86_64/orc"),
+    "unwind.arch.x86_64.unwind_orc": ("arch", "x86_64/unwind_orc"),
 }
 
 #: Cython's settings: the hints are Python's (not C types); the types are the ``.pxd``'s alone

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import bisect
 import struct
+import sys
 import weakref
+from array import array
 from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
@@ -44,10 +46,23 @@ PAGE_SIZE = 4096
 # the per-frame path works on Flag values and takes each frame's Flag from FLAGS (an IntFlag | is slow)
 _FGRAPH, _KRETPROBE = Flag.FGRAPH.value, Flag.KRETPROBE.value
 _UNRELIABLE, _BOUNDARY = Flag.UNRELIABLE.value, Flag.BOUNDARY.value
-_SRC_ORC_CALL = Source.ORC_CALL
+# and the members it uses looked up once (an Enum class's attribute lookup costs more than a step's arithmetic)
+_SRC_ORC_CALL, _SRC_ORC_REGS, _SRC_ORC_REGS_PARTIAL = Source.ORC_CALL, Source.ORC_REGS, Source.ORC_REGS_PARTIAL
+_SRC_TASK, _SRC_REGS_PC = Source.TASK, Source.REGS_PC
+_END_OF_STACK = StopReason.END_OF_STACK
 #: not looked up yet (``orc_find()`` may answer ``None``)
 _UNSEEN = object()
 _U64 = struct.Struct("<Q").unpack_from
+
+
+def _words(data: bytes) -> memoryview:
+    """The little-endian 64-bit words of ``data`` (its whole words), as the host reads them."""
+    whole = len(data) & ~7
+    if sys.byteorder == "little":
+        return memoryview(data).cast("Q") if whole == len(data) else memoryview(data)[:whole].cast("Q")
+    words = array("Q", data[:whole])
+    words.byteswap()
+    return memoryview(words)
 
 
 #: TOP_OF_KERNEL_STACK_PADDING (asm/thread_info.h) of x86-64: 0, or 2 * 8 with CONFIG_X86_FRED (v6.9+)
@@ -388,23 +403,21 @@ class OrcUnwinder(Unwinder):
         """The ORC format generation followed and the layouts read, and why."""
         return dict(self.c.basis)
 
-    # struct unwind_state as __unwind_start() zeroes it (memset): class-level defaults, set per walk when
-    # they change, so a walk's set-up copies nothing it does not change
-    ip = sp = bp = 0
-    signal = error = full_regs = False
-    regs: Regs | None = None
-    prev_regs: Regs | None = None
-    stack_info: StackInfo = UNKNOWN
-    graph_idx = 0
-    kr_cur = -1
-    #: the FGRAPH/KRETPROBE bits (``Flag`` values) when this step's ip was recovered
-    recovered = 0
-    last: Frame | None = None
-    #: the captured segment of the last read: ``[_seg_lo, _seg_hi)`` holds ``_seg_data``
-    _seg_lo = _seg_hi = 0
-    _seg_data = b""
-
     def __init__(self, target: Target, table: OrcTable) -> None:
+        # struct unwind_state as __unwind_start() zeroes it (memset)
+        self.ip = self.sp = self.bp = 0
+        self.signal = self.error = self.full_regs = False
+        self.regs: Regs | None = None
+        self.prev_regs: Regs | None = None
+        self.stack_info: StackInfo = UNKNOWN
+        self.graph_idx = 0
+        self.kr_cur = -1
+        #: the FGRAPH/KRETPROBE bits (``Flag`` values) when this step's ip was recovered
+        self.recovered = 0
+        self.last: Frame | None = None
+        #: the captured segment of the last read: ``_seg_data`` at ``_seg_lo``, its whole words ``_seg_words``,
+        #: its last word at offset ``_seg_last`` (none read yet: -1)
+        self._seg_lo, self._seg_last = 0, -1
         self.target = target
         self.task = target.task
         self.mem = target.mem
@@ -422,7 +435,6 @@ class OrcUnwinder(Unwinder):
         self.return_to_handler, self.rethook_trampoline = consts.return_to_handler, consts.rethook_trampoline
         self.stacks = StackFinder(target.task.stacks, target.mem)
         self.stack_mask = [0]
-        self.error = False  # read on every step (an instance attribute reads faster than a class-level default)
 
     # the dump's constants by their unwind_state names (read once per walk or less)
     @property
@@ -453,11 +465,16 @@ class OrcUnwinder(Unwinder):
     # READ_ONCE_NOCHECK(): a word of captured memory (the segment of the last read is kept)
     def read_word(self, addr: int) -> int:
         """The 64-bit word at ``addr``; :class:`MemoryFault` when it was not captured."""
-        if self._seg_lo <= addr and addr + 8 <= self._seg_hi:
-            return _U64(self._seg_data, addr - self._seg_lo)[0]
+        off = addr - self._seg_lo
+        if 0 <= off <= self._seg_last:
+            if off & 7:
+                return _U64(self._seg_data, off)[0]
+            i = off >> 3
+            return self._seg_words[i]
         seg = self.mem.segment(addr, 8)
-        self._seg_lo, self._seg_hi, self._seg_data = seg.start, seg.end, seg.data
-        return _U64(seg.data, addr - seg.start)[0]
+        lo, data = seg.start, seg.data
+        self._seg_lo, self._seg_last, self._seg_data, self._seg_words = lo, len(data) - 8, data, _words(data)
+        return _U64(data, addr - lo)[0]
 
     #: the reader handed to :class:`Regs` (a class attribute: a bound method kept on the walk would make a
     #: reference cycle, and every walk garbage for the cyclic collector)
@@ -481,10 +498,7 @@ class OrcUnwinder(Unwinder):
         info = self.stack_info
         if not (info.begin <= addr and addr + 8 <= info.end) and not self.stack_access_ok(addr, 8):
             self.fail_access(addr, 8, what)
-        if self._seg_lo <= addr and addr + 8 <= self._seg_hi:
-            val = _U64(self._seg_data, addr - self._seg_lo)[0]
-        else:
-            val = self.read_word(addr)
+        val = self.read_word(addr)
         if prov is not None:
             prov.read(addr, 8, val, what)
         return val
@@ -528,17 +542,17 @@ class OrcUnwinder(Unwinder):
                 raise UnwindStop(StopReason.USER_MODE, f"cs {task.regs.get('cs', 0):#x}: the CPU is in user mode")
             self.ip, self.sp, self.bp = task.regs["rip"], task.regs["rsp"], task.regs["rbp"]
             self.regs, self.full_regs, self.signal = regs, True, True
-            source, flags = Source.REGS_PC, Flag.BOUNDARY
+            source, flags = _SRC_REGS_PC, _BOUNDARY
             if prov is not None:
                 prov.rule = "the CPU's registers (rip, rsp, rbp); signal frame"
         elif task.context is not None and "sp" in task.context:  # unwind_orc.c:720-727
             tsp = task.context["sp"]
             consts = self.c.consts
             self.sp = tsp + consts.itf.size
-            self.bp = self.read(tsp + consts.itf_bp)
-            self.ip = self.read(tsp + consts.itf_ret_addr)
+            self.bp = self.read_word(tsp + consts.itf_bp)
+            self.ip = self.read_word(tsp + consts.itf_ret_addr)
             self.signal = self.ip == consts.ret_from_fork_asm
-            source, flags = Source.TASK, Flag.NONE
+            source, flags = _SRC_TASK, 0
             if prov is not None:
                 prov.rule = f"inactive_task_frame at thread.sp {tsp:#x}"
                 prov.read(tsp + consts.itf_bp, 8, self.bp, "frame->bp")
@@ -559,10 +573,10 @@ class OrcUnwinder(Unwinder):
                 prov.note(f"sp {self.sp:#x} is on no stack: guard-page retry at {up:#x}; unreliable")
         self.stack_info = info
         if self.error:
-            flags |= Flag.UNRELIABLE
-        if source is Source.TASK:
+            flags |= _UNRELIABLE
+        if source is _SRC_TASK:
             self.check_text(self.ip)
-        frame = Frame(self.ip, self.sp, self.bp, source, info.kind, flags, prov)
+        frame = Frame(self.ip, self.sp, self.bp, source, info.kind, _FLAGS[flags], prov)
         self.last = frame
         return frame
 
@@ -589,16 +603,17 @@ class OrcUnwinder(Unwinder):
         try:
             info = self.stack_info
             if not info.type:  # unwind_done(): STACK_TYPE_UNKNOWN is 0
-                return Stop(StopReason.END_OF_STACK, "the walk is done")
+                return Stop(_END_OF_STACK, "the walk is done")
             prev_sp, prev_type, orig_ip = self.sp, info.type, self.ip
             prov = Provenance("") if self.record else None
             self.recovered = 0
             error = self.error
             # unwind_orc.c:485-510: orc_find(signal ? ip : ip - 1); the rare outcomes in find_orc()
             ip = orig_ip if self.signal else orig_ip - 1
-            orc = self.found.get(ip, _UNSEEN)
-            if orc is _UNSEEN:  # each ip's answer is kept for the table's other walks
-                orc = self.found[ip] = self.c.table.orc_find(ip)
+            found = self.found.get(ip, _UNSEEN)
+            if found is _UNSEEN:  # each ip's answer is kept for the table's other walks
+                found = self.found[ip] = self.c.table.orc_find(ip)
+            orc = found
             if orc is not None and orc.type >= ORC_TYPE_CALL and prov is None:
                 source = _SRC_ORC_CALL
             else:
@@ -676,7 +691,7 @@ class OrcUnwinder(Unwinder):
         the stop returned)."""
         regs = self.regs
         if regs is not None:  # a pc from pt_regs: not a return address
-            source = Source.ORC_REGS if typ == ORC_TYPE_REGS else Source.ORC_REGS_PARTIAL
+            source = _SRC_ORC_REGS if typ == ORC_TYPE_REGS else _SRC_ORC_REGS_PARTIAL
             flags |= _BOUNDARY
             if regs.user_mode(self.read):  # unwind_orc.c:481-483 on the next call: the_end
                 if self.last is not None:
@@ -713,11 +728,11 @@ class OrcUnwinder(Unwinder):
             reason = StopReason.KERNEL_LIMIT if skipped is not None else StopReason.UNKNOWN_METADATA
             raise UndefinedOrc(reason, f"ORC entry for {ip:#x} is UNDEFINED{self.undefined_why(skipped)}", ip)
         if orc.type == ORC_TYPE_END_OF_STACK:  # every walk of a blocked task ends here: the detail is made when read
-            return Stop(StopReason.END_OF_STACK, lambda: orc_end_detail(ip))
+            return Stop(_END_OF_STACK, lambda: orc_end_detail(ip))
         if prov is not None:  # the rule is written when read
             which = "ip" if self.signal else "ip-1"
             prov.rule = lambda: f"ORC at {ip:#x} ({which}): {orc}"
-        return orc, Source.ORC_CALL
+        return orc, _SRC_ORC_CALL
 
     # objtool's STACK_FRAME_NON_STANDARD(): the function's whole range is one UNDEFINED entry
     def stack_frame_non_standard(self, ip: int) -> Symbol | None:
@@ -807,7 +822,7 @@ class OrcUnwinder(Unwinder):
             self.fail_access(sp, consts.pt_size, f"can't access registers at {orig_ip:#x}: pt_regs")
         stack = self.stack_info.kind
         off = consts.off
-        ip, new_sp = self.read(sp + off["ip"]), self.read(sp + off["sp"])
+        ip, new_sp = self.read_word(sp + off["ip"]), self.read_word(sp + off["sp"])
         if prov is not None:
             prov.read(sp + off["ip"], 8, ip, "pt_regs->ip")
             prov.read(sp + off["sp"], 8, new_sp, "pt_regs->sp")
@@ -825,7 +840,7 @@ class OrcUnwinder(Unwinder):
         stack = self.stack_info.kind
         base = sp - consts.iret_offset
         off = consts.off
-        ip, new_sp = self.read(base + off["ip"]), self.read(base + off["sp"])
+        ip, new_sp = self.read_word(base + off["ip"]), self.read_word(base + off["sp"])
         if prov is not None:
             prov.read(base + off["ip"], 8, ip, "iret->ip")
             prov.read(base + off["sp"], 8, new_sp, "iret->sp")

@@ -1,0 +1,52 @@
+cimport cython
+from unwind.core.frame cimport Frame
+from unwind.core.walk cimport Unwinder
+from unwind.arch.x86_64.dumpstack cimport StackInfo, StackFinder
+from unwind.arch.x86_64.orc cimport OrcEntry
+
+cdef class Regs:
+    cdef public object addr, cpu, off
+
+cdef class TableConstants:
+    cdef public object table, consts, text, stext, etext, _basis
+    cdef public dict found
+
+cdef class OrcUnwinder(Unwinder):
+    cdef public object target, task, mem
+    cdef public bint record
+    cdef public TableConstants c
+    cdef public dict found
+    cdef public object stext, etext, return_to_handler, rethook_trampoline
+    cdef public StackFinder stacks
+    cdef public list stack_mask
+    cdef public object ip, sp, bp
+    cdef public bint signal, error, full_regs
+    cdef public Regs regs, prev_regs
+    cdef public StackInfo stack_info
+    cdef public object graph_idx, kr_cur
+    cdef public Py_ssize_t recovered
+    cdef public Frame last
+    cdef public object _seg_lo
+    cdef public Py_ssize_t _seg_last
+    cdef public object _seg_data
+    cdef const unsigned long long[:] _seg_words
+
+    @cython.locals(i=cython.Py_ssize_t, off=object)
+    cpdef object read_word(self, object addr)
+    @cython.locals(info=StackInfo)
+    cpdef bint stack_access_ok(self, object addr, object length)
+    @cython.locals(info=StackInfo)
+    cpdef object deref_stack_reg(self, object addr, str what, object prov)
+    cpdef object get_reg(self, str member)
+    @cython.locals(info=StackInfo, frame=Frame)
+    cpdef Frame _start(self)
+    @cython.locals(info=StackInfo, frame=Frame, orc=OrcEntry)
+    cpdef unwind_next_frame(self)
+    @cython.locals(regs=Regs, frame=Frame)
+    cpdef regs_frame(self, Py_ssize_t typ, object source, str stack, Py_ssize_t flags, object prov)
+    cpdef object prev_sp_reg(self, OrcEntry orc, object prov)
+    cpdef str step_regs(self, object sp, object orig_ip, object prov)
+    cpdef str step_regs_partial(self, object sp, object orig_ip, object prov)
+    cpdef object unwind_recover_ret_addr(self, object ip, object ip_p, object prov)
+    cpdef object unwind_recover_rethook(self, object ip, object ip_p, object prov)
+    cpdef check_text(self, object ip)
