@@ -31,7 +31,6 @@ source and provenance.
 from __future__ import annotations
 
 import struct
-import sys
 from dataclasses import dataclass
 from functools import partial
 
@@ -56,7 +55,6 @@ MASK64 = (1 << 64) - 1
 
 _STACKFRAME = struct.Struct("<QQ")  # struct stackframe {fp, ra}, read in one go
 _NO_WORDS = memoryview(b"").cast("Q")
-_LITTLE_ENDIAN = sys.byteorder == "little"  # the dumps' words are read as the host's (riscv64 is little-endian)
 #: walk_stackframe() passes the walked task, not current, to ftrace_graph_ret_addr(): 6.12 passes
 #: current, 7.2 the task (the release in between that changed it is not pinned down here)
 FGRAPH_OF_TASK_SINCE = (7, 0)
@@ -529,16 +527,15 @@ class RiscvUnwinder(Unwinder):
             words = self.seg_words
             return words[i], words[i + 1]
         try:
-            seg = self.mem.segment(rec, STACKFRAME_SIZE)
+            start, view = self.mem.words(rec, STACKFRAME_SIZE)
         except MemoryFault:
             pass
         else:
-            start, data = seg.start, seg.data
-            if not start & 7 and _LITTLE_ENDIAN:  # its 64-bit words, for the records read from it next
-                self.seg_start, self.seg_words = start, memoryview(data)[:len(data) & ~7].cast("Q")
-                self.seg_last = len(data) - STACKFRAME_SIZE
-            return _STACKFRAME.unpack_from(data, rec - start)
-        try:  # not captured in one segment: Memory's read says why (excluded, not mapped, or absent)
+            if view is not None:  # its 64-bit words, for the records read from it next
+                self.seg_start, self.seg_words, self.seg_last = start, view, len(view) * 8 - STACKFRAME_SIZE
+                return self._read_record(rec)
+        # not captured in one segment, or not as words: Memory's read says why (excluded, not mapped, or absent)
+        try:
             data = self.mem.read(rec, STACKFRAME_SIZE)
         except MemoryFault as e:
             raise UnwindStop(StopReason.MEMORY_FAULT, f"frame record at {rec:#x}: {e}") from None

@@ -20,6 +20,17 @@ def test_reads_inside_segments():
     assert m.read(0x101E, 2) == bytes([14, 15])
 
 
+def test_words_are_the_segments_little_endian_words():
+    m = Memory([Segment(0x1000, bytes(range(20))), Segment(0x2004, b"\x01" * 16)])
+    start, words = m.words(0x1008, 8)
+    assert start == 0x1000 and words is not None
+    assert list(words) == [m.read_u64(0x1000), m.read_u64(0x1008)]  # the 4 bytes past the last word left out
+    assert m.words(0x1000, 16)[1] is words  # made once per segment
+    assert m.words(0x2008, 8) == (0x2004, None)  # a segment not 8-byte aligned has no words
+    with pytest.raises(MemoryFault):
+        m.words(0x1010, 8)
+
+
 @pytest.mark.parametrize("addr,size", [(0xFFF, 8), (0x101C, 8), (0x1020, 1), (0x2001, 8), (0x1800, 8), (0, 8)])
 def test_reads_outside_fault_with_address_and_size(addr, size):
     with pytest.raises(MemoryFault) as e:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import bisect
 import itertools
 import struct
+import sys
 from dataclasses import dataclass
 from typing import Iterable
 
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
+_LITTLE_ENDIAN = sys.byteorder == "little"  # the host reads a segment's words as little-endian
 
 
 class MemoryFault(Exception):
@@ -86,6 +88,8 @@ class Memory:
         self._sizes = list(itertools.accumulate((len(s.data) for s in segs), initial=0))
         # The last segment hit: stack walks read many words from one stack.
         self._hit: Segment | None = segs[0] if segs else None
+        #: :meth:`words` of each segment asked for, by its start
+        self._words: dict[int, memoryview | None] = {}
 
     def _segment(self, addr: int, size: int) -> Segment:
         seg = self._hit
@@ -106,6 +110,22 @@ class Memory:
         """The captured segment holding ``[addr, addr + size)``; :class:`MemoryFault` (or the hole's
         fault) when none does."""
         return self._segment(addr, size)
+
+    def words(self, addr: int, size: int) -> tuple[int, memoryview | None]:
+        """The start of the captured segment holding ``[addr, addr + size)`` and its whole little-endian
+        64-bit words, a view made once per segment (for a walk reading aligned words of one stack); the
+        view is ``None`` when the segment does not start 8-byte aligned, or the host is big-endian.
+        :class:`MemoryFault` as :meth:`segment`."""
+        seg = self._segment(addr, size)
+        start = seg.start
+        try:
+            return start, self._words[start]
+        except KeyError:
+            pass
+        data = seg.data
+        view = memoryview(data)[:len(data) & ~7].cast("Q") if not start & 7 and _LITTLE_ENDIAN else None
+        self._words[start] = view
+        return start, view
 
     def captured(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """The captured parts of ``[lo, hi)`` as ``(start, end)`` ranges in address order."""
