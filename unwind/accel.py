@@ -34,6 +34,7 @@ MODULES: dict[str, tuple[str, str]] = {
     "unwind.core.callsite": ("unwind", "core/callsite"),
     "unwind.arch.arm64.ptrauth": ("arch", "arm64/ptrauth"),
     "unwind.arch.arm64.stacktrace": ("arch", "arm64/stacktrace"),
+    "unwind.arch.riscv.stacktrace": ("arch", "riscv/stacktrace"),
 }
 
 #: Cython's settings: the hints are Python's (not C types); the types are the ``.pxd``'s alone
