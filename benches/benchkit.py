@@ -811,9 +811,24 @@ print(json.dumps(out))
 """
 
 
-def run_child(python: str, code: str, *args: str) -> dict[str, Any]:
-    """Run ``code`` in a fresh ``python`` with ``args``; the JSON object it printed last."""
-    out = subprocess.run([python, "-c", code, *args], capture_output=True, text=True, env=os.environ)
+#: the environment of a child of each build of ours (``unwind.accel``): the interpreted modules, or the
+#: compiled build of this checkout's sources (made first with :func:`compiled_build`)
+BUILD_ENV: dict[str, dict[str, str]] = {"pure": {"UNWIND_PURE": "1"}, "compiled": {"UNWIND_PURE": "0"}}
+
+
+def compiled_build() -> str | None:
+    """Make the compiled build of this checkout (``unwind accel build``) unless made; ``None`` when it is
+    there, else why it cannot be (said on stderr by the caller)."""
+    r = subprocess.run([sys.executable, "-c", IMPORT_ROOT + "from unwind import accel\naccel.build(jobs=2)\n",
+                        str(REPO)], capture_output=True, text=True, env={**os.environ, "UNWIND_PURE": "0"})
+    return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["failed"])[-1]
+
+
+def run_child(python: str, code: str, *args: str, build: str | None = None) -> dict[str, Any]:
+    """Run ``code`` in a fresh ``python`` with ``args`` (ours with ``build``'s :data:`BUILD_ENV`); the JSON
+    object it printed last."""
+    env = {**os.environ, **BUILD_ENV[build]} if build else os.environ
+    out = subprocess.run([python, "-c", code, *args], capture_output=True, text=True, env=env)
     if out.returncode:
         raise SystemExit(f"child failed ({python} {' '.join(args[:4])}):\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

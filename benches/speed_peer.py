@@ -10,7 +10,10 @@ the figures are medians over rounds.
   again (**warm**): the single-task targets;
 - **ours, vmcores**: the same call on the committed vmcores' tasks that drgn walks
   (``benchkit.OURS_PEER_CHILD``, the committed slim image): **fresh** (the first pass in a Session
-  just loaded) and **warm**. Pure-Python build: there is no compiled build of ``unwind``;
+  just loaded) and **warm**;
+- each of those for both builds (``unwind.accel``): the pure-Python modules (``ours``, ``UNWIND_PURE=1``)
+  and the compiled build of this checkout's sources (``ours compiled``; made first, and left out with
+  ``--pure-only`` or where it cannot be made: no Cython or C compiler);
 - **drgn**, 0.3.0 ``stack_trace`` of the same tasks, in each configuration of ``benchkit.DRGN_CHILD``
   (``benchkit.drgn_modes``): **regs**, its bare unwinder from a ``struct pt_regs`` of the registers it
   starts the task with, the slim image its only kernel file, no type lookups; **types**, from the task
@@ -45,15 +48,20 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import (DRGN_CHILD, IMPORT_ROOT, OURS_PEER_CHILD, REPO, TIMED, PeerCore, drgn_args,  # noqa: E402
-                      drgn_modes, peer_cores, peer_keys, run_child, same_pcs)
+from benchkit import (DRGN_CHILD, IMPORT_ROOT, OURS_PEER_CHILD, REPO, TIMED, PeerCore, compiled_build,  # noqa: E402
+                      drgn_args, drgn_modes, peer_cores, peer_keys, run_child, same_pcs)
 
 ARCHES = ("arm64", "x86_64", "riscv")
 
 
-def sides(arch: str) -> tuple[str, ...]:
-    """The sides walked on each peer vmcore of ``arch``, in the order each round runs them."""
-    return (*(f"drgn {m}" for m in drgn_modes(arch)), "ours")
+def sides(arch: str, builds: tuple[str, ...]) -> tuple[str, ...]:
+    """The sides walked on each peer vmcore of ``arch``, in the order each round runs them: ``ours`` is the
+    pure-Python build, ``ours compiled`` the compiled one."""
+    return (*(f"drgn {m}" for m in drgn_modes(arch)), *(_ours(b) for b in builds))
+
+
+def _ours(build: str) -> str:
+    return "ours" if build == "pure" else f"ours {build}"
 
 
 OURS_CORPUS = IMPORT_ROOT + TIMED + r"""
@@ -78,9 +86,9 @@ SUMMED = ("tasks", "frames", "warm", "warm_wall", "k_tasks", "k_frames", "k_warm
 
 def side_run(drgn_python: str, side: str, pc: PeerCore, passes: int, keys: str) -> dict[str, Any]:
     """One child of ``side`` on the peer vmcore ``pc``."""
-    if side == "ours":
+    if side.startswith("ours"):
         return run_child(sys.executable, OURS_PEER_CHILD, str(REPO), pc.arch, str(pc.core), str(pc.slim),
-                         str(passes), keys)
+                         str(passes), keys, build="pure" if side == "ours" else side.split()[1])
     return run_child(drgn_python, DRGN_CHILD, *drgn_args(side.split()[1], pc, passes, keys))
 
 
@@ -111,7 +119,7 @@ def validation(first: dict[str, dict[str, Any]]) -> dict[str, Any]:
     def named(pcs: list[int], names: dict[str, str]) -> list[str]:
         return [names.get(f"{p:#x}", f"{p:#x}") for p in pcs]
     out: dict[str, Any] = {}
-    for side in (x for x in first if x != "ours"):
+    for side in (x for x in first if not x.startswith("ours")):
         same, compared, differ = same_pcs(ours, first[side])
         out[side] = {"same": same, "compared": compared,
                      "differ": [{"task": k, "ours": named(a, ours["names"]), "drgn": named(b, first[side]["names"])}
@@ -134,8 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vmcores", type=Path, default=Path(os.environ.get("UNWIND_VMCORES", "/work/lab-out/vmcores")),
                    help="the lab's full vmcores, DIR/<arch>/<stop>.elf, read instead of the committed slices")
     p.add_argument("--json", type=Path, help="write every child's figures here")
+    p.add_argument("--pure-only", action="store_true", help="leave the compiled build (unwind accel) out")
     a = p.parse_args(argv)
     arches = a.arch or list(ARCHES)
+    builds: tuple[str, ...] = ("pure",)
+    if not a.pure_only:
+        why = compiled_build()
+        if why is None:
+            builds += ("compiled",)
+        else:
+            print(f"the compiled build is left out: {why}", file=sys.stderr)
     started, load = datetime.now(timezone.utc).isoformat(timespec="seconds"), os.getloadavg()[0]
     runs: dict[str, list[dict]] = {}
     peer: dict[str, dict[str, dict[str, list[dict]]]] = {}
@@ -153,31 +169,36 @@ def main(argv: list[str] | None = None) -> int:
                 keys[pc], left_out[pc.name] = json.dumps(found[0]), found[1]
         for _ in range(a.rounds):
             for arch in arches:
-                runs.setdefault(f"{arch} corpus", []).append(
-                    run_child(sys.executable, OURS_CORPUS, str(REPO), arch, str(REPO / "corpora" / arch), str(a.passes)))
+                for build in builds:
+                    runs.setdefault(f"{arch} corpus" + ("" if build == "pure" else f" {build}"), []).append(
+                        run_child(sys.executable, OURS_CORPUS, str(REPO), arch, str(REPO / "corpora" / arch),
+                                  str(a.passes), build=build))
                 for pc in cores.get(arch, []):
                     if pc not in keys:
                         continue
                     by_side = peer.setdefault(arch, {}).setdefault(pc.name, {})
-                    first = {side: side_run(a.drgn_python, side, pc, a.passes, keys[pc]) for side in sides(arch)}
+                    first = {side: side_run(a.drgn_python, side, pc, a.passes, keys[pc])
+                             for side in sides(arch, builds)}
                     if pc.name not in checks:
                         checks[pc.name] = validation(first)
                     for side, r in first.items():
                         for k in ("keys", "pcs", "names", "user"):
                             r.pop(k, None)
                         by_side.setdefault(side, []).append(r)
-    out = {"rounds": a.rounds, "passes": a.passes, "datetime": started, "commit": commit(),
+    out = {"rounds": a.rounds, "passes": a.passes, "builds": list(builds), "datetime": started, "commit": commit(),
            "load": [load, os.getloadavg()[0]], "runs": runs, "peer": peer, "validation": checks,
            "left_out": left_out, "vmcores": {pc.name: str(pc.core) for cs in cores.values() for pc in cs}}
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     print(f"µs per frame, CPU / wall, median of {a.rounds} rounds (fastest of {a.passes} warm passes per child)\n")
-    print("| arch | corpus tasks / frames | ours fresh | ours warm |")
-    print("|---" * 4 + "|")
+    print("| arch | build | corpus tasks / frames | ours fresh | ours warm |")
+    print("|---" * 5 + "|")
     for arch in arches:
-        c = runs[f"{arch} corpus"]
-        print(f"| {arch} | {c[0]['tasks']} / {c[0]['frames']} | {per(c, 'fresh', 'frames'):.2f} / "
-              f"{per(c, 'fresh_wall', 'frames'):.2f} | {per(c, 'warm', 'frames'):.2f} / {per(c, 'warm_wall', 'frames'):.2f} |")
+        for build in builds:
+            c = runs[f"{arch} corpus" + ("" if build == "pure" else f" {build}")]
+            print(f"| {arch} | {build} | {c[0]['tasks']} / {c[0]['frames']} | {per(c, 'fresh', 'frames'):.2f} / "
+                  f"{per(c, 'fresh_wall', 'frames'):.2f} | {per(c, 'warm', 'frames'):.2f} / "
+                  f"{per(c, 'warm_wall', 'frames'):.2f} |")
     if peer:
         print("\nPeer vmcores: CPU µs per kernel frame over the kernel-only tasks (ratio: ÷ ours warm)\n")
         for arch, by_core in peer.items():
@@ -185,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{arch}: {o[0]['k_tasks']} kernel-only tasks of {o[0]['tasks']}, {o[0]['k_frames']} kernel frames")
             warm = per(o, "k_warm", "k_frames")
             print(f"  ours warm {warm or 0:.2f}, ours fresh {per(o, 'k_fresh', 'k_frames') or 0:.2f}")
-            for side in sides(arch)[:-1]:
+            for build in builds[1:]:
+                c = arch_rounds(by_core, _ours(build))
+                us = per(c, "k_warm", "k_frames")
+                print(f"  ours {build} warm {us or 0:.2f} ({(us or 0) / (warm or 1):.2f}×)")
+            for side in sides(arch, ()):
                 d = arch_rounds(by_core, side)
                 us = per(d, "k_warm", "k_frames")
                 print(f"  {side}: {us or 0:.2f} ({(us or 0) / (warm or 1):.2f}×), frames {d[0]['k_frames']}")

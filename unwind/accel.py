@@ -12,7 +12,7 @@ folder named after this Python and a digest of every listed ``.py`` and ``.pxd``
 
 and ``import unwind`` then loads those modules from there (:class:`CompiledFinder`). A changed source
 changes the digest, so a build is never used for source it was not made from. ``UNWIND_PURE=1`` runs
-the interpreted modules even where a build exists; ``UNWIND_ACCEL=DIR`` names the folder of builds
+the interpreted modules even where a build exists (the test suite sets it unless given ``0``); ``UNWIND_ACCEL=DIR`` names the folder of builds
 (default ``$UNWIND_CACHE/accel``).
 """
 
@@ -31,15 +31,17 @@ MODULES: dict[str, tuple[str, str]] = {
     "unwind.core.frame": ("unwind", "core/frame"),
     "unwind.core.stackinfo": ("unwind", "core/stackinfo"),
     "unwind.core.walk": ("unwind", "core/walk"),
+    "unwind.core.callsite": ("unwind", "core/callsite"),
     "unwind.arch.arm64.ptrauth": ("arch", "arm64/ptrauth"),
     "unwind.arch.arm64.stacktrace": ("arch", "arm64/stacktrace"),
+    "unwind.arch.riscv.stacktrace": ("arch", "riscv/stacktrace"),
     "unwind.arch.x86_64.dumpstack": ("arch", "x86_64/dumpstack"),
     "unwind.arch.x86_64.orc": ("arch", "x86_64/orc"),
     "unwind.arch.x86_64.unwind_orc": ("arch", "x86_64/unwind_orc"),
 }
 
 #: Cython's settings: the hints are Python's (not C types); the types are the ``.pxd``'s alone
-DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": False, "embedsignature": True}
+DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": False}
 
 PURE_ENV = "UNWIND_PURE"
 ACCEL_ENV = "UNWIND_ACCEL"
@@ -86,10 +88,11 @@ def sources() -> dict[str, Path]:
 
 
 def build_dir() -> Path:
-    """The folder of the build of the current sources for this Python (whether or not it exists)."""
+    """The folder of the build of the current sources (and :data:`DIRECTIVES`) for this Python, whether or
+    not it exists."""
     import hashlib
 
-    h = hashlib.sha256()
+    h = hashlib.sha256(repr(sorted(DIRECTIVES.items())).encode())
     for key, path in sorted(sources().items()):
         h.update(key.encode() + b"\0" + path.read_bytes() + b"\0")
     return accel_root() / f"{sys.implementation.cache_tag}-{h.hexdigest()[:16]}"
@@ -139,7 +142,7 @@ class CompiledFinder:
 def install() -> None:
     """Put :class:`CompiledFinder` first on ``sys.meta_path`` when a folder of builds exists (and
     ``UNWIND_PURE`` is not set); called by ``import unwind``."""
-    if os.environ.get(PURE_ENV) or any(isinstance(f, CompiledFinder) for f in sys.meta_path):
+    if os.environ.get(PURE_ENV, "") not in ("", "0") or any(isinstance(f, CompiledFinder) for f in sys.meta_path):
         return
     root = accel_root()
     if root.is_dir():

@@ -22,8 +22,6 @@ prove; it never changes the frames the kernel reports.
 
 from __future__ import annotations
 
-import struct
-import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Sequence
@@ -49,9 +47,7 @@ from .structs import (FRAME_META_TYPE_FINAL, FRAME_META_TYPE_PT_REGS, FRAME_RECO
 if TYPE_CHECKING:
     from .complete import Completer
 
-_RECORD = struct.Struct("<QQ")  # struct frame_record {fp, lr} (structs.frame_record), decoded in one call
 _NO_WORDS = memoryview(b"").cast("Q")
-_LITTLE_ENDIAN = sys.byteorder == "little"  # the dumps' words are read as the host's (arm64 dumps are little-endian)
 # Enum members looked up once: a class attribute lookup costs more than a frame's arithmetic.
 _NO_FLAGS = Flag.NONE
 _PAC_STRIPPED = Flag.PAC_STRIPPED
@@ -317,17 +313,16 @@ class KunwindState:
             self.prov.read(addr, 8, value, what)
         return value
 
-    def read_bytes(self, addr: int, size: int, what: str) -> bytes:
-        """Captured bytes at ``addr``; the segment holding them is kept for the next record reads."""
+    def load_words(self, addr: int, size: int, what: str) -> None:
+        """Keep the captured segment holding ``[addr, addr + size)`` as 64-bit words for the record reads
+        (:meth:`Memory.words`); a missing word ends the walk."""
         try:
-            seg = self.mem.segment(addr, size)
+            words = self.mem.words(addr, size)
         except MemoryFault as e:
             raise UnwindStop(StopReason.MEMORY_FAULT, f"{what} at {addr:#x}: {e}") from None
-        start, data = seg.start, seg.data
-        if not start & 7 and _LITTLE_ENDIAN:  # its 64-bit words, for the aligned records read from it
-            self.seg_start, self.seg_words = start, memoryview(data)[:len(data) & ~7].cast("Q")
-            self.seg_last = len(data) - FRAME_RECORD_SIZE
-        return data[addr - start:addr - start + size]
+        if words is not None:
+            self.seg_start, self.seg_words = words
+            self.seg_last = 8 * len(self.seg_words) - FRAME_RECORD_SIZE  # the last record's offset
 
     def note(self, text: str) -> None:
         """Add a provenance note to the frame being built (record mode only)."""
@@ -448,12 +443,15 @@ def unwind_consume_stack(state: KunwindState, info: StackInfo, sp: int, size: in
 def _read_record(state: KunwindState, fp: int) -> tuple[int, int]:
     """``record->fp`` and ``record->lr`` of the aligned record at ``fp``; a missing word ends the walk."""
     off = fp - state.seg_start
+    if not 0 <= off <= state.seg_last:
+        state.load_words(fp, FRAME_RECORD_SIZE, "frame record")
+        off = fp - state.seg_start
     if 0 <= off <= state.seg_last:
         i = off >> 3
         words = state.seg_words
         new_fp, new_pc = words[i], words[i + 1]
-    else:
-        new_fp, new_pc = _RECORD.unpack(state.read_bytes(fp, FRAME_RECORD_SIZE, "frame record"))
+    else:  # a big-endian host
+        new_fp, new_pc = state.mem.read_u64(fp), state.mem.read_u64(fp + 8)
     if state.prov is not None:
         state.prov.read(fp, 8, new_fp, "record.fp")
         state.prov.read(fp + 8, 8, new_pc, "record.lr (raw)")

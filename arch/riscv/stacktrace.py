@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from functools import partial
 
 from unwind.core.frame import Flag, Frame, Provenance, Source
 from unwind.core.memory import MemoryFault
@@ -53,6 +54,7 @@ from .structs import (PT_REGS_MEMBERS, PT_REGS_TABLE, SR_SPP, STACK_ALIGN, UPPER
 MASK64 = (1 << 64) - 1
 
 _STACKFRAME = struct.Struct("<QQ")  # struct stackframe {fp, ra}, read in one go
+_NO_WORDS = memoryview(b"").cast("Q")
 #: walk_stackframe() passes the walked task, not current, to ftrace_graph_ret_addr(): 6.12 passes
 #: current, 7.2 the task (the release in between that changed it is not pinned down here)
 FGRAPH_OF_TASK_SINCE = (7, 0)
@@ -87,6 +89,8 @@ _COMPLETE = Flag.COMPLETE
 _NONE = Flag.NONE
 #: looked up once: an Enum member's class-attribute lookup costs more than a frame's arithmetic
 _SRC_FRAME = Source.FRAME
+_SRC_TASK = Source.TASK
+_END_OF_STACK = StopReason.END_OF_STACK
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,36 +228,34 @@ class RiscvUnwinder(Unwinder):
         """The generation followed and the pt_regs layout read, and why."""
         return dict(self.k.basis)
 
-    # the walk's state as it starts: class-level defaults, set per walk when they change, so a walk's
-    # set-up copies nothing it does not change
-    pc = fp = sp = 0
-    #: sp is the fp of a record the walk read (not the registers' or the saved context's sp)
-    sp_from_record = False
-    #: regs->epc/ra of the starting pt_regs (the leaf rule), None for a blocked task
-    regs_epc: int | None = None
-    regs_ra = 0
-    graph_idx = 0
-    #: pt_regs whose epc is the next pc to print (after an exception frame)
-    pending_regs: int | None = None
-    #: complete mode: (pc, ra, what) of a pc taken from registers whose caller may sit in ra
-    live: tuple[int, int, str] | None = None
-    #: complete mode: a frame to print next, and a hijacked return in flight found on the way
-    pending_frame: Frame | None = None
-    inflight = 0
-    #: complete mode: (sepc, sstatus) of a CPU stopped in the trap entry, printed after its pc
-    trap_entry: tuple[int, int] | None = None
-    #: complete mode: flags every frame beyond what the kernel prints carries
-    beyond = _NONE
-    #: complete mode, a CPU in firmware: the ra the walk started from (its record may repeat it)
-    firmware_ra: int | None = None
-    #: complete mode: rethook_find_ret_addr()'s ``*cur`` (-1: NULL, the list's head)
-    kr_cur = -1
-    #: ``(low, high, kind)`` of the stack the last label came from
-    _kind_cache: tuple[int, int, str | None] = (0, 0, None)
-    #: ``(start, end, data)`` of the captured segment the last record came from
-    _seg: tuple[int, int, bytes] = (0, 0, b"")
-
     def __init__(self, target: Target, layout: KernelLayout, prover: LiveRaProver | None) -> None:
+        # the walk's state as it starts
+        self.pc = self.fp = self.sp = 0
+        #: sp is the fp of a record the walk read (not the registers' or the saved context's sp)
+        self.sp_from_record = False
+        #: regs->epc/ra of the starting pt_regs (the leaf rule), None for a blocked task
+        self.regs_epc: int | None = None
+        self.regs_ra = 0
+        self.graph_idx = 0
+        #: pt_regs whose epc is the next pc to print (after an exception frame)
+        self.pending_regs: int | None = None
+        #: complete mode: (pc, ra, what) of a pc taken from registers whose caller may sit in ra
+        self.live: tuple[int, int, str] | None = None
+        #: complete mode: a frame to print next, and a hijacked return in flight found on the way
+        self.pending_frame: Frame | None = None
+        self.inflight = 0
+        #: complete mode: (sepc, sstatus) of a CPU stopped in the trap entry, printed after its pc
+        self.trap_entry: tuple[int, int] | None = None
+        #: complete mode: flags every frame beyond what the kernel prints carries
+        self.beyond = _NONE
+        #: complete mode, a CPU in firmware: the ra the walk started from (its record may repeat it)
+        self.firmware_ra: int | None = None
+        #: complete mode: rethook_find_ret_addr()'s ``*cur`` (-1: NULL, the list's head)
+        self.kr_cur = -1
+        #: ``(low, high, kind)`` of the stack the last label came from
+        self._kind_cache: tuple[int, int, str | None] = (0, 0, None)
+        # The captured segment the last record came from: records are read straight from its words.
+        self.seg_start, self.seg_words, self.seg_last = 0, _NO_WORDS, -1
         self.t = target
         self.k = layout
         self.mem = target.mem
@@ -428,7 +430,7 @@ class RiscvUnwinder(Unwinder):
         if self.record:
             prov = Provenance("walk_stackframe(task): pc = thread.ra, fp = thread.s[0], sp = thread.sp")
             prov.note(f"saved context: ra {self.pc:#x}, s0 {self.fp:#x}, sp {self.sp:#x}")
-        return Frame(self.pc, self.sp, self.fp, Source.TASK, self._kind(self.sp), _NONE, prov)
+        return Frame(self.pc, self.sp, self.fp, _SRC_TASK, self._kind(self.sp), _NONE, prov)
 
     # --- steps ------------------------------------------------------------------------------
 
@@ -470,11 +472,7 @@ class RiscvUnwinder(Unwinder):
             ra_slot = self._read(rec + STACKFRAME_RA, "frame->ra")
             if fp_is_valid(ra_slot, fp, ts):
                 return self._leaf_rule(rec, ra_slot)
-        lo, hi, data = self._seg
-        if lo <= rec and rec + STACKFRAME_SIZE <= hi:
-            new_fp, ra = _STACKFRAME.unpack_from(data, rec - lo)
-        else:
-            new_fp, ra = self._read_record(rec)
+        new_fp, ra = self._read_record(rec)
         callee = self.pc
         self.fp, self.sp, self.pc = new_fp, fp, ra
         self.sp_from_record = True
@@ -483,7 +481,7 @@ class RiscvUnwinder(Unwinder):
             prov = Provenance("frame record {fp, ra} at fp - 16")
             prov.read(rec + STACKFRAME_FP, 8, new_fp, "frame->fp")
             prov.read(rec + STACKFRAME_RA, 8, ra, "frame->ra")
-            prov.note(lambda: self._bounds_note(fp, sp))
+            prov.note(partial(self._bounds_note, fp, sp))
             if switch_note:
                 prov.note(switch_note)
         pc = ra
@@ -521,15 +519,26 @@ class RiscvUnwinder(Unwinder):
                      prov, extra={"complete": "return of a call the tracer is entering"})
 
     def _read_record(self, rec: int) -> tuple[int, int]:
-        """``{frame->fp, frame->ra}`` at ``rec``, remembering the captured segment that holds it."""
+        """``{frame->fp, frame->ra}`` of the aligned record at ``rec``, remembering the captured segment
+        that holds it."""
+        off = rec - self.seg_start
+        if 0 <= off <= self.seg_last:
+            i = off >> 3
+            words = self.seg_words
+            return words[i], words[i + 1]
         try:
-            seg = self.mem.segment(rec, STACKFRAME_SIZE)
+            words = self.mem.words(rec, STACKFRAME_SIZE)
         except MemoryFault:
-            pass
-        else:
-            self._seg = (seg.start, seg.end, seg.data)
-            return _STACKFRAME.unpack_from(seg.data, rec - seg.start)
-        try:  # not captured in one segment: Memory's read says why (excluded, not mapped, or absent)
+            words = None
+        if words is not None:  # its 64-bit words, for the records read from it next
+            self.seg_start, self.seg_words = words
+            self.seg_last = 8 * len(self.seg_words) - STACKFRAME_SIZE
+            off = rec - self.seg_start
+            if 0 <= off <= self.seg_last and not off & 7:
+                i = off >> 3
+                return self.seg_words[i], self.seg_words[i + 1]
+        # not captured in one segment, or not as words: Memory's read says why (excluded, not mapped, or absent)
+        try:
             data = self.mem.read(rec, STACKFRAME_SIZE)
         except MemoryFault as e:
             raise UnwindStop(StopReason.MEMORY_FAULT, f"frame record at {rec:#x}: {e}") from None
@@ -783,7 +792,7 @@ class RiscvUnwinder(Unwinder):
         """Why ``fp_is_valid()`` failed, as a stop reason."""
         fp, sp, pc = self.fp, self.sp, self.pc
         if fp == 0:
-            return Stop(StopReason.END_OF_STACK, FP_ZERO_DETAIL)
+            return Stop(_END_OF_STACK, FP_ZERO_DETAIL)
         if sp == self.task_pt_regs and (self.sp_from_record or self.t.task.regs is None):
             return self._first_frame_stop(fp, sp, pc)
         if fp & 7:
@@ -839,7 +848,7 @@ class RiscvUnwinder(Unwinder):
         there. The symbol's name is only reported.
         """
         # the end of every walk: the sentence is made when read
-        return Stop(StopReason.END_OF_STACK, lambda: first_frame_detail(self.t, self.pt, fp, sp, pc))
+        return Stop(_END_OF_STACK, partial(first_frame_detail, self.t, self.k.pt_regs, fp, sp, pc))
 
     def _bad_pc_stop(self, pc: int, fp: int, where: str) -> UnwindStop:
         if pc == 0 and fp == 0:

@@ -76,7 +76,14 @@ def test_the_peer_table_has_every_configuration_per_kernel_frame_and_its_ratio_t
     orc = _row(text, "drgn as users run it, ORC preferred")
     assert orc[1] == "no ORC on arm64"
     assert orc[3].startswith(f"{fmt_num(_per_kernel_frame('x86_64', 'drgn orc'))} µs CPU")
-    assert "does not exist" in _row(text, "ours, compiled build")[1]
+    compiled = _row(text, "ours, warm (compiled build)")
+    for i, arch in enumerate(("arm64", "x86_64")):
+        if any("ours compiled" in c for c in _raw()["peer"][arch].values()):
+            us = _per_kernel_frame(arch, "ours compiled")
+            assert compiled[1 + 2 * i].startswith(f"{fmt_num(us)} µs CPU")
+            assert compiled[2 + 2 * i] == f"{fmt_num(us / ours[arch])}×"
+        else:
+            assert compiled[1 + 2 * i] == "not measured"
     fresh = _row(text, "ours, fresh Session (pure-Python build)")
     cores = _raw()["peer"]["x86_64"].values()
     us = statistics.median(sum(c["ours"][i]["k_fresh"] for c in cores) / sum(c["ours"][i]["k_frames"] for c in cores)

@@ -20,6 +20,18 @@ def test_reads_inside_segments():
     assert m.read(0x101E, 2) == bytes([14, 15])
 
 
+def test_words_are_the_segments_little_endian_words():
+    m = Memory([Segment(0x1000, bytes(range(20))), Segment(0x2004, bytes(range(100, 120)))])
+    base, words = m.words(0x1008, 8)
+    assert base == 0x1000
+    assert list(words) == [m.read_u64(0x1000), m.read_u64(0x1008)]  # the 4 bytes past the last word left out
+    assert m.words(0x1000, 16)[1] is words  # made once per segment
+    base, words = m.words(0x2008, 8)  # a segment not 8-byte aligned: its words from the first aligned address
+    assert base == 0x2008 and list(words) == [m.read_u64(0x2008), m.read_u64(0x2010)]
+    with pytest.raises(MemoryFault):
+        m.words(0x1010, 8)
+
+
 @pytest.mark.parametrize("addr,size", [(0xFFF, 8), (0x101C, 8), (0x1020, 1), (0x2001, 8), (0x1800, 8), (0, 8)])
 def test_reads_outside_fault_with_address_and_size(addr, size):
     with pytest.raises(MemoryFault) as e:

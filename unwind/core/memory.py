@@ -11,11 +11,14 @@ from __future__ import annotations
 import bisect
 import itertools
 import struct
+import sys
 from dataclasses import dataclass
 from typing import Iterable
 
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
+#: the dumps' words are little-endian: a view of them as the host's 64-bit words is only made on such a host
+_LITTLE_ENDIAN_HOST = sys.byteorder == "little"
 
 
 class MemoryFault(Exception):
@@ -86,6 +89,8 @@ class Memory:
         self._sizes = list(itertools.accumulate((len(s.data) for s in segs), initial=0))
         # The last segment hit: stack walks read many words from one stack.
         self._hit: Segment | None = segs[0] if segs else None
+        #: :meth:`words` of each segment asked for, by its start
+        self._words: dict[int, tuple[int, memoryview]] = {}
 
     def _segment(self, addr: int, size: int) -> Segment:
         seg = self._hit
@@ -106,6 +111,19 @@ class Memory:
         """The captured segment holding ``[addr, addr + size)``; :class:`MemoryFault` (or the hole's
         fault) when none does."""
         return self._segment(addr, size)
+
+    def words(self, addr: int, size: int) -> tuple[int, memoryview] | None:
+        """The segment holding ``[addr, addr + size)`` as 64-bit words: ``(base, view)``, where ``view[i]`` is
+        the little-endian word at ``base + 8 * i`` (``base`` the segment's first 8-aligned address); made once
+        per segment. ``None`` on a big-endian host (read with :meth:`read_u64` there); a miss raises as
+        :meth:`segment` does."""
+        seg = self._segment(addr, size)
+        hit = self._words.get(seg.start)
+        if hit is None and _LITTLE_ENDIAN_HOST:
+            pad = -seg.start & 7
+            end = pad + ((len(seg.data) - pad) & ~7) if len(seg.data) > pad else pad
+            hit = self._words[seg.start] = (seg.start + pad, memoryview(seg.data)[pad:end].cast("Q"))
+        return hit
 
     def captured(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """The captured parts of ``[lo, hi)`` as ``(start, end)`` ranges in address order."""

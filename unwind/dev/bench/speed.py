@@ -29,7 +29,9 @@ TARGET_STARTUP_MS = 200.0
 _PEER_SUMMED = ("tasks", "frames", "warm", "warm_wall", "k_tasks", "k_frames", "k_warm", "k_warm_wall", "k_fresh",
                 "k_fresh_wall", "user_frames")
 #: the sides of speed_peer.py on a peer vmcore (``drgn orc`` on x86-64 only)
-_PEER_SIDES = ("ours", "drgn regs", "drgn types", "drgn orc", "drgn dwarf")
+_PEER_SIDES = ("ours", "ours compiled", "drgn regs", "drgn types", "drgn orc", "drgn dwarf")
+#: the builds of ours (unwind.accel): the side of each on a peer vmcore, and the suffix of its corpus runs
+_BUILDS = (("pure", "ours", ""), ("compiled", "ours compiled", " compiled"))
 #: the drgn configurations of the peer table: side, name, what it does per frame
 DRGN_CONFIGS = (
     ("drgn regs", "drgn from `pt_regs` (its bare unwinder)",
@@ -112,16 +114,18 @@ def peer_archs(peer: dict[str, Any] | None) -> dict[str, PeerArch]:
     return out
 
 
-def _single_goals(arch: str, corpus: list[dict[str, Any]], p: PeerArch | None) -> list[Goal]:
-    """The single-task targets of ``arch``: warm and fresh Session, per frame."""
+def _single_goals(arch: str, corpus: list[dict[str, Any]], p: PeerArch | None, build: str = "pure",
+                  side: str = "ours") -> list[Goal]:
+    """The single-task targets of ``arch`` on ``build``: warm and fresh Session, per frame."""
     fresh, warm = _per(corpus, "fresh"), _per(corpus, "warm")
-    name = f"single-task warm, {arch}"
+    of = "" if build == "pure" else f" ({build} build)"
+    name = f"single-task warm, {arch}{of}"
     goal = f"≤ {fmt_num(TARGET_WARM_US)} µs/frame (CPU), Session.replay, call-site check on"
     if warm is None:
         return [Goal(name, goal, "not measured", "–", "not measured: speed_peer.json has no corpus run")]
-    if p is not None and p.frame("drgn regs"):
-        ours, drgn = p.frame("ours"), p.frame("drgn regs")
-        vs = (f"{_times(ours, drgn)} drgn's time per frame from `pt_regs` (same {p.first('ours', 'k_tasks')} "
+    if p is not None and p.frame("drgn regs") and p.frame(side):
+        ours, drgn = p.frame(side), p.frame("drgn regs")
+        vs = (f"{_times(ours, drgn)} drgn's time per frame from `pt_regs` (same {p.first(side, 'k_tasks')} "
               f"tasks: ours {fmt_num(ours or 0)}, drgn {fmt_num(drgn or 0)} µs)")
     else:
         vs = "no drgn peer (drgn has no riscv unwinder)" if arch == "riscv" else "not measured"
@@ -130,7 +134,7 @@ def _single_goals(arch: str, corpus: list[dict[str, Any]], p: PeerArch | None) -
                   verdict(warm <= TARGET_WARM_US, warm / TARGET_WARM_US), vs)]
     if fresh is not None:
         extra = fresh - warm
-        goals.append(Goal(f"single-task fresh Session, {arch}", f"≤ warm + {fmt_num(TARGET_FRESH_EXTRA_US)} µs/frame",
+        goals.append(Goal(f"single-task fresh Session, {arch}{of}", f"≤ warm + {fmt_num(TARGET_FRESH_EXTRA_US)} µs/frame",
                           f"{_pair(fresh, _per(corpus, 'fresh_wall'))}: warm + {fmt_num(extra)} µs",
                           f"{fmt_num(extra / TARGET_FRESH_EXTRA_US)}× the allowance",
                           verdict(extra <= TARGET_FRESH_EXTRA_US, extra / TARGET_FRESH_EXTRA_US),
@@ -192,7 +196,9 @@ def speed_goals(folder: Path) -> list[Goal]:
     archs = peer_archs(peer)
     goals: list[Goal] = []
     for arch in ARCH_ORDER:
-        goals += _single_goals(arch, runs.get(f"{arch} corpus", []), archs.get(arch))
+        for build, side, suffix in _BUILDS:
+            if build == "pure" or runs.get(f"{arch} corpus{suffix}"):
+                goals += _single_goals(arch, runs.get(f"{arch} corpus{suffix}", []), archs.get(arch), build, side)
     goals += [_batch_goal(arch, batch) for arch in ARCH_ORDER]
     return goals + _startup_goals(start)
 
@@ -247,7 +253,8 @@ def _peer_lines(archs: dict[str, PeerArch], rounds: Any, peer: dict[str, Any]) -
         return cell
     row("ours, warm (pure-Python build)", measured("ours"))
     row("ours, fresh Session (pure-Python build)", measured("ours", fresh=True))
-    row("ours, compiled build", lambda p: ("does not exist (no compiled build of `unwind` yet)", "–"))
+    row("ours, warm (compiled build)", lambda p: measured("ours compiled")(p) or ("not measured", "–"))
+    row("ours, fresh Session (compiled build)", lambda p: measured("ours compiled", fresh=True)(p) or ("not measured", "–"))
     for side, name, _ in DRGN_CONFIGS:
         row(name, lambda p, side=side: measured(side)(p) or (("no ORC on arm64", "–") if side == "drgn orc" else None))
     L += md_table(("configuration", *(h for a in shown for h in (f"{a}: per kernel frame", f"{a}: ÷ ours warm"))),
@@ -264,8 +271,8 @@ def _peer_lines(archs: dict[str, PeerArch], rounds: Any, peer: dict[str, Any]) -
              "the vmcore, the call-site check and a `Frame`; the stop reason. **Fresh**: the first pass in a "
              "Session just loaded, which pays the Session's and its image's one-time work (their caches "
              "filled, the call sites decided) over one vmcore's few frames; the goals table's fresh figure "
-             "spreads it over the committed corpora's. There is no compiled build: the figures are the "
-             "pure-Python modules'.")
+             "spreads it over the committed corpora's. Both builds (`unwind.accel`): the pure-Python modules, "
+             "and the same modules compiled with Cython from their own source (`unwind accel build`).")
     for _, name, what in DRGN_CONFIGS:
         L.append(f"- **{name}**: {what}.")
     L += ["", "Validation: the kernel pcs of each task, ours against each drgn configuration (first round):", ""]

@@ -1,0 +1,44 @@
+cimport cython
+from unwind.core.stackinfo cimport StackInfo, StackSet
+from unwind.core.frame cimport Frame
+from unwind.core.walk cimport Unwinder
+
+cpdef bint fp_is_valid(object fp, object sp, object thread_size)
+
+cpdef bint kernel_text_address(object addr, tuple text)
+
+cdef class RiscvUnwinder(Unwinder):
+    cdef public object t, k, mem, ts, prover
+    cdef public bint record, complete
+    cdef public StackSet stacks
+    cdef public tuple text0, exc_frame
+    cdef public object return_to_handler, rethook_trampolines, task_pt_regs
+    cdef public object fgraph_all, fgraph_kernel, fgraph_lacks, fg_cursor
+    cdef public object pc, fp, sp
+    cdef public bint sp_from_record
+    cdef public object regs_epc, regs_ra, graph_idx, pending_regs, live, pending_frame, inflight, trap_entry
+    cdef public object beyond, firmware_ra, kr_cur
+    cdef public tuple _kind_cache
+    cdef public object seg_start
+    cdef const unsigned long long[:] seg_words
+    cdef public object seg_last
+
+    @cython.locals(info=StackInfo)
+    cpdef _kind(self, object addr)
+
+    cpdef _next_frame_record(self)
+
+    @cython.locals(i=cython.Py_ssize_t)
+    cpdef tuple _read_record(self, object rec)
+
+    cpdef _init_from_task(self, object ctx)
+
+    cpdef _invalid_fp_stop(self)
+
+    cpdef _first_frame_stop(self, object fp, object sp, object pc)
+
+    cpdef _leaf_rule(self, object rec, object ra_slot)
+
+    cpdef _exception_frame(self, object rec, object flags, object prov)
+
+    cpdef _next_regs_pc(self)

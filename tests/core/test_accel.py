@@ -1,0 +1,84 @@
+"""The compiled build (``unwind accel``): the same output as the interpreted modules, used only when made
+from the source that runs, and a clear line where it cannot be made.
+
+The byte-for-byte check is the snapshot (``tests/snapshot``) run on the compiled build: every committed
+dump and vmcore in every output mode prints what the interpreted modules printed when it was recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from unwind import accel
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(env: dict[str, str], *args: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, **env}
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=full, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _needs_compiler() -> None:
+    pytest.importorskip("Cython", reason="needs Cython (pip install '.[accel]')")
+    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None and shutil.which("cc") is None:
+        pytest.skip(f"needs a C compiler ({cc})")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A compiled build of this checkout's sources, in a folder of its own."""
+    _needs_compiler()
+    root = tmp_path_factory.mktemp("accel")
+    r = _run({"UNWIND_ACCEL": str(root)}, "-m", "unwind", "accel", "build", "-j", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return root
+
+
+def test_every_module_runs_compiled_from_a_build(built: Path) -> None:
+    r = _run({"UNWIND_ACCEL": str(built), "UNWIND_PURE": ""}, "-m", "unwind", "accel", "status")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(accel.MODULES)
+    assert all(line.startswith("compiled ") and str(built) in line for line in lines), r.stdout
+
+
+def test_compiled_build_prints_what_the_snapshot_recorded(built: Path) -> None:
+    r = _run({"UNWIND_ACCEL": str(built), "UNWIND_PURE": ""}, "-m", "tests.snapshot.record", "--check",
+             timeout=1800)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+
+def test_pure_runs_the_sources_even_with_a_build(built: Path) -> None:
+    r = _run({"UNWIND_ACCEL": str(built), "UNWIND_PURE": "1"}, "-m", "unwind", "accel", "status")
+    assert r.returncode == 0, r.stderr
+    assert all(line.startswith("pure ") for line in r.stdout.splitlines()), r.stdout
+
+
+def test_a_build_of_other_sources_is_not_used(tmp_path: Path) -> None:
+    # a build folder whose digest is not this source's: a module file there must not be loaded
+    stale = tmp_path / f"{sys.implementation.cache_tag}-0000000000000000" / "unwind" / "core"
+    stale.mkdir(parents=True)
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    (stale / f"frame{suffix}").write_bytes(b"not a module")
+    r = _run({"UNWIND_ACCEL": str(tmp_path), "UNWIND_PURE": ""}, "-m", "unwind", "accel", "status")
+    assert r.returncode == 0, r.stderr
+    assert all(line.startswith("pure ") for line in r.stdout.splitlines()), r.stdout
+
+
+def test_build_without_cython_is_one_line(tmp_path: Path) -> None:
+    code = ("import sys; sys.modules['Cython'] = None; sys.modules['Cython.Build'] = None\n"
+            "from unwind.__main__ import console; sys.argv = ['unwind', 'accel', 'build']; console()")
+    r = _run({"UNWIND_ACCEL": str(tmp_path)}, "-c", code)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "needs Cython" in r.stderr, r.stderr
+    assert not any(tmp_path.iterdir())

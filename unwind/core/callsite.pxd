@@ -1,0 +1,14 @@
+cimport cython
+from unwind.core.frame cimport Frame
+
+cdef class CallSite:
+    cdef public object status, flag, _addr, _code, _backend, _insn, _later
+
+cdef class CallSiteChecker:
+    cdef public object backend, image
+    cdef public dict _cache
+
+    cpdef CallSite check(self, object ret)
+
+    @cython.locals(frame=Frame, site=CallSite, flags=cython.Py_ssize_t)
+    cpdef annotate_frames(self, list frames)
