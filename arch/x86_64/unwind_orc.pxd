@@ -28,7 +28,6 @@ cdef class OrcUnwinder(Unwinder):
     cdef public Frame last
     cdef public object _seg_lo
     cdef public Py_ssize_t _seg_last
-    cdef public object _seg_data
     cdef const unsigned long long[:] _seg_words
 
     @cython.locals(i=cython.Py_ssize_t, off=object)

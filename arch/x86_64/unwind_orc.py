@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import bisect
 import struct
-import sys
 import weakref
-from array import array
 from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
@@ -53,16 +51,6 @@ _END_OF_STACK = StopReason.END_OF_STACK
 #: not looked up yet (``orc_find()`` may answer ``None``)
 _UNSEEN = object()
 _U64 = struct.Struct("<Q").unpack_from
-
-
-def _words(data: bytes) -> memoryview:
-    """The little-endian 64-bit words of ``data`` (its whole words), as the host reads them."""
-    whole = len(data) & ~7
-    if sys.byteorder == "little":
-        return memoryview(data).cast("Q") if whole == len(data) else memoryview(data)[:whole].cast("Q")
-    words = array("Q", data[:whole])
-    words.byteswap()
-    return memoryview(words)
 
 
 #: TOP_OF_KERNEL_STACK_PADDING (asm/thread_info.h) of x86-64: 0, or 2 * 8 with CONFIG_X86_FRED (v6.9+)
@@ -415,8 +403,8 @@ class OrcUnwinder(Unwinder):
         #: the FGRAPH/KRETPROBE bits (``Flag`` values) when this step's ip was recovered
         self.recovered = 0
         self.last: Frame | None = None
-        #: the captured segment of the last read: ``_seg_data`` at ``_seg_lo``, its whole words ``_seg_words``,
-        #: its last word at offset ``_seg_last`` (none read yet: -1)
+        #: the 64-bit words of the captured segment of the last read (:meth:`Memory.words`): ``_seg_words``
+        #: from ``_seg_lo`` on, the last at offset ``_seg_last`` (none read yet: -1)
         self._seg_lo, self._seg_last = 0, -1
         self.target = target
         self.task = target.task
@@ -466,15 +454,18 @@ class OrcUnwinder(Unwinder):
     def read_word(self, addr: int) -> int:
         """The 64-bit word at ``addr``; :class:`MemoryFault` when it was not captured."""
         off = addr - self._seg_lo
-        if 0 <= off <= self._seg_last:
-            if off & 7:
-                return _U64(self._seg_data, off)[0]
+        if 0 <= off <= self._seg_last and not off & 7:
             i = off >> 3
             return self._seg_words[i]
-        seg = self.mem.segment(addr, 8)
-        lo, data = seg.start, seg.data
-        self._seg_lo, self._seg_last, self._seg_data, self._seg_words = lo, len(data) - 8, data, _words(data)
-        return _U64(data, addr - lo)[0]
+        words = self.mem.words(addr, 8)
+        if words is not None:  # its segment's 64-bit words, for the words read from it next
+            self._seg_lo, self._seg_words = words
+            self._seg_last = 8 * len(self._seg_words) - 8
+            off = addr - self._seg_lo
+            if 0 <= off <= self._seg_last and not off & 7:
+                i = off >> 3
+                return self._seg_words[i]
+        return self.mem.read_u64(addr)  # unaligned, or no words on this host
 
     #: the reader handed to :class:`Regs` (a class attribute: a bound method kept on the walk would make a
     #: reference cycle, and every walk garbage for the cyclic collector)
