@@ -58,6 +58,21 @@ def test_compiled_build_prints_what_the_snapshot_recorded(built: Path) -> None:
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
 
 
+def test_the_batch_runs_on_the_compiled_build(built: Path) -> None:
+    # the lockstep batch keeps objects of the compiled modules as weak keys (a checker without an image)
+    code = ("import glob\nfrom unwind import accel\nfrom unwind.session.replay import load_session\n"
+            "assert accel.compiled()\n"
+            "s = load_session(sorted(glob.glob('corpora/arm64/7.2.13+deb14-arm64/stop-*.bin.xz'))[0])\n"
+            "batch = s.replay_all(symbolize=False, lockstep=True)\n"
+            "one = [s.replay(t, symbolize=False) for t in s.select(every=True)]\n"
+            "assert [[f.pc for f in r.frames] for r in batch] == [[f.pc for f in r.frames] for r in one]\n"
+            "assert [str(r.stop) for r in batch] == [str(r.stop) for r in one]\n"
+            "print(len(one))\n")
+    r = _run({"UNWIND_ACCEL": str(built), "UNWIND_PURE": ""}, "-c", code)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert int(r.stdout) > 1
+
+
 def test_pure_runs_the_sources_even_with_a_build(built: Path) -> None:
     r = _run({"UNWIND_ACCEL": str(built), "UNWIND_PURE": "1"}, "-m", "unwind", "accel", "status")
     assert r.returncode == 0, r.stderr

@@ -7,6 +7,7 @@ cdef class CallSite:
 cdef class CallSiteChecker:
     cdef public object backend, image
     cdef public dict _cache
+    cdef object __weakref__  # the batch keeps its verdicts per checker where there is no image
 
     cpdef CallSite check(self, object ret)
 
