@@ -28,6 +28,7 @@ from typing import Sequence
 #: the compiled modules: name -> (root, path below it without suffix); the ``unwind`` root is this
 #: package's folder, the ``arch`` root the ``unwind.arch`` package's (a checkout's ``arch/``)
 MODULES: dict[str, tuple[str, str]] = {
+    "unwind.core.memory": ("unwind", "core/memory"),
     "unwind.core.frame": ("unwind", "core/frame"),
     "unwind.core.stackinfo": ("unwind", "core/stackinfo"),
     "unwind.core.walk": ("unwind", "core/walk"),

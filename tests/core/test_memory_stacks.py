@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from unwind.core.memory import Memory, MemoryFault, Segment
+from unwind.core.memory import ExcludedPage, Memory, MemoryFault, Segment, WordCursor
 from unwind.core.stackinfo import Refusal, StackInfo, StackSet
 
 
@@ -30,6 +30,122 @@ def test_words_are_the_segments_little_endian_words():
     assert base == 0x2008 and list(words) == [m.read_u64(0x2008), m.read_u64(0x2010)]
     with pytest.raises(MemoryFault):
         m.words(0x1010, 8)
+
+
+def _word_at(addr: int) -> int:
+    """The word the synthetic segments below hold at each 8-aligned address: its address, marked."""
+    return 0xA5 << 56 | addr
+
+
+def _words_from(start: int, n: int) -> bytes:
+    return b"".join(_word_at(a).to_bytes(8, "little") for a in range(start, start + 8 * n, 8))
+
+
+class _CountingMemory(Memory):
+    """Counts the segments asked for as words; ``as_words=False`` plays a host with no word view."""
+
+    def __init__(self, segments: list[Segment], as_words: bool = True, **kw: object) -> None:
+        super().__init__(segments, **kw)  # type: ignore[arg-type]
+        self.loads = 0
+        self.as_words = as_words
+
+    def words(self, addr: int, size: int) -> tuple[int, memoryview] | None:
+        self.loads += 1
+        got = super().words(addr, size)
+        return got if self.as_words else None
+
+
+#: a segment starting 4 bytes before its first word and ending 4 bytes past its last (0x1ff8), then one
+#: 4 bytes above it (its words from 0x2008 to 0x2018, 4 bytes on each side), and one apart (0x3000)
+_SEGMENTS = [Segment(0xFFC, b"\xee" * 4 + _words_from(0x1000, 0x200) + b"\xdd" * 4),
+             Segment(0x2004, b"\x22" * 4 + _words_from(0x2008, 3) + b"\x11" * 4),
+             Segment(0x3000, _words_from(0x3000, 8))]
+
+
+def _bytes_at(addr: int, size: int) -> bytes | None:
+    """The ``size`` bytes at ``addr`` as built above, or None when no one segment holds them."""
+    for seg in _SEGMENTS:
+        if seg.start <= addr and addr + size <= seg.end:
+            return seg.data[addr - seg.start:addr - seg.start + size]
+    return None
+
+
+def test_word_cursor_reads_a_kept_segment_and_loads_on_a_miss():
+    m = _CountingMemory(_SEGMENTS)
+    c = WordCursor(m)
+    assert c.word(0x1010) == _word_at(0x1010) and m.loads == 1
+    assert c.pair(0x1100) == (_word_at(0x1100), _word_at(0x1108)) and m.loads == 1  # a hit: no load
+    assert c.word(0x1FF0) == _word_at(0x1FF0) and c.pair(0x1FF0) == (_word_at(0x1FF0), _word_at(0x1FF8))
+    assert c.word(0x1FF8) == _word_at(0x1FF8) and m.loads == 1  # the segment's last word
+    assert c.word(0x3008) == _word_at(0x3008) and m.loads == 2  # a miss: the other segment is kept
+    assert c.pair(0x3000) == (_word_at(0x3000), _word_at(0x3008)) and m.loads == 2
+    assert c.pair(0x1000) == (_word_at(0x1000), _word_at(0x1008)) and m.loads == 3
+
+
+def test_word_cursor_reads_unaligned_and_partial_words_through_memory():
+    c = WordCursor(Memory(_SEGMENTS))
+    assert c.word(0x1010) == _word_at(0x1010)
+    # unaligned, in the kept segment: the bytes across two words
+    assert c.word(0x1014) == int.from_bytes(_word_at(0x1010).to_bytes(8, "little")[4:]
+                                            + _word_at(0x1018).to_bytes(8, "little")[:4], "little")
+    assert c.pair(0x1004) == tuple(int.from_bytes(_bytes_at(a, 8), "little") for a in (0x1004, 0x100C))
+    # the bytes before the first word and past the last are no word of the view, yet captured
+    assert c.word(0xFFC) == int.from_bytes(b"\xee" * 4 + _word_at(0x1000).to_bytes(8, "little")[:4], "little")
+    assert c.word(0x1FFC) == int.from_bytes(_word_at(0x1FF8).to_bytes(8, "little")[4:] + b"\xdd" * 4, "little")
+    assert c.pair(0x1FF4)[1] == int.from_bytes(_bytes_at(0x1FFC, 8), "little")
+    assert c.word(0x2018) == _word_at(0x2018)  # a segment not 8-aligned: its whole words, then its tail
+    assert c.word(0x201C) == int.from_bytes(_word_at(0x2018).to_bytes(8, "little")[4:] + b"\x11" * 4, "little")
+
+
+@pytest.mark.parametrize("addr,size", [(0x1FFC, 8 * 2), (0x1FF8, 8 * 2), (0x2000, 8), (0x2018, 8 * 2),
+                                        (0x1FFC + 1, 8), (0x0, 8), (0x3038, 8 * 2), (0x3040, 8)])
+def test_word_cursor_faults_where_no_one_segment_holds_the_words(addr, size):
+    m = Memory(_SEGMENTS)
+    c = WordCursor(m)
+    c.word(0x1FF8) if addr < 0x3000 else c.word(0x3038)  # the segment below addr kept
+    with pytest.raises(MemoryFault) as e:
+        c.word(addr) if size == 8 else c.pair(addr)
+    assert (e.value.addr, e.value.size) == (addr, size)
+    assert c.word(0x1000) == _word_at(0x1000)  # a fault leaves the cursor usable
+
+
+def test_word_cursor_straddling_two_adjacent_segments_faults():
+    m = Memory([Segment(0x1000, _words_from(0x1000, 2)), Segment(0x1010, _words_from(0x1010, 2))])
+    c = WordCursor(m)
+    assert c.pair(0x1000) == (_word_at(0x1000), _word_at(0x1008))
+    assert c.word(0x1008) == _word_at(0x1008) and c.word(0x1010) == _word_at(0x1010)
+    with pytest.raises(MemoryFault):
+        c.pair(0x1008)  # one word in each segment: not a record captured in one segment
+
+
+def test_word_cursor_raises_a_holes_fault():
+    c = WordCursor(Memory(_SEGMENTS, holes=[(0x5000, 0x6000, ExcludedPage)]))
+    with pytest.raises(ExcludedPage):
+        c.pair(0x5008)
+    with pytest.raises(ExcludedPage):
+        c.word(0x5ff8)
+
+
+def test_word_cursor_without_a_word_view_reads_through_memory():
+    m = _CountingMemory(_SEGMENTS, as_words=False)
+    c = WordCursor(m)
+    assert c.word(0x1010) == _word_at(0x1010) and c.pair(0x3000) == (_word_at(0x3000), _word_at(0x3008))
+    with pytest.raises(MemoryFault):
+        c.pair(0x1FF8)
+
+
+@given(st.lists(st.tuples(st.integers(0xFF0, 0x3050), st.booleans()), max_size=30))
+def test_word_cursor_reads_what_the_segments_hold(reads):
+    c = WordCursor(Memory(_SEGMENTS))
+    for addr, two in reads:
+        size = 16 if two else 8
+        want = _bytes_at(addr, size)
+        if want is None:
+            with pytest.raises(MemoryFault):
+                c.pair(addr) if two else c.word(addr)
+        else:
+            got = c.pair(addr) if two else (c.word(addr),)
+            assert got == tuple(int.from_bytes(want[k:k + 8], "little") for k in range(0, size, 8))
 
 
 @pytest.mark.parametrize("addr,size", [(0xFFF, 8), (0x101C, 8), (0x1020, 1), (0x2001, 8), (0x1800, 8), (0, 8)])

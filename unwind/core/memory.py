@@ -17,6 +17,7 @@ from typing import Iterable
 
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
+_U64_PAIR = struct.Struct("<QQ")
 #: the dumps' words are little-endian: a view of them as the host's 64-bit words is only made on such a host
 _LITTLE_ENDIAN_HOST = sys.byteorder == "little"
 
@@ -68,6 +69,10 @@ class Segment:
     def end(self) -> int:
         """First address past the segment."""
         return self.start + len(self.data)
+
+
+#: the words of no segment (a :class:`WordCursor` before its first read)
+_NO_WORDS = memoryview(b"").cast("Q")
 
 
 class Memory:
@@ -184,3 +189,52 @@ class Memory:
         """Return the little-endian 32-bit word at ``addr``."""
         seg = self._segment(addr, 4)
         return _U32.unpack_from(seg.data, addr - seg.start)[0]
+
+
+class WordCursor:
+    """Reads of 64-bit words from ``mem``'s segments as :meth:`Memory.words` gives them, the last segment kept.
+
+    A stack walk reads its words from one stack, mostly: a read in the kept segment is an index into its
+    words (``words`` from ``start`` on, the last at offset ``last``; none before the first read: -1). A read
+    elsewhere keeps the segment that holds it; one that is unaligned, or on a host with no word view, is read
+    through :class:`Memory`. A read not wholly inside one captured segment raises :class:`MemoryFault` (or
+    the hole's fault), as :meth:`Memory.segment` does.
+    """
+
+    __slots__ = ("mem", "start", "words", "last")
+
+    def __init__(self, mem: Memory) -> None:
+        self.mem = mem
+        self.start = 0
+        self.words = _NO_WORDS
+        self.last = -1
+
+    def _load(self, addr: int, size: int) -> None:
+        """Keep the words of the segment holding ``[addr, addr + size)``."""
+        words = self.mem.words(addr, size)
+        if words is not None:
+            self.start, self.words = words
+            self.last = 8 * len(self.words) - 8
+
+    def word(self, addr: int) -> int:
+        """The little-endian 64-bit word at ``addr``."""
+        off = addr - self.start
+        if not (0 <= off <= self.last and not off & 7):
+            self._load(addr, 8)
+            off = addr - self.start
+            if not (0 <= off <= self.last and not off & 7):  # unaligned, or no words on this host
+                return self.mem.read_u64(addr)
+        i = off >> 3
+        return self.words[i]
+
+    def pair(self, addr: int) -> tuple[int, int]:
+        """The little-endian 64-bit words at ``addr`` and ``addr + 8``, captured in one segment."""
+        off = addr - self.start
+        if not (0 <= off < self.last and not off & 7):
+            self._load(addr, 16)
+            off = addr - self.start
+            if not (0 <= off < self.last and not off & 7):  # unaligned, or no words on this host
+                return _U64_PAIR.unpack(self.mem.read(addr, 16))
+        i = off >> 3
+        words = self.words
+        return words[i], words[i + 1]
