@@ -1,6 +1,7 @@
 cimport cython
 from unwind.core.stackinfo cimport StackInfo, StackSet
 from unwind.core.frame cimport Frame
+from unwind.core.memory cimport WordCursor
 from unwind.arch.arm64.ptrauth cimport ptrauth_strip_kernel_insn_pac, ptrauth_clear_pac
 
 cdef class KunwindState:
@@ -14,9 +15,7 @@ cdef class KunwindState:
     cdef public object return_to_handler, kretprobe_trampoline, fgraph, kretprobes, prov
     cdef public bint record
     cdef public object fgraph_lacks, kretprobes_lacks
-    cdef public object seg_start
-    cdef const unsigned long long[:] seg_words
-    cdef public object seg_last
+    cdef public WordCursor cursor
 
 @cython.locals(cur=StackInfo)
 cpdef unwind_find_stack(KunwindState state, object sp, object size, str what)
@@ -38,5 +37,4 @@ cdef class Arm64Unwinder(Unwinder):
     cdef public KunwindState state
     cdef public object completer, _pending, _deferred, _stack_obj, _stack_label
 
-@cython.locals(i=cython.Py_ssize_t, off=object)
 cpdef tuple _read_record(KunwindState state, object fp)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from unwind.core.frame import FLAGS as _FLAGS
 from unwind.core.frame import Flag, Frame, Provenance, Source
-from unwind.core.memory import Memory, MemoryFault
+from unwind.core.memory import Memory, MemoryFault, WordCursor
 from unwind.core.stackinfo import Refusal, StackInfo, StackSet
 from unwind.core.target import FgraphEntry, KretprobeInstance, Target
 from unwind.core.walk import Stop, StopReason, Unwinder, UnwindStop, stop_on_lost_entries
@@ -47,7 +47,6 @@ from .structs import (FRAME_META_TYPE_FINAL, FRAME_META_TYPE_PT_REGS, FRAME_RECO
 if TYPE_CHECKING:
     from .complete import Completer
 
-_NO_WORDS = memoryview(b"").cast("Q")
 # Enum members looked up once: a class attribute lookup costs more than a frame's arithmetic.
 _NO_FLAGS = Flag.NONE
 _PAC_STRIPPED = Flag.PAC_STRIPPED
@@ -272,8 +271,7 @@ class KunwindState:
     __slots__ = ("fp", "pc", "stacks", "graph_idx", "kr_cur", "source", "flags", "regs",
                  "mem", "meta_records", "kunwind", "first_pc_recovered", "fgraph_idx", "layout", "final_fp",
                  "pac_mask", "return_to_handler", "kretprobe_trampoline", "fgraph", "kretprobes", "prov", "record",
-                 "fgraph_lacks", "kretprobes_lacks",
-                 "seg_start", "seg_words", "seg_last")
+                 "fgraph_lacks", "kretprobes_lacks", "cursor")
 
     def __init__(self, target: Target, gen: Generation, layout: PtRegsLayout, consts: DumpConstants) -> None:
         task = target.task
@@ -300,8 +298,8 @@ class KunwindState:
         self.flags = Flag.NONE
         self.regs: int | None = None
         self.prov: Provenance | None = None
-        # The captured segment the last record came from: records are read straight from its words.
-        self.seg_start, self.seg_words, self.seg_last = 0, _NO_WORDS, -1
+        # the records are read from the words of the captured segment the last one came from
+        self.cursor = WordCursor(self.mem)
 
     def read_u64(self, addr: int, what: str) -> int:
         """``READ_ONCE()`` of a captured word; a missing word ends the walk."""
@@ -312,17 +310,6 @@ class KunwindState:
         if self.prov is not None:
             self.prov.read(addr, 8, value, what)
         return value
-
-    def load_words(self, addr: int, size: int, what: str) -> None:
-        """Keep the captured segment holding ``[addr, addr + size)`` as 64-bit words for the record reads
-        (:meth:`Memory.words`); a missing word ends the walk."""
-        try:
-            words = self.mem.words(addr, size)
-        except MemoryFault as e:
-            raise UnwindStop(StopReason.MEMORY_FAULT, f"{what} at {addr:#x}: {e}") from None
-        if words is not None:
-            self.seg_start, self.seg_words = words
-            self.seg_last = 8 * len(self.seg_words) - FRAME_RECORD_SIZE  # the last record's offset
 
     def note(self, text: str) -> None:
         """Add a provenance note to the frame being built (record mode only)."""
@@ -442,20 +429,14 @@ def unwind_consume_stack(state: KunwindState, info: StackInfo, sp: int, size: in
 # READ_ONCE(record->fp), READ_ONCE(record->lr)
 def _read_record(state: KunwindState, fp: int) -> tuple[int, int]:
     """``record->fp`` and ``record->lr`` of the aligned record at ``fp``; a missing word ends the walk."""
-    off = fp - state.seg_start
-    if not 0 <= off <= state.seg_last:
-        state.load_words(fp, FRAME_RECORD_SIZE, "frame record")
-        off = fp - state.seg_start
-    if 0 <= off <= state.seg_last:
-        i = off >> 3
-        words = state.seg_words
-        new_fp, new_pc = words[i], words[i + 1]
-    else:  # a big-endian host
-        new_fp, new_pc = state.mem.read_u64(fp), state.mem.read_u64(fp + 8)
+    try:
+        record = state.cursor.pair(fp)
+    except MemoryFault as e:
+        raise UnwindStop(StopReason.MEMORY_FAULT, f"frame record at {fp:#x}: {e}") from None
     if state.prov is not None:
-        state.prov.read(fp, 8, new_fp, "record.fp")
-        state.prov.read(fp + 8, 8, new_pc, "record.lr (raw)")
-    return new_fp, new_pc
+        state.prov.read(fp, 8, record[0], "record.fp")
+        state.prov.read(fp + 8, 8, record[1], "record.lr (raw)")
+    return record
 
 
 # unwind_next_frame_record() in asm/stacktrace/common.h (v6.12)
