@@ -1,6 +1,7 @@
 cimport cython
 from unwind.core.stackinfo cimport StackInfo, StackSet
 from unwind.core.frame cimport Frame
+from unwind.core.memory cimport WordCursor
 from unwind.core.walk cimport Unwinder
 
 cpdef bint fp_is_valid(object fp, object sp, object thread_size)
@@ -19,16 +20,13 @@ cdef class RiscvUnwinder(Unwinder):
     cdef public object regs_epc, regs_ra, graph_idx, pending_regs, live, pending_frame, inflight, trap_entry
     cdef public object beyond, firmware_ra, kr_cur
     cdef public tuple _kind_cache
-    cdef public object seg_start
-    cdef const unsigned long long[:] seg_words
-    cdef public object seg_last
+    cdef public WordCursor cursor
 
     @cython.locals(info=StackInfo)
     cpdef _kind(self, object addr)
 
     cpdef _next_frame_record(self)
 
-    @cython.locals(i=cython.Py_ssize_t)
     cpdef tuple _read_record(self, object rec)
 
     cpdef _init_from_task(self, object ctx)

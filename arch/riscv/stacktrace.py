@@ -30,12 +30,11 @@ source and provenance.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from functools import partial
 
 from unwind.core.frame import Flag, Frame, Provenance, Source
-from unwind.core.memory import MemoryFault
+from unwind.core.memory import MemoryFault, WordCursor
 from unwind.core.stackinfo import StackInfo, StackSet
 from unwind.core.target import Target
 from unwind.formats.vmcore.vmcoreinfo import vmcoreinfo_number
@@ -53,8 +52,6 @@ from .structs import (PT_REGS_MEMBERS, PT_REGS_TABLE, SR_SPP, STACK_ALIGN, UPPER
 
 MASK64 = (1 << 64) - 1
 
-_STACKFRAME = struct.Struct("<QQ")  # struct stackframe {fp, ra}, read in one go
-_NO_WORDS = memoryview(b"").cast("Q")
 #: walk_stackframe() passes the walked task, not current, to ftrace_graph_ret_addr(): 6.12 passes
 #: current, 7.2 the task (the release in between that changed it is not pinned down here)
 FGRAPH_OF_TASK_SINCE = (7, 0)
@@ -254,11 +251,11 @@ class RiscvUnwinder(Unwinder):
         self.kr_cur = -1
         #: ``(low, high, kind)`` of the stack the last label came from
         self._kind_cache: tuple[int, int, str | None] = (0, 0, None)
-        # The captured segment the last record came from: records are read straight from its words.
-        self.seg_start, self.seg_words, self.seg_last = 0, _NO_WORDS, -1
         self.t = target
         self.k = layout
         self.mem = target.mem
+        #: the records are read from the words of the captured segment the last one came from
+        self.cursor = WordCursor(target.mem)
         self.ts = layout.thread_size
         self.record = target.options.record
         self.complete = target.options.complete
@@ -521,28 +518,10 @@ class RiscvUnwinder(Unwinder):
     def _read_record(self, rec: int) -> tuple[int, int]:
         """``{frame->fp, frame->ra}`` of the aligned record at ``rec``, remembering the captured segment
         that holds it."""
-        off = rec - self.seg_start
-        if 0 <= off <= self.seg_last:
-            i = off >> 3
-            words = self.seg_words
-            return words[i], words[i + 1]
         try:
-            words = self.mem.words(rec, STACKFRAME_SIZE)
-        except MemoryFault:
-            words = None
-        if words is not None:  # its 64-bit words, for the records read from it next
-            self.seg_start, self.seg_words = words
-            self.seg_last = 8 * len(self.seg_words) - STACKFRAME_SIZE
-            off = rec - self.seg_start
-            if 0 <= off <= self.seg_last and not off & 7:
-                i = off >> 3
-                return self.seg_words[i], self.seg_words[i + 1]
-        # not captured in one segment, or not as words: Memory's read says why (excluded, not mapped, or absent)
-        try:
-            data = self.mem.read(rec, STACKFRAME_SIZE)
+            return self.cursor.pair(rec)
         except MemoryFault as e:
             raise UnwindStop(StopReason.MEMORY_FAULT, f"frame record at {rec:#x}: {e}") from None
-        return _STACKFRAME.unpack_from(data, 0)
 
     # stacktrace.c:83-86 walk_stackframe(): regs && regs->epc == pc && fp_is_valid(frame->ra, sp): the leaf rule
     def _leaf_rule(self, rec: int, ra_slot: int) -> Frame:
