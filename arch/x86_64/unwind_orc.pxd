@@ -1,5 +1,6 @@
 cimport cython
 from unwind.core.frame cimport Frame
+from unwind.core.memory cimport WordCursor
 from unwind.core.walk cimport Unwinder
 from unwind.arch.x86_64.dumpstack cimport StackInfo, StackFinder
 from unwind.arch.x86_64.orc cimport OrcEntry
@@ -26,11 +27,8 @@ cdef class OrcUnwinder(Unwinder):
     cdef public object graph_idx, kr_cur
     cdef public Py_ssize_t recovered
     cdef public Frame last
-    cdef public object _seg_lo
-    cdef public Py_ssize_t _seg_last
-    cdef const unsigned long long[:] _seg_words
+    cdef public WordCursor cursor
 
-    @cython.locals(i=cython.Py_ssize_t, off=object)
     cpdef object read_word(self, object addr)
     @cython.locals(info=StackInfo)
     cpdef bint stack_access_ok(self, object addr, object length)

@@ -24,7 +24,7 @@ from unwind.core.dumpinfo import ModuleInfo, ModuleOrc
 from unwind.core.frame import FLAGS as _FLAGS
 from unwind.core.frame import Flag, Frame, Provenance, Source
 from unwind.kernel.symbols import Symbol
-from unwind.core.memory import Memory, MemoryFault
+from unwind.core.memory import Memory, MemoryFault, WordCursor
 from unwind.core.target import Target, Task
 from unwind.core.walk import Stop, StopReason, Unwinder, UnwindStop, stop_on_lost_entries
 from unwind.kernel.fgraph import fgraph_idx, ftrace_graph_ret_addr
@@ -403,12 +403,11 @@ class OrcUnwinder(Unwinder):
         #: the FGRAPH/KRETPROBE bits (``Flag`` values) when this step's ip was recovered
         self.recovered = 0
         self.last: Frame | None = None
-        #: the 64-bit words of the captured segment of the last read (:meth:`Memory.words`): ``_seg_words``
-        #: from ``_seg_lo`` on, the last at offset ``_seg_last`` (none read yet: -1)
-        self._seg_lo, self._seg_last = 0, -1
         self.target = target
         self.task = target.task
         self.mem = target.mem
+        #: the words are read from the captured segment of the last read
+        self.cursor = WordCursor(target.mem)
         self.record = target.options.record
         c = target.shared.get("x86_64 table")
         if c is None or c.table is not table:
@@ -453,19 +452,7 @@ class OrcUnwinder(Unwinder):
     # READ_ONCE_NOCHECK(): a word of captured memory (the segment of the last read is kept)
     def read_word(self, addr: int) -> int:
         """The 64-bit word at ``addr``; :class:`MemoryFault` when it was not captured."""
-        off = addr - self._seg_lo
-        if 0 <= off <= self._seg_last and not off & 7:
-            i = off >> 3
-            return self._seg_words[i]
-        words = self.mem.words(addr, 8)
-        if words is not None:  # its segment's 64-bit words, for the words read from it next
-            self._seg_lo, self._seg_words = words
-            self._seg_last = 8 * len(self._seg_words) - 8
-            off = addr - self._seg_lo
-            if 0 <= off <= self._seg_last and not off & 7:
-                i = off >> 3
-                return self._seg_words[i]
-        return self.mem.read_u64(addr)  # unaligned, or no words on this host
+        return self.cursor.word(addr)
 
     #: the reader handed to :class:`Regs` (a class attribute: a bound method kept on the walk would make a
     #: reference cycle, and every walk garbage for the cyclic collector)
