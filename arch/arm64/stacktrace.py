@@ -54,6 +54,8 @@ _BOUNDARY_V = Flag.BOUNDARY.value
 _SRC_FRAME = Source.FRAME
 _SRC_REGS_PC = Source.REGS_PC
 _SRC_UNKNOWN = Source.UNKNOWN
+_SRC_CALLER = Source.CALLER
+_SRC_TASK = Source.TASK
 
 #: the first kernel whose unwind() recovers the first pc too (unwind_recover_return_address()) and strips
 #: a PAC with ptrauth_strip_kernel_insn_pac(): "arm64: stacktrace: recover return address for first
@@ -294,8 +296,8 @@ class KunwindState:
         self.pc = 0
         self.graph_idx = 0
         self.kr_cur = -1  # NULL: the list's head
-        self.source = Source.UNKNOWN
-        self.flags = Flag.NONE
+        self.source = _SRC_UNKNOWN
+        self.flags = _NO_FLAGS
         self.regs: int | None = None
         self.prov: Provenance | None = None
         # the records are read from the words of the captured segment the last one came from
@@ -320,8 +322,8 @@ class KunwindState:
 # kunwind_init()
 def kunwind_init(state: KunwindState) -> None:
     """Start on no stack, with no source, no flags and no regs."""
-    state.source = Source.UNKNOWN
-    state.flags = Flag.NONE
+    state.source = _SRC_UNKNOWN
+    state.flags = _NO_FLAGS
     state.regs = None
 
 
@@ -331,7 +333,7 @@ def kunwind_init_from_regs(state: KunwindState, regs: dict[str, int]) -> None:
     kunwind_init(state)
     state.fp = regs["x29"]
     state.pc = regs["pc"]
-    state.source = Source.REGS_PC
+    state.source = _SRC_REGS_PC
 
 
 # kunwind_init_from_caller()
@@ -340,7 +342,7 @@ def kunwind_init_from_caller(state: KunwindState, context: dict[str, int]) -> No
     kunwind_init(state)
     state.fp = context["fp"]
     state.pc = context["pc"]
-    state.source = Source.CALLER
+    state.source = _SRC_CALLER
 
 
 # kunwind_init_from_task()
@@ -349,7 +351,7 @@ def kunwind_init_from_task(state: KunwindState, context: dict[str, int]) -> None
     kunwind_init(state)
     state.fp = context["fp"]
     state.pc = context["pc"]
-    state.source = Source.TASK
+    state.source = _SRC_TASK
 
 
 # ---------------------------------------------------------------------------
@@ -471,7 +473,7 @@ def kunwind_next_regs_pc(state: KunwindState) -> None:
     state.regs = regs
     state.pc = state.read_u64(regs + layout.pc, "pt_regs.pc")
     state.fp = state.read_u64(regs + layout.reg(29), "pt_regs.regs[29]")
-    state.source = Source.REGS_PC
+    state.source = _SRC_REGS_PC
 
 
 # kunwind_next_frame_record_meta() (v6.13+)
