@@ -225,3 +225,20 @@ def test_flat_memory_words_are_the_memories_bytes(aligned: bool) -> None:
             assert (start[k], end[k]) == (0, 0) if not holding else start[k] == holding[0]
         else:
             assert start[k] == w
+
+
+def test_checkers_of_images_without_text_share_one_memo(corpus) -> None:
+    """A checker whose image has no text answers ``unknown`` to every address: the batch keeps those verdicts
+    once per arch, not once per session (each fresh session would decide them all again)."""
+    from unwind.session import batch
+
+    arch, sessions = corpus
+    textless = [s for s in sessions if s.callsites.image is None]
+    if len(textless) < 2:
+        pytest.skip(f"fewer than two {arch} corpus dumps of an image without text")
+    again = [load_session(s.dump.path) for s in textless[:2]]
+    assert again[0].callsites is not again[1].callsites
+    assert {batch.verdict_owner(s.callsites) for s in again} == {batch._NO_TEXT}
+    replay_all(again, lockstep=True)
+    assert arch in batch._VERDICTS[batch._NO_TEXT]
+    assert not any(s.callsites in batch._VERDICTS for s in again)

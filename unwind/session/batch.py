@@ -481,14 +481,27 @@ class Memo:
         return self.values[i]
 
 
-#: per image (or per checker, without one), per arch: its call-site verdicts as flag bits by return address
+#: per image (or :data:`_NO_TEXT`), per arch: its call-site verdicts as flag bits by return address
 _VERDICTS: "WeakKeyDictionary[object, dict[str, Memo]]" = WeakKeyDictionary()
+
+
+class _NoText:
+    """What the verdicts of a checker whose image has no text depend on: nothing of the checker's own
+    (``CallSiteChecker._check()`` answers ``unknown`` to every address), so all such checkers share them."""
+
+
+_NO_TEXT = _NoText()
+
+
+def verdict_owner(checker: "CallSiteChecker") -> object:
+    """What ``checker``'s verdicts depend on (with its arch): its image, or :data:`_NO_TEXT`."""
+    return checker.image if checker.image is not None else _NO_TEXT
 
 
 def apply_call_sites(checker: "CallSiteChecker", pcs: np.ndarray, flags: np.ndarray) -> np.ndarray:
     """Each frame's call-site flag (:meth:`unwind.core.callsite.CallSiteChecker.annotate`) from ``checker``'s
     cached verdicts; a pc from exception registers is not checked."""
-    memos = _VERDICTS.setdefault(checker.image if checker.image is not None else checker, {})
+    memos = _VERDICTS.setdefault(verdict_owner(checker), {})
     memo = memos.get(checker.backend.name)
     if memo is None:
         memo = memos[checker.backend.name] = Memo()
@@ -667,7 +680,8 @@ def narrowed(go: np.ndarray, n: int, *arrays: np.ndarray) -> tuple[np.ndarray, .
 
 
 def _finish_flags(group: list[Job], walked: Walked) -> None:
-    """The call-site flags of every batched frame, once per image (sessions of one image share its verdicts)."""
+    """The call-site flags of every batched frame, once per image (sessions of one image share its verdicts, and
+    so do all sessions of images without text)."""
     flags = walked.flags
     lanes, pcs = walked.lanes, walked.pcs
     groups: dict[int, int] = {}
@@ -675,9 +689,10 @@ def _finish_flags(group: list[Job], walked: Walked) -> None:
     image_of_job = []
     for job in group:
         checker = job.session.callsites
-        g = groups.get(checker.cache_key)
+        key = id(verdict_owner(checker))
+        g = groups.get(key)
         if g is None:
-            g = groups[checker.cache_key] = len(checkers)
+            g = groups[key] = len(checkers)
             checkers.append(checker)
         image_of_job.append(g)
     if len(checkers) == 1:
