@@ -118,8 +118,8 @@ def batch_walk(jobs: list[Job]) -> Walked:
                                  exc_lo, exc_span]), text_lo, text_span])[:, keep]
     fp, sp, pc = fp[keep], sp[keep], pc[keep]
     live = np.ones(len(fp), bool)
-    words = flat.words
-    fp_word, ra_word = STACKFRAME_FP // 8, STACKFRAME_RA // 8
+    # the record's fp and ra words: the words read from two places
+    fp_words, ra_words = flat.words[STACKFRAME_FP // 8:], flat.words[STACKFRAME_RA // 8:]
     step = 1
     while True:
         top, ts1, align_mask, task_pt_regs, lo16, hi, delta, lanes, rth, exc_lo, exc_span = state[:11]
@@ -130,15 +130,15 @@ def batch_walk(jobs: list[Job]) -> Walked:
         # its natural ends: a zero fp, and the first frame of the task (the record's fp, now sp, is task_pt_regs)
         invalid = room ^ valid
         zero = invalid & (fp == 0)
-        if zero.any():
+        if np.count_nonzero(zero):
             rec.stop(lanes[zero], _FP_ZERO)
         first = (invalid ^ zero) & (sp == task_pt_regs)
-        if first.any():
+        if np.count_nonzero(first):
             rec.stop(lanes[first], _FIRST_FRAME, fp[first], sp[first], pc[first])
         # the record {fp, ra} at fp - 16, on the task stack and in the lane's captured segment
         plain = valid & (lo16 <= fp) & (fp <= hi)
         at = word_index(fp, delta.view(np.int64))
-        new_fp, ra = words.take(at + fp_word, mode="clip"), words.take(at + ra_word, mode="clip")
+        new_fp, ra = fp_words.take(at, mode="clip"), ra_words.take(at, mode="clip")
         # ftrace_graph_ret_addr() and the exception frame need the scalar walk; the pc must be kernel text
         go = (plain & (ra != rth) & ((ra - exc_lo) >= exc_span)
               & kernel_text_lanes(ra, state[11:11 + _TEXT_RANGES], state[11 + _TEXT_RANGES:]))

@@ -113,7 +113,7 @@ class Tables:
         out = np.full(len(ip), -1, np.int64)
         for t in range(len(self.tables)):
             sel = table_of == t
-            if sel.any():
+            if np.count_nonzero(sel):
                 out[sel] = self._entries(t, ip[sel])
         return out
 
@@ -203,7 +203,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
         look = ip - not_signal
         entry = np.where(live, orc.orc_find(table_of.view(np.int64), look), -1)
         end = orc.end[entry]
-        if end.any():
+        if np.count_nonzero(end):
             rec.stop(lanes[end], _ORC_END, look[end])
         # ORC_TYPE_CALL, the CFA: sp or bp plus sp_offset (unwind_orc.c:514-578)
         cfa, call = add_offset(np.where(orc.cfa_from_bp[entry], bp, sp), orc.sp_offset[entry], orc.sp_negative[entry])
