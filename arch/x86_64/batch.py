@@ -81,6 +81,8 @@ class Tables:
     def __init__(self, tables: list[OrcTable]) -> None:
         self.tables = tables
         self.rows = [t.entry_rows for t in tables]
+        #: 0 to the number of tables: where each table's lanes start in a sorted ``table_of``, and the end
+        self._table_numbers = np.arange(len(tables) + 1, dtype=np.int64)
         columns = [t.entry_columns for t in tables]
         self.entry_base = np.cumsum([0] + [len(c["type"]) for c in columns[:-1]]).astype(np.int64)
 
@@ -107,14 +109,15 @@ class Tables:
     # orc_find() (unwind_orc.c), over lanes: the entry (an index into the joined columns), or -1 where
     # it finds nothing
     def orc_find(self, table_of: np.ndarray, ip: np.ndarray) -> np.ndarray:
-        """The entry of each lane's ip in its lane's table; negative where ``orc_find()`` has none."""
+        """The entry of each lane's ip in its lane's table; negative where ``orc_find()`` has none.
+        ``table_of`` is sorted: each table's lanes are one slice."""
         if len(self.tables) == 1:
             return self._entries(0, ip)
         out = np.full(len(ip), -1, np.int64)
-        for t in range(len(self.tables)):
-            sel = table_of == t
-            if np.count_nonzero(sel):
-                out[sel] = self._entries(t, ip[sel])
+        bounds = np.searchsorted(table_of, self._table_numbers).tolist()
+        for t, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            if lo < hi:
+                out[lo:hi] = self._entries(t, ip[lo:hi])
         return out
 
     def _entries(self, t: int, ip: np.ndarray) -> np.ndarray:
@@ -192,7 +195,12 @@ def batch_walk(jobs: list[Job]) -> Walked:
     lo, top = window(np.maximum(low, seg_lo), np.minimum(high, seg_hi))
     stext = text[:, 0, 0]
     state = np.stack([lo, top, delta.view(_U64), lanes, table_of.astype(_U64), rth, rethook, stext,
-                      np.where(text[:, 0, 1] > stext, text[:, 0, 1] - stext, _U64(0))])[:, keep]
+                      np.where(text[:, 0, 1] > stext, text[:, 0, 1] - stext, _U64(0))])
+    # the lanes walked on, ordered by their ORC table (stable: by lane within one), so that each table's
+    # lanes are one slice at every step (Tables.orc_find); a narrowing keeps their order
+    keep = np.flatnonzero(keep)
+    keep = keep[np.argsort(table_of[keep], kind="stable")]
+    state = state[:, keep]
     ip, sp, bp, not_signal = ip[keep], sp[keep], bp[keep], (~signal[keep]).astype(_U64)
     live = np.ones(len(ip), bool)
     step = 1
