@@ -49,6 +49,19 @@ class DumpConstants(batch.DumpConstants):
                  "kretprobe_trampoline", "pt_regs_size", "stackframe")
 
     @classmethod
+    def inputs(cls, job: Job) -> object | None:
+        """What :meth:`read` reads besides the image: the :class:`~unwind.core.target.Target` fields
+        ``Session.target()`` fills, less the task, its memory and the note's per-task facts (the constants
+        never read them: where ``sizeof(pt_regs)`` would come from a task's stack, :meth:`read` gives
+        ``None``). That is the options' generation, VMCOREINFO (the PAC mask) and the dump's facts (release,
+        pinned generation, symbol hints, offsets); the symbols must be the image's own."""
+        session = job.session
+        if session.image is None or session.symbols is not session.image.symbols:
+            return None  # a System.map, or the symbols of the dump's modules: the session's own
+        dump = session.dump
+        return cls, cls.key(job.options), dump.vmcoreinfo, dump.info._replace(cpus=(), stacks=(), blocked=())
+
+    @classmethod
     def read(cls, job: Job) -> "DumpConstants | None":
         target = job.session.target(job.tasks[0], job.options)
         if kernel_generation(target)[0] is None and _btf_meta_records(target)[0] is None:
@@ -67,7 +80,7 @@ class DumpConstants(batch.DumpConstants):
         c.return_to_handler = state.return_to_handler or 0
         c.kretprobe_trampoline = state.kretprobe_trampoline or 0
         c.pt_regs_size, c.stackframe = state.layout.size, state.layout.stackframe
-        c.basis_of = unwinder.basis
+        c._basis = unwinder.basis()  # made now: the scalar's per-dump basis, nothing of the session kept
         return c
 
 

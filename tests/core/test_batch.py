@@ -242,3 +242,46 @@ def test_checkers_of_images_without_text_share_one_memo(corpus) -> None:
     replay_all(again, lockstep=True)
     assert arch in batch._VERDICTS[batch._NO_TEXT]
     assert not any(s.callsites in batch._VERDICTS for s in again)
+
+
+def _slots(constants) -> dict:
+    """Every field of an arch's per-dump batch constants, the basis included."""
+    names = [n for cls in type(constants).__mro__ for n in getattr(cls, "__slots__", ()) if n not in ("basis_of", "_basis")]
+    return {n: getattr(constants, n) for n in names} | {"basis": constants.basis}
+
+
+def test_dumps_of_one_image_share_their_constants_and_each_reads_them_alike() -> None:
+    """arm64's per-dump constants are read once per image and inputs: every corpus dump's shared constants equal
+    the ones read from its own scalar unwinder, and dumps of one image with equal inputs share one object."""
+    from unwind.arch.arm64.batch import DumpConstants
+    from unwind.session.batch import Job
+
+    sessions = [load_session(p) for p in _dumps("arm64")]
+    by_image: dict[int, list] = {}
+    for s in sessions:
+        job = Job(s, s.dump.tasks(), Options())
+        shared, own = DumpConstants.of(job), DumpConstants.read(job)
+        assert (shared is None) == (own is None), s.dump.path
+        if shared is not None:
+            assert _slots(shared) == _slots(own), s.dump.path
+            by_image.setdefault(id(s.image), []).append((DumpConstants.inputs(job), shared))
+    pairs = [(a, b) for group in by_image.values() for a, b in zip(group, group[1:]) if a[0] == b[0]]
+    assert pairs, "no two arm64 corpus dumps of one image with equal inputs"
+    assert all(a[1] is b[1] for a, b in pairs)
+
+
+def test_a_dump_whose_inputs_differ_reads_its_own_constants() -> None:
+    """A dump of the same image whose VMCOREINFO names another PAC mask does not get the others' constants; nor
+    does one of an arch whose constants read the dump's own stacks (riscv: THREAD_SIZE, a derived pt_regs)."""
+    from unwind.arch.arm64.batch import DumpConstants
+    from unwind.arch.riscv.batch import DumpConstants as RiscvConstants
+    from unwind.session.batch import Job
+
+    path = _dumps("arm64")[-1]
+    a, b = load_session(path), load_session(path)
+    assert a.image is b.image
+    b.dump.vmcoreinfo = dict(b.dump.vmcoreinfo, **{"NUMBER(KERNELPACMASK)": "0xff7f000000000000"})
+    ca, cb = (DumpConstants.of(Job(s, s.dump.tasks(), Options())) for s in (a, b))
+    assert ca is not cb and cb.pac_mask == 0xff7f000000000000 != ca.pac_mask
+    riscv = [load_session(p) for p in _dumps("riscv")[:2]]
+    assert all(RiscvConstants.inputs(Job(s, s.dump.tasks(), Options())) is None for s in riscv)

@@ -314,13 +314,29 @@ class DumpConstants:
 
     @classmethod
     def of(cls, job: Job) -> "DumpConstants | None":
-        """The constants of ``job``'s dump under its options (kept with the session); ``None``: the batch
-        cannot take the dump, all its tasks go to the scalar walk."""
+        """The constants of ``job``'s dump under its options (kept with the session, and with the image for
+        the dumps that read alike: :meth:`inputs`); ``None``: the batch cannot take the dump, all its tasks go
+        to the scalar walk."""
         known = _CONSTANTS.setdefault(job.session, {})
         key = (cls, cls.key(job.options))
         if key not in known:
-            known[key] = cls.read(job)
+            known[key] = cls._shared(job)
         return known[key]
+
+    @classmethod
+    def _shared(cls, job: Job) -> "DumpConstants | None":
+        """:meth:`read` once per image and :meth:`inputs`: the constants of an earlier dump whose inputs are equal."""
+        inputs = cls.inputs(job) if job.session.image is not None else None
+        if inputs is None:
+            return cls.read(job)
+        seen = _SHARED.setdefault(job.session.image, [])
+        for other, constants in seen:
+            if other == inputs:
+                return constants
+        constants = cls.read(job)
+        if len(seen) < _SHARED_PER_IMAGE:
+            seen.append((inputs, constants))
+        return constants
 
     @staticmethod
     def key(options: Options) -> object:
@@ -328,12 +344,24 @@ class DumpConstants:
         return options.generation
 
     @classmethod
+    def inputs(cls, job: Job) -> object | None:
+        """Everything :meth:`read` reads of ``job`` besides its image, compared by equality: dumps of one
+        image with equal inputs share their constants. ``None`` (the default): read per dump (the constants
+        read the dump's stacks or memory, or an object of the session's own)."""
+        return None
+
+    @classmethod
     def read(cls, job: Job) -> "DumpConstants | None":
-        """The constants, read from a scalar unwinder of ``job``'s first task."""
+        """The constants, read from a scalar unwinder of ``job``'s first task. Constants shared between dumps
+        (:meth:`inputs`) hold nothing of the session's: no target, no unwinder."""
         raise NotImplementedError
 
 
 _CONSTANTS: "WeakKeyDictionary[Session, dict[tuple, DumpConstants | None]]" = WeakKeyDictionary()
+#: per image: the inputs (:meth:`DumpConstants.inputs`) and constants of the dumps read so far
+_SHARED: "WeakKeyDictionary[object, list[tuple[object, DumpConstants | None]]]" = WeakKeyDictionary()
+#: the most kinds of inputs kept per image (dumps of one kernel differ in few: their VMCOREINFO, the options)
+_SHARED_PER_IMAGE = 16
 
 
 class Lanes(NamedTuple):
