@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from unwind.session import batch
-from unwind.session.batch import Job, Walked, gather_lanes, locate_lanes, narrowed, word_index
+from unwind.session.batch import Job, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed, word_index
 from unwind.core.frame import Flag, Source
 from unwind.core.target import Task
 from unwind.core.walk import StopReason
@@ -50,16 +50,9 @@ class DumpConstants(batch.DumpConstants):
 
     @classmethod
     def inputs(cls, job: Job) -> object | None:
-        """What :meth:`read` reads besides the image: the :class:`~unwind.core.target.Target` fields
-        ``Session.target()`` fills, less the task, its memory and the note's per-task facts (the constants
-        never read them: where ``sizeof(pt_regs)`` would come from a task's stack, :meth:`read` gives
-        ``None``). That is the options' generation, VMCOREINFO (the PAC mask) and the dump's facts (release,
-        pinned generation, symbol hints, offsets); the symbols must be the image's own."""
-        session = job.session
-        if session.image is None or session.symbols is not session.image.symbols:
-            return None  # a System.map, or the symbols of the dump's modules: the session's own
-        dump = session.dump
-        return cls, cls.key(job.options), dump.vmcoreinfo, dump.info._replace(cpus=(), stacks=(), blocked=())
+        """:func:`~unwind.session.batch.dump_inputs`: the constants never read a task (where ``sizeof(pt_regs)``
+        would come from a task's stack, :meth:`read` gives ``None``)."""
+        return dump_inputs(cls, job)
 
     @classmethod
     def read(cls, job: Job) -> "DumpConstants | None":

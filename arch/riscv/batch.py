@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from unwind.session import batch
-from unwind.session.batch import Job, Walked, gather_lanes, locate_lanes, narrowed, word_index
+from unwind.session.batch import Job, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed, word_index
 from unwind.core.frame import Source
 from unwind.core.target import Task
 from unwind.core.walk import StopReason
@@ -42,6 +42,19 @@ class DumpConstants(batch.DumpConstants):
     __slots__ = ("text", "exc_frame", "return_to_handler", "pt")
 
     @classmethod
+    def inputs(cls, job: Job) -> object | None:
+        """:func:`~unwind.session.batch.dump_inputs`: the fields read (text, the exception frame,
+        ``return_to_handler``, ``pt_regs`` and the basis) read no task, unless ``pt_regs`` is derived from the
+        dump's stacks (:meth:`shareable`); THREAD_SIZE, the first task's, is none of them."""
+        return dump_inputs(cls, job)
+
+    @staticmethod
+    def shareable(constants: "batch.DumpConstants | None") -> bool:
+        """``pt_regs`` from BTF or the dump's offsets: a layout derived from the dump's stacks (or the table, where
+        the derivation found none) is the dump's own."""
+        return not isinstance(constants, DumpConstants) or constants.pt.source in ("btf", "dump")
+
+    @classmethod
     def read(cls, job: Job) -> "DumpConstants | None":
         target = job.session.target(job.tasks[0], job.options)
         unwinder = job.session.backend.unwinder(target)
@@ -57,7 +70,7 @@ class DumpConstants(batch.DumpConstants):
         # no symbol (-1): 0, which is never kernel text, so such a pc goes to the scalar walk anyway
         c.return_to_handler = max(unwinder.return_to_handler, 0)
         c.pt = unwinder.pt
-        c.basis_of = unwinder.basis
+        c._basis = unwinder.basis()  # made now: the scalar's per-dump basis, nothing of the session kept
         return c
 
 

@@ -250,13 +250,16 @@ def _slots(constants) -> dict:
     return {n: getattr(constants, n) for n in names} | {"basis": constants.basis}
 
 
-def test_dumps_of_one_image_share_their_constants_and_each_reads_them_alike() -> None:
-    """arm64's per-dump constants are read once per image and inputs: every corpus dump's shared constants equal
+@pytest.mark.parametrize("arch", ["arm64", "riscv"])
+def test_dumps_of_one_image_share_their_constants_and_each_reads_them_alike(arch: str) -> None:
+    """The per-dump constants are read once per image and inputs: every corpus dump's shared constants equal
     the ones read from its own scalar unwinder, and dumps of one image with equal inputs share one object."""
-    from unwind.arch.arm64.batch import DumpConstants
+    import importlib
+
     from unwind.session.batch import Job
 
-    sessions = [load_session(p) for p in _dumps("arm64")]
+    DumpConstants = importlib.import_module(f"unwind.arch.{arch}.batch").DumpConstants
+    sessions = [load_session(p) for p in _dumps(arch)]
     by_image: dict[int, list] = {}
     for s in sessions:
         job = Job(s, s.dump.tasks(), Options())
@@ -266,15 +269,13 @@ def test_dumps_of_one_image_share_their_constants_and_each_reads_them_alike() ->
             assert _slots(shared) == _slots(own), s.dump.path
             by_image.setdefault(id(s.image), []).append((DumpConstants.inputs(job), shared))
     pairs = [(a, b) for group in by_image.values() for a, b in zip(group, group[1:]) if a[0] == b[0]]
-    assert pairs, "no two arm64 corpus dumps of one image with equal inputs"
+    assert pairs, f"no two {arch} corpus dumps of one image with equal inputs"
     assert all(a[1] is b[1] for a, b in pairs)
 
 
 def test_a_dump_whose_inputs_differ_reads_its_own_constants() -> None:
-    """A dump of the same image whose VMCOREINFO names another PAC mask does not get the others' constants; nor
-    does one of an arch whose constants read the dump's own stacks (riscv: THREAD_SIZE, a derived pt_regs)."""
+    """A dump of the same image whose VMCOREINFO names another PAC mask does not get the others' constants."""
     from unwind.arch.arm64.batch import DumpConstants
-    from unwind.arch.riscv.batch import DumpConstants as RiscvConstants
     from unwind.session.batch import Job
 
     path = _dumps("arm64")[-1]
@@ -283,5 +284,32 @@ def test_a_dump_whose_inputs_differ_reads_its_own_constants() -> None:
     b.dump.vmcoreinfo = dict(b.dump.vmcoreinfo, **{"NUMBER(KERNELPACMASK)": "0xff7f000000000000"})
     ca, cb = (DumpConstants.of(Job(s, s.dump.tasks(), Options())) for s in (a, b))
     assert ca is not cb and cb.pac_mask == 0xff7f000000000000 != ca.pac_mask
-    riscv = [load_session(p) for p in _dumps("riscv")[:2]]
-    assert all(RiscvConstants.inputs(Job(s, s.dump.tasks(), Options())) is None for s in riscv)
+
+
+def test_constants_read_from_a_dumps_own_stacks_are_not_shared(monkeypatch) -> None:
+    """riscv's pt_regs derived from the dump's stacks (an image whose BTF lacks it, and no offsets in the note)
+    is that dump's own: two dumps of one image with equal inputs each read theirs."""
+    from weakref import WeakKeyDictionary
+
+    from unwind.arch.riscv import batch as riscv_batch
+    from unwind.kernel.layout import StructLayout
+    from unwind.session import batch
+    from unwind.session.batch import Job
+
+    monkeypatch.setattr(batch, "_SHARED", WeakKeyDictionary())
+    read = riscv_batch.DumpConstants.read
+
+    def derived(cls, job):  # the layout as derived_pt_regs() makes it, from the first task's stack
+        c = read(job)
+        c.pt = StructLayout("pt_regs", c.pt.size, dict(c.pt.offsets), "derived", "from the stack")
+        return c
+    monkeypatch.setattr(riscv_batch.DumpConstants, "read", classmethod(derived))
+    a, b = (load_session(p) for p in _dumps("riscv")[:2])
+    ja, jb = (Job(s, s.dump.tasks(), Options()) for s in (a, b))
+    assert a.image is b.image and riscv_batch.DumpConstants.inputs(ja) == riscv_batch.DumpConstants.inputs(jb)
+    ca, cb = riscv_batch.DumpConstants.of(ja), riscv_batch.DumpConstants.of(jb)
+    assert ca is not cb and ca.pt.source == cb.pt.source == "derived"
+    monkeypatch.setattr(riscv_batch.DumpConstants, "read", read)  # from BTF, as the image has it: shared
+    c, d = (load_session(p) for p in _dumps("riscv")[:2])
+    assert riscv_batch.DumpConstants.of(Job(c, c.dump.tasks(), Options())) is riscv_batch.DumpConstants.of(
+        Job(d, d.dump.tasks(), Options()))

@@ -334,7 +334,7 @@ class DumpConstants:
             if other == inputs:
                 return constants
         constants = cls.read(job)
-        if len(seen) < _SHARED_PER_IMAGE:
+        if len(seen) < _SHARED_PER_IMAGE and cls.shareable(constants):
             seen.append((inputs, constants))
         return constants
 
@@ -350,6 +350,12 @@ class DumpConstants:
         read the dump's stacks or memory, or an object of the session's own)."""
         return None
 
+    @staticmethod
+    def shareable(constants: "DumpConstants | None") -> bool:
+        """Do ``constants``, read for one dump, hold for every dump with its inputs (``False`` where what was read
+        came from the dump's own stacks after all)?"""
+        return True
+
     @classmethod
     def read(cls, job: Job) -> "DumpConstants | None":
         """The constants, read from a scalar unwinder of ``job``'s first task. Constants shared between dumps
@@ -358,6 +364,19 @@ class DumpConstants:
 
 
 _CONSTANTS: "WeakKeyDictionary[Session, dict[tuple, DumpConstants | None]]" = WeakKeyDictionary()
+
+
+def dump_inputs(cls: type[DumpConstants], job: Job) -> object | None:
+    """The inputs (:meth:`DumpConstants.inputs`) of constants read from the :class:`~unwind.core.target.Target`
+    fields ``Session.target()`` fills, less the task, its memory and the note's per-task facts: the options'
+    key, VMCOREINFO and the dump's facts (release, pinned generation, symbol hints, offsets, modules); the
+    symbols must be the image's own (``None`` otherwise: a System.map, or the symbols of the dump's modules)."""
+    session = job.session
+    if session.image is None or session.symbols is not session.image.symbols:
+        return None
+    dump = session.dump
+    return cls, cls.key(job.options), dump.vmcoreinfo, dump.info._replace(cpus=(), stacks=(), blocked=())
+
 #: per image: the inputs (:meth:`DumpConstants.inputs`) and constants of the dumps read so far
 _SHARED: "WeakKeyDictionary[object, list[tuple[object, DumpConstants | None]]]" = WeakKeyDictionary()
 #: the most kinds of inputs kept per image (dumps of one kernel differ in few: their VMCOREINFO, the options)
