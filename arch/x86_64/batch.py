@@ -23,13 +23,15 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from unwind.session import batch
-from unwind.session.batch import Job, Memo, Walked, gather_lanes, locate_lanes, narrowed, word_index
+from unwind.session.batch import Job, Memo, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed, word_index
 from unwind.core.frame import Source
 from unwind.core.target import Options, Task
 from unwind.core.walk import StopReason
+from unwind.kernel.layout import known_layout
 
 from .orc import (ORC_REG_BP, ORC_REG_PREV_SP, ORC_REG_SP, ORC_REG_UNDEFINED, ORC_TYPE_CALL, ORC_TYPE_END_OF_STACK,
                   OrcTable)
+from .structs import PT_REGS_MEMBERS
 from .unwind_orc import OrcUnwinder, orc_end_detail, task_on_another_cpu
 
 _U64 = np.uint64
@@ -52,6 +54,18 @@ class DumpConstants(batch.DumpConstants):
         return options.generation, options.orc_version
 
     @classmethod
+    def inputs(cls, job: Job) -> object | None:
+        """:func:`~unwind.session.batch.dump_inputs`: the ORC table, the text, ``inactive_task_frame`` and the
+        symbols read no task; the basis names ``pt_regs``, derived from the dump's stacks where neither BTF nor
+        the note states it (:meth:`shareable`)."""
+        return dump_inputs(cls, job)
+
+    @staticmethod
+    def shareable(constants: "batch.DumpConstants | None") -> bool:
+        """The basis made at :meth:`read` (``pt_regs`` stated by BTF or the note), not from the dump's stacks."""
+        return hasattr(constants, "_basis")
+
+    @classmethod
     def read(cls, job: Job) -> "DumpConstants":
         target = job.session.target(job.tasks[0], job.options)
         unwinder = job.session.backend.unwinder(target)
@@ -66,7 +80,10 @@ class DumpConstants(batch.DumpConstants):
         c.return_to_handler = unwinder.return_to_handler or 0
         c.rethook_trampoline = unwinder.rethook_trampoline or 0
         c.ret_from_fork_asm = unwinder.ret_from_fork_asm or 0
-        c.basis_of = unwinder.basis
+        if known_layout(target, "pt_regs", PT_REGS_MEMBERS) is not None:
+            c._basis = unwinder.basis()  # made now (pt_regs as BTF or the note states it): nothing of the session kept
+        else:
+            c.basis_of = unwinder.basis  # pt_regs derived from the dump's stacks when a replay first reads the basis
         return c
 
 

@@ -250,7 +250,7 @@ def _slots(constants) -> dict:
     return {n: getattr(constants, n) for n in names} | {"basis": constants.basis}
 
 
-@pytest.mark.parametrize("arch", ["arm64", "riscv"])
+@pytest.mark.parametrize("arch", ["arm64", "riscv", "x86_64"])
 def test_dumps_of_one_image_share_their_constants_and_each_reads_them_alike(arch: str) -> None:
     """The per-dump constants are read once per image and inputs: every corpus dump's shared constants equal
     the ones read from its own scalar unwinder, and dumps of one image with equal inputs share one object."""
@@ -313,3 +313,22 @@ def test_constants_read_from_a_dumps_own_stacks_are_not_shared(monkeypatch) -> N
     c, d = (load_session(p) for p in _dumps("riscv")[:2])
     assert riscv_batch.DumpConstants.of(Job(c, c.dump.tasks(), Options())) is riscv_batch.DumpConstants.of(
         Job(d, d.dump.tasks(), Options()))
+
+
+def test_x86_constants_whose_basis_reads_the_dumps_stacks_are_not_shared(monkeypatch) -> None:
+    """x86-64's basis names pt_regs, which is derived from the dump's stacks when neither BTF nor the note states
+    it: such constants are the dump's own (their basis made when read), not another dump's of the same image."""
+    from weakref import WeakKeyDictionary
+
+    from unwind.arch.x86_64 import batch as x86_batch
+    from unwind.session import batch
+    from unwind.session.batch import Job
+
+    monkeypatch.setattr(batch, "_SHARED", WeakKeyDictionary())
+    monkeypatch.setattr(x86_batch, "known_layout", lambda *a: None)  # as for an image whose BTF lacks pt_regs
+    a, b = (load_session(p) for p in _dumps("x86_64")[-2:])
+    ja, jb = (Job(s, s.dump.tasks(), Options()) for s in (a, b))
+    assert a.image is b.image and x86_batch.DumpConstants.inputs(ja) == x86_batch.DumpConstants.inputs(jb)
+    ca, cb = x86_batch.DumpConstants.of(ja), x86_batch.DumpConstants.of(jb)
+    assert ca is not cb
+    assert ca.basis == a.replay(ja.tasks[0]).basis and cb.basis == b.replay(jb.tasks[0]).basis
