@@ -32,6 +32,8 @@ MODULES: dict[str, tuple[str, str]] = {
     "unwind.core.stackinfo": ("unwind", "core/stackinfo"),
     "unwind.core.walk": ("unwind", "core/walk"),
     "unwind.core.callsite": ("unwind", "core/callsite"),
+    "unwind.core.target": ("unwind", "core/target"),
+    "unwind.session.result": ("unwind", "session/result"),
     "unwind.arch.arm64.ptrauth": ("arch", "arm64/ptrauth"),
     "unwind.arch.arm64.stacktrace": ("arch", "arm64/stacktrace"),
     "unwind.arch.riscv.stacktrace": ("arch", "riscv/stacktrace"),

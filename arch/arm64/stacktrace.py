@@ -55,6 +55,8 @@ _BOUNDARY_V = Flag.BOUNDARY.value
 _SRC_FRAME = Source.FRAME
 _SRC_REGS_PC = Source.REGS_PC
 _SRC_UNKNOWN = Source.UNKNOWN
+_SRC_CALLER = Source.CALLER
+_SRC_TASK = Source.TASK
 
 #: the first kernel whose unwind() recovers the first pc too (unwind_recover_return_address()) and strips
 #: a PAC with ptrauth_strip_kernel_insn_pac(): "arm64: stacktrace: recover return address for first
@@ -296,8 +298,8 @@ class KunwindState:
         self.pc = 0
         self.graph_idx = 0
         self.kr_cur = -1  # NULL: the list's head
-        self.source = Source.UNKNOWN
-        self.flags = Flag.NONE
+        self.source = _SRC_UNKNOWN
+        self.flags = _NO_FLAGS
         self.regs: int | None = None
         self.prov: Provenance | None = None
         # The captured segment the last record came from: records are read straight from its words.
@@ -333,8 +335,8 @@ class KunwindState:
 # kunwind_init()
 def kunwind_init(state: KunwindState) -> None:
     """Start on no stack, with no source, no flags and no regs."""
-    state.source = Source.UNKNOWN
-    state.flags = Flag.NONE
+    state.source = _SRC_UNKNOWN
+    state.flags = _NO_FLAGS
     state.regs = None
 
 
@@ -344,7 +346,7 @@ def kunwind_init_from_regs(state: KunwindState, regs: dict[str, int]) -> None:
     kunwind_init(state)
     state.fp = regs["x29"]
     state.pc = regs["pc"]
-    state.source = Source.REGS_PC
+    state.source = _SRC_REGS_PC
 
 
 # kunwind_init_from_caller()
@@ -353,7 +355,7 @@ def kunwind_init_from_caller(state: KunwindState, context: dict[str, int]) -> No
     kunwind_init(state)
     state.fp = context["fp"]
     state.pc = context["pc"]
-    state.source = Source.CALLER
+    state.source = _SRC_CALLER
 
 
 # kunwind_init_from_task()
@@ -362,7 +364,7 @@ def kunwind_init_from_task(state: KunwindState, context: dict[str, int]) -> None
     kunwind_init(state)
     state.fp = context["fp"]
     state.pc = context["pc"]
-    state.source = Source.TASK
+    state.source = _SRC_TASK
 
 
 # ---------------------------------------------------------------------------
@@ -490,7 +492,7 @@ def kunwind_next_regs_pc(state: KunwindState) -> None:
     state.regs = regs
     state.pc = state.read_u64(regs + layout.pc, "pt_regs.pc")
     state.fp = state.read_u64(regs + layout.reg(29), "pt_regs.regs[29]")
-    state.source = Source.REGS_PC
+    state.source = _SRC_REGS_PC
 
 
 # kunwind_next_frame_record_meta() (v6.13+)

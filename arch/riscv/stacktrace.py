@@ -568,7 +568,7 @@ class RiscvUnwinder(Unwinder):
         if not kernel_text_address(self.pc, self.k.text):
             raise self._bad_pc_stop(self.pc, self.fp, f"frame->ra at {rec + STACKFRAME_RA:#x}")
         self.pending_regs = self.sp
-        return Frame(self.pc, self.sp, self.fp, Source.FRAME, self._kind(rec), flags, prov)
+        return Frame(self.pc, self.sp, self.fp, _SRC_FRAME, self._kind(rec), flags, prov)
 
     # stacktrace.c:97-98 walk_stackframe(): pc = ((struct pt_regs *)sp)->epc; fp = ((struct pt_regs *)sp)->s0
     def _next_regs_pc(self) -> Frame:

@@ -22,6 +22,7 @@ from unwind.dev.fuzz.runner import fuzzer_of, run_cases
 from unwind.dev.fuzz.seeds import BtfSeed, ReadWord, VmmemSeed, edited_dump, load_seeds, load_vmmem_seeds
 from unwind.kernel.btf import Btf, BtfError
 from unwind.core.memory import Memory, Segment
+from unwind.session.result import Replay
 
 from ..btfbuild import BtfBuilder
 from .vmcore_seeds import write as write_vmcore_seeds
@@ -31,6 +32,11 @@ CORPUS = ROOT / "corpora"
 REGRESSIONS = Path(__file__).with_name("regressions")
 #: the default suite's campaign: every family, a few thousand cases in well under a minute
 CASES = 2000
+
+
+def _with_frames(r: Replay, frames: list) -> Replay:
+    """``r`` with other frames (a replay made to differ)."""
+    return Replay(r.target, frames, r.stop, r.reliable, r.basis)
 
 
 def _btf_blob() -> bytes:
@@ -123,15 +129,13 @@ def test_a_walk_over_its_frame_limit_is_a_runaway(fuzzer, monkeypatch):
 
 def test_a_batch_replay_unlike_the_task_replay_is_caught(fuzzer, monkeypatch):
     """``replay --all`` walks in one batch (``Session.replay_all``): a batch that lost a frame differs."""
-    import dataclasses
-
     from unwind.session.replay import Session
 
     seed = next(s for s in fuzzer.seeds if s.arch == "arm64")
     real = Session.replay_all
 
     def lossy(self, *a, **kw):
-        return [dataclasses.replace(r, frames=r.frames[:-1]) for r in real(self, *a, **kw)]
+        return [_with_frames(r, r.frames[:-1]) for r in real(self, *a, **kw)]
     assert fuzzer.check(seed.writer().to_bytes(), seed.name, seed.image_path, "stack").kind == "ok"
     monkeypatch.setattr(Session, "replay_all", lossy)
     out = fuzzer.check(seed.writer().to_bytes(), seed.name, seed.image_path, "stack")
@@ -150,8 +154,6 @@ def _vmcase(fuzzer: Fuzzer, seed: VmmemSeed, limit: float | None = None) -> Outc
 
 def test_vmmem_checks_fire(fuzzer, vmseed, monkeypatch):
     """A clean vmcore is ok; each check fires on a load or replay made to break it."""
-    import dataclasses
-
     from unwind.core.frame import Frame, Source
     from unwind.kernel.model import Kernel
     from unwind.session.replay import Session
@@ -172,12 +174,12 @@ def test_vmmem_checks_fire(fuzzer, vmseed, monkeypatch):
     with monkeypatch.context() as m:
         real = Session.replay_all
         m.setattr(Session, "replay_all", lambda self, *a, **kw: [
-            dataclasses.replace(r, frames=r.frames[:-1]) for r in real(self, *a, **kw)])
+            _with_frames(r, r.frames[:-1]) for r in real(self, *a, **kw)])
         assert _vmcase(fuzzer, vmseed).kind == "batch-differs"
     with monkeypatch.context() as m:
         replay = Session.replay
-        m.setattr(Session, "replay", lambda self, *a, **kw: dataclasses.replace(
-            replay(self, *a, **kw), frames=[Frame(2**64, 0, 0, Source.REGS_PC, None)]))
+        m.setattr(Session, "replay", lambda self, *a, **kw: _with_frames(
+            replay(self, *a, **kw), [Frame(2**64, 0, 0, Source.REGS_PC, None)]))
         assert _vmcase(fuzzer, vmseed).kind == "bad-value"
     with monkeypatch.context() as m:
         m.setattr(Kernel, "modules", lambda self: {}["a KeyError"])

@@ -154,24 +154,65 @@ class Options:
     orc_version: str | None = None
 
 
-@dataclass(slots=True)
 class Target:
-    """Everything one walk of one task reads."""
+    """Everything one walk of one task reads.
+
+    A plain slotted class rather than a dataclass: a walk makes one per task, and the compiled build
+    (:mod:`unwind.accel`, ``target.pxd``) makes it an extension type; equality and ``repr`` are a
+    dataclass's.
+    """
+
+    __slots__ = ("arch", "mem", "task", "release", "vmcoreinfo", "symbols", "image", "info", "options", "shared")
 
     arch: str
     mem: Memory
     task: Task
-    release: str | None = None
-    vmcoreinfo: dict[str, str] = field(default_factory=dict)
-    symbols: SymbolTable | None = None
-    image: "Image | None" = None
+    release: str | None
+    vmcoreinfo: dict[str, str]
+    symbols: SymbolTable | None
+    image: "Image | None"
     #: the dump's facts beyond its tasks (modules, symbol hints, what its note declares)
-    info: DumpInfo = field(default_factory=DumpInfo)
-    options: Options = field(default_factory=Options)
+    info: DumpInfo
+    options: Options
     #: what a backend derives once per dump, image and options (symbol addresses, layouts, the generation):
     #: :meth:`unwind.session.replay.Session.target` hands the same dict to every walk with equal options; a
     #: Target made on its own gets a dict of its own, so nothing is shared wrongly
-    shared: dict[Hashable, Any] = field(default_factory=dict)
+    shared: dict[Hashable, Any]
+
+    def __init__(self, arch: str, mem: Memory, task: Task, release: str | None = None,
+                 vmcoreinfo: dict[str, str] | None = None, symbols: SymbolTable | None = None,
+                 image: "Image | None" = None, info: DumpInfo | None = None, options: Options | None = None,
+                 shared: dict[Hashable, Any] | None = None) -> None:
+        self.arch = arch
+        self.mem = mem
+        self.task = task
+        self.release = release
+        self.vmcoreinfo = {} if vmcoreinfo is None else vmcoreinfo
+        self.symbols = symbols
+        self.image = image
+        self.info = DumpInfo() if info is None else info
+        self.options = Options() if options is None else options
+        self.shared = {} if shared is None else shared
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.arch, self.mem, self.task, self.release, self.vmcoreinfo, self.symbols, self.image, self.info,
+                self.options, self.shared)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it replaces
+
+    def __repr__(self) -> str:
+        names = self.__slots__
+        return f"Target({', '.join(f'{n}={v!r}' for n, v in zip(names, self._fields()))})"
+
+    def own_shared(self) -> "Target":
+        """A copy of this target with a :attr:`shared` dict of its own."""
+        return Target(self.arch, self.mem, self.task, self.release, self.vmcoreinfo, self.symbols, self.image,
+                      self.info, self.options, {})
 
     def per_dump(self, key: Hashable, make: "Callable[[Target], Any]") -> Any:
         """``make(self)`` the first time ``key`` is asked for among the walks sharing :attr:`shared`."""

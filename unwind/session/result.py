@@ -7,7 +7,6 @@ calls for :meth:`~unwind.session.replay.Session.replay_all`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
 from unwind.core.frame import Frame
@@ -15,18 +14,34 @@ from unwind.core.target import Target, Task
 from unwind.core.walk import ReliableResult, Stop
 
 
-@dataclass(slots=True, eq=False)
 class Replay:
     """The outcome of one task's walk.
 
     The basis may be given as a function of no arguments (the unwinder's :meth:`Unwinder.basis`): it is
-    called the first time :attr:`basis` is read (a replay whose basis no one reads copies no dict)."""
+    called the first time :attr:`basis` is read (a replay whose basis no one reads copies no dict).
+
+    A plain slotted class rather than a dataclass: one is made per task, and the compiled build
+    (:mod:`unwind.accel`, ``result.pxd``) makes it an extension type."""
+
+    __slots__ = ("target", "frames", "stop", "reliable", "_basis")
 
     target: Target
     frames: list[Frame]
     stop: Stop
-    reliable: ReliableResult | None = None
-    _basis: "dict[str, str] | Callable[[], dict[str, str]]" = field(default_factory=dict)
+    reliable: ReliableResult | None
+    _basis: "dict[str, str] | Callable[[], dict[str, str]]"
+
+    def __init__(self, target: Target, frames: list[Frame], stop: Stop, reliable: ReliableResult | None = None,
+                 basis: "dict[str, str] | Callable[[], dict[str, str]] | None" = None) -> None:
+        self.target = target
+        self.frames = frames
+        self.stop = stop
+        self.reliable = reliable
+        self._basis = {} if basis is None else basis
+
+    def __repr__(self) -> str:
+        return (f"Replay(target={self.target!r}, frames={self.frames!r}, stop={self.stop!r}, "
+                f"reliable={self.reliable!r}, basis={self.basis!r})")
 
     @property
     def basis(self) -> dict[str, str]:

@@ -1,0 +1,2 @@
+cdef class Target:
+    cdef public object arch, mem, task, release, vmcoreinfo, symbols, image, info, options, shared

@@ -1,0 +1,2 @@
+cdef class Replay:
+    cdef public object target, frames, stop, reliable, _basis
