@@ -30,7 +30,7 @@ from unwind.core.walk import StopReason
 from unwind.kernel.layout import known_layout
 
 from .orc import (ORC_REG_BP, ORC_REG_PREV_SP, ORC_REG_SP, ORC_REG_UNDEFINED, ORC_TYPE_CALL, ORC_TYPE_END_OF_STACK,
-                  OrcTable)
+                  OrcTable, orc_table)
 from .structs import PT_REGS_MEMBERS
 from .unwind_orc import OrcUnwinder, orc_end_detail, task_on_another_cpu
 
@@ -55,10 +55,14 @@ class DumpConstants(batch.DumpConstants):
 
     @classmethod
     def inputs(cls, job: Job) -> object | None:
-        """:func:`~unwind.session.batch.dump_inputs`: the ORC table, the text, ``inactive_task_frame`` and the
-        symbols read no task; the basis names ``pt_regs``, derived from the dump's stacks where neither BTF nor
-        the note states it (:meth:`shareable`)."""
-        return dump_inputs(cls, job)
+        """:func:`~unwind.session.batch.dump_inputs` and the ORC table the walks get (``orc_table()``: the
+        image's, kept per image and format, which a caller may replace): the text, ``inactive_task_frame`` and
+        the symbols read no task; the basis names ``pt_regs``, derived from the dump's stacks where neither BTF
+        nor the note states it (:meth:`shareable`)."""
+        inputs = dump_inputs(cls, job)
+        if inputs is None:
+            return None
+        return inputs, orc_table(job.session.target(job.tasks[0], job.options))
 
     @staticmethod
     def shareable(constants: "batch.DumpConstants | None") -> bool:

@@ -332,3 +332,19 @@ def test_x86_constants_whose_basis_reads_the_dumps_stacks_are_not_shared(monkeyp
     ca, cb = x86_batch.DumpConstants.of(ja), x86_batch.DumpConstants.of(jb)
     assert ca is not cb
     assert ca.basis == a.replay(ja.tasks[0]).basis and cb.basis == b.replay(jb.tasks[0]).basis
+
+
+def test_x86_constants_follow_the_orc_table_the_walks_get(monkeypatch) -> None:
+    """The ORC table is kept per image and format, and a caller (the fuzzer's ORC family) may replace it: a dump
+    read after that gets constants over the new table, not the ones another dump of the image read before."""
+    from unwind.arch.x86_64 import orc
+    from unwind.arch.x86_64.batch import DumpConstants
+    from unwind.session.batch import Job
+
+    a, b = (load_session(p) for p in _dumps("x86_64")[-2:])
+    ca = DumpConstants.of(Job(a, a.dump.tasks(), Options()))
+    mine = orc._BY_IMAGE[b.image]
+    for key, table in list(mine.items()):
+        monkeypatch.setitem(mine, key, table.with_entries({}))
+    cb = DumpConstants.of(Job(b, b.dump.tasks(), Options()))
+    assert cb.table is not ca.table and cb.table in mine.values()
