@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from unwind.session import batch
-from unwind.session.batch import Job, Walked, gather_lanes, locate_lanes, narrowed, word_index
+from unwind.session.batch import Job, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed, word_index
 from unwind.core.frame import Flag, Source
 from unwind.core.target import Task
 from unwind.core.walk import StopReason
@@ -49,6 +49,12 @@ class DumpConstants(batch.DumpConstants):
                  "kretprobe_trampoline", "pt_regs_size", "stackframe")
 
     @classmethod
+    def inputs(cls, job: Job) -> object | None:
+        """:func:`~unwind.session.batch.dump_inputs`: the constants never read a task (where ``sizeof(pt_regs)``
+        would come from a task's stack, :meth:`read` gives ``None``)."""
+        return dump_inputs(cls, job)
+
+    @classmethod
     def read(cls, job: Job) -> "DumpConstants | None":
         target = job.session.target(job.tasks[0], job.options)
         if kernel_generation(target)[0] is None and _btf_meta_records(target)[0] is None:
@@ -67,15 +73,21 @@ class DumpConstants(batch.DumpConstants):
         c.return_to_handler = state.return_to_handler or 0
         c.kretprobe_trampoline = state.kretprobe_trampoline or 0
         c.pt_regs_size, c.stackframe = state.layout.size, state.layout.stackframe
-        c.basis_of = unwinder.basis
+        c._basis = unwinder.basis()  # made now: the scalar's per-dump basis, nothing of the session kept
         return c
 
 
 # ptrauth_strip_kernel_insn_pac() (v6.4+) and v6.1's ptrauth_clear_pac(), over lanes
-def ptrauth_strip_lanes(ptr: np.ndarray, mask: np.ndarray, keep_mask: np.ndarray) -> np.ndarray:
+def ptrauth_strip_lanes(ptr: np.ndarray, mask: np.ndarray, keep_mask: np.ndarray,
+                        read: np.ndarray | None = None) -> np.ndarray:
     """Bit 55 set: a kernel pointer, the mask ORed in; clear: a user pointer, ANDed with ``keep_mask``
-    (``~mask``, or v6.1's ``~(mask & GENMASK(54, 0))``)."""
-    return np.where(ptr & _U64(BIT55), ptr | mask, ptr & keep_mask)
+    (``~mask``, or v6.1's ``~(mask & GENMASK(54, 0))``). ``read``: the lanes whose pointer counts, where not
+    all do (the user-pointer rule is applied only when one of them has a user pointer)."""
+    kernel = ptr | mask
+    user = (ptr & _U64(BIT55)) == 0
+    if np.count_nonzero(user if read is None else user & read):
+        return np.where(user, ptr & keep_mask, kernel)
+    return kernel
 
 
 def batch_walk(jobs: list[Job]) -> Walked:
@@ -108,46 +120,50 @@ def batch_walk(jobs: list[Job]) -> Walked:
     short = hi < size
     top = np.where(short, _U64(0), hi - size)
     lo = np.where(short, _U64(1), lo)
-    state = np.stack([final, top, hi, mask, ~clear_mask, rth, krt, flat.word_delta(origin, base).view(_U64), lanes,
-                      meta])[:, keep]
+    state = np.stack([final, top, hi, mask, ~clear_mask, rth, krt, flat.word_delta(origin, base).view(_U64),
+                      lanes])[:, keep]
     fp, lo = fp[keep], lo[keep]
+    meta = meta[keep] != 0
+    any_meta = bool(np.count_nonzero(meta))
+    not_meta = ~meta
     live = np.ones(len(fp), bool)
-    any_meta = bool(meta.any())
+    # the record's words at fp, fp + 8 and fp + 16: one array, read from three places
     words = flat.words
+    words1, words2 = words[1:], words[2:]
     step = 1
     while True:
-        final, top, hi, mask, keep_mask, rth, krt, delta, lanes, meta = state
+        final, top, hi, mask, keep_mask, rth, krt, delta, lanes = state
         # kunwind_next() up to v6.12: the final frame ends the walk
         at_final = fp == final
         end = live & at_final
         if any_meta:
-            end &= meta == 0
-        if end.any():
+            end &= not_meta
+        if np.count_nonzero(end):
             rec.stop(lanes[end], _FINAL_FRAME, fp[end])
         # unwind_next_frame_record() / kunwind_next_frame_record(): an 8-aligned record on the current
         # stack, above what the walk consumed (unwind_find_stack()), in the lane's captured segment
         plain = (live ^ end) & ((fp & _U64(7)) == 0) & (lo <= fp) & (fp <= top)
         at = word_index(fp, delta.view(np.int64))
-        new_fp, raw = words.take(at, mode="clip"), words.take(at + 1, mode="clip")
+        new_fp, raw = words.take(at, mode="clip"), words1.take(at, mode="clip")
         if any_meta:
             # v6.13+: a {0, 0} record is a frame_record_meta; FINAL at task_pt_regs(tsk)->stackframe ends the walk
-            is_meta = plain & (meta != 0) & (new_fp == 0) & (raw == 0)
-            if is_meta.any():
-                kind = words.take(at + 2, mode="clip")  # frame_record_meta.type, read where the record has room
+            is_meta = plain & meta & ((new_fp | raw) == 0)
+            if np.count_nonzero(is_meta):
+                kind = words2.take(at, mode="clip")  # frame_record_meta.type, read where the record has room
                 final_end = is_meta & (hi - fp >= meta_size) & (kind == FRAME_META_TYPE_FINAL) & at_final
                 rec.stop(lanes[final_end], _FINAL_RECORD, fp[final_end])
                 plain &= ~is_meta  # any other meta record: the scalar walk
         # kunwind_next(): strip the PAC; return_to_handler and the kretprobe trampoline need the scalar walk
-        pc = ptrauth_strip_lanes(raw, mask, keep_mask)
+        pc = ptrauth_strip_lanes(raw, mask, keep_mask, plain)
         go = plain & (pc != rth) & (pc != krt)
         n = int(np.count_nonzero(go))
         if not n:
             break
-        rec.frames(step, lanes, go, pc, fp=new_fp, flags=np.where(pc != raw, _PAC_STRIPPED, 0), source=_FRAME,
+        rec.frames(step, lanes, go, pc, fp=new_fp, flags=(pc != raw) * _PAC_STRIPPED, source=_FRAME,
                    stack=label_task)
         step += 1
         # unwind_consume_stack(), then the next record
-        live, state, fp, lo = narrowed(go, n, state, new_fp, fp + size)
+        live, state, fp, lo, meta, not_meta = narrowed(go, n, state, new_fp, fp + size, meta, not_meta)
     return rec.finish()
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from unwind.session import batch
-from unwind.session.batch import Job, Walked, gather_lanes, locate_lanes, narrowed, word_index
+from unwind.session.batch import Job, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed, word_index
 from unwind.core.frame import Source
 from unwind.core.target import Task
 from unwind.core.walk import StopReason
@@ -42,6 +42,19 @@ class DumpConstants(batch.DumpConstants):
     __slots__ = ("text", "exc_frame", "return_to_handler", "pt")
 
     @classmethod
+    def inputs(cls, job: Job) -> object | None:
+        """:func:`~unwind.session.batch.dump_inputs`: the fields read (text, the exception frame,
+        ``return_to_handler``, ``pt_regs`` and the basis) read no task, unless ``pt_regs`` is derived from the
+        dump's stacks (:meth:`shareable`); THREAD_SIZE, the first task's, is none of them."""
+        return dump_inputs(cls, job)
+
+    @staticmethod
+    def shareable(constants: "batch.DumpConstants | None") -> bool:
+        """``pt_regs`` from BTF or the dump's offsets: a layout derived from the dump's stacks (or the table, where
+        the derivation found none) is the dump's own."""
+        return not isinstance(constants, DumpConstants) or constants.pt.source in ("btf", "dump")
+
+    @classmethod
     def read(cls, job: Job) -> "DumpConstants | None":
         target = job.session.target(job.tasks[0], job.options)
         unwinder = job.session.backend.unwinder(target)
@@ -57,7 +70,7 @@ class DumpConstants(batch.DumpConstants):
         # no symbol (-1): 0, which is never kernel text, so such a pc goes to the scalar walk anyway
         c.return_to_handler = max(unwinder.return_to_handler, 0)
         c.pt = unwinder.pt
-        c.basis_of = unwinder.basis
+        c._basis = unwinder.basis()  # made now: the scalar's per-dump basis, nothing of the session kept
         return c
 
 
@@ -118,8 +131,8 @@ def batch_walk(jobs: list[Job]) -> Walked:
                                  exc_lo, exc_span]), text_lo, text_span])[:, keep]
     fp, sp, pc = fp[keep], sp[keep], pc[keep]
     live = np.ones(len(fp), bool)
-    words = flat.words
-    fp_word, ra_word = STACKFRAME_FP // 8, STACKFRAME_RA // 8
+    # the record's fp and ra words: the words read from two places
+    fp_words, ra_words = flat.words[STACKFRAME_FP // 8:], flat.words[STACKFRAME_RA // 8:]
     step = 1
     while True:
         top, ts1, align_mask, task_pt_regs, lo16, hi, delta, lanes, rth, exc_lo, exc_span = state[:11]
@@ -130,15 +143,15 @@ def batch_walk(jobs: list[Job]) -> Walked:
         # its natural ends: a zero fp, and the first frame of the task (the record's fp, now sp, is task_pt_regs)
         invalid = room ^ valid
         zero = invalid & (fp == 0)
-        if zero.any():
+        if np.count_nonzero(zero):
             rec.stop(lanes[zero], _FP_ZERO)
         first = (invalid ^ zero) & (sp == task_pt_regs)
-        if first.any():
+        if np.count_nonzero(first):
             rec.stop(lanes[first], _FIRST_FRAME, fp[first], sp[first], pc[first])
         # the record {fp, ra} at fp - 16, on the task stack and in the lane's captured segment
         plain = valid & (lo16 <= fp) & (fp <= hi)
         at = word_index(fp, delta.view(np.int64))
-        new_fp, ra = words.take(at + fp_word, mode="clip"), words.take(at + ra_word, mode="clip")
+        new_fp, ra = fp_words.take(at, mode="clip"), ra_words.take(at, mode="clip")
         # ftrace_graph_ret_addr() and the exception frame need the scalar walk; the pc must be kernel text
         go = (plain & (ra != rth) & ((ra - exc_lo) >= exc_span)
               & kernel_text_lanes(ra, state[11:11 + _TEXT_RANGES], state[11 + _TEXT_RANGES:]))

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from unwind.core.callsite import CallSiteChecker
 from unwind.core.frame import Flag, Frame
-from unwind.formats.image import ImageError
 from unwind.core.registry import ArchBackend
 from unwind.core.target import SavedRegs, Target
 from unwind.core.trace import TraceLine
@@ -14,7 +13,7 @@ from unwind.core.walk import Stop, StopReason, Unwinder
 
 from . import kernel, mm
 from .mm import X86_64Translator
-from .orc import OrcTable, load_orc
+from .orc import orc_table
 from .printer import REGS_SOURCES, backtrace_symbol, plain_symbol, show_trace
 from .structs import INACTIVE_TASK_FRAME_MEMBERS, PT_REGS_MEMBERS
 from .unwind_orc import MODULES_RANGE, OrcUnwinder
@@ -28,15 +27,6 @@ if TYPE_CHECKING:
     from unwind.session.replay import Replay
     from unwind.formats.vmcore.virtual import PhysReader
     from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
-
-
-def orc_table(target: Target) -> OrcTable:
-    """The ORC table of ``target.image``, decoded once per image (see :func:`load_orc`)."""
-    image = target.image
-    if image is None:
-        raise ImageError("x86-64 replay needs the kernel image's ORC tables: give --vmlinux "
-                         "(full, stripped or slim image of the dump's build-id)")
-    return load_orc(image, target.release, target.options.orc_version, target.symbol_address)
 
 
 #: the documented differences from an oracle (``unwind diff`` categories)

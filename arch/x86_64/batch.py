@@ -23,13 +23,15 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from unwind.session import batch
-from unwind.session.batch import Job, Memo, Walked, gather_lanes, locate_lanes, narrowed, word_index
+from unwind.session.batch import Job, Memo, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed, word_index
 from unwind.core.frame import Source
 from unwind.core.target import Options, Task
 from unwind.core.walk import StopReason
+from unwind.kernel.layout import known_layout
 
 from .orc import (ORC_REG_BP, ORC_REG_PREV_SP, ORC_REG_SP, ORC_REG_UNDEFINED, ORC_TYPE_CALL, ORC_TYPE_END_OF_STACK,
-                  OrcTable)
+                  OrcTable, orc_table)
+from .structs import PT_REGS_MEMBERS
 from .unwind_orc import OrcUnwinder, orc_end_detail, task_on_another_cpu
 
 _U64 = np.uint64
@@ -52,6 +54,22 @@ class DumpConstants(batch.DumpConstants):
         return options.generation, options.orc_version
 
     @classmethod
+    def inputs(cls, job: Job) -> object | None:
+        """:func:`~unwind.session.batch.dump_inputs` and the ORC table the walks get (``orc_table()``: the
+        image's, kept per image and format, which a caller may replace): the text, ``inactive_task_frame`` and
+        the symbols read no task; the basis names ``pt_regs``, derived from the dump's stacks where neither BTF
+        nor the note states it (:meth:`shareable`)."""
+        inputs = dump_inputs(cls, job)
+        if inputs is None:
+            return None
+        return inputs, orc_table(job.session.target(job.tasks[0], job.options))
+
+    @staticmethod
+    def shareable(constants: "batch.DumpConstants | None") -> bool:
+        """The basis made at :meth:`read` (``pt_regs`` stated by BTF or the note), not from the dump's stacks."""
+        return hasattr(constants, "_basis")
+
+    @classmethod
     def read(cls, job: Job) -> "DumpConstants":
         target = job.session.target(job.tasks[0], job.options)
         unwinder = job.session.backend.unwinder(target)
@@ -66,7 +84,10 @@ class DumpConstants(batch.DumpConstants):
         c.return_to_handler = unwinder.return_to_handler or 0
         c.rethook_trampoline = unwinder.rethook_trampoline or 0
         c.ret_from_fork_asm = unwinder.ret_from_fork_asm or 0
-        c.basis_of = unwinder.basis
+        if known_layout(target, "pt_regs", PT_REGS_MEMBERS) is not None:
+            c._basis = unwinder.basis()  # made now (pt_regs as BTF or the note states it): nothing of the session kept
+        else:
+            c.basis_of = unwinder.basis  # pt_regs derived from the dump's stacks when a replay first reads the basis
         return c
 
 
@@ -81,6 +102,8 @@ class Tables:
     def __init__(self, tables: list[OrcTable]) -> None:
         self.tables = tables
         self.rows = [t.entry_rows for t in tables]
+        #: 0 to the number of tables: where each table's lanes start in a sorted ``table_of``, and the end
+        self._table_numbers = np.arange(len(tables) + 1, dtype=np.int64)
         columns = [t.entry_columns for t in tables]
         self.entry_base = np.cumsum([0] + [len(c["type"]) for c in columns[:-1]]).astype(np.int64)
 
@@ -107,14 +130,15 @@ class Tables:
     # orc_find() (unwind_orc.c), over lanes: the entry (an index into the joined columns), or -1 where
     # it finds nothing
     def orc_find(self, table_of: np.ndarray, ip: np.ndarray) -> np.ndarray:
-        """The entry of each lane's ip in its lane's table; negative where ``orc_find()`` has none."""
+        """The entry of each lane's ip in its lane's table; negative where ``orc_find()`` has none.
+        ``table_of`` is sorted: each table's lanes are one slice."""
         if len(self.tables) == 1:
             return self._entries(0, ip)
         out = np.full(len(ip), -1, np.int64)
-        for t in range(len(self.tables)):
-            sel = table_of == t
-            if sel.any():
-                out[sel] = self._entries(t, ip[sel])
+        bounds = np.searchsorted(table_of, self._table_numbers).tolist()
+        for t, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            if lo < hi:
+                out[lo:hi] = self._entries(t, ip[lo:hi])
         return out
 
     def _entries(self, t: int, ip: np.ndarray) -> np.ndarray:
@@ -192,7 +216,12 @@ def batch_walk(jobs: list[Job]) -> Walked:
     lo, top = window(np.maximum(low, seg_lo), np.minimum(high, seg_hi))
     stext = text[:, 0, 0]
     state = np.stack([lo, top, delta.view(_U64), lanes, table_of.astype(_U64), rth, rethook, stext,
-                      np.where(text[:, 0, 1] > stext, text[:, 0, 1] - stext, _U64(0))])[:, keep]
+                      np.where(text[:, 0, 1] > stext, text[:, 0, 1] - stext, _U64(0))])
+    # the lanes walked on, ordered by their ORC table (stable: by lane within one), so that each table's
+    # lanes are one slice at every step (Tables.orc_find); a narrowing keeps their order
+    keep = np.flatnonzero(keep)
+    keep = keep[np.argsort(table_of[keep], kind="stable")]
+    state = state[:, keep]
     ip, sp, bp, not_signal = ip[keep], sp[keep], bp[keep], (~signal[keep]).astype(_U64)
     live = np.ones(len(ip), bool)
     step = 1
@@ -203,7 +232,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
         look = ip - not_signal
         entry = np.where(live, orc.orc_find(table_of.view(np.int64), look), -1)
         end = orc.end[entry]
-        if end.any():
+        if np.count_nonzero(end):
             rec.stop(lanes[end], _ORC_END, look[end])
         # ORC_TYPE_CALL, the CFA: sp or bp plus sp_offset (unwind_orc.c:514-578)
         cfa, call = add_offset(np.where(orc.cfa_from_bp[entry], bp, sp), orc.sp_offset[entry], orc.sp_negative[entry])

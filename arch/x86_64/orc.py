@@ -48,6 +48,8 @@ from .structs import ORC_ENTRY_SIZE, flag_bits, orc_entry
 if TYPE_CHECKING:
     import numpy as np
 
+    from unwind.core.target import Target
+
 # ORC_TYPE_* (normalised: v3 numbering)
 ORC_TYPE_UNDEFINED = 0
 ORC_TYPE_END_OF_STACK = 1
@@ -706,6 +708,15 @@ _CACHE: dict[tuple, OrcTable] = {}
 _ORC_CACHE_VERSION = 1
 #: per Image object: (release, forced) -> table, so a replay of many tasks skips even the key work
 _BY_IMAGE: "weakref.WeakKeyDictionary[Image, dict[tuple, OrcTable]]" = weakref.WeakKeyDictionary()
+
+
+def orc_table(target: "Target") -> "OrcTable":
+    """The ORC table of ``target.image``, decoded once per image (see :func:`load_orc`)."""
+    image = target.image
+    if image is None:
+        raise ImageError("x86-64 replay needs the kernel image's ORC tables: give --vmlinux "
+                         "(full, stripped or slim image of the dump's build-id)")
+    return load_orc(image, target.release, target.options.orc_version, target.symbol_address)
 
 
 def load_orc(image: Image, release: str | None = None, forced: str | int | None = None,

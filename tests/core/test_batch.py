@@ -225,3 +225,126 @@ def test_flat_memory_words_are_the_memories_bytes(aligned: bool) -> None:
             assert (start[k], end[k]) == (0, 0) if not holding else start[k] == holding[0]
         else:
             assert start[k] == w
+
+
+def test_checkers_of_images_without_text_share_one_memo(corpus) -> None:
+    """A checker whose image has no text answers ``unknown`` to every address: the batch keeps those verdicts
+    once per arch, not once per session (each fresh session would decide them all again)."""
+    from unwind.session import batch
+
+    arch, sessions = corpus
+    textless = [s for s in sessions if s.callsites.image is None]
+    if len(textless) < 2:
+        pytest.skip(f"fewer than two {arch} corpus dumps of an image without text")
+    again = [load_session(s.dump.path) for s in textless[:2]]
+    assert again[0].callsites is not again[1].callsites
+    assert {batch.verdict_owner(s.callsites) for s in again} == {batch._NO_TEXT}
+    replay_all(again, lockstep=True)
+    assert arch in batch._VERDICTS[batch._NO_TEXT]
+    assert not any(s.callsites in batch._VERDICTS for s in again)
+
+
+def _slots(constants) -> dict:
+    """Every field of an arch's per-dump batch constants, the basis included."""
+    names = [n for cls in type(constants).__mro__ for n in getattr(cls, "__slots__", ()) if n not in ("basis_of", "_basis")]
+    return {n: getattr(constants, n) for n in names} | {"basis": constants.basis}
+
+
+@pytest.mark.parametrize("arch", ["arm64", "riscv", "x86_64"])
+def test_dumps_of_one_image_share_their_constants_and_each_reads_them_alike(arch: str) -> None:
+    """The per-dump constants are read once per image and inputs: every corpus dump's shared constants equal
+    the ones read from its own scalar unwinder, and dumps of one image with equal inputs share one object."""
+    import importlib
+
+    from unwind.session.batch import Job
+
+    DumpConstants = importlib.import_module(f"unwind.arch.{arch}.batch").DumpConstants
+    sessions = [load_session(p) for p in _dumps(arch)]
+    by_image: dict[int, list] = {}
+    for s in sessions:
+        job = Job(s, s.dump.tasks(), Options())
+        shared, own = DumpConstants.of(job), DumpConstants.read(job)
+        assert (shared is None) == (own is None), s.dump.path
+        if shared is not None:
+            assert _slots(shared) == _slots(own), s.dump.path
+            by_image.setdefault(id(s.image), []).append((DumpConstants.inputs(job), shared))
+    pairs = [(a, b) for group in by_image.values() for a, b in zip(group, group[1:]) if a[0] == b[0]]
+    assert pairs, f"no two {arch} corpus dumps of one image with equal inputs"
+    assert all(a[1] is b[1] for a, b in pairs)
+
+
+def test_a_dump_whose_inputs_differ_reads_its_own_constants() -> None:
+    """A dump of the same image whose VMCOREINFO names another PAC mask does not get the others' constants."""
+    from unwind.arch.arm64.batch import DumpConstants
+    from unwind.session.batch import Job
+
+    path = _dumps("arm64")[-1]
+    a, b = load_session(path), load_session(path)
+    assert a.image is b.image
+    b.dump.vmcoreinfo = dict(b.dump.vmcoreinfo, **{"NUMBER(KERNELPACMASK)": "0xff7f000000000000"})
+    ca, cb = (DumpConstants.of(Job(s, s.dump.tasks(), Options())) for s in (a, b))
+    assert ca is not cb and cb.pac_mask == 0xff7f000000000000 != ca.pac_mask
+
+
+def test_constants_read_from_a_dumps_own_stacks_are_not_shared(monkeypatch) -> None:
+    """riscv's pt_regs derived from the dump's stacks (an image whose BTF lacks it, and no offsets in the note)
+    is that dump's own: two dumps of one image with equal inputs each read theirs."""
+    from weakref import WeakKeyDictionary
+
+    from unwind.arch.riscv import batch as riscv_batch
+    from unwind.kernel.layout import StructLayout
+    from unwind.session import batch
+    from unwind.session.batch import Job
+
+    monkeypatch.setattr(batch, "_SHARED", WeakKeyDictionary())
+    read = riscv_batch.DumpConstants.read
+
+    def derived(cls, job):  # the layout as derived_pt_regs() makes it, from the first task's stack
+        c = read(job)
+        c.pt = StructLayout("pt_regs", c.pt.size, dict(c.pt.offsets), "derived", "from the stack")
+        return c
+    monkeypatch.setattr(riscv_batch.DumpConstants, "read", classmethod(derived))
+    a, b = (load_session(p) for p in _dumps("riscv")[:2])
+    ja, jb = (Job(s, s.dump.tasks(), Options()) for s in (a, b))
+    assert a.image is b.image and riscv_batch.DumpConstants.inputs(ja) == riscv_batch.DumpConstants.inputs(jb)
+    ca, cb = riscv_batch.DumpConstants.of(ja), riscv_batch.DumpConstants.of(jb)
+    assert ca is not cb and ca.pt.source == cb.pt.source == "derived"
+    monkeypatch.setattr(riscv_batch.DumpConstants, "read", read)  # from BTF, as the image has it: shared
+    c, d = (load_session(p) for p in _dumps("riscv")[:2])
+    assert riscv_batch.DumpConstants.of(Job(c, c.dump.tasks(), Options())) is riscv_batch.DumpConstants.of(
+        Job(d, d.dump.tasks(), Options()))
+
+
+def test_x86_constants_whose_basis_reads_the_dumps_stacks_are_not_shared(monkeypatch) -> None:
+    """x86-64's basis names pt_regs, which is derived from the dump's stacks when neither BTF nor the note states
+    it: such constants are the dump's own (their basis made when read), not another dump's of the same image."""
+    from weakref import WeakKeyDictionary
+
+    from unwind.arch.x86_64 import batch as x86_batch
+    from unwind.session import batch
+    from unwind.session.batch import Job
+
+    monkeypatch.setattr(batch, "_SHARED", WeakKeyDictionary())
+    monkeypatch.setattr(x86_batch, "known_layout", lambda *a: None)  # as for an image whose BTF lacks pt_regs
+    a, b = (load_session(p) for p in _dumps("x86_64")[-2:])
+    ja, jb = (Job(s, s.dump.tasks(), Options()) for s in (a, b))
+    assert a.image is b.image and x86_batch.DumpConstants.inputs(ja) == x86_batch.DumpConstants.inputs(jb)
+    ca, cb = x86_batch.DumpConstants.of(ja), x86_batch.DumpConstants.of(jb)
+    assert ca is not cb
+    assert ca.basis == a.replay(ja.tasks[0]).basis and cb.basis == b.replay(jb.tasks[0]).basis
+
+
+def test_x86_constants_follow_the_orc_table_the_walks_get(monkeypatch) -> None:
+    """The ORC table is kept per image and format, and a caller (the fuzzer's ORC family) may replace it: a dump
+    read after that gets constants over the new table, not the ones another dump of the image read before."""
+    from unwind.arch.x86_64 import orc
+    from unwind.arch.x86_64.batch import DumpConstants
+    from unwind.session.batch import Job
+
+    a, b = (load_session(p) for p in _dumps("x86_64")[-2:])
+    ca = DumpConstants.of(Job(a, a.dump.tasks(), Options()))
+    mine = orc._BY_IMAGE[b.image]
+    for key, table in list(mine.items()):
+        monkeypatch.setitem(mine, key, table.with_entries({}))
+    cb = DumpConstants.of(Job(b, b.dump.tasks(), Options()))
+    assert cb.table is not ca.table and cb.table in mine.values()

@@ -135,16 +135,22 @@ def image_btf(target: "Target") -> Btf | None:
     return getattr(image, "btf", None) if image is not None else None
 
 
-def resolve_layout(target: "Target", name: str, members: Sequence[str], table: StructLayout,
-                   derive: Callable[[], StructLayout | None] | None = None) -> StructLayout:
-    """The layout of struct ``name`` for one walk: BTF, else the dump's offsets, else derived, else ``table``."""
+def known_layout(target: "Target", name: str, members: Sequence[str]) -> StructLayout | None:
+    """The layout of struct ``name`` the image or the dump states: BTF, else the dump's offsets; ``None`` where
+    :func:`resolve_layout` goes on to derive it or to take the table."""
     btf = image_btf(target)
     if btf is not None:
         try:
             return btf_layout(btf, name, members)
         except BtfError:
             pass
-    got = dump_layout(target.info.offsets, name, members)
+    return dump_layout(target.info.offsets, name, members)
+
+
+def resolve_layout(target: "Target", name: str, members: Sequence[str], table: StructLayout,
+                   derive: Callable[[], StructLayout | None] | None = None) -> StructLayout:
+    """The layout of struct ``name`` for one walk: BTF, else the dump's offsets, else derived, else ``table``."""
+    got = known_layout(target, name, members)
     if got is not None:
         return got
     if derive is not None:

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 BATCH_OPTIONS = frozenset({"generation", "orc_version"})
 
 _U64 = np.uint64
+#: the array typecode of a 64-bit unsigned word: ``L`` where it is 64 bits (CPython converts a large int to an
+#: unsigned long in half the time it takes for an unsigned long long), else ``Q``
+_WORD = "L" if array("L").itemsize == 8 else "Q"
 _BOUNDARY = Flag.BOUNDARY.value
 _CALLSITE_BITS = {"ok": Flag.CALLSITE_OK.value, "bad": Flag.CALLSITE_BAD.value, "unknown": 0}
 _FLAGS = tuple(Flag(value) for value in range(max(f.value for f in Flag) << 1))
@@ -311,13 +314,29 @@ class DumpConstants:
 
     @classmethod
     def of(cls, job: Job) -> "DumpConstants | None":
-        """The constants of ``job``'s dump under its options (kept with the session); ``None``: the batch
-        cannot take the dump, all its tasks go to the scalar walk."""
+        """The constants of ``job``'s dump under its options (kept with the session, and with the image for
+        the dumps that read alike: :meth:`inputs`); ``None``: the batch cannot take the dump, all its tasks go
+        to the scalar walk."""
         known = _CONSTANTS.setdefault(job.session, {})
         key = (cls, cls.key(job.options))
         if key not in known:
-            known[key] = cls.read(job)
+            known[key] = cls._shared(job)
         return known[key]
+
+    @classmethod
+    def _shared(cls, job: Job) -> "DumpConstants | None":
+        """:meth:`read` once per image and :meth:`inputs`: the constants of an earlier dump whose inputs are equal."""
+        inputs = cls.inputs(job) if job.session.image is not None else None
+        if inputs is None:
+            return cls.read(job)
+        seen = _SHARED.setdefault(job.session.image, [])
+        for other, constants in seen:
+            if other == inputs:
+                return constants
+        constants = cls.read(job)
+        if len(seen) < _SHARED_PER_IMAGE and cls.shareable(constants):
+            seen.append((inputs, constants))
+        return constants
 
     @staticmethod
     def key(options: Options) -> object:
@@ -325,12 +344,43 @@ class DumpConstants:
         return options.generation
 
     @classmethod
+    def inputs(cls, job: Job) -> object | None:
+        """Everything :meth:`read` reads of ``job`` besides its image, compared by equality: dumps of one
+        image with equal inputs share their constants. ``None`` (the default): read per dump (the constants
+        read the dump's stacks or memory, or an object of the session's own)."""
+        return None
+
+    @staticmethod
+    def shareable(constants: "DumpConstants | None") -> bool:
+        """Do ``constants``, read for one dump, hold for every dump with its inputs (``False`` where what was read
+        came from the dump's own stacks after all)?"""
+        return True
+
+    @classmethod
     def read(cls, job: Job) -> "DumpConstants | None":
-        """The constants, read from a scalar unwinder of ``job``'s first task."""
+        """The constants, read from a scalar unwinder of ``job``'s first task. Constants shared between dumps
+        (:meth:`inputs`) hold nothing of the session's: no target, no unwinder."""
         raise NotImplementedError
 
 
 _CONSTANTS: "WeakKeyDictionary[Session, dict[tuple, DumpConstants | None]]" = WeakKeyDictionary()
+
+
+def dump_inputs(cls: type[DumpConstants], job: Job) -> object | None:
+    """The inputs (:meth:`DumpConstants.inputs`) of constants read from the :class:`~unwind.core.target.Target`
+    fields ``Session.target()`` fills, less the task, its memory and the note's per-task facts: the options'
+    key, VMCOREINFO and the dump's facts (release, pinned generation, symbol hints, offsets, modules); the
+    symbols must be the image's own (``None`` otherwise: a System.map, or the symbols of the dump's modules)."""
+    session = job.session
+    if session.image is None or session.symbols is not session.image.symbols:
+        return None
+    dump = session.dump
+    return cls, cls.key(job.options), dump.vmcoreinfo, dump.info._replace(cpus=(), stacks=(), blocked=())
+
+#: per image: the inputs (:meth:`DumpConstants.inputs`) and constants of the dumps read so far
+_SHARED: "WeakKeyDictionary[object, list[tuple[object, DumpConstants | None]]]" = WeakKeyDictionary()
+#: the most kinds of inputs kept per image (dumps of one kernel differ in few: their VMCOREINFO, the options)
+_SHARED_PER_IMAGE = 16
 
 
 class Lanes(NamedTuple):
@@ -358,7 +408,7 @@ def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence
     """The recorder of every task of ``jobs``, each job's per-dump constants, and the lanes: the tasks of
     jobs with constants for which ``lane_of(task)`` gives the arch's ``columns`` words.
 
-    The words of all lanes become one ``uint64`` array at once (through ``array('Q')``); a value that is no
+    The words of all lanes become one ``uint64`` array at once (through :data:`_WORD`); a value that is no
     u64 (the note allows none) leaves no lane: the scalar walk says what it is.
     """
     rec = Recorder(sum(len(job.tasks) for job in jobs), sources, stops)
@@ -375,7 +425,7 @@ def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence
     cols = None
     if tasks:
         try:
-            flat = np.frombuffer(array("Q", list(chain.from_iterable(filter(None, rows)))), _U64)
+            flat = np.frombuffer(array(_WORD, list(chain.from_iterable(filter(None, rows)))), _U64)
             cols = flat.reshape(len(tasks), columns).T
         except (OverflowError, TypeError):
             tasks = []
@@ -469,7 +519,7 @@ class Memo:
         """The answer for each of ``keys``."""
         i = np.searchsorted(self.keys, keys)
         hit = self.keys[np.minimum(i, len(self.keys) - 1)] == keys if len(self.keys) else np.zeros(len(keys), bool)
-        if not hit.all():
+        if np.count_nonzero(hit) != len(keys):
             new = distinct(keys[~hit])
             if len(self.keys) + len(new) > self.LIMIT:
                 self.keys, self.values = self.keys[:0], self.values[:0]
@@ -481,14 +531,27 @@ class Memo:
         return self.values[i]
 
 
-#: per image (or per checker, without one), per arch: its call-site verdicts as flag bits by return address
+#: per image (or :data:`_NO_TEXT`), per arch: its call-site verdicts as flag bits by return address
 _VERDICTS: "WeakKeyDictionary[object, dict[str, Memo]]" = WeakKeyDictionary()
+
+
+class _NoText:
+    """What the verdicts of a checker whose image has no text depend on: nothing of the checker's own
+    (``CallSiteChecker._check()`` answers ``unknown`` to every address), so all such checkers share them."""
+
+
+_NO_TEXT = _NoText()
+
+
+def verdict_owner(checker: "CallSiteChecker") -> object:
+    """What ``checker``'s verdicts depend on (with its arch): its image, or :data:`_NO_TEXT`."""
+    return checker.image if checker.image is not None else _NO_TEXT
 
 
 def apply_call_sites(checker: "CallSiteChecker", pcs: np.ndarray, flags: np.ndarray) -> np.ndarray:
     """Each frame's call-site flag (:meth:`unwind.core.callsite.CallSiteChecker.annotate`) from ``checker``'s
     cached verdicts; a pc from exception registers is not checked."""
-    memos = _VERDICTS.setdefault(checker.image if checker.image is not None else checker, {})
+    memos = _VERDICTS.setdefault(verdict_owner(checker), {})
     memo = memos.get(checker.backend.name)
     if memo is None:
         memo = memos[checker.backend.name] = Memo()
@@ -667,7 +730,8 @@ def narrowed(go: np.ndarray, n: int, *arrays: np.ndarray) -> tuple[np.ndarray, .
 
 
 def _finish_flags(group: list[Job], walked: Walked) -> None:
-    """The call-site flags of every batched frame, once per image (sessions of one image share its verdicts)."""
+    """The call-site flags of every batched frame, once per image (sessions of one image share its verdicts, and
+    so do all sessions of images without text)."""
     flags = walked.flags
     lanes, pcs = walked.lanes, walked.pcs
     groups: dict[int, int] = {}
@@ -675,9 +739,10 @@ def _finish_flags(group: list[Job], walked: Walked) -> None:
     image_of_job = []
     for job in group:
         checker = job.session.callsites
-        g = groups.get(checker.cache_key)
+        key = id(verdict_owner(checker))
+        g = groups.get(key)
         if g is None:
-            g = groups[checker.cache_key] = len(checkers)
+            g = groups[key] = len(checkers)
             checkers.append(checker)
         image_of_job.append(g)
     if len(checkers) == 1:
