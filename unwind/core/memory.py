@@ -78,6 +78,9 @@ _NO_WORDS = memoryview(b"").cast("Q")
 class Memory:
     """Little-endian reads from a set of non-overlapping captured segments."""
 
+    # one per dump, per task snapshot: the compiled build (memory.pxd) makes it an extension type
+    __slots__ = ("holes", "segments", "_starts", "_sizes", "_hit", "_words", "__weakref__")
+
     def __init__(self, segments: Iterable[Segment],
                  holes: Iterable[tuple[int, int, type[MemoryFault]]] = ()) -> None:
         """``holes`` are ranges known to be missing, each with the fault a read there raises
