@@ -37,4 +37,7 @@ cdef class Arm64Unwinder(Unwinder):
     cdef public KunwindState state
     cdef public object completer, _pending, _deferred, _stack_obj, _stack_label
 
+    cpdef start(self)
+    cpdef next(self)
+
 cpdef tuple _read_record(KunwindState state, object fp)

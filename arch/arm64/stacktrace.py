@@ -259,6 +259,16 @@ def walk_basis(gen: Generation, layout: PtRegsLayout) -> dict[str, str]:
     return {"generation": gen.name, "generation_why": gen.why, "pt_regs": layout.describe()}
 
 
+def record_rule(fp: int, which: str) -> str:
+    """The provenance rule of a frame taken from the record at ``fp`` by ``which`` step."""
+    return f"frame record {{fp, lr}} at fp {fp:#x} ({which})"
+
+
+def record_note(fp: int, stack: str | None) -> str:
+    """The provenance note naming the stack the record at ``fp`` lies on."""
+    return f"record at {fp:#x} on the {stack} stack"
+
+
 # ---------------------------------------------------------------------------
 # struct kunwind_state
 # ---------------------------------------------------------------------------
@@ -668,7 +678,7 @@ class Arm64Unwinder(Unwinder):
         record_at = state.fp
         if state.record:  # the rule and the note are written when read
             which = "kunwind_next_frame_record" if state.meta_records else "unwind_next_frame_record"
-            state.prov = Provenance(lambda: f"frame record {{fp, lr}} at fp {record_at:#x} ({which})")
+            state.prov = Provenance(partial(record_rule, record_at, which))
         end = kunwind_next(state)
         if end is not None:
             return end
@@ -683,8 +693,7 @@ class Arm64Unwinder(Unwinder):
         frame = Frame(state.pc, None, state.fp, source, self._stack_label, flags, state.prov, None, None,
                       state.regs if source is _SRC_REGS_PC else None)  # positional: a keyword costs ~0.1 µs
         if state.prov is not None:
-            stack = frame.stack
-            state.prov.note(lambda: f"record at {record_at:#x} on the {stack} stack")
+            state.prov.note(partial(record_note, record_at, frame.stack))
             state.prov = None
         if self.completer is not None:
             extra = self.completer.after_record(frame, record_at)

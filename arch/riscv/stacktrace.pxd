@@ -22,6 +22,9 @@ cdef class RiscvUnwinder(Unwinder):
     cdef public tuple _kind_cache
     cdef public WordCursor cursor
 
+    cpdef start(self)
+    cpdef next(self)
+
     @cython.locals(info=StackInfo)
     cpdef _kind(self, object addr)
 

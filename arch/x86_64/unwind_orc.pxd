@@ -29,6 +29,9 @@ cdef class OrcUnwinder(Unwinder):
     cdef public Frame last
     cdef public WordCursor cursor
 
+    cpdef start(self)
+    cpdef next(self)
+
     cpdef object read_word(self, object addr)
     @cython.locals(info=StackInfo)
     cpdef bint stack_access_ok(self, object addr, object length)

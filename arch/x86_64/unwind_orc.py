@@ -659,7 +659,9 @@ class OrcUnwinder(Unwinder):
         except MemoryFault as e:
             raise UnwindStop(StopReason.MEMORY_FAULT, str(e)) from None
 
-    next = unwind_next_frame
+    def next(self) -> Frame | Stop:
+        """The walk's step: :meth:`unwind_next_frame`."""
+        return self.unwind_next_frame()
 
     # unwind_orc.c:476-483 (the next call's user_mode() test) and the frame of a pc from pt_regs
     def regs_frame(self, typ: int, source: Source, stack: str, flags: int,

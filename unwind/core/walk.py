@@ -172,7 +172,6 @@ def kunwind_stack_walk(unwinder: Unwinder, consume: Consumer | None,
     record = frames.append if frames is not None else None
     try:
         frame = unwinder.start()
-        step = unwinder.next
         while True:
             if consume is None:
                 record(frame)  # type: ignore[misc]
@@ -181,7 +180,7 @@ def kunwind_stack_walk(unwinder: Unwinder, consume: Consumer | None,
             count += 1
             if count >= max_frames:
                 return Stop(StopReason.FRAME_LIMIT, f"{max_frames} frames", count)
-            frame = step()
+            frame = unwinder.next()
             if frame.__class__ is not Frame:  # the step's stop, returned (kunwind_next()'s ret)
                 if frame.__class__ is Stop:  # made by the step for this walk: handed back with its count
                     frame.frames = count  # type: ignore[union-attr]
