@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from unwind.core.memory import ExcludedPage, Memory, MemoryFault, Segment, WordCursor
+from unwind.core.memory import ExcludedPage, Memory, MemoryFault, NotMapped, Segment, WordCursor
 from unwind.core.stackinfo import Refusal, StackInfo, StackSet
 
 
@@ -107,6 +107,50 @@ def test_word_cursor_faults_where_no_one_segment_holds_the_words(addr, size):
         c.word(addr) if size == 8 else c.pair(addr)
     assert (e.value.addr, e.value.size) == (addr, size)
     assert c.word(0x1000) == _word_at(0x1000)  # a fault leaves the cursor usable
+
+
+#: a segment ending at 2**64: its last words are at addresses whose ``addr + 8`` (``+ 16``) is 2**64 or past it
+_TOP = 2**64 - 0x20
+_TOP_SEGMENTS = [Segment(0x1000, _words_from(0x1000, 4)), Segment(_TOP, _words_from(_TOP, 4))]
+
+
+@pytest.mark.parametrize("addr", [-8, -0x1000 + 0x10, -2**64 + 0x1000, 2**64, 2**64 + 0x1000, 2**64 + _TOP, 2**65,
+                                  2**64 - 8 + 8 * 2**64, -1])
+@pytest.mark.parametrize("kept", [0x1000, _TOP])
+def test_word_cursor_faults_outside_the_u64_range(addr, kept):
+    # no such address is read as a word of the kept segment (one equal to a captured one mod 2**64 included)
+    c = WordCursor(_CountingMemory(_TOP_SEGMENTS))
+    c.word(kept)
+    for size, read in ((8, c.word), (16, c.pair)):
+        with pytest.raises(MemoryFault) as e:
+            read(addr)
+        assert (e.value.addr, e.value.size) == (addr, size)
+    assert c.word(kept + 8) == _word_at(kept + 8) and c.mem.loads == 1 + 2  # each fault asked Memory once
+
+
+def test_word_cursor_faults_outside_the_u64_range_in_a_hole():
+    c = WordCursor(Memory(_SEGMENTS, holes=[(-0x100, 0x100, ExcludedPage), (2**64 - 0x100, 2**64 + 0x100, NotMapped)]))
+    with pytest.raises(ExcludedPage):
+        c.word(-8)
+    with pytest.raises(NotMapped):
+        c.pair(2**64)
+
+
+def test_word_cursor_reads_the_last_words_below_2_64():
+    c = WordCursor(_CountingMemory(_TOP_SEGMENTS))
+    assert c.word(2**64 - 8) == _word_at(2**64 - 8)  # addr + 8 is 2**64
+    assert c.pair(2**64 - 16) == (_word_at(2**64 - 16), _word_at(2**64 - 8)) and c.mem.loads == 1
+    for addr, size in ((2**64 - 8, 16), (2**64 - 4, 8), (2**64 - 4, 16)):  # past 2**64, or unaligned over it
+        with pytest.raises(MemoryFault) as e:
+            c.word(addr) if size == 8 else c.pair(addr)
+        assert (e.value.addr, e.value.size) == (addr, size)
+    assert c.word(2**64 - 0x1C) == int.from_bytes(_bytes_at_top(2**64 - 0x1C, 8), "little")  # unaligned, inside
+    assert c.word(0x1018) == _word_at(0x1018) and c.word(2**64 - 0x20) == _word_at(2**64 - 0x20)
+
+
+def _bytes_at_top(addr: int, size: int) -> bytes:
+    seg = _TOP_SEGMENTS[1]
+    return seg.data[addr - seg.start:addr - seg.start + size]
 
 
 def test_word_cursor_straddling_two_adjacent_segments_faults():

@@ -3,25 +3,32 @@ cimport cython
 cdef class Memory:
     cdef public object holes
     cdef public object segments
-    cdef public object _starts
+    cdef public list _starts
+    cdef public list _ends
     cdef public object _sizes
-    cdef public object _hit
-    cdef public dict _words
+    cdef public Py_ssize_t _hit
+    cdef public object _lo
+    cdef public object _hi
+    cdef public list _words
     cdef object __weakref__
 
-    cpdef _segment(self, object addr, object size)
+    @cython.locals(i=cython.Py_ssize_t)
+    cpdef Py_ssize_t _find(self, object addr, object size) except -1
+    @cython.locals(i=cython.Py_ssize_t)
     cpdef words(self, object addr, object size)
+    @cython.locals(i=cython.Py_ssize_t)
     cpdef read_u64(self, object addr)
 
 @cython.final
 cdef class WordCursor:
     cdef public Memory mem
-    cdef public object start
+    cdef public unsigned long long start
     cdef const unsigned long long[:] words
-    cdef public object last
+    cdef public Py_ssize_t last
 
     cpdef _load(self, object addr, object size)
-    @cython.locals(off=object, i=cython.Py_ssize_t)
+    # off: (addr - start) mod 2**64 as a signed C integer: in [0, last] exactly when addr is in the kept words
+    @cython.locals(a=cython.ulonglong, off=cython.longlong)
     cpdef object word(self, object addr)
-    @cython.locals(off=object, i=cython.Py_ssize_t)
+    @cython.locals(a=cython.ulonglong, off=cython.longlong, i=cython.Py_ssize_t)
     cpdef tuple pair(self, object addr)

@@ -8,10 +8,10 @@ past a captured segment: a read that is not wholly inside one raises
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import struct
 import sys
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -79,7 +79,7 @@ class Memory:
     """Little-endian reads from a set of non-overlapping captured segments."""
 
     # one per dump, per task snapshot: the compiled build (memory.pxd) makes it an extension type
-    __slots__ = ("holes", "segments", "_starts", "_sizes", "_hit", "_words", "__weakref__")
+    __slots__ = ("holes", "segments", "_starts", "_ends", "_sizes", "_hit", "_lo", "_hi", "_words", "__weakref__")
 
     def __init__(self, segments: Iterable[Segment],
                  holes: Iterable[tuple[int, int, type[MemoryFault]]] = ()) -> None:
@@ -93,23 +93,26 @@ class Memory:
                 raise ValueError(f"overlapping segments at {a.start:#x} and {b.start:#x}")
         self.segments: list[Segment] = segs
         self._starts = [s.start for s in segs]
+        #: ``_ends[i]``: the first address past segment ``i``
+        self._ends = [s.start + len(s.data) for s in segs]
         #: ``_sizes[k]``: the bytes of the first ``k`` segments (for :meth:`captured_size`)
         self._sizes = list(itertools.accumulate((len(s.data) for s in segs), initial=0))
-        # The last segment hit: stack walks read many words from one stack.
-        self._hit: Segment | None = segs[0] if segs else None
-        #: :meth:`words` of each segment asked for, by its start
-        self._words: dict[int, tuple[int, memoryview]] = {}
+        # The index of the last segment hit (-1: none), and its range: stack walks read many words from one stack.
+        self._hit = 0 if segs else -1
+        self._lo, self._hi = (self._starts[0], self._ends[0]) if segs else (0, 0)
+        #: :meth:`words` of each segment asked for, by its index
+        self._words: list[tuple[int, memoryview] | None] = [None] * len(segs)
 
-    def _segment(self, addr: int, size: int) -> Segment:
-        seg = self._hit
-        if seg is not None and seg.start <= addr and addr + size <= seg.start + len(seg.data):
-            return seg
-        i = bisect.bisect_right(self._starts, addr) - 1
-        if i >= 0:
-            seg = self.segments[i]
-            if addr + size <= seg.start + len(seg.data) and size >= 0:
-                self._hit = seg
-                return seg
+    def _find(self, addr: int, size: int) -> int:
+        """The index of the segment holding ``[addr, addr + size)``; raises as :meth:`segment` does."""
+        if self._lo <= addr and addr + size <= self._hi and self._hit >= 0:
+            return self._hit
+        i = bisect_right(self._starts, addr) - 1
+        if i >= 0 and addr + size <= self._ends[i] and size >= 0:
+            self._hit = i
+            self._lo = self._starts[i]
+            self._hi = self._ends[i]
+            return i
         for lo, hi, fault in self.holes:
             if addr < hi and addr + max(size, 1) > lo:
                 raise fault(addr, size)
@@ -118,26 +121,27 @@ class Memory:
     def segment(self, addr: int, size: int) -> Segment:
         """The captured segment holding ``[addr, addr + size)``; :class:`MemoryFault` (or the hole's
         fault) when none does."""
-        return self._segment(addr, size)
+        return self.segments[self._find(addr, size)]
 
     def words(self, addr: int, size: int) -> tuple[int, memoryview] | None:
         """The segment holding ``[addr, addr + size)`` as 64-bit words: ``(base, view)``, where ``view[i]`` is
         the little-endian word at ``base + 8 * i`` (``base`` the segment's first 8-aligned address); made once
         per segment. ``None`` on a big-endian host (read with :meth:`read_u64` there); a miss raises as
         :meth:`segment` does."""
-        seg = self._segment(addr, size)
-        hit = self._words.get(seg.start)
+        i = self._find(addr, size)
+        hit = self._words[i]
         if hit is None and _LITTLE_ENDIAN_HOST:
+            seg = self.segments[i]
             pad = -seg.start & 7
             end = pad + ((len(seg.data) - pad) & ~7) if len(seg.data) > pad else pad
-            hit = self._words[seg.start] = (seg.start + pad, memoryview(seg.data)[pad:end].cast("Q"))
+            hit = self._words[i] = (seg.start + pad, memoryview(seg.data)[pad:end].cast("Q"))
         return hit
 
     def captured(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """The captured parts of ``[lo, hi)`` as ``(start, end)`` ranges in address order."""
         out = []
         segs = self.segments
-        for i in range(max(bisect.bisect_right(self._starts, lo) - 1, 0), len(segs)):
+        for i in range(max(bisect_right(self._starts, lo) - 1, 0), len(segs)):
             seg = segs[i]
             start = seg.start
             if start >= hi:
@@ -154,8 +158,8 @@ class Memory:
     def captured_size(self, lo: int, hi: int) -> int:
         """How many bytes of ``[lo, hi)`` are captured: the sum of :meth:`captured`, without the list."""
         starts, segs = self._starts, self.segments
-        i = max(bisect.bisect_right(starts, lo) - 1, 0)  # the segment holding lo, or the first one
-        j = bisect.bisect_left(starts, hi)  # segments [i, j) start below hi
+        i = max(bisect_right(starts, lo) - 1, 0)  # the segment holding lo, or the first one
+        j = bisect_left(starts, hi)  # segments [i, j) start below hi
         if i >= j or hi <= lo:
             return 0
         total = self._sizes[j] - self._sizes[i]
@@ -170,27 +174,28 @@ class Memory:
     def contains(self, addr: int, size: int = 1) -> bool:
         """True when ``[addr, addr + size)`` is captured in one segment."""
         try:
-            self._segment(addr, size)
+            self._find(addr, size)
         except MemoryFault:
             return False
         return True
 
     def read(self, addr: int, size: int) -> bytes:
         """Return ``size`` bytes at ``addr``."""
-        seg = self._segment(addr, size)
+        seg = self.segments[self._find(addr, size)]
         off = addr - seg.start
         return seg.data[off:off + size]
 
     def read_u64(self, addr: int) -> int:
         """Return the little-endian 64-bit word at ``addr``."""
-        seg = self._hit
-        if seg is None or addr < seg.start or addr + 8 > seg.start + len(seg.data):
-            seg = self._segment(addr, 8)
+        i = self._hit
+        if not (self._lo <= addr and addr + 8 <= self._hi and i >= 0):
+            i = self._find(addr, 8)
+        seg = self.segments[i]
         return _U64.unpack_from(seg.data, addr - seg.start)[0]
 
     def read_u32(self, addr: int) -> int:
         """Return the little-endian 32-bit word at ``addr``."""
-        seg = self._segment(addr, 4)
+        seg = self.segments[self._find(addr, 4)]
         return _U32.unpack_from(seg.data, addr - seg.start)[0]
 
 
@@ -221,21 +226,30 @@ class WordCursor:
 
     def word(self, addr: int) -> int:
         """The little-endian 64-bit word at ``addr``."""
-        off = addr - self.start
+        try:
+            a = addr  # a C u64 in the compiled build (memory.pxd), and the offset below a C integer
+        except OverflowError:  # below 0 or from 2**64 on: a miss, as its offset is in Python; Memory faults
+            self._load(addr, 8)
+            return self.mem.read_u64(addr)
+        off = a - self.start
         if not (0 <= off <= self.last and not off & 7):
             self._load(addr, 8)
-            off = addr - self.start
+            off = a - self.start
             if not (0 <= off <= self.last and not off & 7):  # unaligned, or no words on this host
                 return self.mem.read_u64(addr)
-        i = off >> 3
-        return self.words[i]
+        return self.words[off >> 3]
 
     def pair(self, addr: int) -> tuple[int, int]:
         """The little-endian 64-bit words at ``addr`` and ``addr + 8``, captured in one segment."""
-        off = addr - self.start
+        try:
+            a = addr  # as in word()
+        except OverflowError:
+            self._load(addr, 16)
+            return _U64_PAIR.unpack(self.mem.read(addr, 16))
+        off = a - self.start
         if not (0 <= off < self.last and not off & 7):
             self._load(addr, 16)
-            off = addr - self.start
+            off = a - self.start
             if not (0 <= off < self.last and not off & 7):  # unaligned, or no words on this host
                 return _U64_PAIR.unpack(self.mem.read(addr, 16))
         i = off >> 3
