@@ -248,7 +248,7 @@ def load_corpus(arch: str) -> Corpus | Missing:
     reads: dict[int, tuple[Callable[[int], int], list[int]]] = {}
     with recording_orc_lookups(arch) as log:
         for item, t in zip(items, targets):
-            rec = replace(t, options=replace(t.options, record=True))
+            rec = t.replace(options=replace(t.options, record=True))
             try:
                 frames: list[Frame] = []
                 kunwind_stack_walk(backend.unwinder(rec), lambda f: frames.append(f) is None)
@@ -275,7 +275,7 @@ def load_corpus(arch: str) -> Corpus | Missing:
     root = CORPORA / arch
     label = f"{root.relative_to(REPO) if root.is_relative_to(REPO) else root}/{'+'.join(sorted(releases))}"
     return Corpus(arch=arch, backend=backend, label=label, dumps=[Path(d).name for d in dumps],
-                  targets=kept_t, targets_record=[replace(t, options=replace(t.options, record=True)) for t in kept_t],
+                  targets=kept_t, targets_record=[t.replace(options=replace(t.options, record=True)) for t in kept_t],
                   items=kept_i, frames=frames_total, walked=walked, reads=list(reads.values()),
                   lookups=list(tables.values()), failed=failed)
 

@@ -286,7 +286,7 @@ class DumpConstants:
         # struct pt_regs: BTF, the dump's offsets, derived, the table; read through a copy of the target
         # with a shared dict of its own (the one holding these constants would make a reference cycle)
         self._pt: tuple[StructLayout, dict[str, int], int, int, int] | None = None
-        self._view: Target | None = target.own_shared()
+        self._view: Target | None = target.replace(shared={})
         self._table: OrcTable | None = table
         # struct inactive_task_frame: BTF, the dump's offsets, the table
         self.itf = resolve_layout(target, "inactive_task_frame", INACTIVE_TASK_FRAME_MEMBERS,

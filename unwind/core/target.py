@@ -154,6 +154,10 @@ class Options:
     orc_version: str | None = None
 
 
+#: :class:`Target`'s fields, in order
+_TARGET_FIELDS = ("arch", "mem", "task", "release", "vmcoreinfo", "symbols", "image", "info", "options", "shared")
+
+
 class Target:
     """Everything one walk of one task reads.
 
@@ -162,7 +166,7 @@ class Target:
     dataclass's.
     """
 
-    __slots__ = ("arch", "mem", "task", "release", "vmcoreinfo", "symbols", "image", "info", "options", "shared")
+    __slots__ = _TARGET_FIELDS
 
     arch: str
     mem: Memory
@@ -206,13 +210,13 @@ class Target:
     __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it replaces
 
     def __repr__(self) -> str:
-        names = self.__slots__
-        return f"Target({', '.join(f'{n}={v!r}' for n, v in zip(names, self._fields()))})"
+        return f"Target({', '.join(f'{n}={v!r}' for n, v in zip(_TARGET_FIELDS, self._fields()))})"
 
-    def own_shared(self) -> "Target":
-        """A copy of this target with a :attr:`shared` dict of its own."""
-        return Target(self.arch, self.mem, self.task, self.release, self.vmcoreinfo, self.symbols, self.image,
-                      self.info, self.options, {})
+    def replace(self, **changes: Any) -> "Target":
+        """A copy with the fields named in ``changes`` set to their values (as :func:`dataclasses.replace`)."""
+        values = dict(zip(_TARGET_FIELDS, self._fields()))
+        values.update(changes)
+        return Target(**values)
 
     def per_dump(self, key: Hashable, make: "Callable[[Target], Any]") -> Any:
         """``make(self)`` the first time ``key`` is asked for among the walks sharing :attr:`shared`."""
