@@ -452,7 +452,7 @@ class RiscvUnwinder(Unwinder):
             ra, self.firmware_ra = self.firmware_ra, None
             frame = self._next_frame_record()
             # the trapped function's own record holds the same ra: that caller is already printed
-            return self._next_frame_record() if frame.__class__ is Frame and frame.pc == ra else frame
+            return self._next_frame_record() if type(frame) is Frame and frame.pc == ra else frame
         return self._next_frame_record()
 
     # stacktrace.c:74-92 walk_stackframe(): the loop body from fp_is_valid() to the next pc

@@ -613,7 +613,7 @@ class OrcUnwinder(Unwinder):
                     if not self.target.options.complete:
                         raise  # re-raised here: a function holding the stop while raising it makes a cycle
                     return self.complete_undefined(stop, error, prov)
-                if found.__class__ is Stop:  # ORC_TYPE_END_OF_STACK: the_end
+                if type(found) is Stop:  # ORC_TYPE_END_OF_STACK: the_end
                     return found  # type: ignore[return-value]
                 orc, source = found  # type: ignore[misc]
             self.signal = orc.signal  # unwind_orc.c:512

@@ -186,8 +186,8 @@ def kunwind_stack_walk(unwinder: Unwinder, consume: Consumer | None,
             if count >= max_frames:
                 return Stop(_FRAME_LIMIT, f"{max_frames} frames", count)
             frame = unwinder.next()
-            if frame.__class__ is not Frame:  # the step's stop, returned (kunwind_next()'s ret)
-                if frame.__class__ is Stop:  # made by the step for this walk: handed back with its count
+            if type(frame) is not Frame:  # the step's stop, returned (kunwind_next()'s ret)
+                if type(frame) is Stop:  # made by the step for this walk: handed back with its count
                     frame.frames = count  # type: ignore[union-attr]
                     return frame  # type: ignore[return-value]
                 return Stop(frame.reason, frame._detail, count)  # type: ignore[union-attr]
@@ -254,8 +254,8 @@ def iter_frames(unwinder: Unwinder, max_frames: int = DEFAULT_MAX_FRAMES) -> Ite
             if count >= max_frames:
                 return Stop(_FRAME_LIMIT, f"{max_frames} frames", count)
             frame = unwinder.next()  # type: ignore[assignment]
-            if frame.__class__ is not Frame:  # the step's stop, returned
-                if frame.__class__ is Stop:
+            if type(frame) is not Frame:  # the step's stop, returned
+                if type(frame) is Stop:
                     frame.frames = count  # type: ignore[attr-defined]
                     return frame  # type: ignore[return-value]
                 return Stop(frame.reason, frame._detail, count)  # type: ignore[attr-defined]
