@@ -57,3 +57,4 @@ def test_a_dumps_columns_are_those_of_the_tasks_it_hands_out() -> None:
     changed = list(tasks)
     changed[-1] = replace(tasks[-1], context={**(tasks[-1].context or {}), "fp": 0})
     assert not made.same(changed)
+

@@ -37,7 +37,7 @@ from unwind.core.frame import Flag, Frame, Source
 from unwind.core.memory import Memory
 from .result import Replay
 from unwind.core.target import Options, Task
-from unwind.core.taskcolumns import OTHER, U64, TaskColumns
+from unwind.core.taskcolumns import OTHER, U64, WORD, TaskColumns
 from unwind.core.walk import Stop, StopReason
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class Job:
 
 #: the most words a batch step reads from one address: arm64's frame_record_meta {fp, lr, type}
 READ_WORDS = 3
-_START, _DATA = attrgetter("start"), attrgetter("data")
+_DATA = attrgetter("data")
 
 
 class FlatMemory:
@@ -86,10 +86,12 @@ class FlatMemory:
     def __init__(self, memories: Sequence[Memory]) -> None:
         segs = list(chain.from_iterable(mem.segments for mem in memories))
         self.seg_mem = np.repeat(np.arange(len(memories), dtype=np.int64), [len(mem.segments) for mem in memories])
-        self.starts = np.fromiter(map(_START, segs), _U64, len(segs))
+        # through the array module, from lists the memories keep: numpy packs each int of an iterator alone
+        bounds = [mem.bounds for mem in memories]
+        self.starts = np.frombuffer(array(WORD, list(chain.from_iterable(b[0] for b in bounds))), _U64)
+        self.ends = np.frombuffer(array(WORD, list(chain.from_iterable(b[1] for b in bounds))), _U64)
+        sizes = self.ends - self.starts
         pieces = list(map(_DATA, segs))
-        sizes = np.fromiter(map(len, pieces), _U64, len(segs))
-        self.ends = self.starts + sizes
         if not ((self.starts | sizes) & _U64(7)).any():  # the usual case: stacks are captured in whole words
             self.origins = self.starts
             words = (sizes >> _U64(3)).astype(np.int64)
