@@ -16,7 +16,8 @@ from .target import Task
 #: the array typecode of a 64-bit unsigned word: ``L`` where it is 64 bits (CPython converts a large int to an
 #: unsigned long in half the time it takes for an unsigned long long), else ``Q``
 WORD = "L" if array("L").itemsize == 8 else "Q"
-_REGS, _CONTEXT, _STACKS, _EXTRA = attrgetter("regs"), attrgetter("context"), attrgetter("stacks"), attrgetter("extra")
+#: what the columns read of a task
+_READ = attrgetter("stacks", "context", "regs", "extra")
 #: what a task's context holds under a key (:meth:`TaskColumns.context`): a u64, or another value
 U64, OTHER = 1, 2
 
@@ -31,17 +32,16 @@ class TaskColumns:
     (a stack bound) or that key unknown (a context word): such a task is left to the scalar walk.
     """
 
-    __slots__ = ("regs", "contexts", "stacks", "extras", "blocked", "low", "high", "on_cpu", "_words")
+    __slots__ = ("contexts", "blocked", "low", "high", "on_cpu", "_words", "_read")
 
     def __init__(self, tasks: Sequence[Task], keys: Iterable[str] = ()) -> None:
         """``keys``: the context words to make now (the others are made when asked)."""
-        #: each task's objects the columns were read from (:meth:`same`)
-        self.regs = list(map(_REGS, tasks))
-        self.contexts = list(map(_CONTEXT, tasks))
-        self.stacks = list(map(_STACKS, tasks))
-        self.extras = list(map(_EXTRA, tasks))
+        # each task's objects the columns were read from (:meth:`same`)
+        self._read = list(map(_READ, tasks))
+        #: each task's saved context
+        self.contexts = [ctx for _, ctx, _, _ in self._read]
         blocked, low, high = array("B"), array(WORD), array(WORD)
-        for regs, ctx, stacks in zip(self.regs, self.contexts, self.stacks):
+        for stacks, ctx, regs, _ in self._read:
             stack = stacks[0] if len(stacks) == 1 else None
             if regs is None and ctx is not None and stack is not None and stack.kind == "task":
                 try:
@@ -56,7 +56,7 @@ class TaskColumns:
             low.append(0)
             high.append(0)
         self.blocked, self.low, self.high = blocked, low, high
-        self.on_cpu = array("B", [bool(extra.get("on_cpu")) for extra in self.extras])
+        self.on_cpu = array("B", [bool(extra.get("on_cpu")) for _, _, _, extra in self._read])
         self._words = {key: _context_words(self.contexts, key) for key in keys}
 
     def __len__(self) -> int:
@@ -74,9 +74,7 @@ class TaskColumns:
         """Are ``tasks`` these columns' tasks, in order: the same registers, context, stacks and dump facts (the
         copies :meth:`Dump.tasks() <unwind.formats.dump.Dump.tasks>` hands out share these objects, so the
         comparison meets each one itself)?"""
-        return (len(tasks) == len(self.blocked) and list(map(_STACKS, tasks)) == self.stacks
-                and list(map(_CONTEXT, tasks)) == self.contexts and list(map(_REGS, tasks)) == self.regs
-                and list(map(_EXTRA, tasks)) == self.extras)
+        return len(tasks) == len(self.blocked) and list(map(_READ, tasks)) == self._read
 
 
 def _context_words(contexts: list[dict[str, int] | None], key: str) -> tuple[array, array]:

@@ -144,14 +144,14 @@ class FlatMemory:
         found = cand >= 0
         cand = np.where(found, cand, 0)
         if nseg:
-            found &= (self.seg_mem[cand] == mem) & (addr < self.ends[cand])
+            found &= (self.seg_mem.take(cand) == mem) & (addr < self.ends.take(cand))
         else:
             found[:] = False
         zero = _U64(0)
         if not nseg:
             return np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, np.int64)
-        return (np.where(found, self.starts[cand], zero), np.where(found, self.ends[cand], zero),
-                np.where(found, self.origins[cand], zero), np.where(found, self.bases[cand], 0))
+        return (np.where(found, self.starts.take(cand), zero), np.where(found, self.ends.take(cand), zero),
+                np.where(found, self.origins.take(cand), zero), np.where(found, self.bases.take(cand), 0))
 
 
 def word_index(addr: np.ndarray, delta: np.ndarray) -> np.ndarray:
@@ -439,7 +439,7 @@ class Lanes(NamedTuple):
 
     def per_lane(self, values: Callable[[Any], object], dtype: type = _U64) -> np.ndarray:
         """``values(constants)`` of each lane's job, as one array over the lanes."""
-        return np.array([values(c) if c is not None else 0 for c in self.constants], dtype)[self.job_of]
+        return np.array([values(c) if c is not None else 0 for c in self.constants], dtype).take(self.job_of)
 
 
 #: an arch's choice of lanes: of a batch's tasks (:class:`TaskTable`), which the plain step takes and their words
@@ -457,12 +457,12 @@ def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence
             rec.dump(n, c)
     job_of = lane_jobs(jobs)
     take, words = lanes_of(TaskTable([task_columns(job) for job in jobs]))
-    take = take & np.array([c is not None for c in consts], bool)[job_of]
+    take = take & np.array([c is not None for c in consts], bool).take(job_of)
     lanes = np.flatnonzero(take)
     if not len(lanes):
-        return Lanes(rec, consts, None, lanes, job_of[lanes], [])
+        return Lanes(rec, consts, None, lanes, job_of.take(lanes), [])
     tasks = list(compress(chain.from_iterable(job.tasks for job in jobs), take.tolist()))
-    return Lanes(rec, consts, np.stack(words).take(lanes, axis=1), lanes, job_of[lanes], tasks)
+    return Lanes(rec, consts, np.stack(words).take(lanes, axis=1), lanes, job_of.take(lanes), tasks)
 
 
 @dataclass(slots=True)
@@ -550,7 +550,7 @@ class Memo:
     def lookup(self, keys: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """The answer for each of ``keys``."""
         i = np.searchsorted(self.keys, keys)
-        hit = self.keys[np.minimum(i, len(self.keys) - 1)] == keys if len(self.keys) else np.zeros(len(keys), bool)
+        hit = self.keys.take(i, mode="clip") == keys if len(self.keys) else np.zeros(len(keys), bool)
         if np.count_nonzero(hit) != len(keys):
             new = distinct(keys[~hit])
             if len(self.keys) + len(new) > self.LIMIT:
@@ -558,9 +558,9 @@ class Memo:
             self.keys = np.concatenate([self.keys, new])
             self.values = np.concatenate([self.values, np.asarray(compute(new), np.int64)])
             order = np.argsort(self.keys)
-            self.keys, self.values = self.keys[order], self.values[order]
+            self.keys, self.values = self.keys.take(order), self.values.take(order)
             i = np.searchsorted(self.keys, keys)
-        return self.values[i]
+        return self.values.take(i)
 
 
 #: per image (or :data:`_NO_TEXT`), per arch: its call-site verdicts as flag bits by return address
@@ -780,7 +780,7 @@ def _finish_flags(group: list[Job], walked: Walked) -> None:
     if len(checkers) == 1:
         flags = apply_call_sites(checkers[0], pcs, flags)
     else:
-        image_of_frame = np.array(image_of_job, np.int64)[lane_jobs(group)[lanes]]
+        image_of_frame = np.array(image_of_job, np.int64).take(lane_jobs(group).take(lanes))
         for g, checker in enumerate(checkers):
             sel = image_of_frame == g
             flags[sel] = apply_call_sites(checker, pcs[sel], flags[sel])
