@@ -232,20 +232,22 @@ def batch_walk(jobs: list[Job]) -> Walked:
         # unwind_next_frame(): orc_find(signal ? ip : ip - 1); END_OF_STACK ends the walk (unwind_orc.c:485-510)
         look = ip - not_signal
         entry = np.where(live, orc.orc_find(table_of.view(np.int64), look), -1)
-        end = orc.end[entry]
+        end = orc.end.take(entry)
         if np.count_nonzero(end):
             rec.stop(lanes[end], _ORC_END, look[end])
         # ORC_TYPE_CALL, the CFA: sp or bp plus sp_offset (unwind_orc.c:514-578)
-        cfa, call = add_offset(np.where(orc.cfa_from_bp[entry], bp, sp), orc.sp_offset[entry], orc.sp_negative[entry])
-        call &= orc.call[entry] & (cfa >= _U64(8))
+        cfa, call = add_offset(np.where(orc.cfa_from_bp.take(entry), bp, sp), orc.sp_offset.take(entry),
+                               orc.sp_negative.take(entry))
+        call &= orc.call.take(entry) & (cfa >= _U64(8))
         # the return address below the CFA, deref_stack_reg() on the stack walked (582-593)
         ip_p = cfa - _U64(8)
         call = captured(ip_p, call, lo, top)
         new_ip = words.take(word_index(ip_p, delta), mode="clip")
         call &= (new_ip != rth) & (new_ip != rethook)
         # bp: undefined (no regs: unchanged), or saved at prev_sp or bp plus bp_offset (640-661)
-        saved = orc.bp_saved[entry]
-        at, no_wrap = add_offset(np.where(orc.bp_from_bp[entry], bp, cfa), orc.bp_offset[entry], orc.bp_negative[entry])
+        saved = orc.bp_saved.take(entry)
+        at, no_wrap = add_offset(np.where(orc.bp_from_bp.take(entry), bp, cfa), orc.bp_offset.take(entry),
+                                 orc.bp_negative.take(entry))
         call &= ~saved | captured(at, no_wrap, lo, top)
         new_bp = np.where(saved, words.take(word_index(at, delta), mode="clip"), bp)
         # the kernel refuses an sp that did not grow on the stack (663-670); the batch takes only an sp that
@@ -257,7 +259,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
             break
         rec.frames(step, lanes, go, new_ip, sp=cfa, fp=new_bp, source=_ORC_CALL, stack=label_task)
         step += 1
-        live, state, ip, sp, bp, not_signal = narrowed(go, n, state, new_ip, cfa, new_bp, orc.not_signal[entry])
+        live, state, ip, sp, bp, not_signal = narrowed(go, n, state, new_ip, cfa, new_bp, orc.not_signal.take(entry))
     return rec.finish()
 
 
