@@ -225,6 +225,13 @@ def test_flat_memory_words_are_the_memories_bytes(aligned: bool) -> None:
             assert (start[k], end[k]) == (0, 0) if not holding else start[k] == holding[0]
         else:
             assert start[k] == w
+    # any address of any memory, below, between and past its segments: the segment holding it, if any
+    mems = [rng.randrange(len(memories)) for _ in range(400)]
+    addrs = [rng.randrange(0x800, 0xA000) for _ in mems]
+    start, end, _, _ = flat.locate(np.array(mems, np.int64), np.array(addrs, np.uint64))
+    for m, a, s, e in zip(mems, addrs, start.tolist(), end.tolist()):
+        holding = [(seg.start, seg.end) for seg in memories[m].segments if seg.start <= a < seg.end]
+        assert (s, e) == (holding[0] if holding else (0, 0)), (m, hex(a))
 
 
 def test_checkers_of_images_without_text_share_one_memo(corpus) -> None:

@@ -134,24 +134,23 @@ class FlatMemory:
         lane ``k``: ``(start, end, origin, base)``; an address in no segment gets the empty segment
         ``[0, 0)``, so every read there is refused."""
         n, nseg = len(addr), len(self.starts)
-        # each address after the segments of its memory that start at or below it: the last of them holds it
-        order = np.lexsort((np.concatenate([np.zeros(nseg, np.int64), np.ones(n, np.int64)]),
-                            np.concatenate([self.starts, addr]), np.concatenate([self.seg_mem, mem])))
-        is_seg = order < nseg
-        last = np.maximum.accumulate(np.where(is_seg, order, -1))
-        cand = np.empty(n, np.int64)
-        cand[order[~is_seg] - nseg] = last[~is_seg]
-        found = cand >= 0
-        cand = np.where(found, cand, 0)
-        if nseg:
-            found &= (self.seg_mem.take(cand) == mem) & (addr < self.ends.take(cand))
-        else:
-            found[:] = False
-        zero = _U64(0)
         if not nseg:
             return np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, np.int64)
-        return (np.where(found, self.starts.take(cand), zero), np.where(found, self.ends.take(cand), zero),
-                np.where(found, self.origins.take(cand), zero), np.where(found, self.bases.take(cand), 0))
+        # (memory, address) as one sorted key: the memory's number, then the address's rank among all the segment
+        # starts (how many are at or below it: an address ranks below a start above it, not below one at or
+        # below it); the segments' keys rise through the table, memory after memory
+        ranks = np.sort(self.starts)
+        scale = nseg + 1
+        seg_key = self.seg_mem * scale + ranks.searchsorted(self.starts, "right")
+        # the last segment at or below each address: the one holding it, when it is of the lane's memory
+        cand = seg_key.searchsorted(mem * scale + ranks.searchsorted(addr, "right"), "right") - 1
+        found = ((cand >= 0) & (self.seg_mem.take(cand, mode="clip") == mem)
+                 & (addr < self.ends.take(cand, mode="clip")))
+        zero = _U64(0)
+        return (np.where(found, self.starts.take(cand, mode="clip"), zero),
+                np.where(found, self.ends.take(cand, mode="clip"), zero),
+                np.where(found, self.origins.take(cand, mode="clip"), zero),
+                np.where(found, self.bases.take(cand, mode="clip"), 0))
 
 
 def word_index(addr: np.ndarray, delta: np.ndarray) -> np.ndarray:
@@ -175,7 +174,7 @@ def locate_lanes(jobs: Sequence[Job], lane_job: np.ndarray, lane_tasks: Sequence
     """
     memories: list[Memory] = []
     index: dict[int, int] = {}
-    mem_of: list[int] = []
+    mem_of = array("q")
     lo = 0
     for job, count in zip(jobs, np.bincount(lane_job, minlength=len(jobs)).tolist()):
         if not count:
@@ -196,10 +195,10 @@ def locate_lanes(jobs: Sequence[Job], lane_job: np.ndarray, lane_tasks: Sequence
             if ids[0] not in index:
                 index[ids[0]] = len(memories)
                 memories.append(mems[0])
-            mem_of.extend([index[ids[0]]] * count)
+            mem_of.extend(array("q", [index[ids[0]]]) * count)
         lo += count
     flat = FlatMemory.of(memories)
-    return (flat, *flat.locate(np.array(mem_of, np.int64), addr))
+    return (flat, *flat.locate(np.frombuffer(mem_of, np.int64), addr))
 
 
 #: what a stop code stands for: the reason, and the detail made from the task's target, the dump's
