@@ -109,12 +109,13 @@ def batch_walk(jobs: list[Job]) -> Walked:
     consts = lanes_in.constants
     job_of = lanes_in.job_of
     text_lo, text_span = spans(np.array([c.text if c is not None else [(0, 0)] * _TEXT_RANGES for c in consts],
-                                        _U64)[job_of].transpose(1, 0, 2))
+                                        _U64).take(job_of, axis=0).transpose(1, 0, 2))
     used = text_span.any(axis=1)  # a range empty in every lane holds no pc: not checked (the first always is)
     used[0] = True
     text_lo, text_span = text_lo[used], text_span[used]
     ranges = len(text_lo)
-    exc_lo, exc_span = spans(np.array([c.exc_frame if c is not None else (0, 0) for c in consts], _U64)[job_of])
+    exc_frame = np.array([c.exc_frame if c is not None else (0, 0) for c in consts], _U64)
+    exc_lo, exc_span = spans(exc_frame.take(job_of, axis=0))
     rth = per_lane(lambda c: c.return_to_handler)
     # thread_size(): the task stack's size; task_pt_regs(tsk) = top - ALIGN(sizeof(pt_regs), STACK_ALIGN)
     ts = high - low

@@ -186,7 +186,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
             tables.append(c.table)
     orc = Tables(tables)
     table_of = per_lane(lambda c: table_index[id(c.table)], np.int64)
-    text = np.array([c.text if c is not None else [(0, 0)] * 3 for c in consts], _U64)[lanes_in.job_of]
+    text = np.array([c.text if c is not None else [(0, 0)] * 3 for c in consts], _U64).take(lanes_in.job_of, axis=0)
     rth, rethook = per_lane(lambda c: c.return_to_handler), per_lane(lambda c: c.rethook_trampoline)
     flat, seg_lo, seg_hi, origin, base = locate_lanes(jobs, lanes_in.job_of, lanes_in.tasks, tsp)
     words = flat.words
