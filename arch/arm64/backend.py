@@ -75,7 +75,6 @@ class Arm64Backend(ArchBackend):
     sp_reg = "sp"
     # thread.cpu_context (x19..x28, fp, sp, pc); "caller" marks a walk started from a caller
     context_keys = frozenset({*(f"x{i}" for i in range(19, 29)), "fp", "sp", "pc", "caller"})
-    batch_context = ("fp", "pc", "sp", "caller")
     capstone = ("CS_ARCH_ARM64", "CS_MODE_ARM")
     call_lengths = (4,)
     layouts = {"pt_regs": PT_REGS_MEMBERS}

@@ -19,9 +19,9 @@ from __future__ import annotations
 import numpy as np
 
 from unwind.session import batch
-from unwind.session.batch import (Job, TaskTable, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed,
-                                  word_index)
+from unwind.session.batch import Job, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed, word_index
 from unwind.core.frame import Flag, Source
+from unwind.core.target import Task
 from unwind.core.walk import StopReason
 
 from unwind.kernel.generation import kernel_generation
@@ -92,7 +92,7 @@ def ptrauth_strip_lanes(ptr: np.ndarray, mask: np.ndarray, keep_mask: np.ndarray
 
 def batch_walk(jobs: list[Job]) -> Walked:
     """``kunwind_stack_walk()`` of every task of ``jobs`` that the plain step can take, in lockstep."""
-    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lanes_of)
+    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lane_of)
     rec, per_lane = lanes_in.recorder, lanes_in.per_lane
     if lanes_in.columns is None:
         return rec.finish()
@@ -167,11 +167,14 @@ def batch_walk(jobs: list[Job]) -> Walked:
     return rec.finish()
 
 
-def lanes_of(tasks: TaskTable) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-    """The tasks the batch takes: blocked tasks with a saved fp, pc and sp on their one task stack (a NULL task
-    stack, ``task_stack_freed()``, is left to the scalar walk); their ``fp, pc, sp, source, stack low, stack
-    high``."""
-    (fp, has_fp), (pc, has_pc), (sp, has_sp) = (tasks.context(key) for key in ("fp", "pc", "sp"))
-    caller, _ = tasks.context("caller")
-    take = tasks.blocked & (tasks.low != 0) & has_fp & has_pc & has_sp & ~tasks.odd("caller")
-    return take, (fp, pc, sp, np.where(caller != 0, _U64(_CALLER), _U64(_TASK)), tasks.low, tasks.high)
+def lane_of(task: Task) -> tuple[int, ...] | None:
+    """A lane's words for ``task`` when the batch takes it: a blocked task with a saved fp, pc and sp on its
+    one task stack (a NULL task stack, ``task_stack_freed()``, is left to the scalar walk); its
+    ``fp, pc, sp, source, stack low, stack high``."""
+    ctx = task.context
+    if task.regs is None and ctx is not None and len(task.stacks) == 1:
+        stack = task.stacks[0]
+        fp, pc, sp = ctx.get("fp"), ctx.get("pc"), ctx.get("sp")
+        if stack.kind == "task" and stack.low and fp is not None and pc is not None and sp is not None:
+            return fp, pc, sp, _CALLER if ctx.get("caller") else _TASK, stack.low, stack.high
+    return None

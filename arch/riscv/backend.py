@@ -77,7 +77,6 @@ class RiscvBackend(ArchBackend):
     sp_reg = "sp"
     # thread.ra, thread.sp, thread.s[0..11]
     context_keys = frozenset({"ra", "sp", *(f"s{i}" for i in range(12))})
-    batch_context = ("ra", "s0", "sp")
     capstone = ("CS_ARCH_RISCV", "CS_MODE_RISCV64", "CS_MODE_RISCVC")
     call_lengths = (2, 4)
     layouts = {"pt_regs": structs.PT_REGS_MEMBERS}

@@ -19,9 +19,9 @@ from __future__ import annotations
 import numpy as np
 
 from unwind.session import batch
-from unwind.session.batch import (Job, TaskTable, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed,
-                                  word_index)
+from unwind.session.batch import Job, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed, word_index
 from unwind.core.frame import Source
+from unwind.core.target import Task
 from unwind.core.walk import StopReason
 
 from .stacktrace import FP_ZERO_DETAIL, MASK64, RiscvUnwinder, align, first_frame_detail
@@ -100,7 +100,7 @@ def spans(ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def batch_walk(jobs: list[Job]) -> Walked:
     """``walk_stackframe()`` of every blocked task of ``jobs`` that the plain step can take, in lockstep."""
-    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lanes_of)
+    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lane_of)
     rec, per_lane = lanes_in.recorder, lanes_in.per_lane
     if lanes_in.columns is None:
         return rec.finish()
@@ -174,10 +174,15 @@ def batch_walk(jobs: list[Job]) -> Walked:
     return rec.finish()
 
 
-def lanes_of(tasks: TaskTable) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-    """The tasks the batch takes: blocked tasks with a saved ra, s0 and sp on their one task stack of known size
-    (THREAD_SIZE, at least one record); their ``pc, fp, sp, stack low, stack high``."""
-    (pc, has_pc), (fp, has_fp), (sp, has_sp) = (tasks.context(key) for key in ("ra", "s0", "sp"))
-    low, high = tasks.low, tasks.high
-    take = tasks.blocked & (high >= low) & (high - low >= _U64(STACKFRAME_SIZE)) & has_pc & has_fp & has_sp
-    return take, (pc, fp, sp, low, high)
+def lane_of(task: Task) -> tuple[int, ...] | None:
+    """A lane's words for ``task`` when the batch takes it: a blocked task with a saved ra, s0 and sp on its
+    one task stack of known size (THREAD_SIZE, at least one record); its ``pc, fp, sp, stack low, stack
+    high``."""
+    ctx = task.context
+    if task.regs is None and ctx is not None and len(task.stacks) == 1:
+        stack = task.stacks[0]
+        pc, fp, sp = ctx.get("ra"), ctx.get("s0"), ctx.get("sp")
+        if (stack.kind == "task" and stack.high - stack.low >= STACKFRAME_SIZE and pc is not None
+                and fp is not None and sp is not None):
+            return pc, fp, sp, stack.low, stack.high
+    return None

@@ -80,7 +80,6 @@ class X86_64Backend(ArchBackend):
     sp_reg = "rsp"
     # thread.sp, and the inactive_task_frame members above it
     context_keys = frozenset({"sp", "bp", "ip"})
-    batch_context = ("sp",)
     min_frame_bytes = 8  # a return address alone: ORC frames without a saved register (sp_offset 8)
     capstone = ("CS_ARCH_X86", "CS_MODE_64")
     # call rel32 (5), call *%reg (2, 3 with REX), call *disp(%reg) (3..7), retpoline thunks are call rel32

@@ -23,17 +23,16 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from unwind.session import batch
-from unwind.session.batch import (Job, Memo, TaskTable, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed,
-                                  word_index)
+from unwind.session.batch import Job, Memo, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed, word_index
 from unwind.core.frame import Source
-from unwind.core.target import Options
+from unwind.core.target import Options, Task
 from unwind.core.walk import StopReason
 from unwind.kernel.layout import known_layout
 
 from .orc import (ORC_REG_BP, ORC_REG_PREV_SP, ORC_REG_SP, ORC_REG_UNDEFINED, ORC_TYPE_CALL, ORC_TYPE_END_OF_STACK,
                   OrcTable, orc_table)
 from .structs import PT_REGS_MEMBERS
-from .unwind_orc import OrcUnwinder, orc_end_detail
+from .unwind_orc import OrcUnwinder, orc_end_detail, task_on_another_cpu
 
 _U64 = np.uint64
 #: the frame sources a batch walk reports, by index
@@ -172,7 +171,7 @@ def add_offset(value: np.ndarray, offset: np.ndarray, negative: np.ndarray) -> t
 
 def batch_walk(jobs: list[Job]) -> Walked:
     """``unwind_next_frame()`` of every blocked task of ``jobs`` that the plain step can take, in lockstep."""
-    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lanes_of)
+    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lane_of)
     rec, per_lane, consts = lanes_in.recorder, lanes_in.per_lane, lanes_in.constants
     if lanes_in.columns is None:
         return rec.finish()
@@ -276,9 +275,13 @@ def kernel_text_lanes(ip: np.ndarray, text: np.ndarray) -> np.ndarray:
     return ((text[:, :, 0] <= ip[:, None]) & (ip[:, None] < text[:, :, 1])).any(axis=1)
 
 
-def lanes_of(tasks: TaskTable) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-    """The tasks the batch takes: blocked tasks with a saved ``thread.sp`` and one task stack, not refused by
-    ``task_on_another_cpu()`` (the dump says ``on_cpu`` is set); their ``thread.sp, stack low, stack high``."""
-    tsp, has_tsp = tasks.context("sp")
-    take = tasks.blocked & ~tasks.on_cpu & (tasks.low < tasks.high) & has_tsp
-    return take, (tsp, tasks.low, tasks.high)
+def lane_of(task: Task) -> tuple[int, ...] | None:
+    """A lane's words for ``task`` when the batch takes it: a blocked task with a saved ``thread.sp`` and one
+    task stack, not refused by ``task_on_another_cpu()``; its ``thread.sp, stack low, stack high``."""
+    ctx = task.context
+    if task.regs is None and ctx is not None and len(task.stacks) == 1 and not task_on_another_cpu(task):
+        stack = task.stacks[0]
+        tsp = ctx.get("sp")
+        if stack.kind == "task" and stack.low < stack.high and tsp is not None:
+            return tsp, stack.low, stack.high
+    return None

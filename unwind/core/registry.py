@@ -71,9 +71,6 @@ class ArchBackend(ABC):
     #: the keys of a blocked task's saved ``context`` in the dump's note (``None``: any);
     #: the note's schema drops any other key with a warning (``unwind/formats/note_schema.py``)
     context_keys: ClassVar[frozenset[str] | None] = None
-    #: the saved-context keys a batch walk's lanes start from (``batch.lanes_of``): a dump makes their words with its
-    #: tasks (:class:`~unwind.core.taskcolumns.TaskColumns`), a batch reads them
-    batch_context: ClassVar[tuple[str, ...]] = ()
     #: the fewest stack bytes one frame consumes (the default frame limit, ``unwind.core.walk.frame_limit``):
     #: an arm64 or riscv frame record {fp, lr} is 16
     min_frame_bytes: ClassVar[int] = 16

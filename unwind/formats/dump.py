@@ -33,7 +33,6 @@ from .vmcore.notes import parse_notes
 from .vmcore.vmcoreinfo import VmcoreInfo
 from unwind.core.stackinfo import StackInfo
 from unwind.core.target import FgraphEntry, KretprobeInstance, Lack, Task
-from unwind.core.taskcolumns import TaskColumns
 
 FORMAT_VERSION = 1
 
@@ -409,7 +408,6 @@ class Dump:
         self._tasks: list[Task] = [self._task(t) for t in self.note["tasks"]]
         self._tasks.sort(key=lambda t: (not t.running, t.running_cpu or 0))
         mark_switches(self._tasks, self.backend.sp_reg)  # a capture's on_cpu tasks (convert wrote the pairs too)
-        self._columns = TaskColumns(self._tasks, self.backend.batch_context)
 
     def _elf_header(self, data: bytes) -> dict[str, int]:
         """The ELF header's fields, checked before the program headers are read."""
@@ -450,11 +448,6 @@ class Dump:
     def tasks(self) -> list[Task]:
         """Every task in the dump, running ones first in CPU order (built once, at open)."""
         return [copy.copy(t) for t in self._tasks]
-
-    def task_columns(self) -> TaskColumns:
-        """The tasks :meth:`tasks` hands out, as columns (made at open, with the tasks): what a batch walk picks its
-        lanes from."""
-        return self._columns
 
     def _task(self, t: Note) -> Task:
         pid, cpu, task_struct = t["pid"], t["cpu"], t["task"]

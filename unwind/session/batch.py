@@ -37,7 +37,6 @@ from unwind.core.frame import Flag, Frame, Source
 from unwind.core.memory import Memory
 from .result import Replay
 from unwind.core.target import Options, Task
-from unwind.core.taskcolumns import OTHER, U64, WORD, TaskColumns
 from unwind.core.walk import Stop, StopReason
 
 if TYPE_CHECKING:
@@ -48,6 +47,9 @@ if TYPE_CHECKING:
 BATCH_OPTIONS = frozenset({"generation", "orc_version"})
 
 _U64 = np.uint64
+#: the array typecode of a 64-bit unsigned word: ``L`` where it is 64 bits (CPython converts a large int to an
+#: unsigned long in half the time it takes for an unsigned long long), else ``Q``
+_WORD = "L" if array("L").itemsize == 8 else "Q"
 _BOUNDARY = Flag.BOUNDARY.value
 _CALLSITE_BITS = {"ok": Flag.CALLSITE_OK.value, "bad": Flag.CALLSITE_BAD.value, "unknown": 0}
 _FLAGS = tuple(Flag(value) for value in range(max(f.value for f in Flag) << 1))
@@ -88,8 +90,8 @@ class FlatMemory:
         self.seg_mem = np.repeat(np.arange(len(memories), dtype=np.int64), [len(mem.segments) for mem in memories])
         # through the array module, from lists the memories keep: numpy packs each int of an iterator alone
         bounds = [mem.bounds for mem in memories]
-        self.starts = np.frombuffer(array(WORD, list(chain.from_iterable(b[0] for b in bounds))), _U64)
-        self.ends = np.frombuffer(array(WORD, list(chain.from_iterable(b[1] for b in bounds))), _U64)
+        self.starts = np.frombuffer(array(_WORD, list(chain.from_iterable(b[0] for b in bounds))), _U64)
+        self.ends = np.frombuffer(array(_WORD, list(chain.from_iterable(b[1] for b in bounds))), _U64)
         sizes = self.ends - self.starts
         pieces = list(map(_DATA, segs))
         if not ((self.starts | sizes) & _U64(7)).any():  # the usual case: stacks are captured in whole words
@@ -382,53 +384,13 @@ _SHARED: "WeakKeyDictionary[object, list[tuple[object, DumpConstants | None]]]" 
 _SHARED_PER_IMAGE = 16
 
 
-class TaskTable:
-    """Every task of a batch as numpy columns, job after job (each job's :class:`~unwind.core.taskcolumns.TaskColumns`
-    end to end): what an arch's ``lanes_of`` reads to choose its lanes and their first words."""
-
-    def __init__(self, columns: Sequence[TaskColumns]) -> None:
-        self._columns = columns
-        #: a blocked task with a saved context and one stack, a task stack; that stack's bounds; ``on_cpu`` set
-        self.blocked = _column(columns, attrgetter("blocked"), bool)
-        self.low = _column(columns, attrgetter("low"), _U64)
-        self.high = _column(columns, attrgetter("high"), _U64)
-        self.on_cpu = _column(columns, attrgetter("on_cpu"), bool)
-
-    def context(self, key: str) -> tuple[np.ndarray, np.ndarray]:
-        """Each task's saved context word ``key`` (0 where it is no u64) and whether it is a u64 (``True``), as
-        :meth:`TaskColumns.context <unwind.core.taskcolumns.TaskColumns.context>` says; a task whose context holds
-        something else under ``key`` is ``odd`` (:meth:`odd`)."""
-        words = _column(self._columns, lambda c: c.context(key)[0], _U64)
-        return words, _column(self._columns, lambda c: c.context(key)[1], np.uint8) == U64
-
-    def odd(self, key: str) -> np.ndarray:
-        """Does each task's saved context hold something other than a u64 under ``key``?"""
-        return _column(self._columns, lambda c: c.context(key)[1], np.uint8) == OTHER
-
-
-def _column(columns: Sequence[TaskColumns], part: Callable[[TaskColumns], array], dtype: type) -> np.ndarray:
-    """One column of every one of ``columns``, end to end (the arrays' bytes joined, then read as ``dtype``)."""
-    return np.frombuffer(b"".join(map(part, columns)), np.uint8 if dtype is bool else dtype).view(dtype)
-
-
-def task_columns(job: Job) -> TaskColumns:
-    """The columns of ``job``'s tasks: its dump's (made with its tasks, ``Dump.task_columns()``) when they are the
-    dump's tasks, else made from the tasks given."""
-    made = getattr(job.session.dump, "task_columns", None)
-    if made is not None:
-        columns = made()
-        if columns.same(job.tasks):
-            return columns
-    return TaskColumns(job.tasks)
-
-
 class Lanes(NamedTuple):
     """The tasks of a batch an arch's plain step takes (:func:`gather_lanes`)."""
 
     recorder: Recorder
     #: each job's per-dump constants (``None``: all its tasks go to the scalar walk)
     constants: list[Any]
-    #: the arch's lane columns (``lanes_of``'s words) as ``uint64``, one row per column; ``None``: no lane
+    #: the arch's lane columns (``lane_of``'s words) as ``uint64``, one row per word; ``None``: no lane
     columns: np.ndarray | None
     #: each lane's number (its task's place in the batch) and its job
     lanes: np.ndarray
@@ -441,27 +403,35 @@ class Lanes(NamedTuple):
         return np.array([values(c) if c is not None else 0 for c in self.constants], dtype).take(self.job_of)
 
 
-#: an arch's choice of lanes: of a batch's tasks (:class:`TaskTable`), which the plain step takes and their words
-LanesOf = Callable[[TaskTable], "tuple[np.ndarray, Sequence[np.ndarray]]"]
-
-
 def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence[StopKind],
-                 constants: type[DumpConstants], lanes_of: LanesOf) -> Lanes:
+                 constants: type[DumpConstants], lane_of: Callable[[Task], "tuple[int, ...] | None"]) -> Lanes:
     """The recorder of every task of ``jobs``, each job's per-dump constants, and the lanes: the tasks of
-    jobs with constants that ``lanes_of`` takes, with its words (``uint64`` arrays, one per column)."""
+    jobs with constants for which ``lane_of(task)`` gives the arch's words.
+
+    The words of all lanes become one ``uint64`` array at once (through :data:`_WORD`); a value that is no
+    u64 (the note allows none) leaves no lane: the scalar walk says what it is.
+    """
     rec = Recorder(sum(len(job.tasks) for job in jobs), sources, stops)
     consts = [constants.of(job) if job.tasks else None for job in jobs]
-    for n, c in enumerate(consts):
-        if c is not None:
+    rows: list[tuple[int, ...] | None] = []
+    for n, (job, c) in enumerate(zip(jobs, consts)):
+        if c is None:
+            rows.extend([None] * len(job.tasks))
+        else:
             rec.dump(n, c)
-    job_of = lane_jobs(jobs)
-    take, words = lanes_of(TaskTable([task_columns(job) for job in jobs]))
-    take = take & np.array([c is not None for c in consts], bool).take(job_of)
-    lanes = np.flatnonzero(take)
+            rows.extend(map(lane_of, job.tasks))
+    # a lane's row is a non-empty tuple (true), no lane's None
+    taken = bytes(list(map(bool, rows)))
+    lanes = np.flatnonzero(np.frombuffer(taken, np.bool_))
+    if len(lanes):
+        try:
+            flat = np.frombuffer(array(_WORD, list(chain.from_iterable(filter(None, rows)))), _U64)
+        except (OverflowError, TypeError):
+            lanes = lanes[:0]
     if not len(lanes):
-        return Lanes(rec, consts, None, lanes, job_of.take(lanes), [])
-    tasks = list(compress(chain.from_iterable(job.tasks for job in jobs), take.tolist()))
-    return Lanes(rec, consts, np.stack(words).take(lanes, axis=1), lanes, job_of.take(lanes), tasks)
+        return Lanes(rec, consts, None, lanes, lanes, [])
+    tasks = list(compress(chain.from_iterable(job.tasks for job in jobs), taken))
+    return Lanes(rec, consts, flat.reshape(len(lanes), -1).T, lanes, lane_jobs(jobs).take(lanes), tasks)
 
 
 @dataclass(slots=True)
