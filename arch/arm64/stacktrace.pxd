@@ -2,6 +2,7 @@ cimport cython
 from unwind.core.stackinfo cimport StackInfo, StackSet
 from unwind.core.frame cimport Frame
 from unwind.core.memory cimport WordCursor
+from unwind.core.target cimport Target
 from unwind.arch.arm64.ptrauth cimport ptrauth_strip_kernel_insn_pac, ptrauth_clear_pac
 
 cdef class KunwindState:
@@ -16,6 +17,25 @@ cdef class KunwindState:
     cdef public bint record
     cdef public object fgraph_lacks, kretprobes_lacks
     cdef public WordCursor cursor
+
+cpdef bint user_mode(object pstate)
+
+@cython.locals(info=StackInfo)
+cpdef task_stack(object stacks)
+
+cpdef task_pt_regs_stackframe(object task_stack_info, object layout)
+
+cpdef tuple walk_constants(Target target)
+
+cpdef kunwind_init(KunwindState state)
+
+cpdef kunwind_init_from_regs(KunwindState state, object regs)
+
+cpdef kunwind_init_from_caller(KunwindState state, object context)
+
+cpdef kunwind_init_from_task(KunwindState state, object context)
+
+cpdef kunwind_recover_return_address(KunwindState state)
 
 @cython.locals(cur=StackInfo)
 cpdef unwind_find_stack(KunwindState state, object sp, object size, str what)
@@ -33,10 +53,14 @@ cpdef kunwind_next_frame_record(KunwindState state)
 from unwind.core.walk cimport Unwinder
 
 cdef class Arm64Unwinder(Unwinder):
-    cdef public object target, consts, generation
+    cdef public Target target
+    cdef public object consts, generation
     cdef public KunwindState state
     cdef public object completer, _pending, _deferred, _stack_obj, _stack_label
 
+    cpdef _begin(self)
+    @cython.locals(state=KunwindState)
+    cpdef Frame _first_frame(self)
     cpdef start(self)
     cpdef next(self)
 

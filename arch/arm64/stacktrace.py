@@ -56,6 +56,7 @@ _SRC_REGS_PC = Source.REGS_PC
 _SRC_UNKNOWN = Source.UNKNOWN
 _SRC_CALLER = Source.CALLER
 _SRC_TASK = Source.TASK
+_END_OF_STACK = StopReason.END_OF_STACK
 
 #: the first kernel whose unwind() recovers the first pc too (unwind_recover_return_address()) and strips
 #: a PAC with ptrauth_strip_kernel_insn_pac(): "arm64: stacktrace: recover return address for first
@@ -293,8 +294,9 @@ class KunwindState:
         self.first_pc_recovered = gen.first_pc_recovered
         self.fgraph_idx = gen.fgraph_idx
         self.layout = layout
-        self.stacks = StackSet(task.stacks)
-        self.final_fp = task_pt_regs_stackframe(task_stack(task.stacks), layout)
+        stacks = task.stacks
+        self.stacks = StackSet(stacks)
+        self.final_fp = task_pt_regs_stackframe(task_stack(stacks), layout)
         self.pac_mask = consts.pac_mask
         self.return_to_handler = consts.return_to_handler
         self.kretprobe_trampoline = consts.kretprobe_trampoline
@@ -495,7 +497,7 @@ def kunwind_next_frame_record_meta(state: KunwindState) -> Stop | None:
     kind = state.read_u64(fp + 16, "frame_record_meta.type")
     if kind == FRAME_META_TYPE_FINAL:
         if fp == state.final_fp:
-            return Stop(StopReason.END_OF_STACK, lambda: final_record_detail(fp))  # made when read
+            return Stop(_END_OF_STACK, partial(final_record_detail, fp))  # made when read
         raise UnwindStop(StopReason.UNKNOWN_METADATA,
                          f"FRAME_META_TYPE_FINAL at {fp:#x}, not at task_pt_regs(tsk)->stackframe "
                          f"{state.final_fp:#x}" if state.final_fp is not None else
@@ -539,7 +541,7 @@ def kunwind_next(state: KunwindState) -> Stop | None:
     else:
         if state.fp == state.final_fp:
             # every walk of a blocked task ends here: the detail is made when read
-            return Stop(StopReason.END_OF_STACK, partial(final_frame_detail, state.fp))
+            return Stop(_END_OF_STACK, partial(final_frame_detail, state.fp))
         unwind_next_frame_record(state)
     raw = state.pc
     pc = state.pc = (ptrauth_strip_kernel_insn_pac(raw, state.pac_mask) if state.first_pc_recovered
@@ -564,6 +566,18 @@ _RULES = {
     Source.CALLER: "kunwind_init_from_caller: caller's frame address and return address",
     Source.REGS_PC: "kunwind_init_from_regs: pt_regs pc and x29",
 }
+
+
+def _first_provenance(state: KunwindState, gen: Generation, pac_why: str) -> Provenance:
+    """The first frame's provenance (record mode): its rule, the generation, the PAC mask and the final
+    record expected; the notes are written when read."""
+    prov = Provenance(_RULES[state.source])
+    mask, final, layout = state.pac_mask, state.final_fp, state.layout
+    prov.note(lambda: f"generation: {gen.name} ({gen.why})")
+    prov.note(lambda: f"PAC mask {mask:#x} from {pac_why}")
+    if final is not None:
+        prov.note(lambda: f"final record expected at {final:#x} (task_pt_regs(tsk)->stackframe, {layout.source})")
+    return prov
 
 
 class Arm64Unwinder(Unwinder):
@@ -626,14 +640,7 @@ class Arm64Unwinder(Unwinder):
         task = self.target.task
         self._begin()
         if state.record:
-            state.prov = Provenance(_RULES[state.source])  # the notes are written when read
-            gen, mask, why, final, layout = self.generation, state.pac_mask, self.consts.pac_why, state.final_fp, \
-                state.layout
-            state.prov.note(lambda: f"generation: {gen.name} ({gen.why})")
-            state.prov.note(lambda: f"PAC mask {mask:#x} from {why}")
-            if final is not None:
-                state.prov.note(lambda: f"final record expected at {final:#x} "
-                                        f"(task_pt_regs(tsk)->stackframe, {layout.source})")
+            state.prov = _first_provenance(state, self.generation, self.consts.pac_why)
         if state.first_pc_recovered:  # v6.1-v6.3's unwind() hands the first pc over as it is
             kunwind_recover_return_address(state)
         regs = task.regs if task.regs is not None else task.context or {}

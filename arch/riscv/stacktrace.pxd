@@ -3,13 +3,15 @@ from unwind.core.stackinfo cimport StackInfo, StackSet
 from unwind.core.frame cimport Frame
 from unwind.core.memory cimport WordCursor
 from unwind.core.walk cimport Unwinder
+from unwind.core.target cimport Target
 
 cpdef bint fp_is_valid(object fp, object sp, object thread_size)
 
 cpdef bint kernel_text_address(object addr, tuple text)
 
 cdef class RiscvUnwinder(Unwinder):
-    cdef public object t, k, mem, ts, prover
+    cdef public Target t
+    cdef public object k, mem, ts, prover
     cdef public bint record, complete
     cdef public StackSet stacks
     cdef public tuple text0, exc_frame

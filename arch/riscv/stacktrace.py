@@ -252,6 +252,7 @@ class RiscvUnwinder(Unwinder):
         #: ``(low, high, kind)`` of the stack the last label came from
         self._kind_cache: tuple[int, int, str | None] = (0, 0, None)
         self.t = target
+        task = target.task
         self.k = layout
         self.mem = target.mem
         #: the records are read from the words of the captured segment the last one came from
@@ -260,7 +261,7 @@ class RiscvUnwinder(Unwinder):
         self.record = target.options.record
         self.complete = target.options.complete
         self.prover = prover
-        self.stacks = StackSet(target.task.stacks)
+        self.stacks = StackSet(task.stacks)
         # hot-path copies of the layout
         self.text0 = layout.text0
         self.exc_frame = layout.exc_frame
@@ -269,16 +270,16 @@ class RiscvUnwinder(Unwinder):
         gen = layout.generation
         #: task_pt_regs(tsk): the frame pointer of the task's first kernel frame
         self.task_pt_regs: int | None = None
-        for st in target.task.stacks:
+        for st in task.stacks:
             if st.kind == "task":
                 self.task_pt_regs = st.high - layout.pt_regs_space
                 break
         # 6.12 passes current: a blocked task's ret_stack is never consulted; 7.x passes the task
-        fgraph = self.fgraph_all = target.task.fgraph
-        of_task = target.task.running or gen.fgraph_of_task
+        fgraph = self.fgraph_all = task.fgraph
+        of_task = task.running or gen.fgraph_of_task
         self.fgraph_kernel = fgraph if of_task else []
         #: what the dump lacks of the ret_stack the kernel searches
-        self.fgraph_lacks = target.task.fgraph_lacks if of_task else None
+        self.fgraph_lacks = task.fgraph_lacks if of_task else None
         self.fg_cursor = len(fgraph) - 1
 
     # the layout's values by the names the steps use

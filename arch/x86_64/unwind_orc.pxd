@@ -2,18 +2,30 @@ cimport cython
 from unwind.core.frame cimport Frame
 from unwind.core.memory cimport WordCursor
 from unwind.core.walk cimport Unwinder
+from unwind.core.target cimport Target
 from unwind.arch.x86_64.dumpstack cimport StackInfo, StackFinder
 from unwind.arch.x86_64.orc cimport OrcEntry
+
+cpdef bint task_on_another_cpu(object task)
 
 cdef class Regs:
     cdef public object addr, cpu, off
 
+cdef class DumpConstants:
+    cdef public object _pt, _view, _table, itf, itf_bp, itf_ret_addr, return_to_handler, rethook_trampoline
+    cdef public object ret_from_fork_asm, fgraph_idx
+
 cdef class TableConstants:
-    cdef public object table, consts, text, stext, etext, _basis
+    cdef public object table
+    cdef public DumpConstants consts
+    cdef public object text, stext, etext, _basis
     cdef public dict found
 
+cpdef TableConstants table_constants(Target target, object table)
+
 cdef class OrcUnwinder(Unwinder):
-    cdef public object target, task, mem
+    cdef public Target target
+    cdef public object task, mem
     cdef public bint record
     cdef public TableConstants c
     cdef public dict found
@@ -42,6 +54,7 @@ cdef class OrcUnwinder(Unwinder):
     cpdef Frame _start(self)
     @cython.locals(info=StackInfo, frame=Frame, orc=OrcEntry)
     cpdef unwind_next_frame(self)
+    cpdef find_orc(self, object ip, object orc, object prov)
     @cython.locals(regs=Regs, frame=Frame)
     cpdef regs_frame(self, Py_ssize_t typ, object source, str stack, Py_ssize_t flags, object prov)
     cpdef object prev_sp_reg(self, OrcEntry orc, object prov)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import struct
 import weakref
+from functools import partial
 from typing import Callable, Mapping, Sequence
 
 from unwind.core.dumpinfo import ModuleInfo, ModuleOrc
@@ -241,6 +242,11 @@ def orc_end_detail(ip: int) -> str:
     return f"ORC END_OF_STACK at {ip:#x}"
 
 
+def orc_rule(ip: int, which: str, orc: OrcEntry) -> str:
+    """The provenance rule of a frame whose caller the ORC entry ``orc`` of ``ip`` (``which``) gives."""
+    return f"ORC at {ip:#x} ({which}): {orc}"
+
+
 class Regs:
     """A ``struct pt_regs *``: one in memory at ``addr``, or the CPU's registers (``addr`` is ``None``)."""
 
@@ -380,6 +386,16 @@ class TableConstants:
         return self._basis
 
 
+# the TableConstants of a walk over ``table``: its dump's constants once per dump, the table's once per table
+def table_constants(target: Target, table: OrcTable) -> TableConstants:
+    """What every walk of ``target``'s dump over ``table`` reads alike, made once and kept in ``target.shared``."""
+    c = target.shared.get("x86_64 table")
+    if c is None or c.table is not table:
+        c = target.shared["x86_64 table"] = TableConstants(
+            table, target.per_dump("x86_64", partial(DumpConstants, table=table)))
+    return c
+
+
 class OrcUnwinder(Unwinder):
     """One ORC walk of ``target.task`` over ``table``."""
 
@@ -403,23 +419,20 @@ class OrcUnwinder(Unwinder):
         self.recovered = 0
         self.last: Frame | None = None
         self.target = target
-        self.task = target.task
-        self.mem = target.mem
+        task = self.task = target.task
+        mem = self.mem = target.mem
         #: the words are read from the captured segment of the last read
-        self.cursor = WordCursor(target.mem)
+        self.cursor = WordCursor(mem)
         self.record = target.options.record
-        c = target.shared.get("x86_64 table")
-        if c is None or c.table is not table:
-            c = target.shared["x86_64 table"] = TableConstants(
-                table, target.per_dump("x86_64", lambda t: DumpConstants(t, table)))
         #: what every walk of the dump over ``table`` reads alike
-        self.c: TableConstants = c
+        self.c: TableConstants = table_constants(target, table)
+        c = self.c
         # the per-frame path's own copies
         self.found = c.found
         self.stext, self.etext = c.stext, c.etext
         consts = c.consts
         self.return_to_handler, self.rethook_trampoline = consts.return_to_handler, consts.rethook_trampoline
-        self.stacks = StackFinder(target.task.stacks, target.mem)
+        self.stacks = StackFinder(task.stacks, mem)
         self.stack_mask = [0]
 
     # the dump's constants by their unwind_state names (read once per walk or less)
@@ -707,10 +720,9 @@ class OrcUnwinder(Unwinder):
             reason = StopReason.KERNEL_LIMIT if skipped is not None else StopReason.UNKNOWN_METADATA
             raise UndefinedOrc(reason, f"ORC entry for {ip:#x} is UNDEFINED{self.undefined_why(skipped)}", ip)
         if orc.type == ORC_TYPE_END_OF_STACK:  # every walk of a blocked task ends here: the detail is made when read
-            return Stop(_END_OF_STACK, lambda: orc_end_detail(ip))
+            return Stop(_END_OF_STACK, partial(orc_end_detail, ip))
         if prov is not None:  # the rule is written when read
-            which = "ip" if self.signal else "ip-1"
-            prov.rule = lambda: f"ORC at {ip:#x} ({which}): {orc}"
+            prov.rule = partial(orc_rule, ip, "ip" if self.signal else "ip-1", orc)
         return orc, _SRC_ORC_CALL
 
     # objtool's STACK_FRAME_NON_STANDARD(): the function's whole range is one UNDEFINED entry

@@ -1,5 +1,8 @@
 cimport cython
 
+# no words yet: a typed view, so a new cursor takes it without checking a buffer again
+cdef const unsigned long long[:] _NO_WORDS
+
 cdef class Memory:
     cdef public object holes
     cdef public object segments

@@ -68,6 +68,11 @@ class StopReason(Enum):
         self.clean = clean
 
 
+# the ends the walk itself makes, looked up once: an enum member read from its class is a slot call
+_FRAME_LIMIT = StopReason.FRAME_LIMIT
+_CONSUMER_STOPPED = StopReason.CONSUMER_STOPPED
+
+
 class Stop(_Detail):
     """The end of a walk: the reason, a sentence of detail, frames consumed.
 
@@ -176,10 +181,10 @@ def kunwind_stack_walk(unwinder: Unwinder, consume: Consumer | None,
             if consume is None:
                 record(frame)  # type: ignore[misc]
             elif not consume(frame):
-                return Stop(StopReason.CONSUMER_STOPPED, frames=count + 1)
+                return Stop(_CONSUMER_STOPPED, frames=count + 1)
             count += 1
             if count >= max_frames:
-                return Stop(StopReason.FRAME_LIMIT, f"{max_frames} frames", count)
+                return Stop(_FRAME_LIMIT, f"{max_frames} frames", count)
             frame = unwinder.next()
             if frame.__class__ is not Frame:  # the step's stop, returned (kunwind_next()'s ret)
                 if frame.__class__ is Stop:  # made by the step for this walk: handed back with its count
@@ -247,7 +252,7 @@ def iter_frames(unwinder: Unwinder, max_frames: int = DEFAULT_MAX_FRAMES) -> Ite
             yield frame
             count += 1
             if count >= max_frames:
-                return Stop(StopReason.FRAME_LIMIT, f"{max_frames} frames", count)
+                return Stop(_FRAME_LIMIT, f"{max_frames} frames", count)
             frame = unwinder.next()  # type: ignore[assignment]
             if frame.__class__ is not Frame:  # the step's stop, returned
                 if frame.__class__ is Stop:

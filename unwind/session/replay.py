@@ -50,8 +50,10 @@ _MAX_NAMES = 1 << 16
 COMMON_OPTIONS = frozenset({"complete", "record", "generation"})
 
 
-class _Walk(NamedTuple):
-    """What every walk with one set of options reads alike (a :attr:`Session._walks` entry)."""
+@dataclass(frozen=True, slots=True)
+class _Walk:
+    """What every walk with one set of options reads alike (a :attr:`Session._walks` entry; slotted, so
+    the interpreter's specialised attribute reads take its fields)."""
 
     #: the session's image and symbols, kept so the ids in the entry's key stay theirs
     image: Image | None
