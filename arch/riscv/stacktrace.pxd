@@ -5,6 +5,9 @@ from unwind.core.memory cimport WordCursor
 from unwind.core.walk cimport Unwinder
 from unwind.core.target cimport Target
 
+@cython.locals(s=StackInfo)
+cpdef object thread_size(Target target)
+
 cpdef bint fp_is_valid(object fp, object sp, object thread_size)
 
 cpdef bint kernel_text_address(object addr, tuple text)
@@ -29,6 +32,8 @@ cdef class RiscvUnwinder(Unwinder):
 
     @cython.locals(info=StackInfo)
     cpdef _kind(self, object addr)
+
+    cpdef object _read(self, object addr, str what)
 
     cpdef _next_frame_record(self)
 

@@ -1,8 +1,13 @@
 cimport cython
 from unwind.core.frame cimport Frame
 
+# every Flag combination, indexed by its value
+cdef tuple _FLAGS
+
 cdef class CallSite:
-    cdef public object status, flag, _addr, _code, _backend, _insn, _later
+    cdef public object status
+    cdef public Py_ssize_t flag
+    cdef public object _addr, _code, _backend, _insn, _later
 
 cdef class CallSiteChecker:
     cdef public object backend, image

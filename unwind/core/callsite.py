@@ -182,7 +182,7 @@ class CallSiteChecker:
         """:meth:`annotate` each of ``frames`` in turn: the flag, and with provenance the line that explains it."""
         cache = self._cache
         for frame in frames:
-            flags = frame.flags._value_
+            flags = int(frame.flags)  # a C integer in the compiled build (callsite.pxd): no attribute read
             if flags & _BOUNDARY:
                 continue
             site = cache.get(frame.pc) or self.check(frame.pc)
