@@ -380,3 +380,27 @@ def test_tasks_a_caller_changed_replay_as_given(corpus) -> None:
             assert _key(batch[i]) == _key(session.replay(task, Options(), symbolize=False)), task.describe()
             walked += batch.batched(i)
     assert walked > len(given) * 10
+
+
+@pytest.mark.parametrize("odd", [-1, 1 << 64, "0x10"], ids=["negative", "past-u64", "text"])
+def test_lanes_are_lane_of_words_and_a_word_that_is_no_u64_leaves_none(odd) -> None:
+    """The lanes' words are ``lane_of``'s, row for row; a task whose word is no u64 (the note allows none)
+    leaves no lane at all, and the batch is the scalar walk."""
+    from dataclasses import replace
+
+    from unwind.arch.arm64 import batch as arm64
+    from unwind.session.batch import Job, gather_lanes
+
+    session = load_session(_dumps("arm64")[-1])
+    tasks = session.dump.tasks()
+
+    def gathered(tasks: list) -> object:
+        return gather_lanes([Job(session, tasks, Options())], arm64.SOURCES, arm64.STOPS, arm64.DumpConstants,
+                            arm64.lane_of)
+    got = gathered(tasks)
+    want = [list(row) for row in map(arm64.lane_of, tasks) if row]
+    assert len(want) > 10 and got.columns.T.tolist() == want
+    assert [tasks.index(t) for t in got.tasks] == got.lanes.tolist()
+    blocked = next(i for i, t in enumerate(tasks) if arm64.lane_of(t))
+    tasks[blocked] = replace(tasks[blocked], context={**tasks[blocked].context, "sp": odd})
+    assert gathered(tasks).columns is None
