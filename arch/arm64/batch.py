@@ -92,7 +92,7 @@ def ptrauth_strip_lanes(ptr: np.ndarray, mask: np.ndarray, keep_mask: np.ndarray
 
 def batch_walk(jobs: list[Job]) -> Walked:
     """``kunwind_stack_walk()`` of every task of ``jobs`` that the plain step can take, in lockstep."""
-    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lane_of, 6)
+    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lane_of)
     rec, per_lane = lanes_in.recorder, lanes_in.per_lane
     if lanes_in.columns is None:
         return rec.finish()

@@ -84,8 +84,12 @@ _FP_ZERO, _FIRST_FRAME = range(2)
 # kernel/extable.c __kernel_text_address(), over lanes: core text, init text, the module area
 def kernel_text_lanes(pc: np.ndarray, lo: np.ndarray, span: np.ndarray) -> np.ndarray:
     """Is each pc in one of its lane's text ranges ``[lo, lo + span)`` (``lo``, ``span``: ranges x lanes)?
-    ``lo <= pc < hi`` as one unsigned compare: ``pc - lo`` wraps past every span when ``pc < lo``."""
-    return ((pc - lo) < span).any(axis=0)
+    ``lo <= pc < hi`` as one unsigned compare: ``pc - lo`` wraps past every span when ``pc < lo``. One range
+    at a time (a pc broadcast over the ranges costs numpy several times more)."""
+    hit = (pc - lo[0]) < span[0]
+    for r in range(1, len(lo)):
+        hit |= (pc - lo[r]) < span[r]
+    return hit
 
 
 def spans(ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -96,7 +100,7 @@ def spans(ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def batch_walk(jobs: list[Job]) -> Walked:
     """``walk_stackframe()`` of every blocked task of ``jobs`` that the plain step can take, in lockstep."""
-    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lane_of, 5)
+    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lane_of)
     rec, per_lane = lanes_in.recorder, lanes_in.per_lane
     if lanes_in.columns is None:
         return rec.finish()
@@ -105,8 +109,13 @@ def batch_walk(jobs: list[Job]) -> Walked:
     consts = lanes_in.constants
     job_of = lanes_in.job_of
     text_lo, text_span = spans(np.array([c.text if c is not None else [(0, 0)] * _TEXT_RANGES for c in consts],
-                                        _U64)[job_of].transpose(1, 0, 2))
-    exc_lo, exc_span = spans(np.array([c.exc_frame if c is not None else (0, 0) for c in consts], _U64)[job_of])
+                                        _U64).take(job_of, axis=0).transpose(1, 0, 2))
+    used = text_span.any(axis=1)  # a range empty in every lane holds no pc: not checked (the first always is)
+    used[0] = True
+    text_lo, text_span = text_lo[used], text_span[used]
+    ranges = len(text_lo)
+    exc_frame = np.array([c.exc_frame if c is not None else (0, 0) for c in consts], _U64)
+    exc_lo, exc_span = spans(exc_frame.take(job_of, axis=0))
     rth = per_lane(lambda c: c.return_to_handler)
     # thread_size(): the task stack's size; task_pt_regs(tsk) = top - ALIGN(sizeof(pt_regs), STACK_ALIGN)
     ts = high - low
@@ -154,7 +163,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
         new_fp, ra = fp_words.take(at, mode="clip"), ra_words.take(at, mode="clip")
         # ftrace_graph_ret_addr() and the exception frame need the scalar walk; the pc must be kernel text
         go = (plain & (ra != rth) & ((ra - exc_lo) >= exc_span)
-              & kernel_text_lanes(ra, state[11:11 + _TEXT_RANGES], state[11 + _TEXT_RANGES:]))
+              & kernel_text_lanes(ra, state[11:11 + ranges], state[11 + ranges:]))
         n = int(np.count_nonzero(go))
         if not n:
             break

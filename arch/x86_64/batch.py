@@ -171,7 +171,7 @@ def add_offset(value: np.ndarray, offset: np.ndarray, negative: np.ndarray) -> t
 
 def batch_walk(jobs: list[Job]) -> Walked:
     """``unwind_next_frame()`` of every blocked task of ``jobs`` that the plain step can take, in lockstep."""
-    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lane_of, 3)
+    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lane_of)
     rec, per_lane, consts = lanes_in.recorder, lanes_in.per_lane, lanes_in.constants
     if lanes_in.columns is None:
         return rec.finish()
@@ -185,7 +185,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
             tables.append(c.table)
     orc = Tables(tables)
     table_of = per_lane(lambda c: table_index[id(c.table)], np.int64)
-    text = np.array([c.text if c is not None else [(0, 0)] * 3 for c in consts], _U64)[lanes_in.job_of]
+    text = np.array([c.text if c is not None else [(0, 0)] * 3 for c in consts], _U64).take(lanes_in.job_of, axis=0)
     rth, rethook = per_lane(lambda c: c.return_to_handler), per_lane(lambda c: c.rethook_trampoline)
     flat, seg_lo, seg_hi, origin, base = locate_lanes(jobs, lanes_in.job_of, lanes_in.tasks, tsp)
     words = flat.words
@@ -231,20 +231,22 @@ def batch_walk(jobs: list[Job]) -> Walked:
         # unwind_next_frame(): orc_find(signal ? ip : ip - 1); END_OF_STACK ends the walk (unwind_orc.c:485-510)
         look = ip - not_signal
         entry = np.where(live, orc.orc_find(table_of.view(np.int64), look), -1)
-        end = orc.end[entry]
+        end = orc.end.take(entry)
         if np.count_nonzero(end):
             rec.stop(lanes[end], _ORC_END, look[end])
         # ORC_TYPE_CALL, the CFA: sp or bp plus sp_offset (unwind_orc.c:514-578)
-        cfa, call = add_offset(np.where(orc.cfa_from_bp[entry], bp, sp), orc.sp_offset[entry], orc.sp_negative[entry])
-        call &= orc.call[entry] & (cfa >= _U64(8))
+        cfa, call = add_offset(np.where(orc.cfa_from_bp.take(entry), bp, sp), orc.sp_offset.take(entry),
+                               orc.sp_negative.take(entry))
+        call &= orc.call.take(entry) & (cfa >= _U64(8))
         # the return address below the CFA, deref_stack_reg() on the stack walked (582-593)
         ip_p = cfa - _U64(8)
         call = captured(ip_p, call, lo, top)
         new_ip = words.take(word_index(ip_p, delta), mode="clip")
         call &= (new_ip != rth) & (new_ip != rethook)
         # bp: undefined (no regs: unchanged), or saved at prev_sp or bp plus bp_offset (640-661)
-        saved = orc.bp_saved[entry]
-        at, no_wrap = add_offset(np.where(orc.bp_from_bp[entry], bp, cfa), orc.bp_offset[entry], orc.bp_negative[entry])
+        saved = orc.bp_saved.take(entry)
+        at, no_wrap = add_offset(np.where(orc.bp_from_bp.take(entry), bp, cfa), orc.bp_offset.take(entry),
+                                 orc.bp_negative.take(entry))
         call &= ~saved | captured(at, no_wrap, lo, top)
         new_bp = np.where(saved, words.take(word_index(at, delta), mode="clip"), bp)
         # the kernel refuses an sp that did not grow on the stack (663-670); the batch takes only an sp that
@@ -256,7 +258,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
             break
         rec.frames(step, lanes, go, new_ip, sp=cfa, fp=new_bp, source=_ORC_CALL, stack=label_task)
         step += 1
-        live, state, ip, sp, bp, not_signal = narrowed(go, n, state, new_ip, cfa, new_bp, orc.not_signal[entry])
+        live, state, ip, sp, bp, not_signal = narrowed(go, n, state, new_ip, cfa, new_bp, orc.not_signal.take(entry))
     return rec.finish()
 
 

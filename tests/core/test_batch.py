@@ -225,6 +225,13 @@ def test_flat_memory_words_are_the_memories_bytes(aligned: bool) -> None:
             assert (start[k], end[k]) == (0, 0) if not holding else start[k] == holding[0]
         else:
             assert start[k] == w
+    # any address of any memory, below, between and past its segments: the segment holding it, if any
+    mems = [rng.randrange(len(memories)) for _ in range(400)]
+    addrs = [rng.randrange(0x800, 0xA000) for _ in mems]
+    start, end, _, _ = flat.locate(np.array(mems, np.int64), np.array(addrs, np.uint64))
+    for m, a, s, e in zip(mems, addrs, start.tolist(), end.tolist()):
+        holding = [(seg.start, seg.end) for seg in memories[m].segments if seg.start <= a < seg.end]
+        assert (s, e) == (holding[0] if holding else (0, 0)), (m, hex(a))
 
 
 def test_checkers_of_images_without_text_share_one_memo(corpus) -> None:
@@ -348,3 +355,52 @@ def test_x86_constants_follow_the_orc_table_the_walks_get(monkeypatch) -> None:
         monkeypatch.setitem(mine, key, table.with_entries({}))
     cb = DumpConstants.of(Job(b, b.dump.tasks(), Options()))
     assert cb.table is not ca.table and cb.table in mine.values()
+
+
+def test_tasks_a_caller_changed_replay_as_given(corpus) -> None:
+    """Tasks the caller gave new contexts (some taken from other tasks, some without a key the lane needs), or a
+    subset of a dump's: the replays are ``Session.replay``'s of the tasks given."""
+    arch, sessions = corpus
+    rng = random.Random(28)
+    given = []
+    for session in sessions[::2]:
+        tasks = session.dump.tasks()
+        contexts = [t.context for t in tasks if t.context]
+        for t in tasks[::3]:
+            if t.context:
+                ctx = dict(rng.choice(contexts))
+                if rng.random() < 0.2:
+                    ctx.pop(rng.choice(sorted(ctx)))
+                t.context = ctx
+        given.append(tasks[rng.randrange(2):])
+    batches = replay_all(sessions[::2], tasks=given, symbolize=False, lockstep=True)
+    walked = 0
+    for session, tasks, batch in zip(sessions[::2], given, batches):
+        for i, task in enumerate(tasks):
+            assert _key(batch[i]) == _key(session.replay(task, Options(), symbolize=False)), task.describe()
+            walked += batch.batched(i)
+    assert walked > len(given) * 10
+
+
+@pytest.mark.parametrize("odd", [-1, 1 << 64, "0x10"], ids=["negative", "past-u64", "text"])
+def test_lanes_are_lane_of_words_and_a_word_that_is_no_u64_leaves_none(odd) -> None:
+    """The lanes' words are ``lane_of``'s, row for row; a task whose word is no u64 (the note allows none)
+    leaves no lane at all, and the batch is the scalar walk."""
+    from dataclasses import replace
+
+    from unwind.arch.arm64 import batch as arm64
+    from unwind.session.batch import Job, gather_lanes
+
+    session = load_session(_dumps("arm64")[-1])
+    tasks = session.dump.tasks()
+
+    def gathered(tasks: list) -> object:
+        return gather_lanes([Job(session, tasks, Options())], arm64.SOURCES, arm64.STOPS, arm64.DumpConstants,
+                            arm64.lane_of)
+    got = gathered(tasks)
+    want = [list(row) for row in map(arm64.lane_of, tasks) if row]
+    assert len(want) > 10 and got.columns.T.tolist() == want
+    assert [tasks.index(t) for t in got.tasks] == got.lanes.tolist()
+    blocked = next(i for i, t in enumerate(tasks) if arm64.lane_of(t))
+    tasks[blocked] = replace(tasks[blocked], context={**tasks[blocked].context, "sp": odd})
+    assert gathered(tasks).columns is None

@@ -279,3 +279,8 @@ def test_any_record_sequence_terminates(offsets):
         assert sp not in seen
         seen.add(sp)
         ss.consume(info, sp, 16)
+
+
+def test_memory_bounds_are_its_segments() -> None:
+    mem = Memory([Segment(0x2000, b"\1" * 24), Segment(0x1000, b"\2" * 8), Segment(0x3000, b"")])
+    assert mem.bounds == ([0x1000, 0x2000], [0x1008, 0x2018])

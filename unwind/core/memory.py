@@ -137,6 +137,11 @@ class Memory:
             hit = self._words[i] = (seg.start + pad, memoryview(seg.data)[pad:end].cast("Q"))
         return hit
 
+    @property
+    def bounds(self) -> tuple[list[int], list[int]]:
+        """Each segment's start and end (the first address past it), in address order (not to be changed)."""
+        return self._starts, self._ends
+
     def captured(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """The captured parts of ``[lo, hi)`` as ``(start, end)`` ranges in address order."""
         out = []

@@ -71,7 +71,7 @@ class Job:
 
 #: the most words a batch step reads from one address: arm64's frame_record_meta {fp, lr, type}
 READ_WORDS = 3
-_START, _DATA = attrgetter("start"), attrgetter("data")
+_DATA = attrgetter("data")
 
 
 class FlatMemory:
@@ -88,10 +88,12 @@ class FlatMemory:
     def __init__(self, memories: Sequence[Memory]) -> None:
         segs = list(chain.from_iterable(mem.segments for mem in memories))
         self.seg_mem = np.repeat(np.arange(len(memories), dtype=np.int64), [len(mem.segments) for mem in memories])
-        self.starts = np.fromiter(map(_START, segs), _U64, len(segs))
+        # through the array module, from lists the memories keep: numpy packs each int of an iterator alone
+        bounds = [mem.bounds for mem in memories]
+        self.starts = np.frombuffer(array(_WORD, list(chain.from_iterable(b[0] for b in bounds))), _U64)
+        self.ends = np.frombuffer(array(_WORD, list(chain.from_iterable(b[1] for b in bounds))), _U64)
+        sizes = self.ends - self.starts
         pieces = list(map(_DATA, segs))
-        sizes = np.fromiter(map(len, pieces), _U64, len(segs))
-        self.ends = self.starts + sizes
         if not ((self.starts | sizes) & _U64(7)).any():  # the usual case: stacks are captured in whole words
             self.origins = self.starts
             words = (sizes >> _U64(3)).astype(np.int64)
@@ -134,24 +136,23 @@ class FlatMemory:
         lane ``k``: ``(start, end, origin, base)``; an address in no segment gets the empty segment
         ``[0, 0)``, so every read there is refused."""
         n, nseg = len(addr), len(self.starts)
-        # each address after the segments of its memory that start at or below it: the last of them holds it
-        order = np.lexsort((np.concatenate([np.zeros(nseg, np.int64), np.ones(n, np.int64)]),
-                            np.concatenate([self.starts, addr]), np.concatenate([self.seg_mem, mem])))
-        is_seg = order < nseg
-        last = np.maximum.accumulate(np.where(is_seg, order, -1))
-        cand = np.empty(n, np.int64)
-        cand[order[~is_seg] - nseg] = last[~is_seg]
-        found = cand >= 0
-        cand = np.where(found, cand, 0)
-        if nseg:
-            found &= (self.seg_mem[cand] == mem) & (addr < self.ends[cand])
-        else:
-            found[:] = False
-        zero = _U64(0)
         if not nseg:
             return np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, np.int64)
-        return (np.where(found, self.starts[cand], zero), np.where(found, self.ends[cand], zero),
-                np.where(found, self.origins[cand], zero), np.where(found, self.bases[cand], 0))
+        # (memory, address) as one sorted key: the memory's number, then the address's rank among all the segment
+        # starts (how many are at or below it: an address ranks below a start above it, not below one at or
+        # below it); the segments' keys rise through the table, memory after memory
+        ranks = np.sort(self.starts)
+        scale = nseg + 1
+        seg_key = self.seg_mem * scale + ranks.searchsorted(self.starts, "right")
+        # the last segment at or below each address: the one holding it, when it is of the lane's memory
+        cand = seg_key.searchsorted(mem * scale + ranks.searchsorted(addr, "right"), "right") - 1
+        found = ((cand >= 0) & (self.seg_mem.take(cand, mode="clip") == mem)
+                 & (addr < self.ends.take(cand, mode="clip")))
+        zero = _U64(0)
+        return (np.where(found, self.starts.take(cand, mode="clip"), zero),
+                np.where(found, self.ends.take(cand, mode="clip"), zero),
+                np.where(found, self.origins.take(cand, mode="clip"), zero),
+                np.where(found, self.bases.take(cand, mode="clip"), 0))
 
 
 def word_index(addr: np.ndarray, delta: np.ndarray) -> np.ndarray:
@@ -175,7 +176,7 @@ def locate_lanes(jobs: Sequence[Job], lane_job: np.ndarray, lane_tasks: Sequence
     """
     memories: list[Memory] = []
     index: dict[int, int] = {}
-    mem_of: list[int] = []
+    mem_of = array("q")
     lo = 0
     for job, count in zip(jobs, np.bincount(lane_job, minlength=len(jobs)).tolist()):
         if not count:
@@ -196,10 +197,10 @@ def locate_lanes(jobs: Sequence[Job], lane_job: np.ndarray, lane_tasks: Sequence
             if ids[0] not in index:
                 index[ids[0]] = len(memories)
                 memories.append(mems[0])
-            mem_of.extend([index[ids[0]]] * count)
+            mem_of.extend(array("q", [index[ids[0]]]) * count)
         lo += count
     flat = FlatMemory.of(memories)
-    return (flat, *flat.locate(np.array(mem_of, np.int64), addr))
+    return (flat, *flat.locate(np.frombuffer(mem_of, np.int64), addr))
 
 
 #: what a stop code stands for: the reason, and the detail made from the task's target, the dump's
@@ -389,7 +390,7 @@ class Lanes(NamedTuple):
     recorder: Recorder
     #: each job's per-dump constants (``None``: all its tasks go to the scalar walk)
     constants: list[Any]
-    #: the arch's lane columns (``lane_of``'s words) as ``uint64``, one row per column; ``None``: no lane
+    #: the arch's lane columns (``lane_of``'s words) as ``uint64``, one row per word; ``None``: no lane
     columns: np.ndarray | None
     #: each lane's number (its task's place in the batch) and its job
     lanes: np.ndarray
@@ -399,14 +400,13 @@ class Lanes(NamedTuple):
 
     def per_lane(self, values: Callable[[Any], object], dtype: type = _U64) -> np.ndarray:
         """``values(constants)`` of each lane's job, as one array over the lanes."""
-        return np.array([values(c) if c is not None else 0 for c in self.constants], dtype)[self.job_of]
+        return np.array([values(c) if c is not None else 0 for c in self.constants], dtype).take(self.job_of)
 
 
 def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence[StopKind],
-                 constants: type[DumpConstants], lane_of: Callable[[Task], "tuple[int, ...] | None"],
-                 columns: int) -> Lanes:
+                 constants: type[DumpConstants], lane_of: Callable[[Task], "tuple[int, ...] | None"]) -> Lanes:
     """The recorder of every task of ``jobs``, each job's per-dump constants, and the lanes: the tasks of
-    jobs with constants for which ``lane_of(task)`` gives the arch's ``columns`` words.
+    jobs with constants for which ``lane_of(task)`` gives the arch's words.
 
     The words of all lanes become one ``uint64`` array at once (through :data:`_WORD`); a value that is no
     u64 (the note allows none) leaves no lane: the scalar walk says what it is.
@@ -421,16 +421,17 @@ def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence
             rec.dump(n, c)
             rows.extend(map(lane_of, job.tasks))
     # a lane's row is a non-empty tuple (true), no lane's None
-    tasks = list(compress([t for job in jobs for t in job.tasks], rows))
-    cols = None
-    if tasks:
+    taken = bytes(list(map(bool, rows)))
+    lanes = np.flatnonzero(np.frombuffer(taken, np.bool_))
+    if len(lanes):
         try:
             flat = np.frombuffer(array(_WORD, list(chain.from_iterable(filter(None, rows)))), _U64)
-            cols = flat.reshape(len(tasks), columns).T
         except (OverflowError, TypeError):
-            tasks = []
-    lanes = np.flatnonzero(np.fromiter(map(bool, rows), bool, len(rows))) if tasks else np.zeros(0, np.int64)
-    return Lanes(rec, consts, cols, lanes, lane_jobs(jobs)[lanes], tasks)
+            lanes = lanes[:0]
+    if not len(lanes):
+        return Lanes(rec, consts, None, lanes, lanes, [])
+    tasks = list(compress(chain.from_iterable(job.tasks for job in jobs), taken))
+    return Lanes(rec, consts, flat.reshape(len(lanes), -1).T, lanes, lane_jobs(jobs).take(lanes), tasks)
 
 
 @dataclass(slots=True)
@@ -518,7 +519,7 @@ class Memo:
     def lookup(self, keys: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """The answer for each of ``keys``."""
         i = np.searchsorted(self.keys, keys)
-        hit = self.keys[np.minimum(i, len(self.keys) - 1)] == keys if len(self.keys) else np.zeros(len(keys), bool)
+        hit = self.keys.take(i, mode="clip") == keys if len(self.keys) else np.zeros(len(keys), bool)
         if np.count_nonzero(hit) != len(keys):
             new = distinct(keys[~hit])
             if len(self.keys) + len(new) > self.LIMIT:
@@ -526,9 +527,9 @@ class Memo:
             self.keys = np.concatenate([self.keys, new])
             self.values = np.concatenate([self.values, np.asarray(compute(new), np.int64)])
             order = np.argsort(self.keys)
-            self.keys, self.values = self.keys[order], self.values[order]
+            self.keys, self.values = self.keys.take(order), self.values.take(order)
             i = np.searchsorted(self.keys, keys)
-        return self.values[i]
+        return self.values.take(i)
 
 
 #: per image (or :data:`_NO_TEXT`), per arch: its call-site verdicts as flag bits by return address
@@ -748,7 +749,7 @@ def _finish_flags(group: list[Job], walked: Walked) -> None:
     if len(checkers) == 1:
         flags = apply_call_sites(checkers[0], pcs, flags)
     else:
-        image_of_frame = np.array(image_of_job, np.int64)[lane_jobs(group)[lanes]]
+        image_of_frame = np.array(image_of_job, np.int64).take(lane_jobs(group).take(lanes))
         for g, checker in enumerate(checkers):
             sel = image_of_frame == g
             flags[sel] = apply_call_sites(checker, pcs[sel], flags[sel])
