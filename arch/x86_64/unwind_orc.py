@@ -386,7 +386,6 @@ class TableConstants:
         return self._basis
 
 
-# the TableConstants of a walk over ``table``: its dump's constants once per dump, the table's once per table
 def table_constants(target: Target, table: OrcTable) -> TableConstants:
     """What every walk of ``target``'s dump over ``table`` reads alike, made once and kept in ``target.shared``."""
     c = target.shared.get("x86_64 table")
@@ -424,9 +423,9 @@ class OrcUnwinder(Unwinder):
         #: the words are read from the captured segment of the last read
         self.cursor = WordCursor(mem)
         self.record = target.options.record
+        c = table_constants(target, table)
         #: what every walk of the dump over ``table`` reads alike
-        self.c: TableConstants = table_constants(target, table)
-        c = self.c
+        self.c: TableConstants = c
         # the per-frame path's own copies
         self.found = c.found
         self.stext, self.etext = c.stext, c.etext
