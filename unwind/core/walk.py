@@ -174,12 +174,11 @@ def kunwind_stack_walk(unwinder: Unwinder, consume: Consumer | None,
     """Run the walk: consume each frame, then step, until a stop. With ``consume`` ``None`` each frame
     is appended to ``frames`` (the plain recorder, which never stops the walk: no call per frame)."""
     count = 0
-    record = frames.append if frames is not None else None
     try:
         frame = unwinder.start()
         while True:
             if consume is None:
-                record(frame)  # type: ignore[misc]
+                frames.append(frame)  # type: ignore[union-attr]
             elif not consume(frame):
                 return Stop(_CONSUMER_STOPPED, frames=count + 1)
             count += 1
