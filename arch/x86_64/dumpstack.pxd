@@ -8,6 +8,6 @@ cdef class StackInfo:
 cdef class StackFinder:
     cdef public list stacks
     cdef public object mem, why
-    cdef public dict _infos
+    cdef public list _infos
     @cython.locals(i=cython.Py_ssize_t, s=CoreStackInfo, typ=cython.Py_ssize_t, info=StackInfo)
     cpdef StackInfo get_stack_info(self, object addr, list visit_mask)

@@ -88,17 +88,22 @@ class StackInfo:
 UNKNOWN = StackInfo(STACK_TYPE_UNKNOWN, 0, 0, None, "unknown")
 
 
+def _search_order(stack: CoreStackInfo) -> int:
+    """Where ``get_stack_info_noinstr()`` looks for ``stack``: task, exception, irq, entry, softirq."""
+    return _KIND_ORDER[stack.kind]
+
+
 class StackFinder:
     """``get_stack_info()`` over the stacks one walk may use."""
 
     def __init__(self, stacks: Sequence[CoreStackInfo], mem: Memory) -> None:
         usable = [s for s in stacks if s.kind in KIND_TYPES and s.low < s.high]
-        self.stacks = usable if len(usable) < 2 else sorted(usable, key=lambda s: _KIND_ORDER[s.kind])
+        self.stacks = usable if len(usable) < 2 else sorted(usable, key=_search_order)
         self.mem = mem
         #: why the last get_stack_info() failed
         self.why = ""
         #: the stack_info of each stack, made when first found
-        self._infos: dict[int, StackInfo] = {}
+        self._infos: list[StackInfo | None] = [None] * len(usable)
 
     # get_stack_info() (dumpstack_64.c:191-221) over get_stack_info_noinstr() (170-189)
     def get_stack_info(self, addr: int, visit_mask: list[int]) -> StackInfo | None:
@@ -118,7 +123,7 @@ class StackFinder:
                     self.why = f"stack recursion on stack type {typ} ({s.kind})"
                     return None
                 visit_mask[0] |= 1 << typ
-                info = self._infos.get(i)
+                info = self._infos[i]
                 if info is None:
                     info = self._infos[i] = StackInfo(typ, s.low, s.high, self._next_sp(typ, s.high), s.kind, s.cpu)
                 return info

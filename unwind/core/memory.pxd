@@ -17,7 +17,8 @@ cdef class Memory:
 
     @cython.locals(i=cython.Py_ssize_t)
     cpdef Py_ssize_t _find(self, object addr, object size) except -1
-    @cython.locals(i=cython.Py_ssize_t)
+    # view: the segment's words as a typed view, kept as the object a cursor takes them from without a buffer check
+    @cython.locals(i=cython.Py_ssize_t, view=const_ulonglong[:])
     cpdef words(self, object addr, object size)
     @cython.locals(i=cython.Py_ssize_t)
     cpdef read_u64(self, object addr)

@@ -134,7 +134,8 @@ class Memory:
             seg = self.segments[i]
             pad = -seg.start & 7
             end = pad + ((len(seg.data) - pad) & ~7) if len(seg.data) > pad else pad
-            hit = self._words[i] = (seg.start + pad, memoryview(seg.data)[pad:end].cast("Q"))
+            view = memoryview(seg.data)[pad:end].cast("Q")
+            hit = self._words[i] = (seg.start + pad, view)
         return hit
 
     @property

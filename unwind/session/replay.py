@@ -26,6 +26,7 @@ from .result import Replay
 if TYPE_CHECKING:
     import re
 
+    from unwind.core.dumpinfo import DumpInfo
     from unwind.formats.vmdump import CpuNotesDump, VmcoreFile
 
     from .batch import BatchReplay
@@ -62,8 +63,12 @@ class _Walk:
     options: Options
     #: the :attr:`Target.shared` of these options
     shared: dict[Hashable, Any]
-    #: the dump's release
+    #: the dump's release, VMCOREINFO and facts, and the backend's arch: read here, where the interpreter's
+    #: reads of a slotted class are specialised (a session's dump may be any of several classes)
     release: str | None
+    vmcoreinfo: dict[str, str]
+    info: DumpInfo
+    arch: str
 
 
 class _Shared(NamedTuple):
@@ -336,14 +341,14 @@ class Session:
         dump = self.dump
         pinned = dump.info.generation
         walk = replace(options, generation=pinned) if options.generation is None and pinned else replace(options)
-        hit = self._walks[key] = _Walk(self.image, self.symbols, walk, self._shared_for(walk), dump.release)
+        hit = self._walks[key] = _Walk(self.image, self.symbols, walk, self._shared_for(walk), dump.release,
+                                       dump.vmcoreinfo, dump.info, self.backend.name)
         return hit
 
     def _target(self, task: Task, walk: _Walk, per_task: _PerTask) -> Target:
         """The :class:`Target` of ``task`` from its :meth:`_walk` entry and :meth:`_task` entry."""
-        dump = self.dump
-        return Target(self.backend.name, per_task.memory, task, walk.release, dump.vmcoreinfo, walk.symbols,
-                      walk.image, dump.info, walk.options, walk.shared)
+        return Target(walk.arch, per_task.memory, task, walk.release, walk.vmcoreinfo, walk.symbols, walk.image,
+                      walk.info, walk.options, walk.shared)
 
     def _shared_for(self, options: Options) -> dict[Hashable, Any]:
         """The :attr:`Target.shared` of walks with ``options`` over this session's image and symbols."""
@@ -357,14 +362,16 @@ class Session:
         """What every walk of ``task`` reads alike, worked out once per task (the copies :meth:`Dump.tasks`
         hands out share their ``stacks`` list). A vmcore's task memory is a snapshot of its stacks
         (:meth:`Dump.task_memory`), read once, not per walk."""
-        stacks, memory, make = task.stacks, self.dump.memory, self.dump.task_memory
-        made_by = getattr(make, "__func__", make)  # the function, not a bound method made for this call
+        dump = self.dump
+        stacks, memory = task.stacks, dump.memory
+        made_by = dump.__dict__.get("task_memory")  # a task_memory the caller set on the dump, or None
         hit = self._per_task.get(id(stacks))
         # made again when a caller gave the dump new memory or a task_memory of its own
         if hit is None or hit.stacks is not stacks or hit.dump_memory is not memory or hit.made_by is not made_by:
             if len(self._per_task) >= _MAX_TASKS:  # tasks made by the caller, each with a list of its own
                 self._per_task.clear()
-            hit = self._per_task[id(stacks)] = _PerTask(stacks, make(task), memory, made_by, task_stack_null(stacks))
+            hit = self._per_task[id(stacks)] = _PerTask(stacks, dump.task_memory(task), memory, made_by,
+                                                        task_stack_null(stacks))
         return hit
 
     def task_memory(self, task: Task) -> Memory:
