@@ -63,12 +63,12 @@ class DumpConstants(batch.DumpConstants):
             return None  # without _stext/_etext every upper-half address is text: the scalar walk
         c = cls()
         c.text = list(unwinder.k.text) + [(0, 0)] * (_TEXT_RANGES - len(unwinder.k.text))
-        lo, hi = unwinder.exc_frame  # -1: no such symbol (an empty range, or one from 0)
+        lo, hi = unwinder.k.exc_frame  # -1: no such symbol (an empty range, or one from 0)
         if hi > MASK64:
             return None  # ret_from_exception at the last address: a range no u64 column holds
         c.exc_frame = (max(lo, 0), max(hi, 0))
         # no symbol (-1): 0, which is never kernel text, so such a pc goes to the scalar walk anyway
-        c.return_to_handler = max(unwinder.return_to_handler, 0)
+        c.return_to_handler = max(unwinder.k.return_to_handler, 0)
         c.pt = unwinder.pt
         c._basis = unwinder.basis()  # made now: the scalar's per-dump basis, nothing of the session kept
         return c

@@ -36,7 +36,7 @@ from functools import partial
 from unwind.core.frame import Flag, Frame, Provenance, Source
 from unwind.core.memory import MemoryFault, WordCursor
 from unwind.core.stackinfo import StackInfo, StackSet
-from unwind.core.target import Target
+from unwind.core.target import FgraphEntry, Target
 from unwind.formats.vmcore.vmcoreinfo import vmcoreinfo_number
 from unwind.core.walk import Stop, StopReason, Unwinder, UnwindStop, stop_on_lost_entries
 
@@ -87,35 +87,57 @@ _NONE = Flag.NONE
 #: looked up once: an Enum member's class-attribute lookup costs more than a frame's arithmetic
 _SRC_FRAME = Source.FRAME
 _SRC_TASK = Source.TASK
+_SRC_REGS_PC = Source.REGS_PC
+_SRC_LIVE_LR = Source.LIVE_LR
+_SRC_EXCEPTION_FRAME = Source.EXCEPTION_FRAME
 _END_OF_STACK = StopReason.END_OF_STACK
+_USER_MODE = StopReason.USER_MODE
 
 
-@dataclass(frozen=True, slots=True)
 class KernelLayout:
     """The kernel addresses one walk compares against, resolved once per target."""
 
-    text: tuple[tuple[int, int], ...]
-    thread_size: int
-    handle_exception: int
-    ret_from_exception_end: int
-    return_to_handler: int
-    rethook_trampolines: frozenset[int]
-    call_on_irq_stack: tuple[int, int]
-    #: v6.1 tests ``pc == ret_from_exception`` (no ret_from_exception_end): the exact address, else -1
-    ret_from_exception: int
-    pt_regs: StructLayout
-    generation: Generation
+    __slots__ = ("text", "thread_size", "handle_exception", "ret_from_exception_end", "return_to_handler",
+                 "rethook_trampolines", "call_on_irq_stack", "ret_from_exception", "pt_regs", "generation", "basis",
+                 "text0", "exc_frame", "pt_regs_space", "head_text", "fgraph_of_task", "pt_epc", "pt_s0",
+                 "pt_status", "pt_ra", "align_less1", "align_mask", "align_kept")
 
-    #: :meth:`RiscvUnwinder.basis` of every walk
-    basis: dict[str, str]
-    #: the first text range (core text), tested before the others
-    text0: tuple[int, int]
-    #: the exception-frame test: [handle_exception, ret_from_exception_end), or v6.1's pc == ret_from_exception
-    exc_frame: tuple[int, int]
-    #: task_pt_regs(tsk) below the task stack's top: sizeof(struct pt_regs) aligned to STACK_ALIGN
-    pt_regs_space: int
-    #: ``.head.text``, ``[_start, _stext)``: head.S's boot code (``_start_kernel``), not kernel text
-    head_text: tuple[int, int]
+    def __init__(self, *, text: tuple[tuple[int, int], ...], thread_size: int, handle_exception: int,
+                 ret_from_exception_end: int, return_to_handler: int, rethook_trampolines: frozenset[int],
+                 call_on_irq_stack: tuple[int, int], ret_from_exception: int, pt_regs: StructLayout,
+                 generation: Generation, basis: dict[str, str], text0: tuple[int, int], exc_frame: tuple[int, int],
+                 pt_regs_space: int, head_text: tuple[int, int]) -> None:
+        self.text = text
+        self.thread_size = thread_size
+        self.handle_exception = handle_exception
+        self.ret_from_exception_end = ret_from_exception_end
+        self.return_to_handler = return_to_handler
+        self.rethook_trampolines = rethook_trampolines
+        self.call_on_irq_stack = call_on_irq_stack
+        #: v6.1 tests ``pc == ret_from_exception`` (no ret_from_exception_end): the exact address, else -1
+        self.ret_from_exception = ret_from_exception
+        self.pt_regs = pt_regs
+        self.generation = generation
+        #: :meth:`RiscvUnwinder.basis` of every walk
+        self.basis = basis
+        #: the first text range (core text), tested before the others
+        self.text0 = text0
+        #: the exception-frame test: [handle_exception, ret_from_exception_end), or v6.1's pc == ret_from_exception
+        self.exc_frame = exc_frame
+        #: task_pt_regs(tsk) below the task stack's top: sizeof(struct pt_regs) aligned to STACK_ALIGN
+        self.pt_regs_space = pt_regs_space
+        #: ``.head.text``, ``[_start, _stext)``: head.S's boot code (``_start_kernel``), not kernel text
+        self.head_text = head_text
+        #: the generation's ftrace_graph_ret_addr(task, ...), read per walk
+        self.fgraph_of_task = generation.fgraph_of_task
+        #: offsetof(struct pt_regs, epc / s0 / status / ra)
+        self.pt_epc, self.pt_s0, self.pt_status, self.pt_ra = (pt_regs["epc"], pt_regs["s0"], pt_regs["status"],
+                                                               pt_regs["ra"])
+        #: fp_is_valid()'s ALIGN(sp, THREAD_SIZE) is (sp + align_less1) & align_mask; with a THREAD_SIZE that is a
+        #: power of two (align_kept) it is the same for every sp of a (top - THREAD_SIZE, top] block
+        self.align_less1 = thread_size - 1
+        self.align_mask = ~(thread_size - 1)
+        self.align_kept = thread_size > 0 and not thread_size & (thread_size - 1)
 
     @classmethod
     def of(cls, target: Target) -> "KernelLayout":
@@ -124,46 +146,47 @@ class KernelLayout:
         Resolved once per dump, image and options (:meth:`Target.per_dump`) and THREAD_SIZE: short
         real traces would otherwise spend most of their time here.
         """
-        return target.per_dump(("riscv THREAD_SIZE", thread_size(target)), cls._resolve)
+        return target.per_dump(("riscv THREAD_SIZE", thread_size(target)), resolve_kernel_layout)
 
-    @classmethod
-    def _resolve(cls, target: Target) -> "KernelLayout":
-        sym = target.symbol_address
-        text = []
-        for lo, hi in (("_stext", "_etext"), ("_sinittext", "_einittext")):
-            a, b = sym(lo), sym(hi)
-            if a is not None and b is not None:
-                text.append((a, b))
-        mods = [vmcoreinfo_number(target.vmcoreinfo, f"NUMBER({k})") for k in ("MODULES_VADDR", "MODULES_END")]
-        if text and mods[0] is not None and mods[1] is not None and mods[0] < mods[1]:
-            # is_module_text_address(): module text lies in the module area VMCOREINFO names
-            text.append((mods[0], mods[1]))
-        tramps = frozenset(a for a in (sym("arch_rethook_trampoline"), sym("__kretprobe_trampoline"))
-                           if a is not None)
-        exc = sym("handle_exception")
-        exc_end = sym("ret_from_exception_end")
-        pt_regs = resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE,
-                                 lambda: derived_pt_regs(target, PT_REGS_TABLE, fp_is_valid))
-        gen = walk_generation(target)
-        rfe = _or_none(sym("ret_from_exception")) if exc_end is None else -1
-        return cls(
-            text=tuple(text),
-            thread_size=thread_size(target),
-            handle_exception=exc if exc is not None else -1,
-            ret_from_exception_end=exc_end if exc_end is not None else -1,
-            return_to_handler=_or_none(sym("return_to_handler")),
-            rethook_trampolines=tramps,
-            call_on_irq_stack=_symbol_range(target, "call_on_irq_stack"),
-            ret_from_exception=rfe,
-            pt_regs=pt_regs,
-            generation=gen,
-            basis={"generation": gen.name, "generation_why": gen.why, "pt_regs": pt_regs.describe()},
-            text0=text[0] if text else (0, 0),
-            exc_frame=(rfe, rfe + 1) if rfe >= 0 else (exc if exc is not None else -1,
-                                                       exc_end if exc_end is not None else -1),
-            pt_regs_space=align(pt_regs.size, STACK_ALIGN),
-            head_text=(_or_none(sym("_start")), _or_none(sym("_stext"))),
-        )
+
+def resolve_kernel_layout(target: Target) -> KernelLayout:
+    """The :class:`KernelLayout` of a target (:meth:`KernelLayout.of` keeps it per dump)."""
+    sym = target.symbol_address
+    text = []
+    for lo, hi in (("_stext", "_etext"), ("_sinittext", "_einittext")):
+        a, b = sym(lo), sym(hi)
+        if a is not None and b is not None:
+            text.append((a, b))
+    mods = [vmcoreinfo_number(target.vmcoreinfo, f"NUMBER({k})") for k in ("MODULES_VADDR", "MODULES_END")]
+    if text and mods[0] is not None and mods[1] is not None and mods[0] < mods[1]:
+        # is_module_text_address(): module text lies in the module area VMCOREINFO names
+        text.append((mods[0], mods[1]))
+    tramps = frozenset(a for a in (sym("arch_rethook_trampoline"), sym("__kretprobe_trampoline"))
+                       if a is not None)
+    exc = sym("handle_exception")
+    exc_end = sym("ret_from_exception_end")
+    pt_regs = resolve_layout(target, "pt_regs", PT_REGS_MEMBERS, PT_REGS_TABLE,
+                             lambda: derived_pt_regs(target, PT_REGS_TABLE, fp_is_valid))
+    gen = walk_generation(target)
+    rfe = _or_none(sym("ret_from_exception")) if exc_end is None else -1
+    return KernelLayout(
+        text=tuple(text),
+        thread_size=thread_size(target),
+        handle_exception=exc if exc is not None else -1,
+        ret_from_exception_end=exc_end if exc_end is not None else -1,
+        return_to_handler=_or_none(sym("return_to_handler")),
+        rethook_trampolines=tramps,
+        call_on_irq_stack=_symbol_range(target, "call_on_irq_stack"),
+        ret_from_exception=rfe,
+        pt_regs=pt_regs,
+        generation=gen,
+        basis={"generation": gen.name, "generation_why": gen.why, "pt_regs": pt_regs.describe()},
+        text0=text[0] if text else (0, 0),
+        exc_frame=(rfe, rfe + 1) if rfe >= 0 else (exc if exc is not None else -1,
+                                                   exc_end if exc_end is not None else -1),
+        pt_regs_space=align(pt_regs.size, STACK_ALIGN),
+        head_text=(_or_none(sym("_start")), _or_none(sym("_stext"))),
+    )
 
 
 def _or_none(addr: int | None) -> int:
@@ -186,6 +209,16 @@ def thread_size(target: Target) -> int:
             if s.kind == kind and s.high > s.low:
                 return s.high - s.low
     return 0
+
+
+# arch/riscv/include/asm/processor.h: task_pt_regs(tsk)
+def task_pt_regs(stacks: tuple[StackInfo, ...], pt_regs_space: int) -> int | None:
+    """The ``struct pt_regs`` at the top of the task stack, the frame pointer of the task's first kernel
+    frame; ``None`` when the walk has no task stack."""
+    for st in stacks:
+        if st.kind == "task":
+            return st.high - pt_regs_space
+    return None
 
 
 # include/linux/align.h: ALIGN()
@@ -251,36 +284,22 @@ class RiscvUnwinder(Unwinder):
         self.kr_cur = -1
         #: ``(low, high, kind)`` of the stack the last label came from
         self._kind_cache: tuple[int, int, str | None] = (0, 0, None)
-        self.t = target
-        task = target.task
-        self.k = layout
-        self.mem = target.mem
+        #: ``(top - THREAD_SIZE, top]``: the block of sps whose ALIGN(sp, THREAD_SIZE) is ``top``, the last found
+        self.block_low = self.block_top = 0
+        self.t, self.k = target, layout
+        t, k = self.t, self.k  # read through the typed fields: C fields compiled
+        task = t.task
+        self.mem = t.mem
         #: the records are read from the words of the captured segment the last one came from
-        self.cursor = WordCursor(target.mem)
-        self.ts = layout.thread_size
-        self.record = target.options.record
-        self.complete = target.options.complete
+        self.cursor = WordCursor(t.mem)
+        self.ts = k.thread_size
+        options = t.options
+        self.record = options.record
+        self.complete = options.complete
         self.prover = prover
         self.stacks = StackSet(task.stacks)
-        # hot-path copies of the layout
-        self.text0 = layout.text0
-        self.exc_frame = layout.exc_frame
-        self.return_to_handler = layout.return_to_handler
-        self.rethook_trampolines = layout.rethook_trampolines
-        gen = layout.generation
-        #: task_pt_regs(tsk): the frame pointer of the task's first kernel frame
-        self.task_pt_regs: int | None = None
-        for st in task.stacks:
-            if st.kind == "task":
-                self.task_pt_regs = st.high - layout.pt_regs_space
-                break
-        # 6.12 passes current: a blocked task's ret_stack is never consulted; 7.x passes the task
-        fgraph = self.fgraph_all = task.fgraph
-        of_task = task.running or gen.fgraph_of_task
-        self.fgraph_kernel = fgraph if of_task else []
-        #: what the dump lacks of the ret_stack the kernel searches
-        self.fgraph_lacks = task.fgraph_lacks if of_task else None
-        self.fg_cursor = len(fgraph) - 1
+        #: complete mode: the next ret_stack entry to take in order (None: the top, none taken yet)
+        self.fg_cursor: int | None = None
 
     # the layout's values by the names the steps use
     @property
@@ -307,8 +326,9 @@ class RiscvUnwinder(Unwinder):
         return info.kind
 
     def _read(self, addr: int, what: str) -> int:
+        """The word at ``addr``, read through the walk's cursor (:meth:`Memory.read_u64`'s word and fault)."""
         try:
-            return self.mem.read_u64(addr)
+            return self.cursor.word(addr)
         except MemoryFault as e:
             raise UnwindStop(StopReason.MEMORY_FAULT, f"{what}: {e}") from None
 
@@ -324,9 +344,11 @@ class RiscvUnwinder(Unwinder):
         if not self.ts:
             raise UnwindStop(StopReason.OUTSIDE_STACK, "the dump records no task stack for this task: "
                                                        "THREAD_SIZE unknown")
-        if self.t.task.regs is not None:
-            return self._init_from_regs(self.t.task.regs)
-        return self._init_from_task(self.t.task.context or {})
+        task = self.t.task
+        regs = task.regs
+        if regs is not None:
+            return self._init_from_regs(regs)
+        return self._init_from_task(task.context or {})
 
     # stacktrace.c:55-58 walk_stackframe(): regs: fp = frame_pointer(regs), sp = user_stack_pointer(regs), pc = epc
     def _init_from_regs(self, regs: dict[str, int]) -> Frame:
@@ -348,7 +370,7 @@ class RiscvUnwinder(Unwinder):
             self.live = (self.pc, self.regs_ra, f"the ra register of cpu{self.t.task.cpu}")
             if self.k.handle_exception <= self.pc < self.k.ret_from_exception_end:
                 self.trap_entry = self._trap_entry_sepc()
-        return Frame(self.pc, self.sp, self.fp, Source.REGS_PC, self._kind(self.sp), _BOUNDARY, prov)
+        return Frame(self.pc, self.sp, self.fp, _SRC_REGS_PC, self._kind(self.sp), _BOUNDARY, prov)
 
     def _cpu_mode(self) -> str | None:
         """The privilege mode the dump records for the task's CPU (``kernel``, ``user``, ``firmware``)."""
@@ -376,7 +398,7 @@ class RiscvUnwinder(Unwinder):
         self.pc, self.regs_epc, self.regs_ra = ra, None, 0
         self.beyond = _COMPLETE
         self.firmware_ra = ra
-        return Frame(ra, sp, self.fp, Source.LIVE_LR, self._kind(sp), _BOUNDARY | _COMPLETE, prov,
+        return Frame(ra, sp, self.fp, _SRC_LIVE_LR, self._kind(sp), _BOUNDARY | _COMPLETE, prov,
                      extra={"complete": "firmware entered from the kernel: ra holds the kernel caller"})
 
     def _trap_entry_sepc(self) -> tuple[int, int] | None:
@@ -413,7 +435,7 @@ class RiscvUnwinder(Unwinder):
             self.sp = self.fp - STACKFRAME_SIZE
         self.pc = sepc
         self.live = (sepc, self.regs_ra, f"the ra register of cpu{self.t.task.cpu} (interrupted)")
-        return Frame(sepc, self.sp, self.fp, Source.EXCEPTION_FRAME, self._kind(self.sp),
+        return Frame(sepc, self.sp, self.fp, _SRC_EXCEPTION_FRAME, self._kind(self.sp),
                      _BOUNDARY | _COMPLETE, prov, extra={"complete": "interrupted pc (sepc) at trap entry"})
 
     # stacktrace.c:64-68 walk_stackframe(): blocked in __switch_to: fp = thread.s[0], sp = thread.sp, pc = thread.ra
@@ -457,18 +479,19 @@ class RiscvUnwinder(Unwinder):
 
     # stacktrace.c:74-92 walk_stackframe(): the loop body from fp_is_valid() to the next pc
     def _next_frame_record(self) -> Frame | Stop:
-        fp, sp, ts = self.fp, self.sp, self.ts
+        fp, sp = self.fp, self.sp
         flags = self.beyond
         switch_note = None
-        if fp < sp + STACKFRAME_SIZE or fp > ((sp + ts - 1) & ~(ts - 1)) or fp & 7:
+        rec = fp - STACKFRAME_SIZE
+        if rec < sp or fp > self._align_sp(sp) or fp & 7:  # fp < sp + 16, fp > ALIGN(sp, THREAD_SIZE), unaligned
             switch_note = self._cross_irq_stack() if self.complete else None
             if switch_note is None:  # the loop's break: the stop is returned
                 return self._invalid_fp_stop()
             sp, flags = self.sp, self.beyond
-        rec = fp - STACKFRAME_SIZE
-        if self.regs_epc == self.pc:
+        regs_epc = self.regs_epc
+        if regs_epc is not None and regs_epc == self.pc:
             ra_slot = self._read(rec + STACKFRAME_RA, "frame->ra")
-            if fp_is_valid(ra_slot, fp, ts):
+            if fp_is_valid(ra_slot, fp, self.ts):
                 return self._leaf_rule(rec, ra_slot)
         new_fp, ra = self._read_record(rec)
         callee = self.pc
@@ -483,17 +506,18 @@ class RiscvUnwinder(Unwinder):
             if switch_note:
                 prov.note(switch_note)
         pc = ra
-        if ra == self.return_to_handler:
+        k = self.k
+        if ra == k.return_to_handler:
             pc, more = self._ftrace_graph_ret_addr(ra, rec + STACKFRAME_RA, callee, new_fp, fp, prov)
             self.pc, flags = pc, flags | more
-        elif self.complete and ra in self.rethook_trampolines:  # complete mode's alone: asked first
+        elif self.complete and ra in k.rethook_trampolines:  # complete mode's alone: asked first
             pc, more = self._recover_kretprobe(ra, new_fp, prov)
             self.pc, flags = pc, flags | more
-        lo, hi = self.exc_frame
+        lo, hi = k.exc_frame
         if lo <= pc < hi:
             return self._exception_frame(rec, flags, prov)
-        lo, hi = self.text0
-        if not (lo <= pc < hi or kernel_text_address(pc, self.k.text)):
+        lo, hi = k.text0
+        if not (lo <= pc < hi or kernel_text_address(pc, k.text)):
             raise self._bad_pc_stop(pc, new_fp, f"frame->ra at {rec + STACKFRAME_RA:#x}")
         lo, hi, kind = self._kind_cache
         if not lo <= rec < hi:
@@ -502,6 +526,18 @@ class RiscvUnwinder(Unwinder):
         if self.inflight:
             return self._inflight_frame(frame)
         return frame
+
+    # stacktrace.c:43 fp_is_valid(): ALIGN(sp, THREAD_SIZE)
+    def _align_sp(self, sp: int) -> int:
+        """``ALIGN(sp, THREAD_SIZE)`` as the loop's test takes it (unmasked); the THREAD_SIZE block
+        ``(top - THREAD_SIZE, top]`` it was last found for is kept, where every sp has that ``top``."""
+        if self.block_low < sp <= self.block_top:
+            return self.block_top
+        k = self.k
+        top = (sp + k.align_less1) & k.align_mask
+        if k.align_kept:
+            self.block_low, self.block_top = top - k.thread_size, top
+        return top
 
     # complete mode: the return of a call being entered through ftrace_caller (no frame record yet)
     def _inflight_frame(self, after: Frame) -> Frame:
@@ -538,7 +574,7 @@ class RiscvUnwinder(Unwinder):
             prov.note(self._bounds_note(fp, self.sp))
         if not kernel_text_address(self.pc, self.k.text):
             raise self._bad_pc_stop(self.pc, ra_slot, "regs->ra")
-        return Frame(self.pc, fp, ra_slot, Source.LIVE_LR, self._kind(rec), self.beyond, prov)
+        return Frame(self.pc, fp, ra_slot, _SRC_LIVE_LR, self._kind(rec), self.beyond, prov)
 
     # stacktrace.c:92-96 walk_stackframe(): handle_exception <= pc < ret_from_exception_end: fn(arg, pc)
     def _exception_frame(self, rec: int, flags: Flag, prov: Provenance | None) -> Frame:
@@ -551,32 +587,31 @@ class RiscvUnwinder(Unwinder):
         return Frame(self.pc, self.sp, self.fp, _SRC_FRAME, self._kind(rec), flags, prov)
 
     # stacktrace.c:97-98 walk_stackframe(): pc = ((struct pt_regs *)sp)->epc; fp = ((struct pt_regs *)sp)->s0
-    def _next_regs_pc(self) -> Frame:
+    def _next_regs_pc(self) -> Frame | Stop:
         regs = self.pending_regs
         assert regs is not None
         self.pending_regs = None
-        pt = self.pt
-        epc = self._read(regs + pt["epc"], "pt_regs->epc")
-        s0 = self._read(regs + pt["s0"], "pt_regs->s0")
+        k = self.k
+        epc = self._read(regs + k.pt_epc, "pt_regs->epc")
+        s0 = self._read(regs + k.pt_s0, "pt_regs->s0")
         self.pc, self.fp = epc, s0
-        if not kernel_text_address(epc, self.k.text):
-            status = self._read(regs + pt["status"], "pt_regs->status")
-            if not status & SR_SPP:
-                raise UnwindStop(StopReason.USER_MODE, f"pt_regs at {regs:#x}: epc {epc:#x} in user mode "
-                                                       f"(status {status:#x})")
+        if not kernel_text_address(epc, k.text):
+            status = self._read(regs + k.pt_status, "pt_regs->status")
+            if not status & SR_SPP:  # the end of every user task's walk: returned, the sentence made when read
+                return Stop(_USER_MODE, partial(user_mode_detail, regs, epc, status))
             raise UnwindStop(StopReason.BAD_PC, f"pt_regs at {regs:#x}: epc {epc:#x} is not kernel text")
         prov = None
         if self.record:
             prov = Provenance("exception frame: pc = pt_regs->epc, fp = pt_regs->s0 (pt_regs at the old fp)")
-            prov.read(regs + pt["epc"], 8, epc, "pt_regs->epc")
-            prov.read(regs + pt["s0"], 8, s0, "pt_regs->s0")
+            prov.read(regs + k.pt_epc, 8, epc, "pt_regs->epc")
+            prov.read(regs + k.pt_s0, 8, s0, "pt_regs->s0")
             prov.note("the kernel uses only epc and s0 here: pt_regs->ra is never printed")
         if self.complete:
             try:
-                self.live = (epc, self.mem.read_u64(regs + pt["ra"]), f"pt_regs->ra at {regs + pt['ra']:#x}")
+                self.live = (epc, self.mem.read_u64(regs + k.pt_ra), f"pt_regs->ra at {regs + k.pt_ra:#x}")
             except MemoryFault:
                 self.live = None
-        return Frame(epc, self.sp, s0, Source.EXCEPTION_FRAME, self._kind(regs), self.beyond | _BOUNDARY, prov,
+        return Frame(epc, self.sp, s0, _SRC_EXCEPTION_FRAME, self._kind(regs), self.beyond | _BOUNDARY, prov,
                      pt_regs=regs)
 
     # complete mode: the caller whose return address is only in ra (entry, frameless leaf, epilogue)
@@ -606,7 +641,7 @@ class RiscvUnwinder(Unwinder):
             self.pending_regs = self.sp
             if prov is not None:
                 prov.note(f"a return into handle_exception with sp untouched: the pt_regs is at sp {self.sp:#x}")
-        return Frame(ra, self.sp, self.fp, Source.LIVE_LR, self._kind(self.sp), flags, prov)
+        return Frame(ra, self.sp, self.fp, _SRC_LIVE_LR, self._kind(self.sp), flags, prov)
 
     @staticmethod
     def _live_provenance(proof: Proof, ra: int, where: str) -> Provenance:
@@ -626,6 +661,14 @@ class RiscvUnwinder(Unwinder):
         except MemoryFault:
             return False
 
+    # 6.12 passes current: a blocked task's ret_stack is never consulted; 7.x passes the task
+    def _kernel_ret_stack(self) -> tuple[list[FgraphEntry], str | None]:
+        """The ret_stack ftrace_graph_ret_addr() searches, and what the dump lacks of it."""
+        task = self.t.task
+        if self.k.fgraph_of_task or task.running:
+            return task.fgraph, task.fgraph_lacks
+        return [], None
+
     # stacktrace.c:90 ftrace_graph_ret_addr(current, &graph_idx, pc, &frame->ra)
     def _ftrace_graph_ret_addr(self, ra: int, retp: int | None, callee: int, caller_fp: int, frame_fp: int,
                                prov: Provenance | None) -> tuple[int, Flag]:
@@ -641,16 +684,17 @@ class RiscvUnwinder(Unwinder):
         handler = self.k.return_to_handler
         kernel_pc = ra
         if retp is not None:
-            kernel_pc, self.graph_idx, at = ftrace_graph_ret_addr(self.fgraph_kernel, self.graph_idx, ra, retp,
+            fgraph, lacks = self._kernel_ret_stack()
+            kernel_pc, self.graph_idx, at = ftrace_graph_ret_addr(fgraph, self.graph_idx, ra, retp,
                                                                   handler, self.k.generation.fgraph_idx)
             if kernel_pc != handler:
                 if prov is not None:
                     prov.note(f"ftrace_graph_ret_addr: return_to_handler -> {kernel_pc:#x} "
                               f"(ret_stack entry {at}, retp {retp:#x} = &frame->ra)")
             else:
-                stop_on_lost_entries(self.fgraph_lacks, f"return_to_handler at &frame->ra {retp:#x}")
+                stop_on_lost_entries(lacks, f"return_to_handler at &frame->ra {retp:#x}")
                 if prov is not None and not self.complete:
-                    why = ("no ret_stack entry has retp == &frame->ra" if self.fgraph_kernel else
+                    why = ("no ret_stack entry has retp == &frame->ra" if fgraph else
                            f"{self.generation.name} searches current's ret_stack, not this blocked task's")
                     prov.note(f"return_to_handler left as is: {why}")
         if not self.complete:
@@ -678,8 +722,8 @@ class RiscvUnwinder(Unwinder):
         entry, if its ``func`` is the function the record belongs to (that of
         ``callee``) or its ``retp`` is this record's ``&frame->ra``.
         """
-        stack, handler = self.fgraph_all, self.k.return_to_handler
-        k = self.fg_cursor
+        stack, handler = self.t.task.fgraph, self.k.return_to_handler
+        k = self.fg_cursor if self.fg_cursor is not None else len(stack) - 1
         if k >= 0 and stack[k].fp:
             while k >= 0 and (stack[k].fp != caller_fp or stack[k].ret == handler):
                 if stack[k].fp == frame_fp and stack[k].ret != handler and not self.inflight:
@@ -773,7 +817,8 @@ class RiscvUnwinder(Unwinder):
         fp, sp, pc = self.fp, self.sp, self.pc
         if fp == 0:
             return Stop(_END_OF_STACK, FP_ZERO_DETAIL)
-        if sp == self.task_pt_regs and (self.sp_from_record or self.t.task.regs is None):
+        if sp == task_pt_regs(self.stacks.known, self.k.pt_regs_space) and (self.sp_from_record
+                                                                          or self.t.task.regs is None):
             return self._first_frame_stop(fp, sp, pc)
         if fp & 7:
             return Stop(StopReason.MISALIGNED_FP, f"fp {fp:#x} (sp {sp:#x})")
@@ -803,7 +848,7 @@ class RiscvUnwinder(Unwinder):
     def _before_handler_prologue(self) -> bool:
         """Is the walk at its first step from the CPU's registers, in a handler the trap entry called
         (``ra`` in ``[handle_exception, ret_from_exception_end)``; 6.1: ``ret_from_exception``)?"""
-        lo, hi = self.exc_frame
+        lo, hi = self.k.exc_frame
         return (not self.sp_from_record and self.t.task.regs is not None and self.pc == self.regs_epc
                 and lo <= self.regs_ra < hi)
 
@@ -853,6 +898,11 @@ class RiscvUnwinder(Unwinder):
 
 #: the stop when fp_is_valid() fails on a zero fp
 FP_ZERO_DETAIL = "fp is 0"
+
+
+def user_mode_detail(regs: int, epc: int, status: int) -> str:
+    """The stop at a user-mode ``pt_regs`` (:meth:`RiscvUnwinder._next_regs_pc`)."""
+    return f"pt_regs at {regs:#x}: epc {epc:#x} in user mode (status {status:#x})"
 
 
 def first_frame_detail(target: Target, pt: StructLayout, fp: int, sp: int, pc: int) -> str:

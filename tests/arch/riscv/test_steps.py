@@ -40,6 +40,23 @@ def test_fp_is_valid_window():
     assert align(0xFFFFFFFFFFFFFFF0, 0x4000) == 0       # unsigned long wraps
 
 
+@pytest.mark.parametrize("size", [0x4000, 0x3000])
+def test_the_loops_align_is_the_kernels_for_every_sp(size):
+    """fp_is_valid()'s ALIGN(sp, THREAD_SIZE), which the walk keeps per THREAD_SIZE block, is align.h's
+    ``(sp + THREAD_SIZE - 1) & ~(THREAD_SIZE - 1)`` for sps in any order, with a THREAD_SIZE (the dump's task
+    stack size) that is a power of two or not."""
+    s = RiscvSynth()
+    s.sd.stack("task", 0xFF20000000100000, size, pid=1)
+    s.sd.blocked_task(1, "x", {"ra": s.at("__schedule"), "sp": 0, "s0": 0})
+    session = s.session()
+    unwinder = session.backend.unwinder(session.target(session.select(pid=1)[0], Options()))
+    assert unwinder.ts == size
+    near = [0xFF20000000100000 + d for d in range(-3 * size, 3 * size + 1, 0x7F8)]
+    edges = [k * size + d for k in (0, 1, 0xFF20000000100000 // size) for d in (-1, 0, 1)]
+    for sp in near + near[::-1] + edges + near[::3]:
+        assert unwinder._align_sp(sp) == (sp + size - 1) & ~(size - 1), hex(sp)
+
+
 def test_kernel_text_address():
     text = ((0x1000, 0x2000), (0x8000, 0x9000))
     assert kernel_text_address(0x1000, text) and kernel_text_address(0x8FFF, text)
