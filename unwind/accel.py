@@ -35,12 +35,16 @@ MODULES: dict[str, tuple[str, str]] = {
     "unwind.core.callsite": ("unwind", "core/callsite"),
     "unwind.core.target": ("unwind", "core/target"),
     "unwind.session.result": ("unwind", "session/result"),
+    "unwind.session.batch": ("unwind", "session/batch"),
     "unwind.arch.arm64.ptrauth": ("arch", "arm64/ptrauth"),
     "unwind.arch.arm64.stacktrace": ("arch", "arm64/stacktrace"),
+    "unwind.arch.arm64.batch": ("arch", "arm64/batch"),
     "unwind.arch.riscv.stacktrace": ("arch", "riscv/stacktrace"),
+    "unwind.arch.riscv.batch": ("arch", "riscv/batch"),
     "unwind.arch.x86_64.dumpstack": ("arch", "x86_64/dumpstack"),
     "unwind.arch.x86_64.orc": ("arch", "x86_64/orc"),
     "unwind.arch.x86_64.unwind_orc": ("arch", "x86_64/unwind_orc"),
+    "unwind.arch.x86_64.batch": ("arch", "x86_64/batch"),
 }
 
 #: Cython's settings: the hints are Python's (not C types); the types are the ``.pxd``'s alone

@@ -424,14 +424,14 @@ def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence
     taken = bytes(list(map(bool, rows)))
     lanes = np.flatnonzero(np.frombuffer(taken, np.bool_))
     if len(lanes):
-        try:
-            flat = np.frombuffer(array(_WORD, list(chain.from_iterable(filter(None, rows)))), _U64)
+        try:  # column by column: each a tuple of known length, which the array module reads without growing
+            columns = np.array([np.frombuffer(array(_WORD, column), _U64) for column in zip(*filter(None, rows))])
         except (OverflowError, TypeError):
             lanes = lanes[:0]
     if not len(lanes):
         return Lanes(rec, consts, None, lanes, lanes, [])
     tasks = list(compress(chain.from_iterable(job.tasks for job in jobs), taken))
-    return Lanes(rec, consts, flat.reshape(len(lanes), -1).T, lanes, lane_jobs(jobs).take(lanes), tasks)
+    return Lanes(rec, consts, columns, lanes, lane_jobs(jobs).take(lanes), tasks)
 
 
 @dataclass(slots=True)

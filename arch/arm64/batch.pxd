@@ -1,0 +1,5 @@
+cimport cython
+from unwind.core.stackinfo cimport StackInfo
+
+@cython.locals(ctx=dict, stack=StackInfo)
+cpdef lane_of(object task)
