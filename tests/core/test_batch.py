@@ -293,6 +293,26 @@ def test_a_dump_whose_inputs_differ_reads_its_own_constants() -> None:
     assert ca is not cb and cb.pac_mask == 0xff7f000000000000 != ca.pac_mask
 
 
+
+def test_inputs_hold_every_fact_but_the_per_task_ones() -> None:
+    """Dumps of one image share constants only when every fact a walk's constants may read is equal: a changed
+    release, symbol hint or offsets table makes other inputs; the note's CPUs, stacks and blocked tasks do not."""
+    from unwind.arch.arm64.batch import DumpConstants
+    from unwind.core.dumpinfo import DumpInfo
+    from unwind.session.batch import Job
+
+    path = _dumps("arm64")[-1]
+    a, b = load_session(path), load_session(path)
+    inputs = [DumpConstants.inputs(Job(s, s.dump.tasks(), Options())) for s in (a, b)]
+    assert inputs[0] == inputs[1]
+    for change in ({"release": "0.0.0-other"}, {"symbols": {"init_task": 1}}, {"offsets": {}},
+                   {"build_id": "00"}, {"generation": "6.1"}):
+        b.dump.info = a.dump.info._replace(**change)
+        assert DumpConstants.inputs(Job(b, b.dump.tasks(), Options())) != inputs[0], change
+    b.dump.info = a.dump.info._replace(cpus=(), stacks=(), blocked=())
+    assert DumpConstants.inputs(Job(b, b.dump.tasks(), Options())) == inputs[0]
+    assert set(DumpInfo._fields) - {"cpus", "stacks", "blocked"} <= set(DumpInfo._fields[:DumpInfo._fields.index("cpus")])
+
 def test_constants_read_from_a_dumps_own_stacks_are_not_shared(monkeypatch) -> None:
     """riscv's pt_regs derived from the dump's stacks (an image whose BTF lacks it, and no offsets in the note)
     is that dump's own: two dumps of one image with equal inputs each read theirs."""

@@ -33,6 +33,7 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from unwind.formats.dump import Dump
+from unwind.core.dumpinfo import DumpInfo
 from unwind.core.frame import Flag, Frame, Source
 from unwind.core.memory import Memory
 from .result import Replay
@@ -223,6 +224,7 @@ class Recorder:
         self.labels: list[str | None] = []
         self._label_index: dict[str | None, int] = {}
         self._parts: list[tuple] = []
+        self._stops: list[tuple[np.ndarray, int, tuple[np.ndarray, ...]]] = []
         self.stop_code = np.full(lanes, -1, np.int64)  # -1: walked by the scalar path
         self.stop_args = np.zeros((lanes, STOP_ARGS), _U64)
         self.constants: dict[int, DumpConstants] = {}
@@ -250,10 +252,23 @@ class Recorder:
 
     def stop(self, lanes: np.ndarray, code: int, *args: np.ndarray) -> None:
         """The walk of ``lanes`` ended: stop kind ``code`` (an index into ``stops``), whose detail is made
-        from the task's target and ``args`` (one word per lane each)."""
-        self.stop_code[lanes] = code
-        for i, arg in enumerate(args):
-            self.stop_args[lanes, i] = arg
+        from the task's target and ``args`` (one word per lane each). Kept as given: :meth:`finish` writes
+        every stop into :attr:`stop_code` and :attr:`stop_args` at once (a lane's walk ends once)."""
+        self._stops.append((lanes, code, args))
+
+    def _write_stops(self) -> None:
+        """Each stopped lane's code and arguments, from the stops reported (an argument a stop kind does not
+        have is 0)."""
+        stops = self._stops
+        if not stops:
+            return
+        lanes = np.concatenate([lanes for lanes, _, _ in stops])
+        sizes = [len(lanes) for lanes, _, _ in stops]
+        self.stop_code[lanes] = np.repeat(np.array([code for _, code, _ in stops], np.int64), sizes)
+        for i in range(max(len(args) for _, _, args in stops)):
+            self.stop_args[lanes, i] = np.concatenate(
+                [args[i] if i < len(args) else np.zeros(n, _U64) for (_, _, args), n in zip(stops, sizes)],
+                dtype=_U64, casting="unsafe")
 
     def dump(self, job: int, constants: "DumpConstants") -> None:
         """The arch's per-dump constants of ``job``'s tasks: each stop detail is handed them, and each replay
@@ -263,6 +278,7 @@ class Recorder:
     def finish(self) -> "Walked":
         """The frames of every step, each lane's count, and the pcs and flags the call-site check reads;
         the frames are put in task order when the replays are read (:meth:`Walked.lists`)."""
+        self._write_stops()
         parts = self._parts
         sizes = [len(part[0]) for part in parts]
         # every part's field end to end (one array per field, not one per part), the frames of every part
@@ -366,6 +382,10 @@ class DumpConstants:
 
 _CONSTANTS: "WeakKeyDictionary[Session, dict[tuple, DumpConstants | None]]" = WeakKeyDictionary()
 
+#: the dump's facts that constants may read: :class:`~unwind.core.dumpinfo.DumpInfo` up to what the note says
+#: of its CPUs, stacks and blocked tasks (its last fields, which a walk reads per task)
+_DUMP_FACTS = slice(DumpInfo._fields.index("cpus"))
+
 
 def dump_inputs(cls: type[DumpConstants], job: Job) -> object | None:
     """The inputs (:meth:`DumpConstants.inputs`) of constants read from the :class:`~unwind.core.target.Target`
@@ -376,7 +396,8 @@ def dump_inputs(cls: type[DumpConstants], job: Job) -> object | None:
     if session.image is None or session.symbols is not session.image.symbols:
         return None
     dump = session.dump
-    return cls, cls.key(job.options), dump.vmcoreinfo, dump.info._replace(cpus=(), stacks=(), blocked=())
+    return cls, cls.key(job.options), dump.vmcoreinfo, dump.info[_DUMP_FACTS]
+
 
 #: per image: the inputs (:meth:`DumpConstants.inputs`) and constants of the dumps read so far
 _SHARED: "WeakKeyDictionary[object, list[tuple[object, DumpConstants | None]]]" = WeakKeyDictionary()
