@@ -262,8 +262,9 @@ class Recorder:
         stops = self._stops
         if not stops:
             return
-        lanes = np.concatenate([lanes for lanes, _, _ in stops])
-        sizes = [len(lanes) for lanes, _, _ in stops]
+        reported = [lanes for lanes, _, _ in stops]
+        sizes = list(map(len, reported))
+        lanes = np.concatenate(reported)
         self.stop_code[lanes] = np.repeat(np.array([code for _, code, _ in stops], np.int64), sizes)
         for i in range(max(len(args) for _, _, args in stops)):
             self.stop_args[lanes, i] = np.concatenate(
