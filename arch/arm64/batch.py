@@ -16,10 +16,12 @@ other meta record. The per-dump constants are the scalar unwinder's own.
 
 from __future__ import annotations
 
+from collections.abc import MutableSequence
+
 import numpy as np
 
 from unwind.session import batch
-from unwind.session.batch import Job, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed, word_index
+from unwind.session.batch import Job, LaneReader, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed, word_index
 from unwind.core.frame import Flag, Source
 from unwind.core.target import Task
 from unwind.core.walk import StopReason
@@ -92,7 +94,7 @@ def ptrauth_strip_lanes(ptr: np.ndarray, mask: np.ndarray, keep_mask: np.ndarray
 
 def batch_walk(jobs: list[Job]) -> Walked:
     """``kunwind_stack_walk()`` of every task of ``jobs`` that the plain step can take, in lockstep."""
-    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lane_of)
+    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, LANES)
     rec, per_lane = lanes_in.recorder, lanes_in.per_lane
     if lanes_in.columns is None:
         return rec.finish()
@@ -167,14 +169,25 @@ def batch_walk(jobs: list[Job]) -> Walked:
     return rec.finish()
 
 
-def lane_of(task: Task) -> tuple[int, ...] | None:
-    """A lane's words for ``task`` when the batch takes it: a blocked task with a saved fp, pc and sp on its
-    one task stack (a NULL task stack, ``task_stack_freed()``, is left to the scalar walk); its
-    ``fp, pc, sp, source, stack low, stack high``."""
-    ctx = task.context
-    if task.regs is None and ctx is not None and len(task.stacks) == 1:
-        stack = task.stacks[0]
-        fp, pc, sp = ctx.get("fp"), ctx.get("pc"), ctx.get("sp")
-        if stack.kind == "task" and stack.low and fp is not None and pc is not None and sp is not None:
-            return fp, pc, sp, _CALLER if ctx.get("caller") else _TASK, stack.low, stack.high
-    return None
+class PlainLanes(LaneReader):
+    """The tasks the plain step takes: a blocked task with a saved fp, pc and sp (integers) on its one task stack (a
+    NULL task stack, ``task_stack_freed()``, is left to the scalar walk); its words are ``fp, pc, sp, source, stack
+    low, stack high``."""
+
+    width = 6
+
+    def lane(self, task: Task, words: MutableSequence[int], at: int) -> bool:
+        ctx = task.context
+        if task.regs is None and ctx is not None and len(task.stacks) == 1:
+            stack = task.stacks[0]
+            fp, pc, sp = ctx.get("fp"), ctx.get("pc"), ctx.get("sp")
+            if (stack.kind == "task" and stack.low and isinstance(fp, int) and isinstance(pc, int)
+                    and isinstance(sp, int)):
+                words[at], words[at + 1], words[at + 2] = fp, pc, sp
+                words[at + 3] = _CALLER if ctx.get("caller") else _TASK
+                words[at + 4], words[at + 5] = stack.low, stack.high
+                return True
+        return False
+
+
+LANES = PlainLanes()

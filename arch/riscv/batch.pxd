@@ -1,5 +1,7 @@
 cimport cython
 from unwind.core.stackinfo cimport StackInfo
+from unwind.session.batch cimport LaneReader
 
-@cython.locals(ctx=dict, stack=StackInfo)
-cpdef lane_of(object task)
+cdef class PlainLanes(LaneReader):
+    @cython.locals(ctx=dict, stack=StackInfo)
+    cpdef bint lane(self, object task, unsigned long long[::1] words, Py_ssize_t at) except -1

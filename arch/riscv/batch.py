@@ -16,10 +16,12 @@ constants are the scalar unwinder's own.
 
 from __future__ import annotations
 
+from collections.abc import MutableSequence
+
 import numpy as np
 
 from unwind.session import batch
-from unwind.session.batch import Job, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed, word_index
+from unwind.session.batch import Job, LaneReader, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed, word_index
 from unwind.core.frame import Source
 from unwind.core.target import Task
 from unwind.core.walk import StopReason
@@ -100,7 +102,7 @@ def spans(ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def batch_walk(jobs: list[Job]) -> Walked:
     """``walk_stackframe()`` of every blocked task of ``jobs`` that the plain step can take, in lockstep."""
-    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lane_of)
+    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, LANES)
     rec, per_lane = lanes_in.recorder, lanes_in.per_lane
     if lanes_in.columns is None:
         return rec.finish()
@@ -174,15 +176,23 @@ def batch_walk(jobs: list[Job]) -> Walked:
     return rec.finish()
 
 
-def lane_of(task: Task) -> tuple[int, ...] | None:
-    """A lane's words for ``task`` when the batch takes it: a blocked task with a saved ra, s0 and sp on its
-    one task stack of known size (THREAD_SIZE, at least one record); its ``pc, fp, sp, stack low, stack
-    high``."""
-    ctx = task.context
-    if task.regs is None and ctx is not None and len(task.stacks) == 1:
-        stack = task.stacks[0]
-        pc, fp, sp = ctx.get("ra"), ctx.get("s0"), ctx.get("sp")
-        if (stack.kind == "task" and stack.high - stack.low >= STACKFRAME_SIZE and pc is not None
-                and fp is not None and sp is not None):
-            return pc, fp, sp, stack.low, stack.high
-    return None
+class PlainLanes(LaneReader):
+    """The tasks the plain step takes: a blocked task with a saved ra, s0 and sp (integers) on its one task stack of
+    known size (THREAD_SIZE, at least one record); its words are ``pc, fp, sp, stack low, stack high``."""
+
+    width = 5
+
+    def lane(self, task: Task, words: MutableSequence[int], at: int) -> bool:
+        ctx = task.context
+        if task.regs is None and ctx is not None and len(task.stacks) == 1:
+            stack = task.stacks[0]
+            pc, fp, sp = ctx.get("ra"), ctx.get("s0"), ctx.get("sp")
+            if (stack.kind == "task" and stack.high - stack.low >= STACKFRAME_SIZE and isinstance(pc, int)
+                    and isinstance(fp, int) and isinstance(sp, int)):
+                words[at], words[at + 1], words[at + 2] = pc, fp, sp
+                words[at + 3], words[at + 4] = stack.low, stack.high
+                return True
+        return False
+
+
+LANES = PlainLanes()

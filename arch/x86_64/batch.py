@@ -18,12 +18,13 @@ The per-dump constants (the ORC table, the layouts) are the scalar unwinder's ow
 
 from __future__ import annotations
 
+from collections.abc import MutableSequence
 from weakref import WeakKeyDictionary
 
 import numpy as np
 
 from unwind.session import batch
-from unwind.session.batch import Job, Memo, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed, word_index
+from unwind.session.batch import Job, LaneReader, Memo, Walked, dump_inputs, gather_lanes, locate_lanes, narrowed, word_index
 from unwind.core.frame import Source
 from unwind.core.target import Options, Task
 from unwind.core.walk import StopReason
@@ -171,7 +172,7 @@ def add_offset(value: np.ndarray, offset: np.ndarray, negative: np.ndarray) -> t
 
 def batch_walk(jobs: list[Job]) -> Walked:
     """``unwind_next_frame()`` of every blocked task of ``jobs`` that the plain step can take, in lockstep."""
-    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, lane_of)
+    lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, LANES)
     rec, per_lane, consts = lanes_in.recorder, lanes_in.per_lane, lanes_in.constants
     if lanes_in.columns is None:
         return rec.finish()
@@ -275,13 +276,21 @@ def kernel_text_lanes(ip: np.ndarray, text: np.ndarray) -> np.ndarray:
     return ((text[:, :, 0] <= ip[:, None]) & (ip[:, None] < text[:, :, 1])).any(axis=1)
 
 
-def lane_of(task: Task) -> tuple[int, ...] | None:
-    """A lane's words for ``task`` when the batch takes it: a blocked task with a saved ``thread.sp`` and one
-    task stack, not refused by ``task_on_another_cpu()``; its ``thread.sp, stack low, stack high``."""
-    ctx = task.context
-    if task.regs is None and ctx is not None and len(task.stacks) == 1 and not task_on_another_cpu(task):
-        stack = task.stacks[0]
-        tsp = ctx.get("sp")
-        if stack.kind == "task" and stack.low < stack.high and tsp is not None:
-            return tsp, stack.low, stack.high
-    return None
+class PlainLanes(LaneReader):
+    """The tasks the plain step takes: a blocked task with a saved ``thread.sp`` (an integer) and one task stack, not
+    refused by ``task_on_another_cpu()``; its words are ``thread.sp, stack low, stack high``."""
+
+    width = 3
+
+    def lane(self, task: Task, words: MutableSequence[int], at: int) -> bool:
+        ctx = task.context
+        if task.regs is None and ctx is not None and len(task.stacks) == 1 and not task_on_another_cpu(task):
+            stack = task.stacks[0]
+            tsp = ctx.get("sp")
+            if stack.kind == "task" and stack.low < stack.high and isinstance(tsp, int):
+                words[at], words[at + 1], words[at + 2] = tsp, stack.low, stack.high
+                return True
+        return False
+
+
+LANES = PlainLanes()

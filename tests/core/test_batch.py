@@ -402,13 +402,14 @@ def test_tasks_a_caller_changed_replay_as_given(corpus) -> None:
     assert walked > len(given) * 10
 
 
-@pytest.mark.parametrize("odd", [-1, 1 << 64, "0x10"], ids=["negative", "past-u64", "text"])
-def test_lanes_are_lane_of_words_and_a_word_that_is_no_u64_leaves_none(odd) -> None:
-    """The lanes' words are ``lane_of``'s, row for row; a task whose word is no u64 (the note allows none)
-    leaves no lane at all, and the batch is the scalar walk."""
+@pytest.mark.parametrize("odd", [-1, 1 << 64, "0x10", 1.5], ids=["negative", "past-u64", "text", "float"])
+def test_lanes_hold_their_tasks_words_and_a_word_that_is_no_u64_leaves_its_task_out(odd) -> None:
+    """The lanes' words are their tasks' saved fp, pc, sp, context kind and stack bounds, in task order; a task
+    whose word is no u64 (the note allows none) has no lane, and the others keep theirs."""
     from dataclasses import replace
 
     from unwind.arch.arm64 import batch as arm64
+    from unwind.core.frame import Source
     from unwind.session.batch import Job, gather_lanes
 
     session = load_session(_dumps("arm64")[-1])
@@ -416,11 +417,18 @@ def test_lanes_are_lane_of_words_and_a_word_that_is_no_u64_leaves_none(odd) -> N
 
     def gathered(tasks: list) -> object:
         return gather_lanes([Job(session, tasks, Options())], arm64.SOURCES, arm64.STOPS, arm64.DumpConstants,
-                            arm64.lane_of)
+                            arm64.LANES)
+
+    def words(task) -> list[int]:
+        ctx, stack = task.context, task.stacks[0]
+        source = arm64.SOURCES.index(Source.CALLER if ctx.get("caller") else Source.TASK)
+        return [ctx["fp"], ctx["pc"], ctx["sp"], source, stack.low, stack.high]
     got = gathered(tasks)
-    want = [list(row) for row in map(arm64.lane_of, tasks) if row]
-    assert len(want) > 10 and got.columns.T.tolist() == want
+    assert len(got.tasks) > 10 and got.columns.T.tolist() == [words(t) for t in got.tasks]
     assert [tasks.index(t) for t in got.tasks] == got.lanes.tolist()
-    blocked = next(i for i, t in enumerate(tasks) if arm64.lane_of(t))
-    tasks[blocked] = replace(tasks[blocked], context={**tasks[blocked].context, "sp": odd})
-    assert gathered(tasks).columns is None
+    odd_one = int(got.lanes[len(got.lanes) // 2])
+    tasks[odd_one] = replace(tasks[odd_one], context={**tasks[odd_one].context, "sp": odd})
+    kept = got.lanes != odd_one
+    again = gathered(tasks)
+    assert again.lanes.tolist() == got.lanes[kept].tolist()
+    assert again.columns.tolist() == got.columns[:, kept].tolist()

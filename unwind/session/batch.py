@@ -20,7 +20,7 @@ when it is read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import MutableSequence, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, overload
@@ -412,7 +412,7 @@ class Lanes(NamedTuple):
     recorder: Recorder
     #: each job's per-dump constants (``None``: all its tasks go to the scalar walk)
     constants: list[Any]
-    #: the arch's lane columns (``lane_of``'s words) as ``uint64``, one row per word; ``None``: no lane
+    #: the lanes' words (:meth:`LaneReader.lane`) as ``uint64``, one row per word; ``None``: no lane
     columns: np.ndarray | None
     #: each lane's number (its task's place in the batch) and its job
     lanes: np.ndarray
@@ -425,33 +425,55 @@ class Lanes(NamedTuple):
         return np.array([values(c) if c is not None else 0 for c in self.constants], dtype).take(self.job_of)
 
 
-def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence[StopKind],
-                 constants: type[DumpConstants], lane_of: Callable[[Task], "tuple[int, ...] | None"]) -> Lanes:
-    """The recorder of every task of ``jobs``, each job's per-dump constants, and the lanes: the tasks of
-    jobs with constants for which ``lane_of(task)`` gives the arch's words.
+class LaneReader:
+    """How an arch's plain step reads the tasks it takes (:func:`gather_lanes`): :attr:`width` words a lane,
+    written by :meth:`lane`."""
 
-    The words of all lanes become one ``uint64`` array at once (through :data:`_WORD`); a value that is no
-    u64 (the note allows none) leaves no lane: the scalar walk says what it is.
-    """
-    rec = Recorder(sum(len(job.tasks) for job in jobs), sources, stops)
-    consts = [constants.of(job) if job.tasks else None for job in jobs]
-    rows: list[tuple[int, ...] | None] = []
-    for n, (job, c) in enumerate(zip(jobs, consts)):
-        if c is None:
-            rows.extend([None] * len(job.tasks))
-        else:
-            rec.dump(n, c)
-            rows.extend(map(lane_of, job.tasks))
-    # a lane's row is a non-empty tuple (true), no lane's None
-    taken = bytes(list(map(bool, rows)))
-    lanes = np.flatnonzero(np.frombuffer(taken, np.bool_))
-    if len(lanes):
-        try:  # column by column: each a tuple of known length, which the array module reads without growing
-            columns = np.array([np.frombuffer(array(_WORD, column), _U64) for column in zip(*filter(None, rows))])
+    #: the words of one lane
+    width = 0
+
+    def lane(self, task: Task, words: MutableSequence[int], at: int) -> bool:
+        """Does the plain step take ``task``? If so its words are written to ``words[at:at + width]``."""
+        raise NotImplementedError
+
+
+def read_lanes(reader: LaneReader, tasks: Sequence[Task], words: MutableSequence[int], taken: bytearray,
+               first: int) -> None:
+    """``reader.lane()`` of each of ``tasks``, the first at lane ``first``: ``taken[n]`` says whether the plain
+    step takes the task of lane ``n``. A word that is no u64 (the note allows none) leaves its task no lane:
+    the scalar walk says what it is."""
+    width = reader.width
+    n = first
+    for task in tasks:
+        try:
+            taken[n] = reader.lane(task, words, n * width)
         except (OverflowError, TypeError):
-            lanes = lanes[:0]
+            taken[n] = False
+        n += 1
+
+
+def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence[StopKind],
+                 constants: type[DumpConstants], reader: LaneReader) -> Lanes:
+    """The recorder of every task of ``jobs``, each job's per-dump constants, and the lanes: the tasks of
+    jobs with constants that ``reader`` takes.
+
+    Every task's words go into one buffer (of :data:`_WORD` words) as they are read, so no task's words are
+    Python objects in between."""
+    total = sum(len(job.tasks) for job in jobs)
+    rec = Recorder(total, sources, stops)
+    consts = [constants.of(job) if job.tasks else None for job in jobs]
+    words = array(_WORD, bytes(8 * reader.width * total))
+    taken = bytearray(total)
+    first = 0
+    for n, (job, c) in enumerate(zip(jobs, consts)):
+        if c is not None:
+            rec.dump(n, c)
+            read_lanes(reader, job.tasks, words, taken, first)
+        first += len(job.tasks)
+    lanes = np.flatnonzero(np.frombuffer(taken, np.bool_))
     if not len(lanes):
         return Lanes(rec, consts, None, lanes, lanes, [])
+    columns = np.frombuffer(words, _U64).reshape(total, reader.width).take(lanes, axis=0).T.copy()
     tasks = list(compress(chain.from_iterable(job.tasks for job in jobs), taken))
     return Lanes(rec, consts, columns, lanes, lane_jobs(jobs).take(lanes), tasks)
 
