@@ -473,7 +473,7 @@ def gather_lanes(jobs: Sequence[Job], sources: Sequence[Source], stops: Sequence
     lanes = np.flatnonzero(np.frombuffer(taken, np.bool_))
     if not len(lanes):
         return Lanes(rec, consts, None, lanes, lanes, [])
-    columns = np.frombuffer(words, _U64).reshape(total, reader.width).take(lanes, axis=0).T.copy()
+    columns = np.frombuffer(words, _U64).reshape(total, reader.width).T.take(lanes, axis=1)
     tasks = list(compress(chain.from_iterable(job.tasks for job in jobs), taken))
     return Lanes(rec, consts, columns, lanes, lane_jobs(jobs).take(lanes), tasks)
 
