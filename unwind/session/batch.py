@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, overload
 import weakref
 from array import array
 from itertools import chain, compress
-from operator import attrgetter
 from weakref import WeakKeyDictionary
 
 import numpy as np
@@ -35,7 +34,7 @@ import numpy as np
 from unwind.formats.dump import Dump
 from unwind.core.dumpinfo import DumpInfo
 from unwind.core.frame import Flag, Frame, Source
-from unwind.core.memory import Memory
+from unwind.core.memory import Memory, Segment
 from .result import Replay
 from unwind.core.target import Options, Task
 from unwind.core.walk import Stop, StopReason
@@ -72,7 +71,6 @@ class Job:
 
 #: the most words a batch step reads from one address: arm64's frame_record_meta {fp, lr, type}
 READ_WORDS = 3
-_DATA = attrgetter("data")
 
 
 class FlatMemory:
@@ -87,14 +85,20 @@ class FlatMemory:
     """
 
     def __init__(self, memories: Sequence[Memory]) -> None:
-        segs = list(chain.from_iterable(mem.segments for mem in memories))
+        segs: list[Segment] = []
+        starts: list[int] = []
+        ends: list[int] = []
+        for mem in memories:  # lists joined a memory at a time (a chain of iterators costs each item a call)
+            segs += mem.segments
+            lo, hi = mem.bounds
+            starts += lo
+            ends += hi
         self.seg_mem = np.repeat(np.arange(len(memories), dtype=np.int64), [len(mem.segments) for mem in memories])
         # through the array module, from lists the memories keep: numpy packs each int of an iterator alone
-        bounds = [mem.bounds for mem in memories]
-        self.starts = np.frombuffer(array(_WORD, list(chain.from_iterable(b[0] for b in bounds))), _U64)
-        self.ends = np.frombuffer(array(_WORD, list(chain.from_iterable(b[1] for b in bounds))), _U64)
+        self.starts = np.frombuffer(array(_WORD, starts), _U64)
+        self.ends = np.frombuffer(array(_WORD, ends), _U64)
         sizes = self.ends - self.starts
-        pieces = list(map(_DATA, segs))
+        pieces = [seg.data for seg in segs]
         if not ((self.starts | sizes) & _U64(7)).any():  # the usual case: stacks are captured in whole words
             self.origins = self.starts
             words = (sizes >> _U64(3)).astype(np.int64)
@@ -771,7 +775,7 @@ def narrowed(go: np.ndarray, n: int, *arrays: np.ndarray) -> tuple[np.ndarray, .
     if 2 * n > len(go):
         return (go, *arrays)
     keep = np.flatnonzero(go)
-    return (np.ones(n, bool), *(a.take(keep, axis=-1) for a in arrays))
+    return (np.ones(n, bool), *[a.take(keep, axis=-1) for a in arrays])
 
 
 def _finish_flags(group: list[Job], walked: Walked) -> None:
