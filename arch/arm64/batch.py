@@ -177,9 +177,9 @@ class PlainLanes(LaneReader):
     width = 6
 
     def lane(self, task: Task, words: MutableSequence[int], at: int) -> bool:
-        ctx = task.context
-        if task.regs is None and ctx is not None and len(task.stacks) == 1:
-            stack = task.stacks[0]
+        ctx, stacks = task.context, task.stacks
+        if task.regs is None and ctx is not None and len(stacks) == 1:
+            stack = stacks[0]
             fp, pc, sp = ctx.get("fp"), ctx.get("pc"), ctx.get("sp")
             if (stack.kind == "task" and stack.low and isinstance(fp, int) and isinstance(pc, int)
                     and isinstance(sp, int)):

@@ -3,5 +3,5 @@ from unwind.core.stackinfo cimport StackInfo
 from unwind.session.batch cimport LaneReader
 
 cdef class PlainLanes(LaneReader):
-    @cython.locals(ctx=dict, stack=StackInfo)
+    @cython.locals(ctx=dict, stacks=list, stack=StackInfo)
     cpdef bint lane(self, object task, unsigned long long[::1] words, Py_ssize_t at) except -1

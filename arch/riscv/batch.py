@@ -183,9 +183,9 @@ class PlainLanes(LaneReader):
     width = 5
 
     def lane(self, task: Task, words: MutableSequence[int], at: int) -> bool:
-        ctx = task.context
-        if task.regs is None and ctx is not None and len(task.stacks) == 1:
-            stack = task.stacks[0]
+        ctx, stacks = task.context, task.stacks
+        if task.regs is None and ctx is not None and len(stacks) == 1:
+            stack = stacks[0]
             pc, fp, sp = ctx.get("ra"), ctx.get("s0"), ctx.get("sp")
             if (stack.kind == "task" and stack.high - stack.low >= STACKFRAME_SIZE and isinstance(pc, int)
                     and isinstance(fp, int) and isinstance(sp, int)):

@@ -283,9 +283,9 @@ class PlainLanes(LaneReader):
     width = 3
 
     def lane(self, task: Task, words: MutableSequence[int], at: int) -> bool:
-        ctx = task.context
-        if task.regs is None and ctx is not None and len(task.stacks) == 1 and not task_on_another_cpu(task):
-            stack = task.stacks[0]
+        ctx, stacks = task.context, task.stacks
+        if task.regs is None and ctx is not None and len(stacks) == 1 and not task_on_another_cpu(task):
+            stack = stacks[0]
             tsp = ctx.get("sp")
             if stack.kind == "task" and stack.low < stack.high and isinstance(tsp, int):
                 words[at], words[at + 1], words[at + 2] = tsp, stack.low, stack.high

@@ -6,6 +6,7 @@ from unwind.core.target cimport Target
 from unwind.arch.x86_64.dumpstack cimport StackInfo, StackFinder
 from unwind.arch.x86_64.orc cimport OrcEntry
 
+@cython.locals(extra=dict)
 cpdef bint task_on_another_cpu(object task)
 
 cdef class Regs:

@@ -225,7 +225,8 @@ def orc_not_in_dump(target: Target, ip: int) -> str | None:
 # task_on_another_cpu() (asm/unwind.h): task != current && task->on_cpu
 def task_on_another_cpu(task: Task) -> bool:
     """A blocked task (the walk runs on another CPU) whose ``on_cpu`` the dump says is set."""
-    return task.regs is None and bool(task.extra.get("on_cpu"))
+    extra = task.extra
+    return task.regs is None and bool(extra.get("on_cpu"))
 
 
 def on_another_cpu_detail(task: Task) -> str:
