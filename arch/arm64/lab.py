@@ -8,6 +8,7 @@ saved contexts and per-CPU stacks are the arch's ``kernel`` hooks. Layouts come 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def current_task(k: "Kernel", cpu: int, raw: dict[str, int]) -> tuple[int, str]:
     return k.read_u64(k.percpu_addr("__entry_task", cpu)), "__entry_task"
 
 
-def gdb_fixup(segs: dict[int, bytes], cpus: list[tuple[int, dict[str, int]]], vmcoreinfo: dict[str, str],
+def gdb_fixup(segs: dict[int, bytes], cpus: list[tuple[int, dict[str, int]]], vmcoreinfo: Mapping[str, str],
               text: tuple[int, int]) -> tuple[dict[int, bytes], list[tuple[int, dict[str, int]]]]:
     """A copy of a dump's memory and registers that gdb can unwind: PAC-signed text addresses stripped.
 

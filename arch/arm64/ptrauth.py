@@ -6,6 +6,8 @@ strips it with the mask of the dumped kernel before using it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from unwind.formats.vmcore.vmcoreinfo import vmcoreinfo_number
 
 _U64 = (1 << 64) - 1
@@ -13,7 +15,7 @@ _U64 = (1 << 64) - 1
 BIT55 = 1 << 55
 
 
-def _vmcoreinfo_number(vmcoreinfo: dict[str, str], name: str) -> int | None:
+def _vmcoreinfo_number(vmcoreinfo: Mapping[str, str], name: str) -> int | None:
     return vmcoreinfo_number(vmcoreinfo, f"NUMBER({name})")
 
 
@@ -23,7 +25,7 @@ def genmask_ull(high: int, low: int) -> int:
 
 
 # vmcoreinfo_append_str("NUMBER(KERNELPACMASK)...") in arch/arm64/kernel/vmcore_info.c
-def kernel_pac_mask(vmcoreinfo: dict[str, str]) -> tuple[int, str]:
+def kernel_pac_mask(vmcoreinfo: Mapping[str, str]) -> tuple[int, str]:
     """``ptrauth_kernel_pac_mask()`` of the dumped kernel, and where it came from.
 
     ``NUMBER(KERNELPACMASK)`` first (0 means the system has no address

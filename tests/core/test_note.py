@@ -233,6 +233,18 @@ def test_vmcoreinfo_numbers_in_both_syntaxes_and_the_first_line_wins():
     assert vmcoreinfo_number(dict(info), "NUMBER(KERNELPACMASK)") == 0xFF80000000000000
 
 
+def test_vmcoreinfo_equality_is_the_entries_whatever_the_text():
+    """Equal entries are equal however they were written; the same text checked and not checked differs by what
+    the check dropped; a mapping of other entries, or a dict of them, is told apart."""
+    text = "OSRELEASE=6.12\nNUMBER(VA_BITS)=100000\nPAGESIZE=4096\n"
+    parsed, checked = VmcoreInfo.parse(text), VmcoreInfo.parse(text).checked(lambda _: None)
+    assert parsed == VmcoreInfo.parse(text) and checked == VmcoreInfo.parse(text).checked(lambda _: None)
+    assert parsed != checked and len(parsed) == 3 and len(checked) == 2
+    assert VmcoreInfo.parse(" PAGESIZE = 4096\njunk\nOSRELEASE=6.12\n") == checked  # other text, the same entries
+    assert VmcoreInfo({"OSRELEASE": "6.12", "PAGESIZE": "4096"}) == checked == {"PAGESIZE": "4096", "OSRELEASE": "6.12"}
+    assert checked != VmcoreInfo.parse("OSRELEASE=6.13\nPAGESIZE=4096\n") and checked != {"OSRELEASE": "6.12"}
+
+
 def test_a_dump_drops_a_bad_vmcoreinfo_number_with_a_warning():
     sd = sample()
     sd.vmcoreinfo["NUMBER(VA_BITS)"] = str(2**70)

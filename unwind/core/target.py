@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Hashable
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping
 
 from .dumpinfo import DumpInfo
 from .memory import Memory
@@ -172,7 +172,7 @@ class Target:
     mem: Memory
     task: Task
     release: str | None
-    vmcoreinfo: dict[str, str]
+    vmcoreinfo: Mapping[str, str]
     symbols: SymbolTable | None
     image: "Image | None"
     #: the dump's facts beyond its tasks (modules, symbol hints, what its note declares)
@@ -184,7 +184,7 @@ class Target:
     shared: dict[Hashable, Any]
 
     def __init__(self, arch: str, mem: Memory, task: Task, release: str | None = None,
-                 vmcoreinfo: dict[str, str] | None = None, symbols: SymbolTable | None = None,
+                 vmcoreinfo: Mapping[str, str] | None = None, symbols: SymbolTable | None = None,
                  image: "Image | None" = None, info: DumpInfo | None = None, options: Options | None = None,
                  shared: dict[Hashable, Any] | None = None) -> None:
         self.arch = arch

@@ -397,7 +397,7 @@ class Dump:
                                                            self._warn, self._note_cache)
         if self.note["arch"] != self.arch:
             raise DumpError(f"{self.path}: note says arch {self.note['arch']} but the ELF machine is {self.arch}")
-        self.vmcoreinfo: dict[str, str] = dict(VmcoreInfo.parse(self.vmcoreinfo_text).checked(self._warn))
+        self.vmcoreinfo: VmcoreInfo = VmcoreInfo.parse(self.vmcoreinfo_text).checked(self._warn)
         release = self.note["kernel"]["release"] or self.vmcoreinfo.get("OSRELEASE")
         #: the note's facts as typed values, what the walks read (``Target.info``)
         self.info: DumpInfo = dump_info(self.note, release)

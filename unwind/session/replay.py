@@ -6,7 +6,7 @@ import contextlib
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Hashable, Iterable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Hashable, Iterable, Mapping, NamedTuple, Sequence
 
 from unwind.core import registry
 from unwind.core.callsite import CallSiteChecker
@@ -66,7 +66,7 @@ class _Walk:
     #: the dump's release, VMCOREINFO and facts, and the backend's arch: read here, where the interpreter's
     #: reads of a slotted class are specialised (a session's dump may be any of several classes)
     release: str | None
-    vmcoreinfo: dict[str, str]
+    vmcoreinfo: Mapping[str, str]
     info: DumpInfo
     arch: str
 

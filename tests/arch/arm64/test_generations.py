@@ -12,6 +12,7 @@ import pytest
 from tests.btfbuild import BtfBuilder
 from unwind import Options, StopReason
 from unwind.core.dumpinfo import StructOffsets
+from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo
 from unwind.arch.arm64 import synth as S
 from unwind.arch.arm64.structs import PtRegsLayout
 from unwind.arch.arm64.synth import (KRETPROBE_TRAMPOLINE, RETURN_TO_HANDLER, TASK_LOW, Arm64Synth, fn, ret,
@@ -39,7 +40,8 @@ def test_clean_scenarios_every_generation(name, generation, release):
     sc = S.CLEAN_SCENARIOS[name](generation)
     if not release:
         sc.session.dump.info = sc.session.dump.info._replace(release=None)
-        sc.session.dump.vmcoreinfo.pop("OSRELEASE")
+        dump = sc.session.dump
+        dump.vmcoreinfo = VmcoreInfo({k: v for k, v in dump.vmcoreinfo.items() if k != "OSRELEASE"})
     u, frames, stop = walk(sc)
     assert [f.pc for f in frames] == sc.expected
     assert stop.reason is sc.stop and stop.clean

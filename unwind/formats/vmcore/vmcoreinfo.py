@@ -51,10 +51,17 @@ _TEXT_FORMATS = {"OSRELEASE": re.compile(r".{1,64}"), "BUILD-ID": re.compile(r"[
 
 
 class VmcoreInfo(Mapping[str, str]):
-    """The note's lines as a read-only mapping, with bounded number getters."""
+    """The note's lines as a read-only mapping, with bounded number getters.
 
-    def __init__(self, entries: dict[str, str]) -> None:
+    Two of them are equal when their entries are. Those parsed from the same text the same way
+    (:attr:`source`) are equal without comparing their entries: the dumps of one kernel carry the same
+    note, and the batch compares theirs once per dump (:func:`unwind.session.batch.dump_inputs`)."""
+
+    def __init__(self, entries: dict[str, str], source: tuple[str, bool] | None = None) -> None:
         self._entries = entries
+        #: the text the entries were parsed from, and whether :meth:`checked` was applied (``None``: made
+        #: from entries)
+        self.source = source
 
     @classmethod
     def parse(cls, text: "str | bytes") -> "VmcoreInfo":
@@ -68,7 +75,7 @@ class VmcoreInfo(Mapping[str, str]):
             key, eq, value = line.partition("=")
             if eq and key:
                 entries.setdefault(key.strip(), value.strip())
-        return cls(entries)
+        return cls(entries, (text, False))
 
     def checked(self, warn: Callable[[str], None]) -> "VmcoreInfo":
         """A copy without the numeric entries that do not parse within their bound, nor the release
@@ -88,7 +95,7 @@ class VmcoreInfo(Mapping[str, str]):
                     warn(f"{e}: dropped")
                     continue
             kept[key] = value
-        return VmcoreInfo(kept)
+        return VmcoreInfo(kept, None if self.source is None else (self.source[0], True))
 
     def _bounded(self, key: str) -> int | None:
         if key.startswith(_HEX_KEYS):
@@ -111,6 +118,13 @@ class VmcoreInfo(Mapping[str, str]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, VmcoreInfo):
+            return (self.source is not None and self.source == other.source) or self._entries == other._entries
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]  # as Mapping's
 
     def hex(self, key: str, bits: int = 64) -> int | None:
         """The hex value of ``key`` (``SYMBOL()``, ``KERNELOFFSET``), below ``1 << bits``; ``None`` if absent."""
