@@ -188,6 +188,28 @@ def test_a_memo_answers_each_key_once_and_starts_over_past_its_limit(monkeypatch
     assert memo.keys.tolist() == [7] and memo.lookup(np.array([3], np.uint64), square).tolist() == [9]
 
 
+def test_a_memo_whose_table_slots_collide_answers_every_key_as_computed(monkeypatch) -> None:
+    """With four slots, many keys share one: each lookup still answers each key with its own answer (negative
+    answers included, as ORC lookups have), and each key is computed once."""
+    from unwind.session.batch import Memo
+
+    computed: list[int] = []
+
+    def answer(keys: np.ndarray) -> np.ndarray:
+        computed.extend(keys.tolist())
+        return (keys % np.uint64(97)).astype(np.int64) - 50
+
+    monkeypatch.setattr(Memo, "SLOT_BITS", 2)
+    memo = Memo()
+    rng = random.Random(7)
+    pool = [0, 1, 2**64 - 1] + [rng.getrandbits(64) for _ in range(40)]
+    for _ in range(30):
+        keys = [rng.choice(pool) for _ in range(rng.randrange(1, 60))]
+        got = memo.lookup(np.array(keys, np.uint64), answer).tolist()
+        assert got == [k % 97 - 50 for k in keys]
+    assert sorted(computed) == sorted(set(computed))
+
+
 @pytest.mark.parametrize("aligned", [True, False], ids=["whole-words", "unaligned"])
 def test_flat_memory_words_are_the_memories_bytes(aligned: bool) -> None:
     """Every whole 8-aligned word of every segment reads back at ``bases[s] + (a - origins[s]) // 8``, and

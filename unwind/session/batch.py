@@ -548,24 +548,57 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return values[np.concatenate([values[:1] == values[:1], values[1:] != values[:-1]])]
 
 
-class Memo:
-    """Answers of a function of one word, kept sorted by key for lookups over many lanes at once; keys
-    it has not seen are answered by ``compute`` (given them distinct and sorted), once each.
+#: 2**64 divided by the golden ratio: a key times it, its top bits taken, is the key's slot (Fibonacci hashing)
+_FIBONACCI = _U64(0x9E3779B97F4A7C15)
 
-    A batch's lanes share most of their return addresses, so each is decided once, not once per lane.
-    A memo past :attr:`LIMIT` keys starts over (mutated stacks bring words without end).
+
+class Memo:
+    """Answers of a function of one word, for lookups over many lanes at once; keys it has not seen are
+    answered by ``compute`` (given them distinct and sorted), once each.
+
+    A batch's lanes share most of their return addresses, so each is decided once, not once per lane. The
+    answers are kept sorted by key (:attr:`keys`, :attr:`values`); in front of them a direct-mapped table
+    holds, in each of its slots, the last key looked up there and its answer, so a key found there costs two
+    ``take``s, not a binary search. A memo past :attr:`LIMIT` keys starts over (mutated stacks bring words
+    without end); the table keeps its answers, which do not change.
     """
 
     LIMIT = 1 << 16
+    #: the table has ``2 ** SLOT_BITS`` slots
+    SLOT_BITS = 14
 
-    __slots__ = ("keys", "values", "__weakref__")
+    __slots__ = ("keys", "values", "slot_keys", "slot_values", "__weakref__")
 
     def __init__(self) -> None:
         self.keys = np.zeros(0, _U64)
         self.values = np.zeros(0, np.int64)
+        # an empty slot holds a key whose slot it is not: 0 (whose slot is 0) everywhere, 1 in slot 0
+        self.slot_keys = np.zeros(1 << self.SLOT_BITS, _U64)
+        self.slot_keys[0] = 1
+        self.slot_values = np.zeros(1 << self.SLOT_BITS, np.int64)
+
+    def slot_of(self, keys: np.ndarray) -> np.ndarray:
+        """Each key's slot in the table."""
+        return ((keys * _FIBONACCI) >> _U64(64 - self.SLOT_BITS)).astype(np.int64)
 
     def lookup(self, keys: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """The answer for each of ``keys``."""
+        slot = self.slot_of(keys)
+        values = self.slot_values.take(slot)
+        miss = self.slot_keys.take(slot) != keys
+        if np.count_nonzero(miss):
+            missed, slot = keys[miss], slot[miss]
+            answers = values[miss] = self.sorted_lookup(missed, compute)
+            # each slot takes one of the keys that missed there (distinct slots: no write decides between two)
+            order = np.argsort(slot, kind="stable")
+            taken = slot.take(order)
+            first = order[np.concatenate([taken[:1] == taken[:1], taken[1:] != taken[:-1]])]
+            self.slot_keys[slot.take(first)] = missed.take(first)
+            self.slot_values[slot.take(first)] = answers.take(first)
+        return values
+
+    def sorted_lookup(self, keys: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """The answer for each of ``keys`` from the sorted answers, those of keys not seen yet computed."""
         i = np.searchsorted(self.keys, keys)
         hit = self.keys.take(i, mode="clip") == keys if len(self.keys) else np.zeros(len(keys), bool)
         if np.count_nonzero(hit) != len(keys):
