@@ -830,7 +830,7 @@ def _finish_flags(group: list[Job], walked: Walked) -> None:
     if len(checkers) == 1:
         flags = apply_call_sites(checkers[0], pcs, flags)
     else:
-        image_of_frame = np.array(image_of_job, np.int64).take(lane_jobs(group).take(lanes))
+        image_of_frame = np.array(image_of_job, np.int64).take(lane_jobs(group)).take(lanes)  # each lane's, then each frame's
         for g, checker in enumerate(checkers):
             sel = image_of_frame == g
             flags[sel] = apply_call_sites(checker, pcs[sel], flags[sel])
