@@ -2,7 +2,7 @@ cimport cython
 from unwind.core.stackinfo cimport StackInfo, StackSet
 from unwind.core.frame cimport Frame
 from unwind.core.memory cimport WordCursor
-from unwind.core.target cimport Target
+from unwind.core.target cimport Target, Task
 from unwind.arch.arm64.ptrauth cimport ptrauth_strip_kernel_insn_pac, ptrauth_clear_pac
 
 cdef class KunwindState:
@@ -58,8 +58,9 @@ cdef class Arm64Unwinder(Unwinder):
     cdef public KunwindState state
     cdef public object completer, _pending, _deferred, _stack_obj, _stack_label
 
+    @cython.locals(task=Task)
     cpdef _begin(self)
-    @cython.locals(state=KunwindState)
+    @cython.locals(state=KunwindState, task=Task)
     cpdef Frame _first_frame(self)
     cpdef start(self)
     cpdef next(self)

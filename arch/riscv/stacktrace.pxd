@@ -3,7 +3,7 @@ from unwind.core.stackinfo cimport StackInfo, StackSet
 from unwind.core.frame cimport Frame
 from unwind.core.memory cimport Memory, WordCursor
 from unwind.core.walk cimport Unwinder
-from unwind.core.target cimport Target
+from unwind.core.target cimport Target, Task
 
 cdef class KernelLayout:
     cdef public tuple text
@@ -46,6 +46,7 @@ cdef class RiscvUnwinder(Unwinder):
     cdef public object block_low, block_top
     cdef public WordCursor cursor
 
+    @cython.locals(task=Task)
     cpdef start(self)
     cpdef next(self)
 

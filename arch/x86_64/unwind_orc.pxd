@@ -2,12 +2,12 @@ cimport cython
 from unwind.core.frame cimport Frame
 from unwind.core.memory cimport WordCursor
 from unwind.core.walk cimport Unwinder
-from unwind.core.target cimport Target
+from unwind.core.target cimport Target, Task
 from unwind.arch.x86_64.dumpstack cimport StackInfo, StackFinder
 from unwind.arch.x86_64.orc cimport OrcEntry
 
 @cython.locals(extra=dict)
-cpdef bint task_on_another_cpu(object task)
+cpdef bint task_on_another_cpu(Task task)
 
 cdef class Regs:
     cdef public object addr, cpu, off
@@ -51,7 +51,7 @@ cdef class OrcUnwinder(Unwinder):
     @cython.locals(info=StackInfo)
     cpdef object deref_stack_reg(self, object addr, str what, object prov)
     cpdef object get_reg(self, str member)
-    @cython.locals(info=StackInfo, frame=Frame)
+    @cython.locals(info=StackInfo, frame=Frame, task=Task)
     cpdef Frame _start(self)
     @cython.locals(info=StackInfo, frame=Frame, orc=OrcEntry)
     cpdef unwind_next_frame(self)

@@ -428,8 +428,6 @@ def test_tasks_a_caller_changed_replay_as_given(corpus) -> None:
 def test_lanes_hold_their_tasks_words_and_a_word_that_is_no_u64_leaves_its_task_out(odd) -> None:
     """The lanes' words are their tasks' saved fp, pc, sp, context kind and stack bounds, in task order; a task
     whose word is no u64 (the note allows none) has no lane, and the others keep theirs."""
-    from dataclasses import replace
-
     from unwind.arch.arm64 import batch as arm64
     from unwind.core.frame import Source
     from unwind.session.batch import Job, gather_lanes
@@ -449,7 +447,7 @@ def test_lanes_hold_their_tasks_words_and_a_word_that_is_no_u64_leaves_its_task_
     assert len(got.tasks) > 10 and got.columns.T.tolist() == [words(t) for t in got.tasks]
     assert [tasks.index(t) for t in got.tasks] == got.lanes.tolist()
     odd_one = int(got.lanes[len(got.lanes) // 2])
-    tasks[odd_one] = replace(tasks[odd_one], context={**tasks[odd_one].context, "sp": odd})
+    tasks[odd_one] = tasks[odd_one].replace(context={**tasks[odd_one].context, "sp": odd})
     kept = got.lanes != odd_one
     again = gathered(tasks)
     assert again.lanes.tolist() == got.lanes[kept].tolist()

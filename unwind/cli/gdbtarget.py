@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -555,7 +555,7 @@ class FrameUnwinder:
         walk = state.walks.get(thread.num)
         if walk is not None:
             return walk, regs
-        task = replace(state.cpu_task(session, thread_cpu(thread)), regs=regs)
+        task = state.cpu_task(session, thread_cpu(thread)).replace(regs=regs)
         replay = session.replay(task, Options(), symbolize=False)
         frames = replay.frames
         key = tuple(regs.get(n) for n in backend.prstatus_regs)

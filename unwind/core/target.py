@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping
 
 from .dumpinfo import DumpInfo
@@ -54,7 +54,11 @@ class Lack:
     registers: bool = False
 
 
-@dataclass(slots=True)
+#: :class:`Task`'s fields, in order
+_TASK_FIELDS = ("pid", "comm", "state", "cpu", "regs", "context", "stacks", "fgraph", "kretprobes", "user_regs",
+                "extra", "lacks", "task_struct", "ppid", "tgid", "kthread", "fgraph_lacks", "kretprobes_lacks")
+
+
 class Task:
     """A task in a dump.
 
@@ -69,34 +73,91 @@ class Task:
     ``lacks.registers`` saying so (its note was lost), and then its walk stops on that.
     ``task_struct``, ``ppid``, ``tgid``, ``kthread`` and a blocked task's ``cpu`` are
     ``None`` where the dump does not say.
+
+    A plain slotted class rather than a dataclass, as :class:`Target` is: the compiled build
+    (``target.pxd``) makes it an extension type, whose fields compiled code reads without a lookup.
+    Equality, ``repr`` and :meth:`replace` are a dataclass's; ``stacks``, ``fgraph``, ``kretprobes``
+    and ``extra`` default to new empty ones.
     """
+
+    __slots__ = _TASK_FIELDS
 
     pid: int | None
     comm: str
-    state: str = ""
-    cpu: int | None = None
-    regs: dict[str, int] | None = None
-    context: dict[str, int] | None = None
-    stacks: list[StackInfo] = field(default_factory=list)
-    fgraph: list[FgraphEntry] = field(default_factory=list)
-    kretprobes: list[KretprobeInstance] = field(default_factory=list)
-    user_regs: dict[str, int] | None = None
+    state: str
+    cpu: int | None
+    regs: dict[str, int] | None
+    context: dict[str, int] | None
+    stacks: list[StackInfo]
+    fgraph: list[FgraphEntry]
+    kretprobes: list[KretprobeInstance]
+    user_regs: dict[str, int] | None
     #: what the dump says beyond these fields (``switches``, a capture's ``note``), by the note's keys
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any]
     #: what the dump lacks that a walk needs (a walk stops on it), else ``None``
-    lacks: Lack | None = None
+    lacks: Lack | None
     #: the address of its ``task_struct``
-    task_struct: int | None = None
+    task_struct: int | None
     #: ``task->real_parent->tgid``, as ``ps`` and sysrq-t print it
-    ppid: int | None = None
+    ppid: int | None
     #: ``task->tgid``: the pid of its thread group's leader
-    tgid: int | None = None
+    tgid: int | None
     #: a kernel thread (``task->flags & PF_KTHREAD``)
-    kthread: bool | None = None
+    kthread: bool | None
     #: what the dump lacks of the return stack (``fgraph`` is then empty: it is read whole or not at all)
-    fgraph_lacks: str | None = None
+    fgraph_lacks: str | None
     #: what the dump lacks of the kretprobe/rethook list (``kretprobes`` holds the instances before it)
-    kretprobes_lacks: str | None = None
+    kretprobes_lacks: str | None
+
+    def __init__(self, pid: int | None, comm: str, state: str = "", cpu: int | None = None,
+                 regs: dict[str, int] | None = None, context: dict[str, int] | None = None,
+                 stacks: list[StackInfo] | None = None, fgraph: list[FgraphEntry] | None = None,
+                 kretprobes: list[KretprobeInstance] | None = None, user_regs: dict[str, int] | None = None,
+                 extra: dict[str, Any] | None = None, lacks: Lack | None = None, task_struct: int | None = None,
+                 ppid: int | None = None, tgid: int | None = None, kthread: bool | None = None,
+                 fgraph_lacks: str | None = None, kretprobes_lacks: str | None = None) -> None:
+        self.pid = pid
+        self.comm = comm
+        self.state = state
+        self.cpu = cpu
+        self.regs = regs
+        self.context = context
+        self.stacks = [] if stacks is None else stacks
+        self.fgraph = [] if fgraph is None else fgraph
+        self.kretprobes = [] if kretprobes is None else kretprobes
+        self.user_regs = user_regs
+        self.extra = {} if extra is None else extra
+        self.lacks = lacks
+        self.task_struct = task_struct
+        self.ppid = ppid
+        self.tgid = tgid
+        self.kthread = kthread
+        self.fgraph_lacks = fgraph_lacks
+        self.kretprobes_lacks = kretprobes_lacks
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.pid, self.comm, self.state, self.cpu, self.regs, self.context, self.stacks, self.fgraph,
+                self.kretprobes, self.user_regs, self.extra, self.lacks, self.task_struct, self.ppid, self.tgid,
+                self.kthread, self.fgraph_lacks, self.kretprobes_lacks)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it replaces
+
+    def __repr__(self) -> str:
+        return f"Task({', '.join(f'{n}={v!r}' for n, v in zip(_TASK_FIELDS, self._fields()))})"
+
+    def replace(self, **changes: Any) -> "Task":
+        """A copy with the fields named in ``changes`` set to their values (as :func:`dataclasses.replace`)."""
+        values = dict(zip(_TASK_FIELDS, self._fields()))
+        values.update(changes)
+        return Task(**values)
+
+    def __copy__(self) -> "Task":
+        return Task(*self._fields())
 
     @property
     def running(self) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 
@@ -133,7 +132,7 @@ def test_a_hijacked_return_whose_entries_the_dump_lacks_stops_on_what_is_missing
                                                                                  trampoline):
     sc = build(generation)
     why = "task->ret_stack 0xffff000004560000: memory not in the dump (beyond the end of the file)"
-    task = replace(sc.task, **{lost: [], f"{lost}_lacks": why})
+    task = sc.task.replace(**{lost: [], f"{lost}_lacks": why})
     r = sc.session.replay(task, Options())
     assert [f.pc for f in r.frames] == sc.expected[:1]
     assert r.stop.reason is StopReason.MEMORY_FAULT
