@@ -587,13 +587,16 @@ class Memo:
         values = self.slot_values.take(slot)
         miss = self.slot_keys.take(slot) != keys
         if np.count_nonzero(miss):
-            missed, slot = keys[miss], slot[miss]
-            answers = values[miss] = self.sorted_lookup(missed, compute)
+            missed = keys[miss]
+            new = distinct(missed)  # each key that missed, once
+            answers = self.sorted_lookup(new, compute)
+            values[miss] = answers.take(np.searchsorted(new, missed))
             # each slot takes one of the keys that missed there (distinct slots: no write decides between two)
+            slot = self.slot_of(new)
             order = np.argsort(slot, kind="stable")
             taken = slot.take(order)
             first = order[np.concatenate([taken[:1] == taken[:1], taken[1:] != taken[:-1]])]
-            self.slot_keys[slot.take(first)] = missed.take(first)
+            self.slot_keys[slot.take(first)] = new.take(first)
             self.slot_values[slot.take(first)] = answers.take(first)
         return values
 
