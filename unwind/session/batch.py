@@ -558,7 +558,7 @@ class Memo:
 
     A batch's lanes share most of their return addresses, so each is decided once, not once per lane. The
     answers are kept sorted by key (:attr:`keys`, :attr:`values`); in front of them a direct-mapped table
-    holds, in each of its slots, the last key looked up there and its answer, so a key found there costs two
+    holds, in each of its slots, a key last looked up there and its answer, so a key found there costs two
     ``take``s, not a binary search. A memo past :attr:`LIMIT` keys starts over (mutated stacks bring words
     without end); the table keeps its answers, which do not change.
     """
@@ -591,21 +591,20 @@ class Memo:
             new = distinct(missed)  # each key that missed, once
             answers = self.sorted_lookup(new, compute)
             values[miss] = answers.take(np.searchsorted(new, missed))
-            # each slot takes one of the keys that missed there (distinct slots: no write decides between two)
+            # each slot keeps one of the keys that missed there, whichever the write left, and that key's answer
             slot = self.slot_of(new)
-            order = np.argsort(slot, kind="stable")
-            taken = slot.take(order)
-            first = order[np.concatenate([taken[:1] == taken[:1], taken[1:] != taken[:-1]])]
-            self.slot_keys[slot.take(first)] = new.take(first)
-            self.slot_values[slot.take(first)] = answers.take(first)
+            self.slot_keys[slot] = new
+            kept = self.slot_keys.take(slot) == new
+            self.slot_values[slot[kept]] = answers[kept]
         return values
 
     def sorted_lookup(self, keys: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-        """The answer for each of ``keys`` from the sorted answers, those of keys not seen yet computed."""
+        """The answer for each of ``keys`` (distinct and sorted) from the sorted answers, those of keys not seen yet
+        computed."""
         i = np.searchsorted(self.keys, keys)
         hit = self.keys.take(i, mode="clip") == keys if len(self.keys) else np.zeros(len(keys), bool)
         if np.count_nonzero(hit) != len(keys):
-            new = distinct(keys[~hit])
+            new = keys[~hit]
             if len(self.keys) + len(new) > self.LIMIT:
                 self.keys, self.values = self.keys[:0], self.values[:0]
             self.keys = np.concatenate([self.keys, new])
