@@ -54,12 +54,42 @@ class Lack:
     registers: bool = False
 
 
+class _Fields:
+    """What :class:`Task` and :class:`Target` have of a dataclass: equality and ``repr`` by their fields
+    (:attr:`FIELDS`, in order, as :meth:`_fields` gives them), and :meth:`replace`. A plain base class
+    rather than ``@dataclass``: the compiled build (``target.pxd``) makes both extension types."""
+
+    __slots__ = ()
+
+    #: the fields, in order
+    FIELDS: tuple[str, ...] = ()
+
+    def _fields(self) -> tuple[object, ...]:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclasses they replace
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{n}={v!r}' for n, v in zip(self.FIELDS, self._fields()))})"
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with the fields named in ``changes`` set to their values (as :func:`dataclasses.replace`)."""
+        values = dict(zip(self.FIELDS, self._fields()))
+        values.update(changes)
+        return type(self)(**values)
+
+
 #: :class:`Task`'s fields, in order
 _TASK_FIELDS = ("pid", "comm", "state", "cpu", "regs", "context", "stacks", "fgraph", "kretprobes", "user_regs",
                 "extra", "lacks", "task_struct", "ppid", "tgid", "kthread", "fgraph_lacks", "kretprobes_lacks")
 
 
-class Task:
+class Task(_Fields):
     """A task in a dump.
 
     ``regs`` are the registers of the CPU it runs on (a running task);
@@ -74,13 +104,13 @@ class Task:
     ``task_struct``, ``ppid``, ``tgid``, ``kthread`` and a blocked task's ``cpu`` are
     ``None`` where the dump does not say.
 
-    A plain slotted class rather than a dataclass, as :class:`Target` is: the compiled build
-    (``target.pxd``) makes it an extension type, whose fields compiled code reads without a lookup.
-    Equality, ``repr`` and :meth:`replace` are a dataclass's; ``stacks``, ``fgraph``, ``kretprobes``
-    and ``extra`` default to new empty ones.
+    A plain slotted class rather than a dataclass (:class:`_Fields`), as :class:`Target` is: the compiled
+    build makes it an extension type, whose fields compiled code reads without a lookup. ``stacks``,
+    ``fgraph``, ``kretprobes`` and ``extra`` default to new empty ones.
     """
 
     __slots__ = _TASK_FIELDS
+    FIELDS = _TASK_FIELDS
 
     pid: int | None
     comm: str
@@ -139,22 +169,6 @@ class Task:
         return (self.pid, self.comm, self.state, self.cpu, self.regs, self.context, self.stacks, self.fgraph,
                 self.kretprobes, self.user_regs, self.extra, self.lacks, self.task_struct, self.ppid, self.tgid,
                 self.kthread, self.fgraph_lacks, self.kretprobes_lacks)
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self._fields() == other._fields()  # type: ignore[attr-defined]
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it replaces
-
-    def __repr__(self) -> str:
-        return f"Task({', '.join(f'{n}={v!r}' for n, v in zip(_TASK_FIELDS, self._fields()))})"
-
-    def replace(self, **changes: Any) -> "Task":
-        """A copy with the fields named in ``changes`` set to their values (as :func:`dataclasses.replace`)."""
-        values = dict(zip(_TASK_FIELDS, self._fields()))
-        values.update(changes)
-        return Task(**values)
 
     def __copy__(self) -> "Task":
         return Task(*self._fields())
@@ -219,15 +233,15 @@ class Options:
 _TARGET_FIELDS = ("arch", "mem", "task", "release", "vmcoreinfo", "symbols", "image", "info", "options", "shared")
 
 
-class Target:
+class Target(_Fields):
     """Everything one walk of one task reads.
 
-    A plain slotted class rather than a dataclass: a walk makes one per task, and the compiled build
-    (:mod:`unwind.accel`, ``target.pxd``) makes it an extension type; equality and ``repr`` are a
-    dataclass's.
+    A plain slotted class rather than a dataclass (:class:`_Fields`): a walk makes one per task, and the
+    compiled build (:mod:`unwind.accel`, ``target.pxd``) makes it an extension type.
     """
 
     __slots__ = _TARGET_FIELDS
+    FIELDS = _TARGET_FIELDS
 
     arch: str
     mem: Memory
@@ -262,22 +276,6 @@ class Target:
     def _fields(self) -> tuple[object, ...]:
         return (self.arch, self.mem, self.task, self.release, self.vmcoreinfo, self.symbols, self.image, self.info,
                 self.options, self.shared)
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self._fields() == other._fields()  # type: ignore[attr-defined]
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it replaces
-
-    def __repr__(self) -> str:
-        return f"Target({', '.join(f'{n}={v!r}' for n, v in zip(_TARGET_FIELDS, self._fields()))})"
-
-    def replace(self, **changes: Any) -> "Target":
-        """A copy with the fields named in ``changes`` set to their values (as :func:`dataclasses.replace`)."""
-        values = dict(zip(_TARGET_FIELDS, self._fields()))
-        values.update(changes)
-        return Target(**values)
 
     def per_dump(self, key: Hashable, make: "Callable[[Target], Any]") -> Any:
         """``make(self)`` the first time ``key`` is asked for among the walks sharing :attr:`shared`."""
