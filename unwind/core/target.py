@@ -65,7 +65,7 @@ class _Fields:
     FIELDS: tuple[str, ...] = ()
 
     def _fields(self) -> tuple[object, ...]:
-        raise NotImplementedError
+        return tuple([getattr(self, name) for name in self.FIELDS])
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -164,11 +164,6 @@ class Task(_Fields):
         self.kthread = kthread
         self.fgraph_lacks = fgraph_lacks
         self.kretprobes_lacks = kretprobes_lacks
-
-    def _fields(self) -> tuple[object, ...]:
-        return (self.pid, self.comm, self.state, self.cpu, self.regs, self.context, self.stacks, self.fgraph,
-                self.kretprobes, self.user_regs, self.extra, self.lacks, self.task_struct, self.ppid, self.tgid,
-                self.kthread, self.fgraph_lacks, self.kretprobes_lacks)
 
     def __copy__(self) -> "Task":
         return Task(*self._fields())
@@ -272,10 +267,6 @@ class Target(_Fields):
         self.info = DumpInfo() if info is None else info
         self.options = Options() if options is None else options
         self.shared = {} if shared is None else shared
-
-    def _fields(self) -> tuple[object, ...]:
-        return (self.arch, self.mem, self.task, self.release, self.vmcoreinfo, self.symbols, self.image, self.info,
-                self.options, self.shared)
 
     def per_dump(self, key: Hashable, make: "Callable[[Target], Any]") -> Any:
         """``make(self)`` the first time ``key`` is asked for among the walks sharing :attr:`shared`."""
