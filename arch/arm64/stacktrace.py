@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from unwind.core.frame import FLAGS as _FLAGS
 from unwind.core.frame import Flag, Frame, Provenance, Source
@@ -606,10 +606,11 @@ class Arm64Unwinder(Unwinder):
         """True when the walk follows v6.13+ (meta records, sources, flags)."""
         return self.state.meta_records
 
-    def basis(self) -> dict[str, str]:
-        """The generation followed and the layouts read, and why (``--explain``, the JSON)."""
+    def basis_maker(self) -> Callable[[], dict[str, str]]:
+        """What makes the basis: the generation followed and the layouts read, and why (``--explain``, the
+        JSON)."""
         basis = self.consts.basis
-        return dict(basis) if basis is not None else walk_basis(self.generation, self.state.layout)
+        return partial(dict, basis) if basis is not None else partial(walk_basis, self.generation, self.state.layout)
 
     # kunwind_stack_walk() and dump_backtrace()'s user_mode() check
     def _begin(self) -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 from unwind.core.frame import Flag, Frame, Provenance, Source
 from unwind.core.memory import MemoryFault, WordCursor
@@ -254,9 +255,9 @@ def kernel_text_address(addr: int, text: tuple[tuple[int, int], ...]) -> bool:
 class RiscvUnwinder(Unwinder):
     """One ``walk_stackframe()`` of a task: from its CPU's registers or its saved context."""
 
-    def basis(self) -> dict[str, str]:
-        """The generation followed and the pt_regs layout read, and why."""
-        return dict(self.k.basis)
+    def basis_maker(self) -> Callable[[], dict[str, str]]:
+        """What makes the basis: the generation followed and the pt_regs layout read, and why."""
+        return partial(dict, self.k.basis)
 
     def __init__(self, target: Target, layout: KernelLayout, prover: LiveRaProver | None) -> None:
         # the walk's state as it starts

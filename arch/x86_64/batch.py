@@ -88,7 +88,7 @@ class DumpConstants(batch.DumpConstants):
         if known_layout(target, "pt_regs", PT_REGS_MEMBERS) is not None:
             c._basis = unwinder.basis()  # made now (pt_regs as BTF or the note states it): nothing of the session kept
         else:
-            c.basis_of = unwinder.basis  # pt_regs derived from the dump's stacks when a replay first reads the basis
+            c.basis_of = unwinder.basis_maker()  # pt_regs derived from the dump's stacks when a replay first reads the basis
         return c
 
 

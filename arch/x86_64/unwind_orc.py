@@ -387,6 +387,11 @@ class TableConstants:
         return self._basis
 
 
+def table_basis(c: TableConstants) -> dict[str, str]:
+    """A copy of the basis of the walks over ``c``'s table (:meth:`OrcUnwinder.basis`)."""
+    return dict(c.basis)
+
+
 def table_constants(target: Target, table: OrcTable) -> TableConstants:
     """What every walk of ``target``'s dump over ``table`` reads alike, made once and kept in ``target.shared``."""
     c = target.shared.get("x86_64 table")
@@ -402,9 +407,9 @@ class OrcUnwinder(Unwinder):
     #: arch_stack_walk_reliable() accepts kernel-mode pt_regs frames under ORC
     reliable_refuses_boundary = False
 
-    def basis(self) -> dict[str, str]:
-        """The ORC format generation followed and the layouts read, and why."""
-        return dict(self.c.basis)
+    def basis_maker(self) -> Callable[[], dict[str, str]]:
+        """What makes the basis: the ORC format generation followed and the layouts read, and why."""
+        return partial(table_basis, self.c)
 
     def __init__(self, target: Target, table: OrcTable) -> None:
         # struct unwind_state as __unwind_start() zeroes it (memset)

@@ -151,7 +151,13 @@ class Unwinder:
     def basis(self) -> dict[str, str]:
         """What the walk followed: ``generation`` and ``generation_why``, and per struct the layout read
         and where it came from (BTF, the dump, derived from the stacks, or the table)."""
-        return {}
+        return self.basis_maker()()
+
+    def basis_maker(self) -> Callable[[], dict[str, str]]:
+        """A function of no arguments that makes :meth:`basis`, holding what it is made of but not this
+        walk (a :class:`~unwind.session.result.Replay` keeps it until its basis is read). A backend
+        overrides this; here the basis is empty."""
+        return dict
 
 
 Consumer = Callable[[Frame], bool]

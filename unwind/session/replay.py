@@ -6,7 +6,7 @@ import contextlib
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Hashable, Iterable, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Mapping, NamedTuple, Sequence
 
 from unwind.core import registry
 from unwind.core.callsite import CallSiteChecker
@@ -451,7 +451,7 @@ class Session:
         self._callsites.annotate_frames(frames)
         if lines:
             self.source_lines().fill(frames)
-        return Replay(target, frames, stop, verdict, unwinder.basis)  # the basis made when read
+        return Replay(target, frames, stop, verdict, unwinder.basis_maker())  # the basis made when read
 
     def symbolize(self, frames: Sequence[Frame], target: Target) -> None:
         """Set each frame's ``symbol`` to what the kernel prints (:meth:`ArchBackend.symbolize`). That text
@@ -544,9 +544,9 @@ class SymbolizingUnwinder(Unwinder):
         """The arch unwinder's ``(ip, sp, fp)``."""
         return self.inner.bpf_args(frame)
 
-    def basis(self) -> dict[str, str]:
-        """The arch unwinder's basis."""
-        return self.inner.basis()
+    def basis_maker(self) -> Callable[[], dict[str, str]]:
+        """The arch unwinder's basis, made when called."""
+        return self.inner.basis_maker()
 
 
 # try_get_task_stack() (sched_show_task(), stack_trace_save_tsk()): an exited task's stack is freed
