@@ -73,6 +73,55 @@ def test_the_batch_runs_on_the_compiled_build(built: Path) -> None:
     assert int(r.stdout) > 1
 
 
+#: walks every task of one dump per arch in each mode that records more (provenance, complete, the reliable
+#: walk), twice over, and prints how many frames it walked and how many objects the cyclic collector tracks
+#: after each pass; a pass whose replays are all dropped must leave nothing behind
+_DROPPED_REPLAYS = """
+import gc, glob, sys
+from unwind.core.frame import Frame
+from unwind.core.target import Options
+from unwind.session.replay import load_session
+print(gc.is_tracked(Frame(0)))
+sessions = [load_session(sorted(glob.glob(f"corpora/{arch}/*/stop-*.bin.xz"))[-1]) for arch in sys.argv[1:]]
+def walk():
+    n = 0
+    for s in sessions:
+        for t in s.select(every=True):
+            for options in (Options(), Options(record=True), Options(complete=True, record=True)):
+                r = s.replay(t, options, reliable=True)
+                r.basis
+                for f in r.frames:
+                    if f.provenance is not None:
+                        f.provenance.notes
+                n += len(r.frames)
+    gc.collect()
+    return n, len(gc.get_objects())
+walk()
+print(*walk(), walk()[1])
+"""
+
+
+def test_compiled_frames_are_left_to_reference_counting_and_dropped_replays_leave_nothing(built: Path) -> None:
+    # Frame is untracked by the cyclic collector when compiled (@cython.no_gc): were a reference cycle to
+    # run through a frame (its provenance's notes, its extra), every replay dropped would leak that cycle
+    r = _run({"UNWIND_ACCEL": str(built), "UNWIND_PURE": ""}, "-c", _DROPPED_REPLAYS, "arm64", "x86_64", "riscv")
+    assert r.returncode == 0, r.stderr[-2000:]
+    tracked, counts = r.stdout.splitlines()
+    frames, first, second = map(int, counts.split())
+    assert tracked == "False" and frames > 1000
+    assert abs(second - first) < 50, (first, second)
+
+
+def test_frames_are_made_without_cython_when_interpreted() -> None:
+    # no Cython installed: the class decorators are the stand-ins of unwind.core.nocython
+    code = ("import sys; sys.modules['cython'] = None\n"
+            "import gc\n"
+            "from unwind.core import frame\n"
+            "assert frame.cython.__name__ == 'unwind.core.nocython' and gc.is_tracked(frame.Frame(0))\n")
+    r = _run({"UNWIND_PURE": "1"}, "-c", code)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_pure_runs_the_sources_even_with_a_build(built: Path) -> None:
     r = _run({"UNWIND_ACCEL": str(built), "UNWIND_PURE": "1"}, "-m", "unwind", "accel", "status")
     assert r.returncode == 0, r.stderr

@@ -6,6 +6,11 @@ from dataclasses import dataclass
 from enum import Enum, IntFlag
 from typing import Any, Callable
 
+try:
+    import cython  # the compiled build's class decorators (Cython's own stand-ins when interpreted)
+except ImportError:  # interpreted, without Cython
+    from unwind.core import nocython as cython
+
 
 class Source(str, Enum):
     """Where a frame's pc came from (``enum kunwind_source`` and its kin)."""
@@ -189,6 +194,10 @@ class SourceLine:
         return {"function": self.function, "file": self.short_file(base), "line": self.line}
 
 
+# A frame is never part of a reference cycle (no field leads back to it), so the compiled build leaves it to
+# reference counting: the cyclic collector does not visit the frames a caller keeps, nor count them.
+@cython.no_gc
+@cython.cclass
 class Frame:
     """One reported frame.
 
