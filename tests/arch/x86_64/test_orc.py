@@ -146,6 +146,18 @@ def test_lookup_matches_the_kernel_port_scalar_and_batch():
     assert table.orc_find_batch(q).tolist() == want and table.orc_find_batch(in_text).tolist() == want_text
 
 
+def test_a_few_ips_are_found_one_by_one_as_the_kernel_port_finds_them():
+    table = dense_table()
+    rng = np.random.default_rng(11)
+    edges = [0, TEXT, TEXT + 5, TEXT - 1, TEXT + TEXT_SIZE - 1, TEXT + TEXT_SIZE, INIT_TEXT, INIT_TEXT + 0x20,
+             0xFFFFFFFFC0001000]
+    for n in (1, 2, orc.SCALAR_IPS):
+        q = np.concatenate([np.array(edges, np.uint64),
+                            rng.integers(TEXT - 0x100, TEXT + TEXT_SIZE + 0x100, 200, dtype=np.uint64)])[:n]
+        assert table.orc_find_batch(q).tolist() == [kernel_orc_find(table, int(ip)) for ip in q.tolist()]
+    assert not table._ranked and table._bisected == 0  # none of them was bisected in lockstep
+
+
 def test_terminator_loses_to_the_real_entry_at_the_same_ip():
     t = OrcTable.from_entries([(TEXT + 0x10, call(16)), (TEXT + 0x10, UNDEFINED), (TEXT, call(8))],
                               stext=TEXT, etext=TEXT + TEXT_SIZE)
