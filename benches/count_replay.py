@@ -3,13 +3,15 @@ dumps, or one fresh batch of them, for callgrind to count (instruction counts do
 shared machine)::
 
     valgrind --tool=callgrind --instr-atstart=no --toggle-collect=functools_reduce \\
-        python benches/count_replay.py CHECKOUT ARCH [cut | batch | batch-first]
+        python benches/count_replay.py CHECKOUT ARCH [cut | keep | batch | batch-first]
 
 ``CHECKOUT`` is the tree whose ``unwind`` is imported (this one, or a worktree of main). After untimed
 passes the child switches callgrind's instrumentation on (``callgrind_control -i on``: loading the dumps
 is not simulated) and runs the counted part inside ``functools.reduce``, so ``--toggle-collect`` counts it
 alone. With ``cut`` each walk stops after its first frame (``max_frames=1``): what a task costs whatever
-its depth. The tasks and frames of a whole pass are printed on stderr.
+its depth. With ``keep`` the pass keeps every ``Replay`` in a list, as a caller holding its results does
+(``speed_peer.py``'s warm pass): the cyclic collector's collections, which the objects a pass keeps bring
+on, are counted too. The tasks and frames of a whole pass are printed on stderr.
 
 ``batch`` counts one ``unwind.session.batch.replay_all(sessions, tasks=..., symbolize=False)`` over the
 dumps ``corpora/ARCH/*/stop-*.bin.xz`` on sessions just opened, after one batch over sessions of the same
@@ -20,6 +22,7 @@ repeat.
 """
 
 import functools
+import gc
 import glob
 import os
 import re
@@ -71,9 +74,15 @@ else:
     for _ in range(2):
         frames = sum(len(s.replay(t, Options(), symbolize=False).frames) for s, t in todo)
 
+    kept: list = []  # type: ignore[type-arg]
+    keep = kept.append if mode == "keep" else None
+
     def step(n: int, st: tuple) -> int:  # type: ignore[type-arg]
         s, t = st
-        s.replay(t, Options(), symbolize=False, max_frames=1 if cut else None)
+        replay = s.replay(t, Options(), symbolize=False, max_frames=1 if cut else None)
+        if keep is not None:
+            keep(replay)
         return n
+    gc.collect()
     counted(step, todo)
     print(arch, "tasks", len(todo), "frames", frames, file=sys.stderr)
