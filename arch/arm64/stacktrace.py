@@ -610,7 +610,8 @@ class Arm64Unwinder(Unwinder):
         """What makes the basis: the generation followed and the layouts read, and why (``--explain``, the
         JSON)."""
         basis = self.consts.basis
-        return partial(dict, basis) if basis is not None else partial(walk_basis, self.generation, self.state.layout)
+        # the dump's basis copied (its dict's own copy method: made for each replay, cheaper than a partial)
+        return basis.copy if basis is not None else partial(walk_basis, self.generation, self.state.layout)
 
     # kunwind_stack_walk() and dump_backtrace()'s user_mode() check
     def _begin(self) -> None:

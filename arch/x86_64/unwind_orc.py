@@ -386,10 +386,10 @@ class TableConstants:
                            "pt_regs": consts.pt.describe(), "inactive_task_frame": consts.itf.describe()}
         return self._basis
 
-
-def table_basis(c: TableConstants) -> dict[str, str]:
-    """A copy of the basis of the walks over ``c``'s table (:meth:`OrcUnwinder.basis`)."""
-    return dict(c.basis)
+    def basis_copy(self) -> dict[str, str]:
+        """A copy of :attr:`basis` (what :meth:`OrcUnwinder.basis_maker` hands a replay: a bound method, cheap
+        to make for each, which reads the basis only when called)."""
+        return dict(self.basis)
 
 
 def table_constants(target: Target, table: OrcTable) -> TableConstants:
@@ -409,7 +409,7 @@ class OrcUnwinder(Unwinder):
 
     def basis_maker(self) -> Callable[[], dict[str, str]]:
         """What makes the basis: the ORC format generation followed and the layouts read, and why."""
-        return partial(table_basis, self.c)
+        return self.c.basis_copy
 
     def __init__(self, target: Target, table: OrcTable) -> None:
         # struct unwind_state as __unwind_start() zeroes it (memset)
