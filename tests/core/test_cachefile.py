@@ -91,7 +91,10 @@ def test_arrays_of_every_size_read_back_and_a_damaged_header_or_tail_is_refused(
             read_arrays(path)
 
 
-def test_reading_a_file_back_marks_it_used(tmp_path: Path) -> None:
+def test_reading_a_file_back_marks_it_used_and_keeps_its_modification_time(tmp_path: Path) -> None:
+    """A hit sets the access time only: a cache file's mtime may key another entry (an unpacked image's keys
+    its headers), and a hit must not turn that entry into a miss."""
     path = _write(tmp_path / "x-v1.arrays", 8, mtime=1_000)
     read_arrays(path)
-    assert path.stat().st_mtime > 1_000
+    st = path.stat()
+    assert st.st_atime > 1_000 and st.st_mtime == 1_000

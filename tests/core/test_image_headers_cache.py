@@ -55,6 +55,18 @@ def test_an_image_opened_from_the_cache_is_the_image_pyelftools_reads(cache, sli
     assert _seen(Image(slim)) == _seen(fresh)
 
 
+def test_an_xz_image_unpacked_into_the_cache_hits_its_headers_entry_when_opened_again(cache):
+    """The unpacked copy's cache hit (``mark_used``) must not change what keys its headers entry."""
+    if not SLIM:
+        pytest.skip("no committed x86-64 slim image")
+    first = Image(SLIM[0])  # unpacks the image and reads its headers with pyelftools
+    assert "elf" in first.__dict__
+    for _ in range(2):
+        again = Image(SLIM[0])
+        assert "elf" not in again.__dict__ and _seen(again) == _seen(first)
+    assert len(_entries(cache)) == 1 and len(list(cache.glob("*.elf"))) == 1
+
+
 def test_a_damaged_entry_is_read_again(cache, slim):
     want = _seen(Image(slim))
     (entry,) = _entries(cache)

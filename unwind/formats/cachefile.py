@@ -11,7 +11,7 @@ made only by the code that wants them (``numpy.frombuffer``).
 Each folder of the cache is bounded: writing a file removes the older layouts of the same
 entry (``<key>-v<N>.*`` for a smaller ``N``), then the least recently used files until the
 folder holds at most its limit (:data:`FOLDER_LIMITS`, or ``$UNWIND_CACHE_MAX_MB`` for every
-folder). A hit marks its file used (:func:`mark_used`).
+folder). A hit marks its file used (:func:`mark_used`: its access time, never its modification time).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import os
 import re
 import struct
 import sys
+import time
 import zlib
 from array import array
 from pathlib import Path
@@ -128,11 +129,18 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
 
 
 def mark_used(path: Path) -> None:
-    """Mark a cache hit, so that :func:`prune` removes the least recently used files first."""
+    """Mark a cache hit, so that :func:`prune` removes the least recently used files first: its access time is
+    set to now, its modification time kept (a cache file's mtime may key another entry, as an unpacked image's
+    keys its headers: :func:`unwind.formats.image._headers_entry`)."""
     try:
-        os.utime(path)
+        os.utime(path, ns=(time.time_ns(), os.stat(path).st_mtime_ns))
     except OSError:
         pass
+
+
+def last_used(st: os.stat_result) -> float:
+    """When a cache file was last written or marked used (:func:`mark_used`)."""
+    return max(st.st_atime, st.st_mtime)
 
 
 def folder_limit(folder: Path) -> int:
@@ -164,7 +172,7 @@ def prune(written: Path) -> None:
                     st = e.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                entries.append((st.st_mtime, st.st_size, Path(e.path)))
+                entries.append((last_used(st), st.st_size, Path(e.path)))
         total = written.stat().st_size + sum(size for _, size, _ in entries)
     except OSError:
         return

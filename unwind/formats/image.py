@@ -331,6 +331,10 @@ def _open_maybe_compressed(path: Path) -> BinaryIO:
         f.close()
     if unpacked is not None:
         write_atomically(unpacked, lambda out: out.write(data))
+        try:
+            return open(unpacked, "rb")  # the file, as when opened again: its headers' cache entry is written now
+        except OSError:
+            pass  # not written (or pruned since)
     return io.BytesIO(data)
 
 
