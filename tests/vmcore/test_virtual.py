@@ -98,6 +98,24 @@ def test_snapshot_is_a_plain_memory_of_what_is_mapped():
     assert snap.read(BASE + 50, 3 * PAGE - 50) == expected(BASE + 50, 3 * PAGE - 50)
 
 
+def test_a_span_in_every_tasks_snapshot_is_read_once():
+    """The per-CPU stacks and the modules' ORC tables are in every task's snapshot: each span is read from the
+    dump once, and every later snapshot of it holds the same segments (its unmapped and excluded pages left out
+    alike); another span, even one overlapping it, is read for itself."""
+    vm, _, phys = memory()
+    reads: list[int] = []
+    read_phys = phys.read_phys
+    phys.read_phys = lambda paddr, size: reads.append(paddr) or read_phys(paddr, size)  # type: ignore[method-assign]
+    shared = (BASE, BASE + 5 * PAGE)
+    first = vm.snapshot([shared])
+    n = len(reads)
+    assert n and [(s.start, s.end) for s in first.segments] == [(BASE, BASE + 3 * PAGE)]
+    again = vm.snapshot([(BASE + 3 * PAGE, BASE + 5 * PAGE), shared])  # merged into the same span
+    assert len(reads) == n and again.segments == first.segments
+    other = vm.snapshot([(BASE + 8, BASE + PAGE)])
+    assert len(reads) > n and other.read(BASE + 8, PAGE - 8) == expected(BASE + 8, PAGE - 8)
+
+
 @settings(deadline=None)
 @given(st.integers(0, 5 * PAGE), st.integers(0, 3 * PAGE))
 def test_reads_equal_the_bytes_or_fault(off, n):

@@ -31,6 +31,8 @@ _U64_MASK = _ADDR_LIMIT - 1
 MAX_READ = 1 << 26
 #: translated pages remembered before the cache starts over
 CACHE_PAGES = 1 << 16
+#: bytes of snapshot spans remembered before that cache starts over
+CACHE_SPAN_BYTES = 1 << 26
 
 
 class PhysReader(Protocol):
@@ -89,6 +91,9 @@ class VirtualMemory:
         self.page_shift = translator.page_shift
         self.page_size = 1 << self.page_shift
         self._pages: dict[int, int] = {}
+        #: the segments :meth:`snapshot` read of each span, and their bytes in all
+        self._spans: dict[tuple[int, int], list[Segment]] = {}
+        self._span_bytes = 0
 
     def page_phys(self, vaddr: int) -> int:
         """The physical address of the page holding ``vaddr`` (translated once, then cached)."""
@@ -202,19 +207,35 @@ class VirtualMemory:
                 merged.append([s, e])
         segments: list[Segment] = []
         for s, e in merged:
-            if e - s > MAX_READ:
-                raise MemoryFault(s, e - s)
-            run_start, run = s, bytearray()
-            addr = s
-            while addr < e:
-                n = min(e, (addr | (self.page_size - 1)) + 1) - addr
-                try:
-                    run += self._read_chunk(addr, n)
-                except MemoryFault:
-                    if run:
-                        segments.append(Segment(run_start, bytes(run)))
-                    run, run_start = bytearray(), addr + n
-                addr += n
-            if run:
-                segments.append(Segment(run_start, bytes(run)))
+            segments += self._span(s, e)
         return Memory(segments)
+
+    def _span(self, start: int, end: int) -> list[Segment]:
+        """The captured segments of ``[start, end)``, read once and kept: the per-CPU stacks and the modules'
+        ORC tables are in the snapshot of every task (the dump does not change, nor what a read of it
+        gives)."""
+        segments = self._spans.get((start, end))
+        if segments is not None:
+            return segments
+        if end - start > MAX_READ:
+            raise MemoryFault(start, end - start)
+        segments = []
+        run_start, run = start, bytearray()
+        addr = start
+        while addr < end:
+            n = min(end, (addr | (self.page_size - 1)) + 1) - addr
+            try:
+                run += self._read_chunk(addr, n)
+            except MemoryFault:
+                if run:
+                    segments.append(Segment(run_start, bytes(run)))
+                run, run_start = bytearray(), addr + n
+            addr += n
+        if run:
+            segments.append(Segment(run_start, bytes(run)))
+        if self._span_bytes + end - start > CACHE_SPAN_BYTES:
+            self._spans.clear()
+            self._span_bytes = 0
+        self._spans[start, end] = segments
+        self._span_bytes += end - start
+        return segments
