@@ -331,17 +331,22 @@ class OrcTable:
             order = np.lexsort((columns["type"] != ORC_TYPE_UNDEFINED, ips))
             ips = ips[order]
             columns = {k: v[order] for k, v in columns.items()}
-        shared, rows = _share_entries(columns)
+        shared, rows, fields = _share_entries(columns)
         lookup = _build_lookup(ips, int(stext), int(etext))
         self._set(array("Q", ips.tobytes()), _index_array(rows, len(shared)), shared,
-                  array("I", lookup.astype(np.uint32).tobytes()), int(stext), int(etext), inittext, version, how)
+                  array("I", lookup.astype(np.uint32).tobytes()), int(stext), int(etext), inittext, version, how,
+                  fields)
 
     def _set(self, ips: array, rows: array, shared: list[OrcEntry], lookup: array, stext: int, etext: int,
-             inittext: tuple[int, int] | None, version: int, how: str) -> None:
+             inittext: tuple[int, int] | None, version: int, how: str,
+             fields: "dict[str, array | np.ndarray] | None" = None) -> None:
         self._ip_array = ips
         #: per table row, its entry's index into ``_shared`` (a table has a few hundred distinct entries)
         self._row_entry = rows
         self._shared = shared
+        #: each field of ``_shared`` as a column, where the table was made from columns (``None``: read from
+        #: ``_shared`` when :attr:`entry_columns` is first asked for)
+        self._entry_fields = fields
         #: the kernel's ``.orc_lookup``
         self._lookup_array = lookup
         self.version = version
@@ -382,7 +387,7 @@ class OrcTable:
         shared = [OrcEntry(sp, bp, spr, bpr, typ, bool(sig)) for sp, bp, spr, bpr, typ, sig
                   in zip(*(fields[name] for name, _ in _ENTRY_FIELDS))]
         self = cls.__new__(cls)
-        self._set(ips, rows, shared, lookup, stext, etext, inittext, version, how)  # type: ignore[arg-type]
+        self._set(ips, rows, shared, lookup, stext, etext, inittext, version, how, fields)  # type: ignore[arg-type]
         return self
 
     def with_entries(self, changes: dict[int, OrcEntry]) -> "OrcTable":
@@ -426,6 +431,9 @@ class OrcTable:
         distinct entry, as :attr:`entry_rows` indexes them: a few hundred values, not one per row."""
         import numpy as np
 
+        fields = self._entry_fields
+        if fields is not None:  # the columns the table was made from (a cached table's arrays: not copied)
+            return {name: np.asarray(fields[name]).astype(dtype, copy=False) for name, dtype in _COLUMN_TYPES.items()}
         return {name: np.array([getattr(e, name) for e in self._shared], dtype=dtype)
                 for name, dtype in _COLUMN_TYPES.items()}
 
@@ -666,8 +674,9 @@ def _terminators_first(ips: np.ndarray, typ: np.ndarray) -> bool:
     return not np.any((typ[same + 1] == ORC_TYPE_UNDEFINED) & (typ[same] != ORC_TYPE_UNDEFINED))
 
 
-def _share_entries(columns: dict[str, np.ndarray]) -> tuple[list[OrcEntry], np.ndarray]:
-    """The distinct :class:`OrcEntry` values of the rows, and each row's index among them."""
+def _share_entries(columns: dict[str, np.ndarray]) -> tuple[list[OrcEntry], np.ndarray, dict[str, np.ndarray]]:
+    """The distinct :class:`OrcEntry` values of the rows, each row's index among them, and each field of the
+    distinct values as a column."""
     import numpy as np
 
     sp_offset, bp_offset = columns["sp_offset"].astype(np.int16), columns["bp_offset"].astype(np.int16)
@@ -680,7 +689,9 @@ def _share_entries(columns: dict[str, np.ndarray]) -> tuple[list[OrcEntry], np.n
     _uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     shared = [OrcEntry(int(sp_offset[i]), int(bp_offset[i]), int(sp_reg[i]), int(bp_reg[i]), int(typ[i]),
                        bool(signal[i])) for i in first.tolist()]
-    return shared, inverse.ravel()
+    fields = {"sp_offset": sp_offset, "bp_offset": bp_offset, "sp_reg": sp_reg, "bp_reg": bp_reg, "type": typ,
+              "signal": signal}
+    return shared, inverse.ravel(), {name: column.take(first) for name, column in fields.items()}
 
 
 def _index_array(rows: np.ndarray, distinct: int) -> array:

@@ -158,6 +158,19 @@ def test_a_few_ips_are_found_one_by_one_as_the_kernel_port_finds_them():
     assert not table._ranked and table._bisected == 0  # none of them was bisected in lockstep
 
 
+def test_entry_columns_are_the_distinct_entries_however_the_table_was_made():
+    """Decoded, read back from its cache arrays, or with entries changed (the fuzzer's tables): each column holds
+    the field of each distinct entry, in the order the rows index them, with the batch's types."""
+    table = dense_table()
+    table = table.with_entries({5: OrcEntry(-8, 24, ORC_REG_BP, ORC_REG_BP, orc.ORC_TYPE_CALL, True)})  # a new entry
+    decoded = dense_table()
+    for t in (decoded, OrcTable.from_arrays(*decoded.to_arrays()), table):
+        cols = t.entry_columns
+        for name, dtype in orc._COLUMN_TYPES.items():
+            assert cols[name].dtype == np.dtype(dtype), name
+            assert cols[name].tolist() == [getattr(e, name) for e in t._shared], name
+
+
 def test_terminator_loses_to_the_real_entry_at_the_same_ip():
     t = OrcTable.from_entries([(TEXT + 0x10, call(16)), (TEXT + 0x10, UNDEFINED), (TEXT, call(8))],
                               stext=TEXT, etext=TEXT + TEXT_SIZE)
