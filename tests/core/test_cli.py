@@ -88,3 +88,19 @@ def test_generation_that_is_no_version_is_bad_input(tmp_path, capsys):
     for good in ("6.1", "v6.13", "7.2.13+deb14-arm64"):
         assert main(["replay", str(p), "--all", "--generation", good]) == 0, good
         capsys.readouterr()
+
+
+def test_the_program_gives_numpys_openblas_one_thread_unless_the_user_chose():
+    """``unwind`` does no linear algebra: numpy's OpenBLAS gets one thread (its pool costs CPU at import),
+    and a value the user set is kept."""
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import os, unwind.cli.main as m; m.main = lambda: print(os.environ.get('OPENBLAS_NUM_THREADS')) or 0; "
+             "from unwind.__main__ import console; console()")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    for given, want in ((None, "1"), ("3", "3")):
+        run_env = env if given is None else {**env, "OPENBLAS_NUM_THREADS": given}
+        r = subprocess.run([sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == want, r.stderr[-500:]
