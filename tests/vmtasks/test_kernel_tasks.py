@@ -359,6 +359,26 @@ def test_a_real_crash_takes_each_cpus_registers_from_its_crash_notes() -> None:
     assert (idle.pid, idle.running_cpu, idle.lacks.registers) == (0, 0, True)
 
 
+@pytest.mark.parametrize("member", ["nvcsw", "stack"])
+def test_a_task_struct_member_the_dump_lacks_is_named_and_the_others_are_read(member: str) -> None:
+    """A task_struct's members are read at once; where that read faults (one member's bytes excluded), each
+    member is read alone: the task is listed with every other field, and the lost member is named."""
+    k = SynthKernel("new")
+    procs = _procs()
+    everyone, _ = k.build(procs, [None, None])
+    sh = procs[0]
+    at = sh.addr + k.off("task_struct", member)
+    kern = Kernel(_Filtered(k.memory(), at, 8), k.btf, k.symbol)
+    got = {t.addr: t for t in kern.tasks()}
+    assert sorted(got) == sorted(t.addr for t in everyone)
+    g = got[sh.addr]
+    assert (g.pid, g.tgid, g.comm, g.cpu, g.ppid) == (sh.pid, sh.tgid, sh.comm, sh.cpu, _ppid(sh))
+    assert g.state == task_state_char(sh.state, sh.exit_state)
+    assert [m.split(" ", 1)[0] for m in g.missing] == [member] and f"at {at:#x}: " in g.missing[0]
+    assert g.stack == (0 if member == "stack" else sh.stack)
+    assert all(not got[t.addr].missing for t in everyone if t.addr != sh.addr)
+
+
 @pytest.mark.parametrize("gen", ["new", "old"])
 def test_a_thread_ring_cut_by_a_lost_task_struct_is_read_back_from_its_head(gen: str) -> None:
     """The middle thread's task_struct is not in the dump: the thread after it is reached backwards round its
