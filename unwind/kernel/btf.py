@@ -486,6 +486,9 @@ class Btf:
 
     def member(self, type_: str | int, path: str) -> Member:
         """Resolve ``a.b[2].c`` inside ``type_`` (a name or a type id) to its offset from the start."""
+        got = self._members.get((type_, path))  # a member asked before (each task's, per task): one look-up
+        if isinstance(got, Member):
+            return got
         return _remembered(self._members, (type_, path), lambda: self._walk_path(self._tid(type_), type_, path))
 
     def _walk_path(self, tid: int, what: str | int, path: str) -> Member:
