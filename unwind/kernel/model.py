@@ -341,27 +341,16 @@ class Kernel:
 
     def read_some_members(self, addr: int, struct: str,
                           paths: Iterable[str]) -> tuple[bytes, list[tuple[str, MemoryFault]]]:
-        """Like :meth:`read_members`, but a member the dump lacks is left zero and returned with its fault.
-
-        The bytes from the first member to the end of the last are read at once (a task_struct's members: one
-        read of its pages, not one per member); where that read faults, each member is read alone."""
+        """Like :meth:`read_members`, but a member the dump lacks is left zero and returned with its fault."""
         buf = bytearray(self._sizeof(struct))
         missing: list[tuple[str, MemoryFault]] = []
-        members = [(path, m.offset, m.size or 8) for path in paths if self.has(struct, path)
-                   for m in (self.btf.member(struct, path),)]
-        if not members:
-            return bytes(buf), missing
-        lo = min(offset for _, offset, _ in members)
-        try:
-            span = self.read(addr + lo, max(offset + size for _, offset, size in members) - lo)
-        except MemoryFault:
-            span = None
-        for path, offset, size in members:
-            if span is not None:
-                buf[offset:offset + size] = span[offset - lo:offset - lo + size]
+        for path in paths:
+            if not self.has(struct, path):
                 continue
+            m = self.btf.member(struct, path)
+            size = m.size or 8
             try:
-                buf[offset:offset + size] = self.read(addr + offset, size)
+                buf[m.offset:m.offset + size] = self.read(addr + m.offset, size)
             except MemoryFault as e:
                 missing.append((path, e))
         return bytes(buf), missing
