@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from unwind.formats.dump import DumpError
 from unwind.core.memory import ExcludedPage, MemoryFault, NotMapped
-from unwind.formats.vmcore.virtual import MAX_READ, VirtualMemory
+from unwind.formats.vmcore.virtual import MAX_READ, TableWords, VirtualMemory
 from unwind.formats.vmcore.vmcoreinfo import VmcoreInfo, parse_vmcoreinfo_note
 from tests.vmcore.phys import SparsePhys
 
@@ -114,6 +114,22 @@ def test_a_span_in_every_tasks_snapshot_is_read_once():
     assert len(reads) == n and again.segments == first.segments
     other = vm.snapshot([(BASE + 8, BASE + PAGE)])
     assert len(reads) > n and other.read(BASE + 8, PAGE - 8) == expected(BASE + 8, PAGE - 8)
+
+
+def test_table_words_remember_each_entry_read_and_nothing_else():
+    """The page-table walks' reader: an 8-byte read is read from the dump once; a read of another size, and a
+    read that faults, go to the dump every time."""
+    _, _, phys = memory()
+    reads: list[tuple[int, int]] = []
+    read_phys = phys.read_phys
+    phys.read_phys = lambda paddr, size: reads.append((paddr, size)) or read_phys(paddr, size)  # type: ignore[method-assign]
+    words = TableWords(phys)
+    for _ in range(3):
+        assert words.read_phys(0x5008, 8) == read_phys(0x5008, 8)
+        assert words.read_phys(0x2000, 16) == read_phys(0x2000, 16)
+        with pytest.raises(ExcludedPage):
+            words.read_phys(0x3010, 8)
+    assert reads == [(0x5008, 8), (0x2000, 16), (0x3010, 8), (0x2000, 16), (0x3010, 8), (0x2000, 16), (0x3010, 8)]
 
 
 @settings(deadline=None)

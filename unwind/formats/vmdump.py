@@ -626,9 +626,9 @@ def kaslr_offset(info: VmcoreInfo, symbols: SymbolTable, path: str) -> int:
 
 def _virtual_memory(vmcore: VmcoreFile, info: VmcoreInfo, symbol: Callable[[str], int | None]) -> Any:
     """Kernel virtual memory over the vmcore's physical memory (the arch's page tables)."""
-    from .vmcore.virtual import VirtualMemory
+    from .vmcore.virtual import TableWords, VirtualMemory
 
-    return VirtualMemory(vmcore.phys, vmcore.backend.translator(info, vmcore.phys, symbol))
+    return VirtualMemory(vmcore.phys, vmcore.backend.translator(info, TableWords(vmcore.phys), symbol))
 
 
 def kernel_btf(path: str, memory: Any, symbol: Callable[[str], int | None], image: Image) -> tuple[Btf, str | None]:

@@ -65,6 +65,38 @@ def test_non_canonical_addresses_are_not_mapped(l5, addr):
         walker(tables(l5), l5).translate(addr)
 
 
+def test_a_walk_through_remembered_table_words_translates_alike_and_reads_each_entry_once():
+    """``TableWords`` (how a vmcore's translator reads its tables): the same answers and faults as the dump's own
+    reader, each table entry read from the dump once over many translations."""
+    from unwind.formats.vmcore.virtual import TableWords
+
+    t = tables(False)
+    base = 0xFFFFC90000000000
+    for i in range(8):
+        t.map(base + i * 0x1000, 0x10000 + i * 0x1000, 3)
+    reads: list[int] = []
+    read_phys = t.phys.read_phys
+    t.phys.read_phys = lambda paddr, size: reads.append(paddr) or read_phys(paddr, size)
+    plain, remembered = walker(t, False), mm.X86_64Translator(TableWords(t.phys), t.root, l5=False)
+    for _ in range(2):
+        for i in range(9):
+            va = base + i * 0x1000 + 0x18
+            if i < 8:
+                assert remembered.translate(va) == plain.translate(va) == 0x10000 + i * 0x1000 + 0x18
+            else:
+                for x in (plain, remembered):
+                    with pytest.raises(NotMapped):
+                        x.translate(va)
+    walks = len(reads)
+    reads.clear()
+    for i in range(9):
+        try:
+            remembered.translate(base + i * 0x1000)
+        except NotMapped:
+            pass
+    assert reads == [] and walks > 0  # every entry was read before
+
+
 def test_a_missing_table_page_is_not_mapped():
     t = tables(False)
     t.map(0xFFFFC90000003000, 0x7000, 3)

@@ -70,6 +70,29 @@ class LinearMap:
         return (vaddr - self.offset) & _U64_MASK
 
 
+class TableWords:
+    """A :class:`PhysReader` for the page-table walks: the 8-byte reads (the tables' entries) remembered, so the
+    upper tables' entries, which most translations share, and a page table's other entries are read from the
+    dump once, not once per translated page. Any other read goes to ``phys``; a read that faults is not
+    remembered (it faults again)."""
+
+    def __init__(self, phys: PhysReader) -> None:
+        self.phys = phys
+        self._words: dict[int, bytes] = {}
+
+    def read_phys(self, paddr: int, size: int) -> bytes:
+        """``size`` bytes at ``paddr``, an 8-byte read remembered."""
+        if size != 8:
+            return self.phys.read_phys(paddr, size)
+        word = self._words.get(paddr)
+        if word is None:
+            word = self.phys.read_phys(paddr, 8)
+            if len(self._words) >= CACHE_PAGES:
+                self._words.clear()
+            self._words[paddr] = word
+        return word
+
+
 def read_entry(phys: PhysReader, paddr: int, vaddr: int, what: str) -> int:
     """The little-endian u64 page-table entry at ``paddr``, read while translating ``vaddr``."""
     try:
