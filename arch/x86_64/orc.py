@@ -384,8 +384,7 @@ class OrcTable:
                 or (inittext is not None and len(inittext) != 2)
                 or len({len(col) for col in fields.values()}) != 1):
             raise CacheFileError("cached ORC table: inconsistent columns")
-        shared = [OrcEntry(sp, bp, spr, bpr, typ, bool(sig)) for sp, bp, spr, bpr, typ, sig
-                  in zip(*(fields[name] for name, _ in _ENTRY_FIELDS))]
+        shared = _entries_of(fields)
         self = cls.__new__(cls)
         self._set(ips, rows, shared, lookup, stext, etext, inittext, version, how, fields)  # type: ignore[arg-type]
         return self
@@ -687,11 +686,16 @@ def _share_entries(columns: dict[str, np.ndarray]) -> tuple[list[OrcEntry], np.n
            | sp_reg.astype(np.uint64) << np.uint64(32) | bp_reg.astype(np.uint64) << np.uint64(40)
            | typ.astype(np.uint64) << np.uint64(48) | signal.astype(np.uint64) << np.uint64(56))
     _uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    shared = [OrcEntry(int(sp_offset[i]), int(bp_offset[i]), int(sp_reg[i]), int(bp_reg[i]), int(typ[i]),
-                       bool(signal[i])) for i in first.tolist()]
-    fields = {"sp_offset": sp_offset, "bp_offset": bp_offset, "sp_reg": sp_reg, "bp_reg": bp_reg, "type": typ,
-              "signal": signal}
-    return shared, inverse.ravel(), {name: column.take(first) for name, column in fields.items()}
+    typed = {"sp_offset": sp_offset, "bp_offset": bp_offset, "sp_reg": sp_reg, "bp_reg": bp_reg, "type": typ,
+             "signal": signal}
+    fields = {name: column.take(first) for name, column in typed.items()}
+    return _entries_of({name: column.tolist() for name, column in fields.items()}), inverse.ravel(), fields
+
+
+def _entries_of(fields: "dict[str, Sequence[int]]") -> list[OrcEntry]:
+    """The :class:`OrcEntry` of each row of ``fields`` (a column per :data:`_ENTRY_FIELDS` name)."""
+    return [OrcEntry(sp, bp, spr, bpr, typ, bool(sig)) for sp, bp, spr, bpr, typ, sig
+            in zip(*(fields[name] for name, _ in _ENTRY_FIELDS))]
 
 
 def _index_array(rows: np.ndarray, distinct: int) -> array:
