@@ -29,7 +29,7 @@ _ADDR_LIMIT = 1 << 64
 _U64_MASK = _ADDR_LIMIT - 1
 #: the largest single read: bigger ones are a corrupt length, not a stack
 MAX_READ = 1 << 26
-#: translated pages remembered before the cache starts over
+#: translated pages (and :class:`TableWords`' page-table entries) remembered before each cache starts over
 CACHE_PAGES = 1 << 16
 #: bytes of snapshot spans remembered before that cache starts over
 CACHE_SPAN_BYTES = 1 << 26
