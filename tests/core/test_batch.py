@@ -212,48 +212,47 @@ def test_a_memo_whose_table_slots_collide_answers_every_key_as_computed(monkeypa
 
 @pytest.mark.parametrize("aligned", [True, False], ids=["whole-words", "unaligned"])
 def test_flat_memory_words_are_the_memories_bytes(aligned: bool) -> None:
-    """Every whole 8-aligned word of every segment reads back at ``bases[s] + (a - origins[s]) // 8``, and
-    ``locate`` finds each address's segment in its own memory only (by construction: random bytes)."""
-    from unwind.session.batch import FlatMemory
+    """Each lane gets the segment of its own memory holding its address, and every whole 8-aligned word of
+    it reads back at ``base + (a - origin) // 8``; a lane in no segment gets ``[0, 0)``; a segment no lane
+    starts in is not copied (by construction: random bytes, random lanes)."""
+    from unwind.session.batch import READ_WORDS, FlatMemory
 
     rng = random.Random(3 if aligned else 4)
-    memories = []
-    for _ in range(3):
-        segs, at = [], 0x1000 * rng.randrange(1, 8)
-        for _ in range(rng.randrange(1, 5)):
-            start = at + (0 if aligned else rng.randrange(8))
-            size = 8 * rng.randrange(1, 9) + (0 if aligned else rng.randrange(8))
-            segs.append(Segment(start, rng.randbytes(size)))
-            at = start + size + 8 * rng.randrange(0, 4)
-        memories.append(Memory(segs))
-    flat = FlatMemory(memories)
-    mems, addrs, want = [], [], []
-    for m, mem in enumerate(memories):
-        for seg in mem.segments:
+    for _ in range(20):
+        memories = []
+        for _ in range(3):
+            segs, at = [], 0x1000 * rng.randrange(1, 8)
+            for _ in range(rng.randrange(1, 5)):
+                start = at + (0 if aligned else rng.randrange(8))
+                size = 8 * rng.randrange(1, 9) + (0 if aligned else rng.randrange(8))
+                segs.append(Segment(start, rng.randbytes(size)))
+                at = start + size + 8 * rng.randrange(0, 4)
+            memories.append(Memory(segs))
+        # lanes: some address of some segments (not all), and addresses anywhere in any memory
+        mems, addrs = [], []
+        for m, mem in enumerate(memories):
+            for seg in mem.segments:
+                for _ in range(rng.choice([0, 0, 1, 2])):
+                    mems.append(rng.choice([m, m, (m + 1) % len(memories)]))
+                    addrs.append(rng.randrange(seg.start, seg.end))
+        for _ in range(rng.randrange(0, 6)):
+            mems.append(rng.randrange(len(memories)))
+            addrs.append(rng.randrange(0x800, 0xA000))
+        flat = FlatMemory(memories, np.array(mems, np.int64), np.array(addrs, np.uint64))
+        start, end, origin, base = (a.tolist() for a in flat.lane_segments)
+        copied = {}
+        for k, (m, a) in enumerate(zip(mems, addrs)):
+            seg = next((seg for seg in memories[m].segments if seg.start <= a < seg.end), None)
+            if seg is None:
+                assert (start[k], end[k]) == (0, 0), (m, hex(a))
+                continue
+            assert (start[k], end[k]) == (seg.start, seg.end)
+            copied[(m, seg.start)] = seg
             for a in range((seg.start + 7) & ~7, seg.end - 7, 8):
-                s = int(np.flatnonzero((flat.seg_mem == m) & (flat.starts == seg.start))[0])
-                got = int(flat.words[int(flat.bases[s]) + (a - int(flat.origins[s])) // 8])
+                got = int(flat.words[base[k] + (a - origin[k]) // 8])
                 assert got == int.from_bytes(seg.data[a - seg.start:a - seg.start + 8], "little")
-                mems.append(m)
-                addrs.append(a)
-                want.append(seg.start)
-            mems.append((m + 1) % len(memories))  # the same address in another memory: none of its segments
-            addrs.append(seg.start)
-            want.append(None)
-    start, end, origin, base = flat.locate(np.array(mems, np.int64), np.array(addrs, np.uint64))
-    for k, w in enumerate(want):
-        if w is None:  # found only where the other memory has a segment holding the address
-            holding = [seg.start for seg in memories[mems[k]].segments if seg.start <= addrs[k] < seg.end]
-            assert (start[k], end[k]) == (0, 0) if not holding else start[k] == holding[0]
-        else:
-            assert start[k] == w
-    # any address of any memory, below, between and past its segments: the segment holding it, if any
-    mems = [rng.randrange(len(memories)) for _ in range(400)]
-    addrs = [rng.randrange(0x800, 0xA000) for _ in mems]
-    start, end, _, _ = flat.locate(np.array(mems, np.int64), np.array(addrs, np.uint64))
-    for m, a, s, e in zip(mems, addrs, start.tolist(), end.tolist()):
-        holding = [(seg.start, seg.end) for seg in memories[m].segments if seg.start <= a < seg.end]
-        assert (s, e) == (holding[0] if holding else (0, 0)), (m, hex(a))
+        if aligned:  # the segments lanes start in, and nothing else
+            assert len(flat.words) == sum(len(seg.data) for seg in copied.values()) // 8 + READ_WORDS
 
 
 def test_checkers_of_images_without_text_share_one_memo(corpus) -> None:

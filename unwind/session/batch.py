@@ -74,48 +74,69 @@ READ_WORDS = 3
 
 
 class FlatMemory:
-    """The captured segments of a batch's memories as one array of little-endian words, and all the
-    segments in one table (``seg_mem``: each segment's memory, an index into those given).
+    """The captured segments a batch's lanes read, as one array of little-endian words.
 
-    Each segment is placed so that an 8-aligned address is a whole word: the word of address ``a``
-    in segment ``s`` is ``bases[s] + (a - origins[s]) // 8``. A lane reads only from the one segment
-    it was given (:meth:`locate`), and checks ``[start, end)`` before every read: nothing is read
-    outside a segment. Built in one pass over all the segments (numpy calls per memory would cost
-    more than the copy).
+    Every segment of the memories given is in one table (``seg_mem``: each segment's memory, an index into
+    those given; ``starts``, ``ends``), and each lane is given the segment of its memory that holds its first
+    address (:meth:`holding`). A lane reads only from the one segment it was given, and checks ``[start,
+    end)`` (:attr:`lane_segments`) before every read: nothing is read outside a segment. So only the segments
+    lanes start in are copied into :attr:`words` (in the corpora a fifth to a quarter of the bytes are in others:
+    the stacks of running tasks, which the scalar walk takes, and the per-CPU stacks).
+
+    Each segment is placed so that an 8-aligned address is a whole word: the word of address ``a`` in a
+    lane's segment is ``base + (a - origin) // 8``. Built in one pass over the segments (numpy calls per
+    memory would cost more than the copy).
     """
 
-    def __init__(self, memories: Sequence[Memory]) -> None:
+    def __init__(self, memories: Sequence[Memory], mem: np.ndarray, addr: np.ndarray) -> None:
         segs: list[Segment] = []
         starts: list[int] = []
         ends: list[int] = []
-        for mem in memories:  # lists joined a memory at a time (a chain of iterators costs each item a call)
-            segs += mem.segments
-            lo, hi = mem.bounds
+        for memory in memories:  # lists joined a memory at a time (a chain of iterators costs each item a call)
+            segs += memory.segments
+            lo, hi = memory.bounds
             starts += lo
             ends += hi
-        self.seg_mem = np.repeat(np.arange(len(memories), dtype=np.int64), [len(mem.segments) for mem in memories])
+        self.seg_mem = np.repeat(np.arange(len(memories), dtype=np.int64),
+                                 [len(memory.segments) for memory in memories])
         # through the array module, from lists the memories keep: numpy packs each int of an iterator alone
         self.starts = np.frombuffer(array(_WORD, starts), _U64)
         self.ends = np.frombuffer(array(_WORD, ends), _U64)
-        sizes = self.ends - self.starts
-        pieces = [seg.data for seg in segs]
-        if not ((self.starts | sizes) & _U64(7)).any():  # the usual case: stacks are captured in whole words
-            self.origins = self.starts
+        seg = self.holding(mem, addr)
+        found = seg >= 0
+        lanes_of = np.bincount(seg[found], minlength=len(self.starts))
+        used = np.flatnonzero(lanes_of)  # the segments lanes start in, in table order
+        seg_start, seg_end = self.starts.take(used), self.ends.take(used)
+        sizes = seg_end - seg_start
+        pieces: list[bytes] = [segs[s].data for s in used.tolist()]
+        if not ((seg_start | sizes) & _U64(7)).any():  # the usual case: stacks are captured in whole words
+            origins = seg_start
             words = (sizes >> _U64(3)).astype(np.int64)
-            self.bases = np.cumsum(words) - words
+            bases = np.cumsum(words) - words
         else:
-            pieces, bases, words = [], [], 0
-            for seg in segs:
-                pad = seg.start & 7
-                tail = -(pad + len(seg.data)) & 7
-                pieces += [bytes(pad), seg.data, bytes(tail)]
-                bases.append(words)
-                words += (pad + len(seg.data) + tail) >> 3
-            self.origins = self.starts & ~_U64(7)
-            self.bases = np.array(bases, np.int64)
+            padded: list[bytes] = []
+            base_list, total = [], 0
+            for start, data in zip(seg_start.tolist(), pieces):
+                pad = start & 7
+                tail = -(pad + len(data)) & 7
+                padded += [bytes(pad), data, bytes(tail)]
+                base_list.append(total)
+                total += (pad + len(data) + tail) >> 3
+            pieces = padded
+            origins = seg_start & ~_U64(7)
+            bases = np.array(base_list, np.int64)
         # never empty: a refused lane reads (and drops) a word somewhere in it (:func:`word_index`)
         pieces.append(bytes(8 * READ_WORDS))
         self.words = np.frombuffer(b"".join(pieces), "<u8")
+        # per lane: its segment's place among those copied; a lane in no segment gets the empty segment [0, 0)
+        at = (np.cumsum(lanes_of != 0) - 1).take(seg, mode="clip")
+        zero = _U64(0)
+        if not len(used):
+            n = len(addr)
+            self.lane_segments = (np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, np.int64))
+        else:
+            self.lane_segments = (np.where(found, seg_start.take(at), zero), np.where(found, seg_end.take(at), zero),
+                                  np.where(found, origins.take(at), zero), np.where(found, bases.take(at), 0))
 
     @staticmethod
     def word_delta(origin: np.ndarray, base: np.ndarray) -> np.ndarray:
@@ -124,25 +145,25 @@ class FlatMemory:
         return (origin >> _U64(3)).view(np.int64) - base
 
     @classmethod
-    def of(cls, memories: list[Memory]) -> "FlatMemory":
-        """The flat memory of ``memories``: the last batch's again when it read the same ones (a dump's
-        memory does not change), else a new one."""
+    def of(cls, memories: list[Memory], mem: np.ndarray, addr: np.ndarray) -> "FlatMemory":
+        """The flat memory of ``memories`` for lanes starting at ``addr`` of memory ``mem``: the last batch's
+        again when its lanes started at the same places of the same memories (a dump's memory does not
+        change), else a new one."""
         global _LAST_FLAT
         last = _LAST_FLAT
-        if last is not None and len(last[0]) == len(memories) and all(
-                ref() is mem for ref, mem in zip(last[0], memories)):
-            return last[1]
-        flat = cls(memories)
-        _LAST_FLAT = ([weakref.ref(mem) for mem in memories], flat)
+        if (last is not None and len(last[0]) == len(memories) and all(ref() is m for ref, m in zip(last[0], memories))
+                and np.array_equal(last[1], mem) and np.array_equal(last[2], addr)):
+            return last[3]
+        flat = cls(memories, mem, addr)
+        _LAST_FLAT = ([weakref.ref(m) for m in memories], mem.copy(), addr.copy(), flat)
         return flat
 
-    def locate(self, mem: np.ndarray, addr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The segment of memory ``mem[k]`` (an index into the memories given) holding ``addr[k]``, for each
-        lane ``k``: ``(start, end, origin, base)``; an address in no segment gets the empty segment
-        ``[0, 0)``, so every read there is refused."""
+    def holding(self, mem: np.ndarray, addr: np.ndarray) -> np.ndarray:
+        """The segment (an index into the table) of memory ``mem[k]`` (an index into the memories given) holding
+        ``addr[k]``, for each lane ``k``; -1 for an address in no segment of its memory."""
         n, nseg = len(addr), len(self.starts)
         if not nseg:
-            return np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, np.int64)
+            return np.full(n, -1, np.int64)
         # (memory, address) as one sorted key: the memory's number, then the address's rank among all the segment
         # starts (how many are at or below it: an address ranks below a start above it, not below one at or
         # below it); the segments' keys rise through the table, memory after memory
@@ -153,11 +174,7 @@ class FlatMemory:
         cand = seg_key.searchsorted(mem * scale + ranks.searchsorted(addr, "right"), "right") - 1
         found = ((cand >= 0) & (self.seg_mem.take(cand, mode="clip") == mem)
                  & (addr < self.ends.take(cand, mode="clip")))
-        zero = _U64(0)
-        return (np.where(found, self.starts.take(cand, mode="clip"), zero),
-                np.where(found, self.ends.take(cand, mode="clip"), zero),
-                np.where(found, self.origins.take(cand, mode="clip"), zero),
-                np.where(found, self.bases.take(cand, mode="clip"), 0))
+        return np.where(found, cand, -1)
 
 
 def word_index(addr: np.ndarray, delta: np.ndarray) -> np.ndarray:
@@ -167,15 +184,16 @@ def word_index(addr: np.ndarray, delta: np.ndarray) -> np.ndarray:
     return (addr >> _U64(3)).view(np.int64) - delta
 
 
-#: the memories of the last batch (weakly) and their flat memory
-_LAST_FLAT: "tuple[list[weakref.ref[Memory]], FlatMemory] | None" = None
+#: the memories of the last batch (weakly), each lane's memory and first address, and their flat memory
+_LAST_FLAT: "tuple[list[weakref.ref[Memory]], np.ndarray, np.ndarray, FlatMemory] | None" = None
 
 
 def locate_lanes(jobs: Sequence[Job], lane_job: np.ndarray, lane_tasks: Sequence[Task], addr: np.ndarray
                  ) -> tuple[FlatMemory, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The memory each lane's walk reads (``Session.task_memory(task)``, what its scalar walk reads: all of
     the dump's unless the dump gives each task its own, :meth:`~unwind.formats.dump.Dump.task_memory`) as one
-    :class:`FlatMemory`, and per lane the segment holding ``addr``: ``(flat, start, end, origin, base)``.
+    :class:`FlatMemory`, and per lane the segment holding ``addr``: ``(flat, start, end, origin, base)``
+    (:attr:`FlatMemory.lane_segments`).
 
     ``lane_job`` and ``lane_tasks`` are each lane's job index and task, grouped by job.
     """
@@ -204,8 +222,8 @@ def locate_lanes(jobs: Sequence[Job], lane_job: np.ndarray, lane_tasks: Sequence
                 memories.append(mems[0])
             mem_of.extend(array("q", [index[ids[0]]]) * count)
         lo += count
-    flat = FlatMemory.of(memories)
-    return (flat, *flat.locate(np.frombuffer(mem_of, np.int64), addr))
+    flat = FlatMemory.of(memories, np.frombuffer(mem_of, np.int64), addr)
+    return (flat, *flat.lane_segments)
 
 
 #: what a stop code stands for: the reason, and the detail made from the task's target, the dump's
