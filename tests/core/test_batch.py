@@ -255,6 +255,34 @@ def test_flat_memory_words_are_the_memories_bytes(aligned: bool) -> None:
             assert len(flat.words) == sum(len(seg.data) for seg in copied.values()) // 8 + READ_WORDS
 
 
+def test_a_new_flat_memory_is_built_after_the_last_one_is_let_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``FlatMemory.of`` keeps the last batch's flat memory for a batch of the same lanes; for other lanes it lets
+    that one go before it builds the new one, so the new words can take the old words' pages."""
+    import gc
+    import weakref
+
+    from unwind.session import batch
+
+    one = [Memory([Segment(0x1000, bytes(64))])]
+    other = [Memory([Segment(0x2000, bytes(64))])]
+    mem, addr = np.zeros(1, np.int64), np.array([0x1000], np.uint64)
+    first = batch.FlatMemory.of(one, mem, addr)
+    assert batch.FlatMemory.of(one, mem, addr.copy()) is first  # the same lanes: the same one
+    gone = weakref.ref(first)
+    del first
+    built = batch.FlatMemory.__init__
+    alive_at_build = []
+
+    def init(self: batch.FlatMemory, *args: object) -> None:
+        gc.collect()
+        alive_at_build.append(gone() is not None)
+        built(self, *args)
+    monkeypatch.setattr(batch.FlatMemory, "__init__", init)
+    second = batch.FlatMemory.of(other, mem, np.array([0x2000], np.uint64))
+    assert alive_at_build == [False]
+    assert batch.FlatMemory.of(other, mem, np.array([0x2000], np.uint64)) is second
+
+
 def test_checkers_of_images_without_text_share_one_memo(corpus) -> None:
     """A checker whose image has no text answers ``unknown`` to every address: the batch keeps those verdicts
     once per arch, not once per session (each fresh session would decide them all again)."""

@@ -154,6 +154,7 @@ class FlatMemory:
         if (last is not None and len(last[0]) == len(memories) and all(ref() is m for ref, m in zip(last[0], memories))
                 and np.array_equal(last[1], mem) and np.array_equal(last[2], addr)):
             return last[3]
+        _LAST_FLAT = last = None  # its words freed first: the allocator can give their pages to the new ones
         flat = cls(memories, mem, addr)
         _LAST_FLAT = ([weakref.ref(m) for m in memories], mem.copy(), addr.copy(), flat)
         return flat
