@@ -122,3 +122,16 @@ def test_the_profile_section_lists_the_top_functions() -> None:
     top = prof["arches"]["riscv"]["top"][0]
     assert any(f"`{top['function']}`" in line and f"{top['cumulative'] / prof['arches']['riscv']['total']:.0%}" in line
                for line in lines)
+
+
+def test_the_batch_target_is_judged_on_a_processs_first_batch_and_names_a_later_one(tmp_path: Path) -> None:
+    """The verdict reads the ``fresh`` figure (a process's first batch); the ``next`` one (a later batch on
+    sessions just opened) is shown beside it, not judged (rates known by construction)."""
+    run = {"tasks": 1000, "batched_tasks": 900, "frames": 3_500_000, "batched_frames": 3_000_000,
+           "fresh": 2.0, "next": 0.5, "warm": 0.25}
+    (tmp_path / "batch_replay.json").write_text(json.dumps({"ours": {"arm64": [run] * 3}, "peer": {}}))
+    goal = next(g for g in speed_goals(tmp_path) if g.name == "batch replay, arm64")
+    assert goal.measured == ("1.50 M frames/s fresh (the process's first batch, sessions just opened), "
+                             "6.00 M frames/s next (a later batch, sessions just opened), 12.0 M frames/s warm; "
+                             "90% of 1,000 tasks in lockstep")
+    assert goal.verdict == "MISSED by 2.00×"

@@ -151,6 +151,9 @@ def _batch_goal(arch: str, batch: dict[str, Any] | None) -> Goal:
         return Goal(name, goal, "not measured", "–", "not measured: no batch_replay.json run")
     rate = _median(r["batched_frames"] / r["fresh"] for r in b if r.get("fresh"))
     warm_rate = _median(r["batched_frames"] / r["warm"] for r in b if r.get("warm"))
+    next_rates = [r["batched_frames"] / r["next"] for r in b if r.get("next")]
+    later = (f"{fmt_rate(_median(next_rates)).replace('/s', ' frames/s')} next (a later batch, sessions just opened), "
+             if next_rates else "")
     share = b[0]["batched_tasks"] / b[0]["tasks"] if b[0]["tasks"] else 0
     peer = (batch or {}).get("peer", {})
     mine, drgn = peer.get(f"{arch} ours", []), peer.get(f"{arch} drgn", [])
@@ -162,8 +165,8 @@ def _batch_goal(arch: str, batch: dict[str, Any] | None) -> Goal:
         drgn_rate = _per(drgn, "k_frames", "k_warm", 1.0)
         vs = (f"{_times(ours_rate, drgn_rate)} drgn's frames/s (from `pt_regs`, the vmcores' tasks, warm: "
               f"{fmt_rate(ours_rate or 0)} against {fmt_rate(drgn_rate or 0)})")
-    return Goal(name, goal, f"{fmt_rate(rate).replace('/s', ' frames/s')} fresh (sessions just opened), "
-                f"{fmt_rate(warm_rate).replace('/s', ' frames/s')} warm; {share:.0%} of {b[0]['tasks']:,} tasks "
+    return Goal(name, goal, f"{fmt_rate(rate).replace('/s', ' frames/s')} fresh (the process's first batch, sessions "
+                f"just opened), {later}{fmt_rate(warm_rate).replace('/s', ' frames/s')} warm; {share:.0%} of {b[0]['tasks']:,} tasks "
                 "in lockstep", f"{fmt_num(rate / target)}× the target", verdict(rate >= target, target / rate), vs)
 
 
