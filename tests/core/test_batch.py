@@ -255,6 +255,18 @@ def test_flat_memory_words_are_the_memories_bytes(aligned: bool) -> None:
             assert len(flat.words) == sum(len(seg.data) for seg in copied.values()) // 8 + READ_WORDS
 
 
+@pytest.mark.parametrize("segments", [0, 1], ids=["no-segments", "none-holding"])
+def test_lanes_in_no_segment_get_the_empty_segment(segments: int) -> None:
+    """A batch whose memories have no segment (a dump that lost them all), or none holding any lane's
+    address: every lane gets ``[0, 0)``, and the words are the padding only."""
+    from unwind.session.batch import READ_WORDS, FlatMemory
+
+    memories = [Memory([Segment(0x1000, bytes(64))] * segments), Memory([])]
+    flat = FlatMemory(memories, np.array([0, 1, 0], np.int64), np.array([0x2000, 0x1000, 0x800], np.uint64))
+    assert [a.tolist() for a in flat.lane_segments] == [[0, 0, 0]] * 4
+    assert len(flat.words) == READ_WORDS
+
+
 def test_a_new_flat_memory_is_built_after_the_last_one_is_let_go(monkeypatch: pytest.MonkeyPatch) -> None:
     """``FlatMemory.of`` keeps the last batch's flat memory for a batch of the same lanes; for other lanes it lets
     that one go before it builds the new one, so the new words can take the old words' pages."""

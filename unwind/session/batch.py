@@ -129,12 +129,12 @@ class FlatMemory:
         pieces.append(bytes(8 * READ_WORDS))
         self.words = np.frombuffer(b"".join(pieces), "<u8")
         # per lane: its segment's place among those copied; a lane in no segment gets the empty segment [0, 0)
-        at = (np.cumsum(lanes_of != 0) - 1).take(seg, mode="clip")
-        zero = _U64(0)
         if not len(used):
             n = len(addr)
             self.lane_segments = (np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, np.int64))
         else:
+            at = (np.cumsum(lanes_of != 0) - 1).take(seg, mode="clip")
+            zero = _U64(0)
             self.lane_segments = (np.where(found, seg_start.take(at), zero), np.where(found, seg_end.take(at), zero),
                                   np.where(found, origins.take(at), zero), np.where(found, bases.take(at), 0))
 
