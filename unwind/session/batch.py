@@ -561,36 +561,31 @@ class Walked:
         return self._lists
 
 
-def distinct(values: np.ndarray) -> np.ndarray:
-    """The distinct ``values``, sorted (``np.unique`` imports ``numpy.ma`` on its first call: ~30 ms)."""
-    values = np.sort(values)
-    return values[np.concatenate([values[:1] == values[:1], values[1:] != values[:-1]])]
-
-
 #: 2**64 divided by the golden ratio: a key times it, its top bits taken, is the key's slot (Fibonacci hashing)
 _FIBONACCI = _U64(0x9E3779B97F4A7C15)
 
 
 class Memo:
     """Answers of a function of one word, for lookups over many lanes at once; keys it has not seen are
-    answered by ``compute`` (given them distinct and sorted), once each.
+    answered by ``compute`` (given them distinct, in ascending order), once each.
 
-    A batch's lanes share most of their return addresses, so each is decided once, not once per lane. The
-    answers are kept sorted by key (:attr:`keys`, :attr:`values`); in front of them a direct-mapped table
-    holds, in each of its slots, a key last looked up there and its answer, so a key found there costs two
-    ``take``s, not a binary search. A memo past :attr:`LIMIT` keys starts over (mutated stacks bring words
-    without end); the table keeps its answers, which do not change.
+    A batch's lanes share most of their return addresses, so each is decided once, not once per lane. A
+    direct-mapped table holds, in each of its slots, a key last looked up there and its answer, so a key found
+    there costs two ``take``s. Keys that missed are written to their slots at once (one key stays in a slot:
+    the lanes of a key that lost its slot to another try again), which also finds them each once, with no sort.
+    Every answer computed is kept (:attr:`answers`), so a key that lost its slot is not computed again. A memo
+    past :attr:`LIMIT` answers starts over (mutated stacks bring words without end); the table keeps its
+    answers, which do not change.
     """
 
     LIMIT = 1 << 16
     #: the table has ``2 ** SLOT_BITS`` slots
     SLOT_BITS = 14
 
-    __slots__ = ("keys", "values", "slot_keys", "slot_values", "__weakref__")
+    __slots__ = ("answers", "slot_keys", "slot_values", "__weakref__")
 
     def __init__(self) -> None:
-        self.keys = np.zeros(0, _U64)
-        self.values = np.zeros(0, np.int64)
+        self.answers: dict[int, int] = {}
         # an empty slot holds a key whose slot it is not: 0 (whose slot is 0) everywhere, 1 in slot 0
         self.slot_keys = np.zeros(1 << self.SLOT_BITS, _U64)
         self.slot_keys[0] = 1
@@ -604,34 +599,36 @@ class Memo:
         """The answer for each of ``keys``."""
         slot = self.slot_of(keys)
         values = self.slot_values.take(slot)
-        miss = self.slot_keys.take(slot) != keys
-        if np.count_nonzero(miss):
-            missed = keys[miss]
-            new = distinct(missed)  # each key that missed, once
-            answers = self.sorted_lookup(new, compute)
-            values[miss] = answers.take(np.searchsorted(new, missed))
-            # each slot keeps one of the keys that missed there, whichever the write left, and that key's answer
-            slot = self.slot_of(new)
-            self.slot_keys[slot] = new
-            kept = self.slot_keys.take(slot) == new
-            self.slot_values[slot[kept]] = answers[kept]
+        lanes = np.flatnonzero(self.slot_keys.take(slot) != keys)
+        while len(lanes):  # each round puts at least one key in its slot: the lanes left are fewer
+            missed, where = keys.take(lanes), slot.take(lanes)
+            self.place(missed, where, compute)
+            held = self.slot_keys.take(where) == missed
+            values[lanes[held]] = self.slot_values.take(where[held])
+            lanes = lanes[~held]
         return values
 
-    def sorted_lookup(self, keys: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-        """The answer for each of ``keys`` (distinct and sorted) from the sorted answers, those of keys not seen yet
-        computed."""
-        i = np.searchsorted(self.keys, keys)
-        hit = self.keys.take(i, mode="clip") == keys if len(self.keys) else np.zeros(len(keys), bool)
-        if np.count_nonzero(hit) != len(keys):
-            new = keys[~hit]
-            if len(self.keys) + len(new) > self.LIMIT:
-                self.keys, self.values = self.keys[:0], self.values[:0]
-            self.keys = np.concatenate([self.keys, new])
-            self.values = np.concatenate([self.values, np.asarray(compute(new), np.int64)])
-            order = np.argsort(self.keys)
-            self.keys, self.values = self.keys.take(order), self.values.take(order)
-            i = np.searchsorted(self.keys, keys)
-        return self.values.take(i)
+    def place(self, keys: np.ndarray, slot: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Write ``keys`` (``slot``: theirs) into the table, one to a slot, each with its answer."""
+        self.slot_keys[slot] = keys
+        written = np.zeros(len(self.slot_keys), bool)
+        written[slot] = True
+        slots = np.flatnonzero(written)
+        self.slot_values[slots] = self.answer(self.slot_keys.take(slots), compute)
+
+    def answer(self, keys: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """The answers of ``keys`` (distinct): kept, or computed now for the keys not seen yet."""
+        known = self.answers
+        ks = keys.tolist()
+        got = list(map(known.get, ks))
+        if None in got:
+            new = sorted(k for k, a in zip(ks, got) if a is None)
+            computed = dict(zip(new, np.asarray(compute(np.array(new, _U64)), np.int64).tolist()))
+            got = [computed[k] if a is None else a for k, a in zip(ks, got)]
+            if len(known) + len(new) > self.LIMIT:
+                known.clear()
+            known.update(computed)
+        return np.array(got, np.int64)
 
 
 #: per image (or :data:`_NO_TEXT`), per arch: its call-site verdicts as flag bits by return address
