@@ -142,6 +142,11 @@ def _single_goals(arch: str, corpus: list[dict[str, Any]], p: PeerArch | None, b
     return goals
 
 
+def _frames_rate(per_second: float) -> str:
+    """A rate of frames per second, as :func:`fmt_rate` prints it."""
+    return fmt_rate(per_second).replace("/s", " frames/s")
+
+
 def _batch_goal(arch: str, batch: dict[str, Any] | None) -> Goal:
     """The batch target of ``arch``: frames per CPU second including set-up."""
     target = TARGET_BATCH_FRAMES[arch]
@@ -152,8 +157,7 @@ def _batch_goal(arch: str, batch: dict[str, Any] | None) -> Goal:
     rate = _median(r["batched_frames"] / r["fresh"] for r in b if r.get("fresh"))
     warm_rate = _median(r["batched_frames"] / r["warm"] for r in b if r.get("warm"))
     next_rates = [r["batched_frames"] / r["next"] for r in b if r.get("next")]
-    later = (f"{fmt_rate(_median(next_rates)).replace('/s', ' frames/s')} next (a later batch, sessions just opened), "
-             if next_rates else "")
+    later = f"{_frames_rate(_median(next_rates))} next (a later batch, sessions just opened), " if next_rates else ""
     share = b[0]["batched_tasks"] / b[0]["tasks"] if b[0]["tasks"] else 0
     peer = (batch or {}).get("peer", {})
     mine, drgn = peer.get(f"{arch} ours", []), peer.get(f"{arch} drgn", [])
@@ -165,9 +169,9 @@ def _batch_goal(arch: str, batch: dict[str, Any] | None) -> Goal:
         drgn_rate = _per(drgn, "k_frames", "k_warm", 1.0)
         vs = (f"{_times(ours_rate, drgn_rate)} drgn's frames/s (from `pt_regs`, the vmcores' tasks, warm: "
               f"{fmt_rate(ours_rate or 0)} against {fmt_rate(drgn_rate or 0)})")
-    return Goal(name, goal, f"{fmt_rate(rate).replace('/s', ' frames/s')} fresh (the process's first batch, sessions "
-                f"just opened), {later}{fmt_rate(warm_rate).replace('/s', ' frames/s')} warm; {share:.0%} of {b[0]['tasks']:,} tasks "
-                "in lockstep", f"{fmt_num(rate / target)}× the target", verdict(rate >= target, target / rate), vs)
+    return Goal(name, goal, f"{_frames_rate(rate)} fresh (the process's first batch, sessions just opened), {later}"
+                f"{_frames_rate(warm_rate)} warm; {share:.0%} of {b[0]['tasks']:,} tasks in lockstep",
+                f"{fmt_num(rate / target)}× the target", verdict(rate >= target, target / rate), vs)
 
 
 def _startup_goals(start: dict[str, Any] | None) -> list[Goal]:
