@@ -240,7 +240,7 @@ def test_flat_memory_words_are_the_memories_bytes(aligned: bool) -> None:
                 for _ in range(rng.choice([0, 0, 1, 2])):
                     mems.append(rng.choice([m, m, (m + 1) % len(memories)]))
                     addrs.append(rng.randrange(seg.start, seg.end))
-        for _ in range(rng.randrange(0, 6)):
+        for _ in range(20):  # any address of any memory: below, between and past its segments too
             mems.append(rng.randrange(len(memories)))
             addrs.append(rng.randrange(0x800, 0xA000))
         flat = FlatMemory(memories, np.array(mems, np.int64), np.array(addrs, np.uint64))
