@@ -71,6 +71,40 @@ def test_compressed_dumps(tmp_path, suffix):
     assert Dump.open(p).memory.read_u64(0x43F08) == 0x3000
 
 
+def _damaged(data: bytes, suffix: str, damage: str) -> bytes:
+    """A compressed dump with its stream damaged: ``cut`` in half, or its data made invalid (``bad``): gzip's
+    first deflate block given the reserved block type (zlib's own error, not gzip's), xz's bytes flipped
+    midway (its checks catch them)."""
+    if damage == "cut":
+        return data[:len(data) // 2]
+    b = bytearray(data)
+    if suffix == ".gz":
+        b[10] = 0xFF  # after the 10-byte header (no name): BFINAL 1, BTYPE 11, which deflate reserves
+    else:
+        for i in range(len(b) // 2, len(b) // 2 + 16):
+            b[i] ^= 0x5A
+    return bytes(b)
+
+
+@pytest.mark.parametrize("suffix, damage, said", [(".gz", "bad", "corrupt compressed dump: Error -3"),
+                                                  (".gz", "cut", "corrupt compressed dump: Compressed file ended"),
+                                                  (".xz", "bad", "corrupt compressed dump"),
+                                                  (".xz", "cut", "corrupt compressed dump: the xz stream is truncated")])
+def test_a_damaged_compressed_dump_is_one_line(tmp_path, capsys, suffix, damage, said):
+    """Each way a compressed dump's stream breaks is a DumpError and exit 2 (a gzip dump whose deflate data
+    zlib refuses raised zlib.error, a traceback, until the reader caught it)."""
+    p = tmp_path / f"d.bin{suffix}"
+    sd = sample()
+    sd.to_bytes()
+    sd.writer.write(p)
+    p.write_bytes(_damaged(p.read_bytes(), suffix, damage))
+    with pytest.raises(DumpError, match=said):
+        Dump.open(p)
+    assert main(["replay", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and said in err
+
+
 @pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf not installed")
 def test_readelf_lists_the_notes(tmp_path):
     p = tmp_path / "d.bin"

@@ -13,6 +13,7 @@ import copy
 import gzip
 import lzma
 import os
+import zlib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -203,7 +204,7 @@ def _head(path: str, size: int) -> bytes:
             if magic.startswith(_GZIP_MAGIC):
                 with gzip.GzipFile(fileobj=f) as g:
                     return g.read(size)
-        except (lzma.LZMAError, EOFError, OSError):
+        except (lzma.LZMAError, EOFError, OSError, zlib.error):
             return b""
         return f.read(size)
 
@@ -310,7 +311,7 @@ def _decompress(raw: bytes, path: str) -> bytes:
             return data
         if raw.startswith(_GZIP_MAGIC):
             return gzip.decompress(raw)
-    except (lzma.LZMAError, EOFError, OSError) as e:
+    except (lzma.LZMAError, EOFError, OSError, zlib.error) as e:  # zlib's: deflate data gzip does not check first
         raise DumpError(f"{path}: corrupt compressed dump: {e}") from None
     return raw
 
