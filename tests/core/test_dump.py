@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import lzma
 import shutil
 import struct
 import subprocess
 import sys
+import types
 
 import pytest
 
 from unwind.cli.main import main
 from unwind.core import registry
+from unwind.formats import dump as dump_module
 from unwind.formats.dump import Dump, DumpError, DumpWriter, written_by_unwind
 from unwind.dev.synth import SynthDump
 
@@ -103,6 +106,32 @@ def test_a_damaged_compressed_dump_is_one_line(tmp_path, capsys, suffix, damage,
     assert main(["replay", str(p)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and said in err
+
+
+def test_a_compressed_dump_is_decompressed_once(tmp_path, monkeypatch):
+    """Its headers and notes are read from its start before it is read whole (to refuse a vmcore unread),
+    and the whole goes on from there: every byte comes out of the decompressor once."""
+    p = tmp_path / "d.bin.xz"
+    sd = sample()
+    raw = sd.to_bytes()
+    sd.writer.write(p)
+    out: list[int] = []
+
+    class Counted:
+        def __init__(self, *args: object) -> None:
+            self._dec = lzma.LZMADecompressor(*args)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._dec, name)
+
+        def decompress(self, data: bytes, max_length: int = -1) -> bytes:
+            got = self._dec.decompress(data, max_length)
+            out.append(len(got))
+            return got
+    monkeypatch.setattr(dump_module, "lzma", types.SimpleNamespace(
+        LZMADecompressor=Counted, FORMAT_XZ=lzma.FORMAT_XZ, LZMAError=lzma.LZMAError))
+    assert Dump.open(p).memory.read_u64(0x43F08) == 0x3000
+    assert len(out) > 1 and sum(out) == len(raw)
 
 
 @pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf not installed")

@@ -186,41 +186,96 @@ _GZIP_MAGIC = b"\x1f\x8b"
 MAX_NOTES_END = 64 << 20
 
 
-def _head(path: str, size: int) -> bytes:
-    """The first ``size`` bytes of the file, decompressed when it is xz or gzip (fewer where it ends, or stops
-    decompressing)."""
-    with open(path, "rb") as f:
-        magic = f.read(len(_XZ_MAGIC))
-        f.seek(0)
+class _DumpFile:
+    """A dump file read from its start: decompressed (xz, gzip) only as far as it is asked for, and on from
+    there, so that its notes are read before it is read whole (:func:`_note_names`) and no byte is
+    decompressed twice."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file = open(path, "rb")
         try:
-            if magic == _XZ_MAGIC:
-                dec, out = lzma.LZMADecompressor(lzma.FORMAT_XZ), bytearray()
+            magic = self._file.read(len(_XZ_MAGIC))
+            self._file.seek(0)
+            size = os.fstat(self._file.fileno()).st_size
+        except OSError:
+            self._file.close()
+            raise
+        self._xz = lzma.LZMADecompressor(lzma.FORMAT_XZ) if magic == _XZ_MAGIC else None
+        self._gzip = gzip.GzipFile(fileobj=self._file) if magic.startswith(_GZIP_MAGIC) else None
+        #: the file's size, when it is not compressed (a compressed one's is not known unread)
+        self.size = None if self.compressed else size
+        self._out = bytearray()
+        #: why decompressing stopped short (its error), once it has
+        self._error: Exception | None = None
+
+    @property
+    def compressed(self) -> bool:
+        """Is the file xz or gzip?"""
+        return self._xz is not None or self._gzip is not None
+
+    def close(self) -> None:
+        """Close the file."""
+        self._file.close()
+
+    def _read_to(self, size: int) -> None:
+        """Decompress (or read) until ``size`` bytes are out, the data ends, or decompressing fails."""
+        out, dec = self._out, self._xz
+        try:
+            if dec is not None:
                 while len(out) < size and not dec.eof:
-                    raw = f.read(1 << 16) if dec.needs_input else b""
-                    if dec.needs_input and not raw:
-                        break
+                    raw = b""
+                    if dec.needs_input:
+                        raw = self._file.read(1 << 16)
+                        if not raw:
+                            break  # cut short: decompressing ends here (:meth:`whole` says so)
                     out += dec.decompress(raw, max_length=size - len(out))
-                return bytes(out)
-            if magic.startswith(_GZIP_MAGIC):
-                with gzip.GzipFile(fileobj=f) as g:
-                    return g.read(size)
-        except (lzma.LZMAError, EOFError, OSError, zlib.error):
-            return b""
-        return f.read(size)
+            else:
+                stream = self._gzip if self._gzip is not None else self._file
+                while len(out) < size:
+                    chunk = stream.read(min(size - len(out), 1 << 20))
+                    if not chunk:
+                        break
+                    out += chunk
+        except (lzma.LZMAError, EOFError, OSError, zlib.error) as e:  # OSError: a read, or no gzip data
+            self._error = e
+
+    def head(self, size: int) -> bytes:
+        """The first ``size`` bytes, decompressed (fewer where the data ends; none where decompressing failed)."""
+        if self._error is None:
+            self._read_to(size)
+        return b"" if self._error is not None else bytes(self._out[:size])
+
+    def whole(self) -> bytes:
+        """Every byte, decompressed; a compressed file that is corrupt, cut short or larger than any dump is
+        refused (:class:`~unwind.core.errors.DumpError`, :class:`NotADump`)."""
+        if self.size is not None and self.size > MAX_DUMP_BYTES:
+            raise NotADump(f"{self.path}: {self.size} bytes, more than {MAX_DUMP_BYTES >> 20} MiB: not a dump")
+        if self._error is None:
+            self._read_to(MAX_DUMP_BYTES + 1)
+        if isinstance(self._error, OSError) and not isinstance(self._error, gzip.BadGzipFile):
+            raise DumpError(f"cannot read {self.path}: {self._error.strerror}")
+        if self._error is not None:
+            raise DumpError(f"{self.path}: corrupt compressed dump: {self._error}")
+        if len(self._out) > MAX_DUMP_BYTES:
+            raise NotADump(f"{self.path}: decompresses to more than {MAX_DUMP_BYTES >> 20} MiB: not a dump")
+        if self._xz is not None and not self._xz.eof:
+            raise DumpError(f"{self.path}: corrupt compressed dump: the xz stream is truncated")
+        return bytes(self._out)
 
 
-def _note_names(path: str) -> set[tuple[str, int]] | None:
-    """The (name, type) of every note of the ELF core at ``path``, from its headers and notes only (decompressed
+def _note_names(file: _DumpFile) -> set[tuple[str, int]] | None:
+    """The (name, type) of every note of the ELF core ``file``, from its headers and notes only (decompressed
     as far as they go); ``None`` when they do not settle it (not a 64-bit little-endian ELF, headers or notes
     past :data:`MAX_NOTES_END` or the file's end, a malformed note)."""
-    ehdr = _head(path, elfcore.Elf64_Ehdr.sizeof())
+    ehdr = file.head(elfcore.Elf64_Ehdr.sizeof())
     if len(ehdr) < elfcore.Elf64_Ehdr.sizeof() or ehdr[:4] != b"\x7fELF" or ehdr[4:6] != b"\x02\x01":
         return None
     elf = elfcore.file_header(ehdr)
     phnum, phoff = elf["e_phnum"], elf["e_phoff"]
     if elf["e_phentsize"] != elfcore.Elf64_Phdr.sizeof() or phoff + phnum * elf["e_phentsize"] > MAX_NOTES_END:
         return None
-    head = _head(path, phoff + phnum * elf["e_phentsize"])
+    head = file.head(phoff + phnum * elf["e_phentsize"])
     if len(head) < phoff + phnum * elf["e_phentsize"]:
         return None
     notes = [(p["p_offset"], p["p_filesz"]) for p in elfcore.program_headers(head, phoff, phnum)
@@ -228,7 +283,7 @@ def _note_names(path: str) -> set[tuple[str, int]] | None:
     end = max((o + n for o, n in notes), default=0)
     if end > MAX_NOTES_END:
         return None
-    head = _head(path, end)
+    head = file.head(end)
     if len(head) < end:
         return None
     try:
@@ -244,10 +299,11 @@ def _a_vmcore_by_its_notes(names: set[tuple[str, int]]) -> bool:
                     for name, t in names))
 
 
-def _head_refusal(path: str, names: set[tuple[str, int]] | None) -> DumpError | None:
+def _head_refusal(file: _DumpFile, names: set[tuple[str, int]] | None) -> DumpError | None:
     """Why a file is no dump, told from its start alone (its ELF header, program headers and notes), so that it
     is refused before it is read whole: a vmcore (:class:`NotADump`), an ELF core without the ``UNWIND`` note, an
     ELF header the dump reader refuses. ``None`` when the start does not settle it."""
+    path = file.path
     if names is not None:
         if _a_vmcore_by_its_notes(names):
             return NotADump(f"{path}: a vmcore without the UNWIND note (give it to Session.load or the "
@@ -255,22 +311,14 @@ def _head_refusal(path: str, names: set[tuple[str, int]] | None) -> DumpError | 
         if not any(name == elfcore.UNWIND_NOTE_NAME for name, _ in names):
             return DumpError(f"{path}: missing the UNWIND note (not a dump written by unwind)")
         return None
-    head = _head(path, elfcore.Elf64_Ehdr.sizeof())
+    head = file.head(elfcore.Elf64_Ehdr.sizeof())
     if head[:4] != b"\x7fELF":
         return None  # not an ELF file: the whole is small or compressed, and the dump reader says what it is
     try:
-        _checked_elf_header(head, path, _uncompressed_size(path))
+        _checked_elf_header(head, path, file.size)
     except DumpError as e:
         return e
     return None
-
-
-def _uncompressed_size(path: str) -> int | None:
-    """The size of an uncompressed file (``None`` for an xz or gzip one, whose size is not known unread)."""
-    with open(path, "rb") as f:
-        if f.read(len(_XZ_MAGIC)).startswith((_XZ_MAGIC, _GZIP_MAGIC)):
-            return None
-        return os.fstat(f.fileno()).st_size
 
 
 def _checked_elf_header(data: bytes, path: str, size: int | None) -> tuple[dict[str, int], registry.ArchBackend]:
@@ -297,23 +345,6 @@ def _checked_elf_header(data: bytes, path: str, size: int | None) -> tuple[dict[
     if size is not None and elf["e_phoff"] + elf["e_phnum"] * elf["e_phentsize"] > size:
         raise DumpError(f"{path}: truncated: program headers past the end of the file")
     return elf, backend
-
-
-def _decompress(raw: bytes, path: str) -> bytes:
-    try:
-        if raw.startswith(_XZ_MAGIC):
-            dec = lzma.LZMADecompressor(lzma.FORMAT_XZ)
-            data = dec.decompress(raw, max_length=MAX_DUMP_BYTES + 1)
-            if len(data) > MAX_DUMP_BYTES:
-                raise NotADump(f"{path}: decompresses to more than {MAX_DUMP_BYTES >> 20} MiB: not a dump")
-            if not dec.eof:
-                raise DumpError(f"{path}: corrupt compressed dump: the xz stream is truncated")
-            return data
-        if raw.startswith(_GZIP_MAGIC):
-            return gzip.decompress(raw)
-    except (lzma.LZMAError, EOFError, OSError, zlib.error) as e:  # zlib's: deflate data gzip does not check first
-        raise DumpError(f"{path}: corrupt compressed dump: {e}") from None
-    return raw
 
 
 class Dump:
@@ -343,18 +374,17 @@ class Dump:
         any dump.
         """
         try:
-            refused = _head_refusal(str(path), _note_names(str(path)))
-            if refused is not None:
-                raise refused
-            size = os.stat(path).st_size
-            with open(path, "rb") as f:
-                compressed = f.read(len(_XZ_MAGIC)).startswith((_XZ_MAGIC, _GZIP_MAGIC))
-            if not compressed and size > MAX_DUMP_BYTES:
-                raise NotADump(f"{path}: {size} bytes, more than {MAX_DUMP_BYTES >> 20} MiB: not a dump")
-            raw = Path(path).read_bytes()
+            file = _DumpFile(str(path))
         except OSError as e:
             raise DumpError(f"cannot read {path}: {e.strerror}") from None
-        return cls(_decompress(raw, str(path)), str(path), note_cache=True)
+        try:
+            refused = _head_refusal(file, _note_names(file))
+            if refused is not None:
+                raise refused
+            data = file.whole()
+        finally:
+            file.close()
+        return cls(data, str(path), note_cache=True)
 
     def _warn(self, msg: str) -> None:
         self.warnings.append(f"{self.path}: {msg}")
