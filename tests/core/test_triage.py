@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import gzip
 import json
 import re
 import shutil
@@ -146,6 +147,10 @@ def test_folders_are_searched_by_magic(tmp_path: Path, monkeypatch: pytest.Monke
     shutil.copy(SOME[0], tmp_path / "sub" / "a.core.xz")
     (tmp_path / "notes.txt").write_text("not a dump")
     shutil.copy(next(CORPORA.glob("x86_64/*/vmlinux-*.slim.xz")), tmp_path / "image.xz")
+    # gzip data whose first deflate block has the reserved type: zlib's error, not gzip's (was a traceback)
+    broken = bytearray(gzip.compress(b"\x7fELF" + bytes(100), mtime=0))
+    broken[10] = 0xFF
+    (tmp_path / "broken.gz").write_bytes(broken)
     doc = bucket([tmp_path], workers=1).to_json()
     assert doc["dumps"]["total"] == 1 and doc["dumps"]["ok"] == 1
 

@@ -27,6 +27,7 @@ import lzma
 import os
 import sys
 import time
+import zlib
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -308,7 +309,7 @@ def _head(path: Path, n: int = 64) -> bytes:
             return lzma.LZMADecompressor().decompress(raw, max_length=n)
         if raw[:2] == b"\x1f\x8b":
             return gzip.GzipFile(fileobj=io.BytesIO(raw)).read(n)
-    except (lzma.LZMAError, OSError, EOFError):
+    except (lzma.LZMAError, OSError, EOFError, zlib.error):  # zlib's: deflate data gzip does not check first
         return b""
     return raw[:n]
 
