@@ -25,6 +25,9 @@ Each case applies one mutation family to one seed, in memory:
            lists, runqueues, per-CPU data, page-table entries, stacks, module data); then it is
            loaded as ``Session.load(VMCORE, vmlinux=IMAGE)``, listed (``ps``), converted, and every
            task replayed (:data:`~unwind.dev.fuzz.cases.VMMEM_SHARE` of the cases, under :data:`~unwind.dev.fuzz.cases.VMMEM_CPU_LIMIT`)
+``container`` the seed as a compressed file (xz, gzip) whose stream is damaged: bytes set, a run zeroed, cut
+           short, junk after it; then the folder search's look at it and ``Dump.open``, and every task
+           replayed where it opens (:data:`~unwind.dev.fuzz.cases.CONTAINER_SHARE` of the cases)
 
 and checks, for every task, in faithful, complete, explain (provenance) and reliable mode,
 with the trace printed and the oracles compared: no exception but a one-line input error at

@@ -18,15 +18,17 @@ from unwind.kernel.btf import Btf, BtfError
 from unwind.session.replay import ReplayError, Session
 
 from .checks import Outcome, guarded, instrument, one_line, query_btf, read_vmcore, replay_all
-from .mutators import apply_edits, mutate_btf, mutate_elf, mutate_image, mutate_json, mutate_regs, mutate_stack, \
-    mutate_vmcore, mutate_vmcoreinfo, mutate_vmmem
+from .mutators import apply_edits, mutate_btf, mutate_container, mutate_elf, mutate_image, mutate_json, mutate_regs, \
+    mutate_stack, mutate_vmcore, mutate_vmcoreinfo, mutate_vmmem
 from .seeds import Seed, VmmemSeed, btf_seed, unpacked
 
-FAMILIES = ("stack", "regs", "json", "vmcoreinfo", "elf", "orc", "btf", "vmcore", "image", "vmmem")
+FAMILIES = ("stack", "regs", "json", "vmcoreinfo", "elf", "orc", "btf", "vmcore", "image", "vmmem", "container")
 #: the share of cases in the ``image`` family (a case parses a whole image: ~100x a dump case)
 IMAGE_SHARE = 0.003
 #: the share of cases in the ``vmmem`` family (a case loads a whole vmcore slice: ~50 dump cases)
 VMMEM_SHARE = 0.004
+#: the share of cases in the ``container`` family (a seed compressed, its stream damaged, opened from a file)
+CONTAINER_SHARE = 0.01
 #: CPU seconds one case may take (every task, every mode); over it the case is a hang
 CASE_CPU_LIMIT = 5.0
 #: CPU seconds a ``vmmem`` case may take: a clean seed's load, listing and replays take 0.4-0.9 s
@@ -73,6 +75,8 @@ class Fuzzer:
         self.vmmem_seeds = vmmem_seeds or []
         self.vmmem_share = VMMEM_SHARE
         self.vmmem_cpu_limit = VMMEM_CPU_LIMIT
+        #: the share of cases in the ``container`` family (0: a campaign's cases as they ran before it existed)
+        self.container_share = CONTAINER_SHARE
 
     def families(self, seed: Seed) -> tuple[str, ...]:
         """The families that apply to ``seed``: ``orc`` where its arch mutates its image, ``btf``
@@ -91,11 +95,14 @@ class Fuzzer:
         """Run case ``index`` of the campaign seeded ``seed_value`` (on the seed named ``seed_name``
         if given: the case as it ran on a corpus whose seeds were numbered otherwise).
 
-        A ``vmmem`` case is chosen by a draw of its own (``"{seed_value}:{index}:vmmem"``), so the
-        other cases are drawn as they were before the family existed."""
+        A ``vmmem`` or ``container`` case is chosen by a draw of its own (``"{seed_value}:{index}:vmmem"``,
+        then ``":container"``), so the other cases are drawn as they were before those families existed."""
         if family == "vmmem" or (family is None and self.vmmem_seeds and self.vmmem_share
                                  and random.Random(f"{seed_value}:{index}:vmmem").random() < self.vmmem_share):
             return self._vmmem(index, seed_value, seed_name)
+        if family == "container" or (family is None and self.container_share and random.Random(
+                f"{seed_value}:{index}:container").random() < self.container_share):
+            return self._container(index, seed_value, seed_name)
         rng = random.Random(f"{seed_value}:{index}")
         seed = self.seeds[rng.randrange(len(self.seeds))]
         if seed_name is not None:
@@ -129,6 +136,41 @@ class Fuzzer:
         out = self.guarded("vmmem", label, lambda: self._vmmem_case(rng, seed), self.vmmem_cpu_limit)
         self._failed(out, seed, f"vmmem-{seed_value}-{index}", f"{seed_value}:{index}")
         return out
+
+    def _container(self, index: int, seed_value: int, seed_name: str | None) -> Outcome:
+        """Case ``index`` as a ``container`` case: a seed compressed, its stream damaged (:func:`mutate_container`)."""
+        rng = random.Random(f"{seed_value}:{index}:container")
+        rng.random()  # the draw that chose the family
+        seed = self.seeds[rng.randrange(len(self.seeds))]
+        if seed_name is not None:
+            seed = next(s for s in self.seeds if s.name == seed_name)
+        self.last = b""
+
+        def run() -> Outcome:
+            self.last = mutate_container(rng, seed)
+            return self.check_container(self.last, seed)
+        out = self.guarded("container", f"{seed.name} case {seed_value}:{index}", run)
+        self._failed(out, seed, f"container-{seed_value}-{index}", f"{seed_value}:{index}")
+        return out
+
+    def check_container(self, data: bytes, seed: Seed) -> Outcome:
+        """``data`` as a compressed dump file: the folder search's look at it (``triage``), ``Dump.open``,
+        then, where it opens, every task replayed in every mode, with every check."""
+        from unwind.cli.triage import looks_like_dump
+
+        # named as its kind's file is (the folder search reads more of a .xz or .gz), by the magic's first byte
+        suffix = ".xz" if data[:1] == b"\xfd" else ".gz"
+        path = self.scratch / f"unwind-fuzz-{id(self)}-container{suffix}"
+        path.write_bytes(data)
+        try:
+            looks_like_dump(path)
+            try:
+                dump = Dump.open(path)
+            except DumpError as e:
+                return one_line("container", e)
+        finally:
+            path.unlink(missing_ok=True)
+        return self.check_dump(dump, seed.name, seed.image_path, "container")
 
     def _vmmem_case(self, rng: random.Random, seed: VmmemSeed) -> Outcome:
         edits = mutate_vmmem(rng, seed)
@@ -230,6 +272,10 @@ class Fuzzer:
             dump = Dump(data, name)
         except DumpError as e:
             return one_line(fam, e)
+        return self.check_dump(dump, name, image_path, fam)
+
+    def check_dump(self, dump: Dump, name: str, image_path: Path | None, fam: str = "") -> Outcome:
+        """Replay every task of ``dump`` (opened) in every mode, with every check (:meth:`check`)."""
         dump.memory = instrument(dump.memory)
         image = self.image(image_path)
         if image is not None and dump.build_id != image.build_id:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import copy
+import gzip
+import lzma
 import random
 import re
 import string
@@ -267,6 +269,29 @@ def mutate_elf(rng: random.Random, seed: Seed) -> bytes:
         raw[off:off + width] = (value % 2**(8 * width)).to_bytes(width, "little")
     if rng.random() < 0.1:
         raw = raw[:rng.randrange(len(raw))]
+    return bytes(raw)
+
+
+# --- the compressed container -------------------------------------------------------------------
+
+def mutate_container(rng: random.Random, seed: Seed) -> bytes:
+    """The seed's dump as a user's compressed file (xz or gzip), its compressed stream then damaged: bytes
+    set anywhere (the container's headers more often), a run zeroed, the stream cut short or junk after it."""
+    data = seed.writer().to_bytes()
+    raw = bytearray(lzma.compress(data, preset=0) if rng.random() < 0.5 else gzip.compress(data, 1, mtime=0))
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.randrange(4)
+        if kind == 0:
+            for _ in range(rng.randint(1, 8)):
+                off = rng.randrange(min(len(raw), 64) if rng.random() < 0.3 else len(raw))
+                raw[off] = rng.choice((0, 0xFF, rng.getrandbits(8), raw[off] ^ (1 << rng.randrange(8))))
+        elif kind == 1:
+            off, n = rng.randrange(len(raw)), rng.randint(1, 256)
+            raw[off:off + n] = bytes(len(raw[off:off + n]))
+        elif kind == 2:
+            raw = raw[:rng.randrange(1, len(raw))]
+        else:
+            raw += rng.choice((bytes(rng.randint(1, 64)), rng.randbytes(rng.randint(1, 64)), raw[:rng.randint(1, 64)]))
     return bytes(raw)
 
 
