@@ -251,6 +251,12 @@ class _DumpFile:
         refused (:class:`~unwind.core.errors.DumpError`, :class:`NotADump`)."""
         if self.size is not None and self.size > MAX_DUMP_BYTES:
             raise NotADump(f"{self.path}: {self.size} bytes, more than {MAX_DUMP_BYTES >> 20} MiB: not a dump")
+        if self.size is not None and self._error is None:  # not compressed: read whole at once (one copy)
+            try:
+                self._file.seek(0)
+                return self._file.read()
+            except OSError as e:
+                self._error = e
         if self._error is None:
             self._read_to(MAX_DUMP_BYTES + 1)
         if isinstance(self._error, OSError) and not isinstance(self._error, gzip.BadGzipFile):
