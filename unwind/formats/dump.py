@@ -215,7 +215,9 @@ class _DumpFile:
         return self._xz is not None or self._gzip is not None
 
     def close(self) -> None:
-        """Close the file."""
+        """Close the file (and its gzip reader)."""
+        if self._gzip is not None:
+            self._gzip.close()
         self._file.close()
 
     def _read_to(self, size: int) -> None:
