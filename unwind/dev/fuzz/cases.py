@@ -9,7 +9,7 @@ import os
 import random
 import struct
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence, TypeVar
 
 from unwind.core import registry
 from unwind.formats.dump import Dump, DumpError
@@ -39,6 +39,21 @@ VMMEM_CPU_LIMIT = 4.0
 CAMPAIGN_ABOUT = ("Cases a campaign failed whose input is not a file (the mutator itself raised, or an image case): "
                   "replayed by number with Fuzzer.case(index, campaign, seed_name=seed). expect: the case ends ok "
                   "or rejected.")
+
+
+_S = TypeVar("_S", Seed, VmmemSeed)
+
+
+def _drawn_apart(family: str, seed_value: int, index: int, seeds: Sequence[_S], seed_name: str | None
+                 ) -> tuple[random.Random, _S]:
+    """A case of a family drawn apart (``vmmem``, ``container``): its random numbers, past the draw that chose the
+    family, and its seed, drawn from ``seeds`` (the one named ``seed_name``, if given)."""
+    rng = random.Random(f"{seed_value}:{index}:{family}")
+    rng.random()  # the draw that chose the family
+    seed = seeds[rng.randrange(len(seeds))]
+    if seed_name is not None:
+        seed = next(s for s in seeds if s.name == seed_name)
+    return rng, seed
 
 
 class Fuzzer:
@@ -125,11 +140,7 @@ class Fuzzer:
 
     def _vmmem(self, index: int, seed_value: int, seed_name: str | None) -> Outcome:
         """Case ``index`` as a ``vmmem`` case: a vmcore slice with 1..8 words it read changed."""
-        rng = random.Random(f"{seed_value}:{index}:vmmem")
-        rng.random()  # the draw that chose the family
-        seed = self.vmmem_seeds[rng.randrange(len(self.vmmem_seeds))]
-        if seed_name is not None:
-            seed = next(s for s in self.vmmem_seeds if s.name == seed_name)
+        rng, seed = _drawn_apart("vmmem", seed_value, index, self.vmmem_seeds, seed_name)
         seed.recorded(self.scratch)  # once per seed, outside the case's CPU bound
         label = f"{seed.name} case {seed_value}:{index}"
         self.last = b""
@@ -139,11 +150,7 @@ class Fuzzer:
 
     def _container(self, index: int, seed_value: int, seed_name: str | None) -> Outcome:
         """Case ``index`` as a ``container`` case: a seed compressed, its stream damaged (:func:`mutate_container`)."""
-        rng = random.Random(f"{seed_value}:{index}:container")
-        rng.random()  # the draw that chose the family
-        seed = self.seeds[rng.randrange(len(self.seeds))]
-        if seed_name is not None:
-            seed = next(s for s in self.seeds if s.name == seed_name)
+        rng, seed = _drawn_apart("container", seed_value, index, self.seeds, seed_name)
         self.last = b""
 
         def run() -> Outcome:
