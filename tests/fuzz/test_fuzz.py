@@ -109,6 +109,17 @@ def test_container_damages_xz_and_gzip_files(fuzzer):
     assert any("corrupt compressed dump" in o.detail for o in outs)
 
 
+def test_some_vmcore_cases_are_xz_files(fuzzer):
+    """A share of the vmcore family's files (cases.VMCORE_XZ_SHARE) are xz-compressed as a whole, half of them
+    with the xz stream damaged: read through the xz source, some open and some are refused in one line."""
+    kinds: dict[str, int] = {}
+    for i in range(150):
+        out = fuzzer.case(i, 13, "vmcore")
+        if fuzzer.last[:6] == lzma.compress(b"")[:6]:
+            kinds[out.kind] = kinds.get(out.kind, 0) + 1
+    assert set(kinds) == {"ok", "rejected"} and sum(kinds.values()) >= 10, kinds
+
+
 # --- the checks themselves fire -------------------------------------------------------------------
 
 def test_a_read_past_a_segment_is_caught():

@@ -16,7 +16,8 @@ Each case applies one mutation family to one seed, in memory:
 ``btf``    the image's ``.BTF`` (a real blob cut to a small prefix of its types and strings):
            header fields, type records, strings; then the queries the kernel reader makes
 ``vmcore`` small vmcore files (``--vmcore-seeds``: ELF, kdump-compressed, flattened): headers,
-           bitmaps, page descriptors, notes; then every page and note is read
+           bitmaps, page descriptors, notes, some then xz-compressed as a whole (the xz stream damaged or
+           not); then every page and note is read
 ``image``  the seed's image as ``--vmlinux`` gets it (the unpacked slim image): ELF and section
            headers, and bytes of .symtab, .strtab, .notes, .BTF and the ORC sections; then it
            is opened, its symbols, BTF and text read, and every task replayed with it

@@ -19,7 +19,7 @@ from unwind.session.replay import ReplayError, Session
 
 from .checks import Outcome, guarded, instrument, one_line, query_btf, read_vmcore, replay_all
 from .mutators import apply_edits, mutate_btf, mutate_container, mutate_elf, mutate_image, mutate_json, mutate_regs, \
-    mutate_stack, mutate_vmcore, mutate_vmcoreinfo, mutate_vmmem
+    mutate_stack, mutate_vmcore, mutate_vmcoreinfo, mutate_vmmem, xz_wrapped
 from .seeds import Seed, VmmemSeed, btf_seed, unpacked
 
 FAMILIES = ("stack", "regs", "json", "vmcoreinfo", "elf", "orc", "btf", "vmcore", "image", "vmmem", "container")
@@ -29,6 +29,8 @@ IMAGE_SHARE = 0.003
 VMMEM_SHARE = 0.004
 #: the share of cases in the ``container`` family (a seed compressed, its stream damaged, opened from a file)
 CONTAINER_SHARE = 0.01
+#: the share of ``vmcore`` cases whose file is then xz-compressed as a whole (read through ``XzSource``)
+VMCORE_XZ_SHARE = 0.2
 #: CPU seconds one case may take (every task, every mode); over it the case is a hang
 CASE_CPU_LIMIT = 5.0
 #: CPU seconds a ``vmmem`` case may take: a clean seed's load, listing and replays take 0.4-0.9 s
@@ -310,6 +312,8 @@ class Fuzzer:
     def _vmcore_case(self, rng: random.Random) -> Outcome:
         name, data = rng.choice(self.vmcore_seeds)
         self.last = mutate_vmcore(rng, data)
+        if rng.random() < VMCORE_XZ_SHARE:  # drawn after the mutation: the mutation is the case's as before
+            self.last = xz_wrapped(rng, self.last)
         path = self.scratch / f"unwind-fuzz-{id(self)}-{name}"
         path.write_bytes(self.last)
         try:

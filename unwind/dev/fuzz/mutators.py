@@ -275,10 +275,16 @@ def mutate_elf(rng: random.Random, seed: Seed) -> bytes:
 # --- the compressed container -------------------------------------------------------------------
 
 def mutate_container(rng: random.Random, seed: Seed) -> bytes:
-    """The seed's dump as a user's compressed file (xz or gzip), its compressed stream then damaged: bytes
-    set anywhere (the container's headers more often), a run zeroed, the stream cut short or junk after it."""
+    """The seed's dump as a user's compressed file (xz or gzip), its compressed stream then damaged
+    (:func:`damage_stream`)."""
     data = seed.writer().to_bytes()
-    raw = bytearray(lzma.compress(data, preset=0) if rng.random() < 0.5 else gzip.compress(data, 1, mtime=0))
+    return damage_stream(rng, lzma.compress(data, preset=0) if rng.random() < 0.5 else gzip.compress(data, 1, mtime=0))
+
+
+def damage_stream(rng: random.Random, packed: bytes) -> bytes:
+    """A compressed file's bytes damaged: bytes set anywhere (its headers more often), a run zeroed, the stream cut
+    short or junk after it."""
+    raw = bytearray(packed)
     for _ in range(rng.randint(1, 3)):
         kind = rng.randrange(4)
         if kind == 0:
@@ -336,6 +342,13 @@ def mutate_vmcore(rng: random.Random, data: bytes) -> bytes:
     if rng.random() < 0.05:
         raw = raw[:rng.randrange(len(raw))]
     return bytes(raw)
+
+
+def xz_wrapped(rng: random.Random, data: bytes) -> bytes:
+    """``data`` (a mutated vmcore) as users often ship a vmcore, xz-compressed as a whole, half the time with the
+    xz stream damaged too (:func:`damage_stream`)."""
+    packed = lzma.compress(data, preset=0)
+    return damage_stream(rng, packed) if rng.random() < 0.5 else packed
 
 
 # --- images: the unpacked slim image -----------------------------------------------------------
