@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import lzma
+import os
 import shutil
 import struct
 import subprocess
@@ -132,6 +133,16 @@ def test_a_compressed_dump_is_decompressed_once(tmp_path, monkeypatch):
         LZMADecompressor=Counted, FORMAT_XZ=lzma.FORMAT_XZ, LZMAError=lzma.LZMAError))
     assert Dump.open(p).memory.read_u64(0x43F08) == 0x3000
     assert len(out) > 1 and sum(out) == len(raw)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
+def test_a_file_that_does_not_start_as_elf_is_refused_from_its_start(capsys):
+    """An uncompressed file whose first bytes are no ELF header is refused from them, not read whole first: a
+    device such as /dev/zero (its size says 0, its reads never end) was read until memory ran out."""
+    with pytest.raises(DumpError, match="not an ELF file"):
+        Dump.open("/dev/zero")
+    assert main(["replay", "/dev/zero"]) == 2
+    assert capsys.readouterr().err.strip() == "unwind: error: /dev/zero: not an ELF file"
 
 
 @pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf not installed")

@@ -13,6 +13,7 @@ import copy
 import gzip
 import lzma
 import os
+import stat
 import zlib
 from dataclasses import dataclass
 from functools import cached_property
@@ -195,16 +196,16 @@ class _DumpFile:
         self.path = path
         self._file = open(path, "rb")
         try:
+            st = os.fstat(self._file.fileno())
             magic = self._file.read(len(_XZ_MAGIC))
             self._file.seek(0)
-            size = os.fstat(self._file.fileno()).st_size
         except OSError:
             self._file.close()
             raise
         self._xz = lzma.LZMADecompressor(lzma.FORMAT_XZ) if magic == _XZ_MAGIC else None
         self._gzip = gzip.GzipFile(fileobj=self._file) if magic.startswith(_GZIP_MAGIC) else None
-        #: the file's size, when it is not compressed (a compressed one's is not known unread)
-        self.size = None if self.compressed else size
+        #: the size of a regular file that is not compressed (``None``: not known unread, as a device's is not)
+        self.size = st.st_size if stat.S_ISREG(st.st_mode) and not self.compressed else None
         self._out = bytearray()
         #: why decompressing stopped short (its error), once it has
         self._error: Exception | None = None
@@ -266,7 +267,8 @@ class _DumpFile:
         if self._error is not None:
             raise DumpError(f"{self.path}: corrupt compressed dump: {self._error}")
         if len(self._out) > MAX_DUMP_BYTES:
-            raise NotADump(f"{self.path}: decompresses to more than {MAX_DUMP_BYTES >> 20} MiB: not a dump")
+            raise NotADump(f"{self.path}: {'decompresses to ' if self.compressed else ''}more than "
+                           f"{MAX_DUMP_BYTES >> 20} MiB: not a dump")
         if self._xz is not None and not self._xz.eof:
             raise DumpError(f"{self.path}: corrupt compressed dump: the xz stream is truncated")
         return bytes(self._out)
@@ -310,7 +312,8 @@ def _a_vmcore_by_its_notes(names: set[tuple[str, int]]) -> bool:
 def _head_refusal(file: _DumpFile, names: set[tuple[str, int]] | None) -> DumpError | None:
     """Why a file is no dump, told from its start alone (its ELF header, program headers and notes), so that it
     is refused before it is read whole: a vmcore (:class:`NotADump`), an ELF core without the ``UNWIND`` note, an
-    ELF header the dump reader refuses. ``None`` when the start does not settle it."""
+    ELF header the dump reader refuses, an uncompressed file that does not start as ELF. ``None`` when the start
+    does not settle it."""
     path = file.path
     if names is not None:
         if _a_vmcore_by_its_notes(names):
@@ -321,7 +324,9 @@ def _head_refusal(file: _DumpFile, names: set[tuple[str, int]] | None) -> DumpEr
         return None
     head = file.head(elfcore.Elf64_Ehdr.sizeof())
     if head[:4] != b"\x7fELF":
-        return None  # not an ELF file: the whole is small or compressed, and the dump reader says what it is
+        if file.compressed:
+            return None  # its start did not decompress: reading the whole says why
+        return DumpError(f"{path}: not an ELF file")
     try:
         _checked_elf_header(head, path, file.size)
     except DumpError as e:
@@ -378,8 +383,9 @@ class Dump:
 
         A file is refused before it is read whole when its start settles it (:func:`_head_refusal`): a
         vmcore (:class:`NotADump`: an ELF core whose notes are a kernel's and hold no ``UNWIND`` note), an
-        ELF core without the ``UNWIND`` note, a broken ELF header; and an uncompressed file larger than
-        any dump.
+        ELF core without the ``UNWIND`` note, a broken ELF header, an uncompressed file that does not start
+        as ELF; and an uncompressed file larger than any dump. A file whose size is not known (a device) is
+        read no further than the largest dump.
         """
         try:
             file = _DumpFile(str(path))
