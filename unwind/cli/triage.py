@@ -19,15 +19,11 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import gzip
 import hashlib
-import io
 import json
-import lzma
 import os
 import sys
 import time
-import zlib
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -38,6 +34,7 @@ from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
 from .main import INPUT_ERRORS, add_filter_arguments, task_filter
 from unwind.core.frame import Flag
+from unwind.formats.dump import file_start
 from unwind.session.filters import TaskFilter, functions
 from unwind.session.replay import ReplayError, load_session
 from unwind.core.target import Options
@@ -301,23 +298,10 @@ def triage_chunk(paths: Sequence[str], depth: int = DEFAULT_DEPTH, complete: boo
 
 # --- inputs ------------------------------------------------------------------------------------
 
-def _head(path: Path, n: int = 64) -> bytes:
-    with open(path, "rb") as f:
-        raw = f.read(n if path.suffix not in (".xz", ".gz") else 1 << 16)
-    try:
-        if raw[:6] == b"\xfd7zXZ\x00":
-            return lzma.LZMADecompressor().decompress(raw, max_length=n)
-        if raw[:2] == b"\x1f\x8b":
-            return gzip.GzipFile(fileobj=io.BytesIO(raw)).read(n)
-    except (lzma.LZMAError, OSError, EOFError, zlib.error):  # zlib's: deflate data gzip does not check first
-        return b""
-    return raw[:n]
-
-
 def looks_like_dump(path: Path) -> bool:
     """An ELF core (the project's dumps, ELF vmcores) or a kdump-compressed/flattened file, by magic."""
     try:
-        head = _head(path)
+        head = file_start(str(path), 64)
     except OSError:
         return False
     if head[:4] == b"\x7fELF" and len(head) >= 18:

@@ -274,6 +274,16 @@ class _DumpFile:
         return bytes(self._out)
 
 
+def file_start(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of the file at ``path``, decompressed when it is xz or gzip (fewer where it ends;
+    none where decompressing fails); ``OSError`` where it cannot be opened."""
+    file = _DumpFile(path)
+    try:
+        return file.head(size)
+    finally:
+        file.close()
+
+
 def _note_names(file: _DumpFile) -> set[tuple[str, int]] | None:
     """The (name, type) of every note of the ELF core ``file``, from its headers and notes only (decompressed
     as far as they go); ``None`` when they do not settle it (not a 64-bit little-endian ELF, headers or notes
