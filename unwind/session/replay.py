@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Mapping, Na
 
 from unwind.core import registry
 from unwind.core.callsite import CallSiteChecker
-from unwind.formats.dump import Dump, DumpError, NotADump, written_by_unwind
+from unwind.formats.dump import Dump, DumpError, NotADump, file_start, written_by_unwind
 from unwind.core.frame import Frame
 from unwind.formats.image import (IMAGE_PATH_ENV, Image, ImageError, find_image, image_machine, image_search_places,
                                   images_near, open_image)
@@ -503,13 +503,15 @@ def _vmcore_format(path: str | Path) -> bool:
     from unwind.formats.vmcore import VmcoreError, detect_format, is_vmcore
     from unwind.formats.vmcore.diskdump import KDUMP_SIGNATURE
     from unwind.formats.vmcore.flattened import is_flattened
-    from unwind.formats.vmcore.source import XZ_MAGIC, xz_head
+    from unwind.formats.vmcore.source import XZ_MAGIC
 
     head = b""
     with contextlib.suppress(OSError), open(path, "rb") as f:
         head = f.read(16)
     if head.startswith(XZ_MAGIC):  # decided on the magic inside; an ELF goes to Dump.open first (NotADump)
-        inner = xz_head(str(path), 16)
+        inner = b""
+        with contextlib.suppress(OSError):
+            inner = file_start(str(path), 16)
         return is_flattened(inner) or inner.startswith(KDUMP_SIGNATURE)
     try:
         fmt = detect_format(path)

@@ -151,22 +151,6 @@ class XzSource(Source):
         self._close()
 
 
-def xz_head(path: str, size: int) -> bytes:
-    """The first ``size`` decompressed bytes of an xz file (fewer if it is shorter or corrupt there)."""
-    out = b""
-    try:
-        with open(path, "rb") as f:
-            dec = lzma.LZMADecompressor(lzma.FORMAT_XZ)
-            while len(out) < size and not dec.eof:
-                raw = f.read(64 << 10)
-                if not raw and dec.needs_input:
-                    break
-                out += dec.decompress(raw, max_length=size - len(out))
-    except (lzma.LZMAError, EOFError, OSError):
-        pass
-    return out[:size]
-
-
 class _SourceStream(io.RawIOBase):
     """A seekable, read-only view of a :class:`Source`; reads stop at its end."""
 
