@@ -7,11 +7,17 @@ neither ``return_to_handler`` nor in the exception-frame range. The walk's
 natural ends are taken here too: a zero fp, and the task's first frame (the
 record's fp is ``task_pt_regs(tsk)``).
 
+The exception frame of a task that entered the kernel from user space is
+taken too: ``ra`` in the exception range is printed, and the ``pt_regs`` at
+the new sp give an ``epc`` outside kernel text with ``SR_SPP`` clear, the end
+of every such task's walk (``_next_regs_pc()``'s user-mode stop).
+
 A lane goes back to the scalar unwinder (:mod:`.stacktrace`) for anything
-else: a task with registers, an fgraph return to recover, an exception frame,
-a pc outside kernel text, any other ``fp_is_valid()`` failure, a record off
-the task stack or outside the lane's captured segment. The per-dump
-constants are the scalar unwinder's own.
+else: a task with registers, an fgraph return to recover, an exception frame
+whose ``pt_regs`` say anything else or lie outside the lane's captured
+segment, a pc outside kernel text, any other ``fp_is_valid()`` failure, a
+record off the task stack or outside the lane's captured segment. The
+per-dump constants are the scalar unwinder's own.
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ from unwind.core.frame import Source
 from unwind.core.target import Task
 from unwind.core.walk import StopReason
 
-from .stacktrace import FP_ZERO_DETAIL, MASK64, RiscvUnwinder, align, first_frame_detail
-from .structs import STACK_ALIGN, STACKFRAME_FP, STACKFRAME_RA, STACKFRAME_SIZE
+from .stacktrace import FP_ZERO_DETAIL, MASK64, RiscvUnwinder, align, first_frame_detail, user_mode_detail
+from .structs import SR_SPP, STACK_ALIGN, STACKFRAME_FP, STACKFRAME_RA, STACKFRAME_SIZE
 
 _U64 = np.uint64
 #: the frame sources a batch walk reports, by index
@@ -41,7 +47,7 @@ class DumpConstants(batch.DumpConstants):
     """What every walk of one dump shares, read from a scalar unwinder of its first task; ``None``
     from :meth:`of` when the batch cannot take the dump (no kernel text bounds)."""
 
-    __slots__ = ("text", "exc_frame", "return_to_handler", "pt")
+    __slots__ = ("text", "exc_frame", "return_to_handler", "pt", "regs_words")
 
     @classmethod
     def inputs(cls, job: Job) -> object | None:
@@ -72,6 +78,10 @@ class DumpConstants(batch.DumpConstants):
         # no symbol (-1): 0, which is never kernel text, so such a pc goes to the scalar walk anyway
         c.return_to_handler = max(unwinder.k.return_to_handler, 0)
         c.pt = unwinder.pt
+        # where _next_regs_pc() reads pt_regs->epc, ->s0 and ->status, in words (None: not all 8-aligned, so an
+        # exception frame goes to the scalar walk)
+        offsets = (unwinder.k.pt_epc, unwinder.k.pt_s0, unwinder.k.pt_status)
+        c.regs_words = None if any(off % 8 or off < 0 for off in offsets) else tuple(off // 8 for off in offsets)
         c._basis = unwinder.basis()  # made now: the scalar's per-dump basis, nothing of the session kept
         return c
 
@@ -79,8 +89,9 @@ class DumpConstants(batch.DumpConstants):
 #: the stops a batch walk reports, by index
 STOPS = ((StopReason.END_OF_STACK, lambda target, constants, *_: FP_ZERO_DETAIL),
          (StopReason.END_OF_STACK, lambda target, constants, fp, sp, pc: first_frame_detail(
-             target, constants.pt, fp, sp, pc)))
-_FP_ZERO, _FIRST_FRAME = range(2)
+             target, constants.pt, fp, sp, pc)),
+         (StopReason.USER_MODE, lambda target, constants, regs, epc, status: user_mode_detail(regs, epc, status)))
+_FP_ZERO, _FIRST_FRAME, _USER_MODE = range(3)
 
 
 # kernel/extable.c __kernel_text_address(), over lanes: core text, init text, the module area
@@ -92,6 +103,23 @@ def kernel_text_lanes(pc: np.ndarray, lo: np.ndarray, span: np.ndarray) -> np.nd
     for r in range(1, len(lo)):
         hit |= (pc - lo[r]) < span[r]
     return hit
+
+
+# stacktrace.c walk_stackframe(): pc = ((struct pt_regs *)sp)->epc, fp = ->s0 after an exception frame, over lanes:
+# RiscvUnwinder._next_regs_pc()'s user-mode end
+def user_mode_regs(words: np.ndarray, regs: np.ndarray, at: np.ndarray, layout: np.ndarray, hi: np.ndarray,
+                   text: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where the ``pt_regs`` at ``regs`` (word ``at`` of ``words``) end the walk in user mode: its epc, s0 and
+    status in the lane's captured segment (below ``hi``), epc not kernel text and ``SR_SPP`` clear in status.
+    ``layout`` holds per lane epc's and status's words in ``pt_regs`` and the bytes read from it. Returns that
+    mask, epc and status; any other lane goes to the scalar walk (it reads memory anywhere, and goes on from a
+    kernel epc)."""
+    epc_w, status_w, span = layout
+    inside = (hi >= span) & (regs <= hi - span)
+    epc = words.take(at + epc_w.view(np.int64), mode="clip")
+    status = words.take(at + status_w.view(np.int64), mode="clip")
+    user = inside & ~kernel_text_lanes(epc, *text) & ((status & _U64(SR_SPP)) == 0)
+    return user, epc, status
 
 
 def spans(ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -138,6 +166,12 @@ def batch_walk(jobs: list[Job]) -> Walked:
     # the record's words: fp - 16 is an 8-aligned address of the segment when fp is
     delta = flat.word_delta(origin, base) + STACKFRAME_SIZE // 8
     ts1 = ts - _U64(1)
+    # by lane number: the pt_regs an exception frame leaves at the new sp, epc's and status's words and the bytes
+    # read from it (up to the last of epc, s0, status; all of memory where the offsets are unknown: never inside)
+    regs_words = [c.regs_words if c is not None else None for c in consts]
+    by_lane = np.zeros((3, rec.lanes), _U64)
+    by_lane[:, lanes_in.lanes] = np.array([(w[0], w[2], 8 * (max(w) + 1)) if w is not None else (0, 0, MASK64)
+                                           for w in regs_words], _U64).take(job_of, axis=0).T
     state = np.vstack([np.stack([~_U64(0) - ts, ts1, ~ts1, task_pt_regs, lo16, hi, delta.view(_U64), lanes, rth,
                                  exc_lo, exc_span]), text_lo, text_span])[:, keep]
     fp, sp, pc = fp[keep], sp[keep], pc[keep]
@@ -147,6 +181,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
     step = 1
     while True:
         top, ts1, align_mask, task_pt_regs, lo16, hi, delta, lanes, rth, exc_lo, exc_span = state[:11]
+        text_rows = state[11:11 + ranges], state[11 + ranges:]
         # fp_is_valid(fp, sp): sp + 16 <= fp <= ALIGN(sp, THREAD_SIZE), 8-aligned (a sum that would wrap:
         # the scalar walk)
         room = live & (sp <= top)
@@ -163,14 +198,26 @@ def batch_walk(jobs: list[Job]) -> Walked:
         plain = valid & (lo16 <= fp) & (fp <= hi)
         at = word_index(fp, delta.view(np.int64))
         new_fp, ra = fp_words.take(at, mode="clip"), ra_words.take(at, mode="clip")
-        # ftrace_graph_ret_addr() and the exception frame need the scalar walk; the pc must be kernel text
-        go = (plain & (ra != rth) & ((ra - exc_lo) >= exc_span)
-              & kernel_text_lanes(ra, state[11:11 + ranges], state[11 + ranges:]))
+        # ftrace_graph_ret_addr() needs the scalar walk; the pc must be kernel text
+        taken = plain & (ra != rth) & kernel_text_lanes(ra, *text_rows)
+        if not np.count_nonzero(taken):
+            break
+        rec.frames(step, lanes, taken, ra, sp=fp, fp=new_fp, source=_FRAME, stack=label_task)
+        step += 1
+        # an exception frame: printed, then the walk goes on from the pt_regs at the new sp (the old fp)
+        exc = taken & ((ra - exc_lo) < exc_span)
+        go = taken
+        if np.count_nonzero(exc):
+            go = taken ^ exc
+            e = np.flatnonzero(exc)
+            regs, regs_at = fp.take(e), at.take(e) + STACKFRAME_SIZE // 8
+            user, epc, status = user_mode_regs(flat.words, regs, regs_at, by_lane[:, lanes.take(e).view(np.int64)],
+                                               hi.take(e), tuple(rows[:, e] for rows in text_rows))
+            if np.count_nonzero(user):
+                rec.stop(lanes.take(e[user]), _USER_MODE, regs[user], epc[user], status[user])
         n = int(np.count_nonzero(go))
         if not n:
             break
-        rec.frames(step, lanes, go, ra, sp=fp, fp=new_fp, source=_FRAME, stack=label_task)
-        step += 1
         # sp = fp; fp, pc = the record's
         live, state, fp, sp, pc = narrowed(go, n, state, new_fp, fp, ra)
     return rec.finish()
