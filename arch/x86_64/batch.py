@@ -6,10 +6,13 @@ CFA is ``sp`` or ``bp`` plus an offset; the return address is the word below
 the CFA and the saved ``bp`` is undefined or at ``prev_sp``/``bp`` plus an
 offset, every word on the task stack; the new ``sp`` is a word or more above
 the old one and the return address is core kernel text that no tracer hijacked. The walk's
-natural end is taken here too: an ``ORC_TYPE_END_OF_STACK`` entry.
+natural ends are taken here too: an ``ORC_TYPE_END_OF_STACK`` entry, and the
+user-mode registers of a task that entered the kernel from user space (a REGS
+entry whose ``pt_regs``, at the CFA on the task stack and in the lane's
+captured segment, have ``cs & 3``: ``regs_frame()``'s user-mode stop).
 
 A lane goes back to the scalar unwinder (:mod:`.unwind_orc`) for anything
-else: a task with registers, a REGS or REGS_PARTIAL entry (a pt_regs
+else: a task with registers, any other REGS or REGS_PARTIAL entry (a pt_regs
 crossing), an UNDEFINED entry or none (module, ftrace trampoline, the
 frame-pointer guess), an indirect or register CFA, an fgraph or rethook
 return, a word off the task stack or outside the lane's captured segment.
@@ -28,27 +31,30 @@ from unwind.session.batch import Job, LaneReader, Memo, Walked, dump_inputs, gat
 from unwind.core.frame import Source
 from unwind.core.target import Options, Task
 from unwind.core.walk import StopReason
-from unwind.kernel.layout import known_layout
+from unwind.kernel.layout import StructLayout, known_layout
 
 from .orc import (ORC_REG_BP, ORC_REG_PREV_SP, ORC_REG_SP, ORC_REG_UNDEFINED, ORC_TYPE_CALL, ORC_TYPE_END_OF_STACK,
-                  OrcTable, orc_table)
+                  ORC_TYPE_REGS, OrcTable, orc_table)
 from .structs import PT_REGS_MEMBERS
-from .unwind_orc import OrcUnwinder, orc_end_detail, task_on_another_cpu
+from .unwind_orc import OrcUnwinder, orc_end_detail, task_on_another_cpu, user_regs_detail
 
 _U64 = np.uint64
+#: a pt_regs size no window holds: a dump whose struct pt_regs the batch does not know
+_NO_REGS = (1 << 64) - 1
 #: the frame sources a batch walk reports, by index
 SOURCES = (Source.ORC_CALL, Source.TASK)
 _ORC_CALL, _TASK = range(2)
 #: the stops a batch walk reports, by index
-STOPS = ((StopReason.END_OF_STACK, lambda target, constants, ip, *_: orc_end_detail(ip)),)
-_ORC_END = 0
+STOPS = ((StopReason.END_OF_STACK, lambda target, constants, ip, *_: orc_end_detail(ip)),
+         (StopReason.USER_MODE, lambda target, constants, regs, ip, sp: user_regs_detail(regs, ip, sp)))
+_ORC_END, _USER_MODE = range(2)
 
 
 class DumpConstants(batch.DumpConstants):
     """What every walk of one dump shares, read from a scalar unwinder of its first task."""
 
     __slots__ = ("table", "text", "itf_size", "itf_bp", "itf_ret_addr", "return_to_handler", "rethook_trampoline",
-                 "ret_from_fork_asm")
+                 "ret_from_fork_asm", "pt_regs_words")
 
     @staticmethod
     def key(options: Options) -> object:
@@ -85,11 +91,25 @@ class DumpConstants(batch.DumpConstants):
         c.return_to_handler = unwinder.return_to_handler or 0
         c.rethook_trampoline = unwinder.rethook_trampoline or 0
         c.ret_from_fork_asm = unwinder.ret_from_fork_asm or 0
-        if known_layout(target, "pt_regs", PT_REGS_MEMBERS) is not None:
+        pt = known_layout(target, "pt_regs", PT_REGS_MEMBERS)
+        c.pt_regs_words = pt_regs_words(pt)
+        if pt is not None:
             c._basis = unwinder.basis()  # made now (pt_regs as BTF or the note states it): nothing of the session kept
         else:
             c.basis_of = unwinder.basis_maker()  # pt_regs derived from the dump's stacks when a replay first reads the basis
         return c
+
+
+def pt_regs_words(pt: StructLayout | None) -> tuple[int, int, int, int] | None:
+    """``struct pt_regs`` as the lockstep reads it at a REGS entry: its size and ``ip``'s, ``sp``'s and ``cs``'s
+    words. ``None`` where it is derived from the dump's stacks (not known when the constants are read) or one of
+    them is not 8-aligned: such an entry goes to the scalar walk."""
+    if pt is None:
+        return None
+    offsets = (pt["ip"], pt["sp"], pt["cs"])
+    if any(off % 8 for off in offsets):
+        return None
+    return (pt.size, *(off // 8 for off in offsets))
 
 
 class Tables:
@@ -122,6 +142,10 @@ class Tables:
         self.cfa_from_bp = sp_reg == ORC_REG_BP
         self.bp_saved = (bp_reg == ORC_REG_PREV_SP) | (bp_reg == ORC_REG_BP)
         self.bp_from_bp = bp_reg == ORC_REG_BP
+        #: ORC_TYPE_REGS with a CFA the batch takes, and bp undefined (then read from the pt_regs): where a task
+        #: that entered from user space ends
+        self.regs = ((kind == ORC_TYPE_REGS) & ((sp_reg == ORC_REG_SP) | (sp_reg == ORC_REG_BP))
+                     & (bp_reg == ORC_REG_UNDEFINED))
         # offsets as u64 added to words, with their sign for the wrap check (add_offset())
         self.sp_offset, self.sp_negative = sp_offset.astype(_U64), sp_offset < 0
         self.bp_offset, self.bp_negative = bp_offset.astype(_U64), bp_offset < 0
@@ -190,6 +214,12 @@ def batch_walk(jobs: list[Job]) -> Walked:
     rth, rethook = per_lane(lambda c: c.return_to_handler), per_lane(lambda c: c.rethook_trampoline)
     flat, seg_lo, seg_hi, origin, base = locate_lanes(jobs, lanes_in.job_of, lanes_in.tasks, tsp)
     words = flat.words
+    # by lane number: the task stack and :func:`pt_regs_words` (a size past every window where unknown), read
+    # where a lane meets a REGS entry
+    regs_words = [c.pt_regs_words if c is not None and c.pt_regs_words is not None else (_NO_REGS, 0, 0, 0)
+                  for c in consts]
+    by_lane = np.zeros((6, rec.lanes), _U64)
+    by_lane[:, lanes_in.lanes] = np.vstack([low, high, np.array(regs_words, _U64).take(lanes_in.job_of, axis=0).T])
 
     # __unwind_start(): a blocked task's inactive_task_frame at thread.sp
     def at_offset(get):  # type: ignore[no-untyped-def]
@@ -236,9 +266,20 @@ def batch_walk(jobs: list[Job]) -> Walked:
         if np.count_nonzero(end):
             rec.stop(lanes[end], _ORC_END, look[end])
         # ORC_TYPE_CALL, the CFA: sp or bp plus sp_offset (unwind_orc.c:514-578)
-        cfa, call = add_offset(np.where(orc.cfa_from_bp.take(entry), bp, sp), orc.sp_offset.take(entry),
+        cfa, fits = add_offset(np.where(orc.cfa_from_bp.take(entry), bp, sp), orc.sp_offset.take(entry),
                                orc.sp_negative.take(entry))
-        call &= orc.call.take(entry) & (cfa >= _U64(8))
+        call = fits & orc.call.take(entry) & (cfa >= _U64(8))
+        # ORC_TYPE_REGS: pt_regs at the CFA (unwind_orc.c:595-616); user-mode registers end the walk
+        at_regs = fits & orc.regs.take(entry)
+        if np.count_nonzero(at_regs):
+            e = np.flatnonzero(at_regs)
+            user, regs_ip, regs_sp = user_mode_regs(words, cfa.take(e), sp.take(e),
+                                                    by_lane[:, lanes.take(e).view(np.int64)], lo.take(e), top.take(e),
+                                                    delta.take(e), rethook.take(e))
+            if np.count_nonzero(user):
+                ended = lanes.take(e[user])
+                rec.stop(ended, _USER_MODE, cfa.take(e[user]), regs_ip[user], regs_sp[user])
+                rec.last_frame_extra(ended, "user_regs", cfa.take(e[user]))
         # the return address below the CFA, deref_stack_reg() on the stack walked (582-593)
         ip_p = cfa - _U64(8)
         call = captured(ip_p, call, lo, top)
@@ -261,6 +302,26 @@ def batch_walk(jobs: list[Job]) -> Walked:
         step += 1
         live, state, ip, sp, bp, not_signal = narrowed(go, n, state, new_ip, cfa, new_bp, orc.not_signal.take(entry))
     return rec.finish()
+
+
+# unwind_orc.c:595-616 (ORC_TYPE_REGS), 640-670 (bp, the direction check) and regs_frame()'s user_mode() (476-483),
+# over lanes: OrcUnwinder.step_regs() and regs_frame()'s user-mode end
+def user_mode_regs(words: np.ndarray, regs: np.ndarray, sp: np.ndarray, lane: np.ndarray, lo: np.ndarray,
+                   top: np.ndarray, delta: np.ndarray, rethook: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where the ``pt_regs`` at ``regs`` (a REGS entry's CFA, ``sp`` the walk's) end the walk in user mode: the
+    struct on the task stack and in the lane's captured segment (its window ``lo``, ``top``), the new sp not
+    refused as going the wrong way on the task stack, ``ip`` not ``rethook``'s, and ``cs & 3``. ``lane`` holds
+    per lane its stack's low and high and :attr:`DumpConstants.pt_regs_words`. Returns that mask, ``regs->ip``
+    and ``regs->sp``; any other lane goes to the scalar walk."""
+    low, high, size, ip_w, sp_w, cs_w = lane
+    # stack_access_ok(sp, sizeof(pt_regs)), every word read (ip, sp, and bp and cs after them) inside the window
+    inside = ((regs & _U64(7)) == 0) & (lo <= regs) & (top >= size - _U64(8)) & (regs <= top + _U64(8) - size)
+    at = word_index(regs, delta)
+    ip, new_sp, cs = (words.take(at + w.view(np.int64), mode="clip") for w in (ip_w, sp_w, cs_w))
+    # on_stack(): the new sp on the task stack and not above the old one is refused (an error stop)
+    wrong_way = (low <= new_sp) & (new_sp <= high - _U64(8)) & (high >= _U64(8)) & (new_sp <= sp)
+    return inside & ~wrong_way & (ip != rethook) & ((cs & _U64(3)) != 0), ip, new_sp
 
 
 def window(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

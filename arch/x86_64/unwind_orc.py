@@ -243,6 +243,12 @@ def orc_end_detail(ip: int) -> str:
     return f"ORC END_OF_STACK at {ip:#x}"
 
 
+def user_regs_detail(regs: int | None, ip: int, sp: int) -> str:
+    """The stop at user-mode registers (``regs``: the ``pt_regs`` address, ``None``: the CPU's) after a REGS step."""
+    where = "CPU registers" if regs is None else f"pt_regs at {regs:#x}"
+    return f"user-mode {where}: ip {ip:#x}, sp {sp:#x}"
+
+
 def orc_rule(ip: int, which: str, orc: OrcEntry) -> str:
     """The provenance rule of a frame whose caller the ORC entry ``orc`` of ``ip`` (``which``) gives."""
     return f"ORC at {ip:#x} ({which}): {orc}"
@@ -268,10 +274,6 @@ class Regs:
     def user_mode(self, mem_read: Callable[[int], int]) -> bool:
         """``user_mode()``: ``regs->cs & 3`` (64-bit)."""
         return bool(self.get(mem_read, "cs") & 3)
-
-    def describe(self) -> str:
-        """``pt_regs at 0x...`` or ``CPU registers``."""
-        return "CPU registers" if self.addr is None else f"pt_regs at {self.addr:#x}"
 
 
 def ftrace_trampolines(target: Target) -> tuple[list[tuple[int, int, bool]], int | None, int | None]:
@@ -693,8 +695,7 @@ class OrcUnwinder(Unwinder):
             if regs.user_mode(self.read):  # unwind_orc.c:481-483 on the next call: the_end
                 if self.last is not None:
                     self.last.extra = {**(self.last.extra or {}), "user_regs": regs.addr}
-                return Stop(StopReason.USER_MODE, f"user-mode {regs.describe()}: ip {self.ip:#x}, "
-                            f"sp {self.sp:#x}")
+                return Stop(StopReason.USER_MODE, user_regs_detail(regs.addr, self.ip, self.sp))
         if not self.stext <= self.ip < self.etext:
             self.check_text(self.ip)
         frame = self.last = Frame(self.ip, self.sp, self.bp, source, stack, _FLAGS[flags], prov,

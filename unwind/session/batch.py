@@ -4,10 +4,11 @@ The scalar walk (:meth:`unwind.session.replay.Session.replay`) is the rule. A ba
 batch walk (``arch/<arch>/batch.py``, reached through
 :meth:`unwind.core.registry.ArchBackend.batch_walk`) takes only its unwinder's one
 plain step (arm64: ``unwind_next_frame_record()``), over all lanes at once, with
-the same helpers and constants the scalar step uses. The moment anything else
-applies to a lane (an exception boundary, a return-address recovery, a stack
-transition, a read outside the lane's captured segment, an end it does not
-recognise) it hands the lane back, and that task is walked by
+the same helpers and constants the scalar step uses, and the walk's natural
+ends (riscv and x86-64: user-mode registers too). The moment anything else
+applies to a lane (another exception boundary, a return-address recovery, a
+stack transition, a read outside the lane's captured segment, an end it does
+not recognise) it hands the lane back, and that task is walked by
 ``Session.replay``: a batch replay is the scalar replay, task for task.
 
 Tasks that need a mode the batch does not take (``complete``, ``record``,
@@ -248,6 +249,7 @@ class Recorder:
         self._label_index: dict[str | None, int] = {}
         self._parts: list[tuple] = []
         self._stops: list[tuple[np.ndarray, int, tuple[np.ndarray, ...]]] = []
+        self._extras: list[tuple[np.ndarray, str, np.ndarray]] = []
         self.stop_code = np.full(lanes, -1, np.int64)  # -1: walked by the scalar path
         self.stop_args = np.zeros((lanes, STOP_ARGS), _U64)
         self.constants: dict[int, DumpConstants] = {}
@@ -278,6 +280,11 @@ class Recorder:
         from the task's target and ``args`` (one word per lane each). Kept as given: :meth:`finish` writes
         every stop into :attr:`stop_code` and :attr:`stop_args` at once (a lane's walk ends once)."""
         self._stops.append((lanes, code, args))
+
+    def last_frame_extra(self, lanes: np.ndarray, key: str, values: np.ndarray) -> None:
+        """The last frame reported of each of ``lanes`` (whose walk ends there) carries ``{key: value}`` in its
+        ``extra``, as the scalar walk adds it to the frame before its stop (x86-64: ``user_regs``)."""
+        self._extras.append((lanes, key, values))
 
     def _write_stops(self) -> None:
         """Each stopped lane's code and arguments, from the stops reported (an argument a stop kind does not
@@ -557,7 +564,11 @@ class Walked:
                               ordered(field(6, _U64, go, sizes), field(7, bool, go, sizes)),
                               named(field(9, np.int64, go, sizes), rec.sources),
                               named(field(10, np.int64, go, sizes), rec.labels), named(self.flags, _FLAGS)))
-            self._lists = (frames, self.offsets.tolist(), rec.stop_args.tolist())
+            offsets = self.offsets.tolist()
+            for lanes, key, values in rec._extras:
+                for lane, value in zip(lanes.tolist(), values.tolist()):
+                    frames[offsets[lane + 1] - 1].extra = {key: value}
+            self._lists = (frames, offsets, rec.stop_args.tolist())
         return self._lists
 
 
