@@ -591,7 +591,7 @@ class Memo:
 
     LIMIT = 1 << 16
     #: the table has ``2 ** SLOT_BITS`` slots
-    SLOT_BITS = 14
+    SLOT_BITS = 12
 
     __slots__ = ("answers", "slot_keys", "slot_values", "__weakref__")
 
