@@ -107,18 +107,20 @@ def kernel_text_lanes(pc: np.ndarray, lo: np.ndarray, span: np.ndarray) -> np.nd
 
 # stacktrace.c walk_stackframe(): pc = ((struct pt_regs *)sp)->epc, fp = ->s0 after an exception frame, over lanes:
 # RiscvUnwinder._next_regs_pc()'s user-mode end
-def user_mode_regs(words: np.ndarray, regs: np.ndarray, at: np.ndarray, layout: np.ndarray, hi: np.ndarray,
-                   text: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Where the ``pt_regs`` at ``regs`` (word ``at`` of ``words``) end the walk in user mode: its epc, s0 and
-    status in the lane's captured segment (below ``hi``), epc not kernel text and ``SR_SPP`` clear in status.
-    ``layout`` holds per lane epc's and status's words in ``pt_regs`` and the bytes read from it. Returns that
-    mask, epc and status; any other lane goes to the scalar walk (it reads memory anywhere, and goes on from a
-    kernel epc)."""
-    epc_w, status_w, span = layout
+def user_mode_regs(words: np.ndarray, regs: np.ndarray, lane: np.ndarray, ranges: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where the ``pt_regs`` at ``regs`` end the walk in user mode: its epc, s0 and status in the lane's captured
+    segment, epc not kernel text and ``SR_SPP`` clear in status. ``lane`` holds per lane epc's and status's words
+    in ``pt_regs``, the bytes read from it, the end of its window on the segment (``hi``), the words' place
+    (:meth:`~unwind.session.batch.FlatMemory.word_delta`) and its ``ranges`` text ranges (starts, then spans).
+    Returns that mask, epc and status; any other lane goes to the scalar walk (it reads memory anywhere, and
+    goes on from a kernel epc)."""
+    epc_w, status_w, span, hi, delta = lane[:5]
     inside = (hi >= span) & (regs <= hi - span)
+    at = word_index(regs, delta.view(np.int64))
     epc = words.take(at + epc_w.view(np.int64), mode="clip")
     status = words.take(at + status_w.view(np.int64), mode="clip")
-    user = inside & ~kernel_text_lanes(epc, *text) & ((status & _U64(SR_SPP)) == 0)
+    user = inside & ~kernel_text_lanes(epc, lane[5:5 + ranges], lane[5 + ranges:]) & ((status & _U64(SR_SPP)) == 0)
     return user, epc, status
 
 
@@ -166,12 +168,15 @@ def batch_walk(jobs: list[Job]) -> Walked:
     # the record's words: fp - 16 is an 8-aligned address of the segment when fp is
     delta = flat.word_delta(origin, base) + STACKFRAME_SIZE // 8
     ts1 = ts - _U64(1)
-    # by lane number: the pt_regs an exception frame leaves at the new sp, epc's and status's words and the bytes
-    # read from it (up to the last of epc, s0, status; all of memory where the offsets are unknown: never inside)
+    # by lane number, for the lanes that meet an exception frame (user_mode_regs()): the pt_regs it leaves at the
+    # new sp, epc's and status's words and the bytes read from it (up to the last of epc, s0, status; all of memory
+    # where the offsets are unknown: never inside), the segment's end, the words' place and the text ranges
     regs_words = [c.regs_words if c is not None else None for c in consts]
-    by_lane = np.zeros((3, rec.lanes), _U64)
-    by_lane[:, lanes_in.lanes] = np.array([(w[0], w[2], 8 * (max(w) + 1)) if w is not None else (0, 0, MASK64)
-                                           for w in regs_words], _U64).take(job_of, axis=0).T
+    by_lane = np.zeros((5 + 2 * ranges, rec.lanes), _U64)
+    by_lane[:, lanes_in.lanes] = np.vstack([
+        np.array([(w[0], w[2], 8 * (max(w) + 1)) if w is not None else (0, 0, MASK64) for w in regs_words],
+                 _U64).take(job_of, axis=0).T, hi, flat.word_delta(origin, base).view(_U64), text_lo, text_span])
+    at_exception: list[tuple[np.ndarray, np.ndarray]] = []
     state = np.vstack([np.stack([~_U64(0) - ts, ts1, ~ts1, task_pt_regs, lo16, hi, delta.view(_U64), lanes, rth,
                                  exc_lo, exc_span]), text_lo, text_span])[:, keep]
     fp, sp, pc = fp[keep], sp[keep], pc[keep]
@@ -181,7 +186,6 @@ def batch_walk(jobs: list[Job]) -> Walked:
     step = 1
     while True:
         top, ts1, align_mask, task_pt_regs, lo16, hi, delta, lanes, rth, exc_lo, exc_span = state[:11]
-        text_rows = state[11:11 + ranges], state[11 + ranges:]
         # fp_is_valid(fp, sp): sp + 16 <= fp <= ALIGN(sp, THREAD_SIZE), 8-aligned (a sum that would wrap:
         # the scalar walk)
         room = live & (sp <= top)
@@ -199,27 +203,30 @@ def batch_walk(jobs: list[Job]) -> Walked:
         at = word_index(fp, delta.view(np.int64))
         new_fp, ra = fp_words.take(at, mode="clip"), ra_words.take(at, mode="clip")
         # ftrace_graph_ret_addr() needs the scalar walk; the pc must be kernel text
-        taken = plain & (ra != rth) & kernel_text_lanes(ra, *text_rows)
+        taken = plain & (ra != rth) & kernel_text_lanes(ra, state[11:11 + ranges], state[11 + ranges:])
         if not np.count_nonzero(taken):
             break
         rec.frames(step, lanes, taken, ra, sp=fp, fp=new_fp, source=_FRAME, stack=label_task)
         step += 1
-        # an exception frame: printed, then the walk goes on from the pt_regs at the new sp (the old fp)
+        # an exception frame: printed, then the walk goes on from the pt_regs at the new sp (the old fp); such a
+        # lane leaves the lockstep here, and whether those registers end the walk in user mode is decided for all
+        # of them at once, after it
         exc = taken & ((ra - exc_lo) < exc_span)
         go = taken
         if np.count_nonzero(exc):
             go = taken ^ exc
             e = np.flatnonzero(exc)
-            regs, regs_at = fp.take(e), at.take(e) + STACKFRAME_SIZE // 8
-            user, epc, status = user_mode_regs(flat.words, regs, regs_at, by_lane[:, lanes.take(e).view(np.int64)],
-                                               hi.take(e), tuple(rows[:, e] for rows in text_rows))
-            if np.count_nonzero(user):
-                rec.stop(lanes.take(e[user]), _USER_MODE, regs[user], epc[user], status[user])
+            at_exception.append((lanes.take(e), fp.take(e)))
         n = int(np.count_nonzero(go))
         if not n:
             break
         # sp = fp; fp, pc = the record's
         live, state, fp, sp, pc = narrowed(go, n, state, new_fp, fp, ra)
+    if at_exception:
+        ended, regs = (np.concatenate(column) for column in zip(*at_exception))
+        user, epc, status = user_mode_regs(flat.words, regs, by_lane.take(ended.view(np.int64), axis=1), ranges)
+        if np.count_nonzero(user):
+            rec.stop(ended[user], _USER_MODE, regs[user], epc[user], status[user])
     return rec.finish()
 
 

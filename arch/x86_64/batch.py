@@ -214,12 +214,6 @@ def batch_walk(jobs: list[Job]) -> Walked:
     rth, rethook = per_lane(lambda c: c.return_to_handler), per_lane(lambda c: c.rethook_trampoline)
     flat, seg_lo, seg_hi, origin, base = locate_lanes(jobs, lanes_in.job_of, lanes_in.tasks, tsp)
     words = flat.words
-    # by lane number: the task stack and :func:`pt_regs_words` (a size past every window where unknown), read
-    # where a lane meets a REGS entry
-    regs_words = [c.pt_regs_words if c is not None and c.pt_regs_words is not None else (_NO_REGS, 0, 0, 0)
-                  for c in consts]
-    by_lane = np.zeros((6, rec.lanes), _U64)
-    by_lane[:, lanes_in.lanes] = np.vstack([low, high, np.array(regs_words, _U64).take(lanes_in.job_of, axis=0).T])
 
     # __unwind_start(): a blocked task's inactive_task_frame at thread.sp
     def at_offset(get):  # type: ignore[no-untyped-def]
@@ -245,6 +239,14 @@ def batch_walk(jobs: list[Job]) -> Walked:
     rec.frames(0, lanes, keep, ip, sp=sp, fp=bp, source=_TASK, stack=label_task)
     # a word read must lie on the task stack and in the lane's captured segment: one window
     lo, top = window(np.maximum(low, seg_lo), np.minimum(high, seg_hi))
+    # by lane number, for the lanes that meet a REGS entry (user_mode_regs()): the task stack, the window, the
+    # words' place and the rethook trampoline, and :func:`pt_regs_words` (a size past every window where unknown)
+    regs_words = [c.pt_regs_words if c is not None and c.pt_regs_words is not None else (_NO_REGS, 0, 0, 0)
+                  for c in consts]
+    by_lane = np.zeros((10, rec.lanes), _U64)
+    by_lane[:, lanes_in.lanes] = np.vstack([low, high, lo, top, delta.view(_U64), rethook,
+                                            np.array(regs_words, _U64).take(lanes_in.job_of, axis=0).T])
+    at_regs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     stext = text[:, 0, 0]
     state = np.stack([lo, top, delta.view(_U64), lanes, table_of.astype(_U64), rth, rethook, stext,
                       np.where(text[:, 0, 1] > stext, text[:, 0, 1] - stext, _U64(0))])
@@ -269,17 +271,12 @@ def batch_walk(jobs: list[Job]) -> Walked:
         cfa, fits = add_offset(np.where(orc.cfa_from_bp.take(entry), bp, sp), orc.sp_offset.take(entry),
                                orc.sp_negative.take(entry))
         call = fits & orc.call.take(entry) & (cfa >= _U64(8))
-        # ORC_TYPE_REGS: pt_regs at the CFA (unwind_orc.c:595-616); user-mode registers end the walk
-        at_regs = fits & orc.regs.take(entry)
-        if np.count_nonzero(at_regs):
-            e = np.flatnonzero(at_regs)
-            user, regs_ip, regs_sp = user_mode_regs(words, cfa.take(e), sp.take(e),
-                                                    by_lane[:, lanes.take(e).view(np.int64)], lo.take(e), top.take(e),
-                                                    delta.take(e), rethook.take(e))
-            if np.count_nonzero(user):
-                ended = lanes.take(e[user])
-                rec.stop(ended, _USER_MODE, cfa.take(e[user]), regs_ip[user], regs_sp[user])
-                rec.last_frame_extra(ended, "user_regs", cfa.take(e[user]))
+        # ORC_TYPE_REGS: pt_regs at the CFA (unwind_orc.c:595-616); such a lane leaves the lockstep here, and
+        # whether its registers end the walk in user mode is decided for all of them at once, after it
+        regs = fits & orc.regs.take(entry)
+        if np.count_nonzero(regs):
+            e = np.flatnonzero(regs)
+            at_regs.append((lanes.take(e), cfa.take(e), sp.take(e)))
         # the return address below the CFA, deref_stack_reg() on the stack walked (582-593)
         ip_p = cfa - _U64(8)
         call = captured(ip_p, call, lo, top)
@@ -301,23 +298,30 @@ def batch_walk(jobs: list[Job]) -> Walked:
         rec.frames(step, lanes, go, new_ip, sp=cfa, fp=new_bp, source=_ORC_CALL, stack=label_task)
         step += 1
         live, state, ip, sp, bp, not_signal = narrowed(go, n, state, new_ip, cfa, new_bp, orc.not_signal.take(entry))
+    if at_regs:
+        ended, regs, prev_sp = (np.concatenate(column) for column in zip(*at_regs))
+        user, regs_ip, regs_sp = user_mode_regs(words, regs, prev_sp, by_lane.take(ended.view(np.int64), axis=1))
+        if np.count_nonzero(user):
+            ended, regs = ended[user], regs[user]
+            rec.stop(ended, _USER_MODE, regs, regs_ip[user], regs_sp[user])
+            rec.last_frame_extra(ended, "user_regs", regs)
     return rec.finish()
 
 
 # unwind_orc.c:595-616 (ORC_TYPE_REGS), 640-670 (bp, the direction check) and regs_frame()'s user_mode() (476-483),
 # over lanes: OrcUnwinder.step_regs() and regs_frame()'s user-mode end
-def user_mode_regs(words: np.ndarray, regs: np.ndarray, sp: np.ndarray, lane: np.ndarray, lo: np.ndarray,
-                   top: np.ndarray, delta: np.ndarray, rethook: np.ndarray
+def user_mode_regs(words: np.ndarray, regs: np.ndarray, sp: np.ndarray, lane: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Where the ``pt_regs`` at ``regs`` (a REGS entry's CFA, ``sp`` the walk's) end the walk in user mode: the
     struct on the task stack and in the lane's captured segment (its window ``lo``, ``top``), the new sp not
-    refused as going the wrong way on the task stack, ``ip`` not ``rethook``'s, and ``cs & 3``. ``lane`` holds
-    per lane its stack's low and high and :attr:`DumpConstants.pt_regs_words`. Returns that mask, ``regs->ip``
-    and ``regs->sp``; any other lane goes to the scalar walk."""
-    low, high, size, ip_w, sp_w, cs_w = lane
+    refused as going the wrong way on the task stack, ``ip`` not the rethook trampoline's, and ``cs & 3``.
+    ``lane`` holds per lane its stack's low and high, its window, the words' place (``delta``), the rethook
+    trampoline and :func:`pt_regs_words`. Returns that mask, ``regs->ip`` and ``regs->sp``; any other lane goes
+    to the scalar walk."""
+    low, high, lo, top, delta, rethook, size, ip_w, sp_w, cs_w = lane
     # stack_access_ok(sp, sizeof(pt_regs)), every word read (ip, sp, and bp and cs after them) inside the window
     inside = ((regs & _U64(7)) == 0) & (lo <= regs) & (top >= size - _U64(8)) & (regs <= top + _U64(8) - size)
-    at = word_index(regs, delta)
+    at = word_index(regs, delta.view(np.int64))
     ip, new_sp, cs = (words.take(at + w.view(np.int64), mode="clip") for w in (ip_w, sp_w, cs_w))
     # on_stack(): the new sp on the task stack and not above the old one is refused (an error stop)
     wrong_way = (low <= new_sp) & (new_sp <= high - _U64(8)) & (high >= _U64(8)) & (new_sp <= sp)
