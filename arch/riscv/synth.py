@@ -78,7 +78,10 @@ TRAP_ENTRY_CODE = CSRRW_TP + BNEZ_TP_16 + CSRR_TP + SD_SP_TP + LD_S0_TP
 
 
 class TextImage:
-    """A tiny image: instruction bytes at kernel addresses (``Image.text``/``has_text``)."""
+    """A tiny image: instruction bytes at kernel addresses (``Image.text``/``has_text``), and no symbol table
+    of its own (``Image.symbols``: the dump's symbols name the frames)."""
+
+    symbols = None
 
     def __init__(self, code: dict[int, bytes]) -> None:
         self.code = dict(code)

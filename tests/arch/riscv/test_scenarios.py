@@ -74,6 +74,25 @@ def test_faithful(scenario):
             assert f.flags & _CHECKED == scenario.faithful_flags[f.pc], f
 
 
+#: scenarios the lockstep must walk to their end itself (any other it may hand to the scalar walk)
+LOCKSTEP = ("deep chain", "7.x kernel thread", "6.1 syscall, exception frame at ret_from_exception")
+
+
+def test_lockstep_prints_what_the_kernel_prints(scenario, request):
+    """The batch walk, in lockstep, gives each scenario's faithful trace and stop, known by construction; the
+    6.1 syscall (its exception frame exactly at ``ret_from_exception``, then user-mode ``pt_regs``) and the
+    kernel threads it walks to their end itself."""
+    from unwind.session.batch import replay_all
+
+    if scenario.user:
+        pytest.skip("user stacks are walked by the scalar path")
+    batch = replay_all([scenario.session], Options(), tasks=[[scenario.task()]], lockstep=True)[0]
+    assert [hex(f.pc) for f in batch[0].frames] == [hex(p) for p in scenario.faithful]
+    assert batch[0].stop == replay(scenario, complete=False).stop
+    if request.node.callspec.id in LOCKSTEP:
+        assert batch.batched(0)
+
+
 def test_complete(scenario):
     r = replay(scenario, complete=True)
     assert [hex(f.pc) for f in r.frames] == [hex(p) for p in scenario.complete]

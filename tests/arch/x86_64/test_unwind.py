@@ -277,6 +277,19 @@ def test_user_mode_regs_end_the_walk_cleanly():
     text = [line.text for line in s.backend.format_trace(frames, stop, s.target(t, Options()))]
     assert text[-2].startswith("R13: ") and "RIP: 0033:0x7f0000001000" in text
     assert "RSP: 002b:000000007fff0000 EFLAGS: 00000000 ORIG_RAX: 0000000000000000" in text
+    # the batch walk ends it in lockstep where struct pt_regs is known when it starts (here the dump's offsets)
+    from unwind.arch.x86_64.structs import PT_REGS_TABLE
+    from unwind.session.batch import replay_all
+
+    s, t = blocked(b, build)
+    s.dump.info = s.dump.info._replace(offsets={"pt_regs": StructOffsets(PT_REGS_TABLE.size,
+                                                                         dict(PT_REGS_TABLE.offsets))})
+    batch = replay_all([s], Options(), tasks=[[t]], lockstep=True)[0]
+    assert batch.batched(0)
+    got = batch[0]
+    assert [f.pc for f in got.frames] == [b.addr["__schedule"] + 0x50, b.addr["entry_SYSCALL_64"] + 0x40]
+    assert got.stop.reason is StopReason.USER_MODE and got.stop.detail == s.replay(t).stop.detail
+    assert got.frames[-1].extra == {"user_regs": pt}
 
 
 def test_running_task_in_user_mode_has_no_kernel_frames():
