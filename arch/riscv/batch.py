@@ -166,16 +166,16 @@ def batch_walk(jobs: list[Job]) -> Walked:
     lo16 = np.where(lo <= ~size, lo + size, ~_U64(0))
     hi = np.minimum(high, seg_hi)
     # the record's words: fp - 16 is an 8-aligned address of the segment when fp is
-    delta = flat.word_delta(origin, base) + STACKFRAME_SIZE // 8
+    word_delta = flat.word_delta(origin, base)
+    delta = word_delta + STACKFRAME_SIZE // 8
     ts1 = ts - _U64(1)
     # by lane number, for the lanes that meet an exception frame (user_mode_regs()): the pt_regs it leaves at the
     # new sp, epc's and status's words and the bytes read from it (up to the last of epc, s0, status; all of memory
     # where the offsets are unknown: never inside), the segment's end, the words' place and the text ranges
     regs_words = [c.regs_words if c is not None else None for c in consts]
-    by_lane = np.zeros((5 + 2 * ranges, rec.lanes), _U64)
-    by_lane[:, lanes_in.lanes] = np.vstack([
+    by_lane = lanes_in.by_number(np.vstack([
         np.array([(w[0], w[2], 8 * (max(w) + 1)) if w is not None else (0, 0, MASK64) for w in regs_words],
-                 _U64).take(job_of, axis=0).T, hi, flat.word_delta(origin, base).view(_U64), text_lo, text_span])
+                 _U64).take(job_of, axis=0).T, hi, word_delta.view(_U64), text_lo, text_span]))
     at_exception: list[tuple[np.ndarray, np.ndarray]] = []
     state = np.vstack([np.stack([~_U64(0) - ts, ts1, ~ts1, task_pt_regs, lo16, hi, delta.view(_U64), lanes, rth,
                                  exc_lo, exc_span]), text_lo, text_span])[:, keep]

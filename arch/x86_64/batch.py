@@ -243,9 +243,8 @@ def batch_walk(jobs: list[Job]) -> Walked:
     # words' place and the rethook trampoline, and :func:`pt_regs_words` (a size past every window where unknown)
     regs_words = [c.pt_regs_words if c is not None and c.pt_regs_words is not None else (_NO_REGS, 0, 0, 0)
                   for c in consts]
-    by_lane = np.zeros((10, rec.lanes), _U64)
-    by_lane[:, lanes_in.lanes] = np.vstack([low, high, lo, top, delta.view(_U64), rethook,
-                                            np.array(regs_words, _U64).take(lanes_in.job_of, axis=0).T])
+    by_lane = lanes_in.by_number(np.vstack([low, high, lo, top, delta.view(_U64), rethook,
+                                            np.array(regs_words, _U64).take(lanes_in.job_of, axis=0).T]))
     at_regs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     stext = text[:, 0, 0]
     state = np.stack([lo, top, delta.view(_U64), lanes, table_of.astype(_U64), rth, rethook, stext,
