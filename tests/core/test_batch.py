@@ -253,22 +253,28 @@ def test_a_memo_whose_table_slots_collide_answers_every_key_as_computed(monkeypa
         assert sorted(computed) == sorted(set(computed))
 
 
+@pytest.mark.parametrize("arena", [None, 1 << 16, 256], ids=["own-bytes", "one-chunk", "many-chunks"])
 @pytest.mark.parametrize("aligned", [True, False], ids=["whole-words", "unaligned"])
-def test_flat_memory_words_are_the_memories_bytes(aligned: bool) -> None:
+def test_flat_memory_words_are_the_memories_bytes(aligned: bool, arena: int | None) -> None:
     """Each lane gets the segment of its own memory holding its address, and every whole 8-aligned word of
     it reads back at ``base + (a - origin) // 8``; a lane in no segment gets ``[0, 0)``; a segment no lane
-    starts in is not copied (by construction: random bytes, random lanes)."""
+    starts in is not copied; segments all in one arena chunk are read there, not copied, and segments in
+    several chunks are copied (by construction: random bytes, random lanes)."""
+    from unwind.core.memory import SegmentArena
     from unwind.session.batch import READ_WORDS, FlatMemory
 
-    rng = random.Random(3 if aligned else 4)
+    rng = random.Random((3 if aligned else 4) + (arena or 0))
+    several = 0
     for _ in range(20):
         memories = []
+        store = SegmentArena(arena) if arena is not None else None
         for _ in range(3):
             segs, at = [], 0x1000 * rng.randrange(1, 8)
             for _ in range(rng.randrange(1, 5)):
                 start = at + (0 if aligned else rng.randrange(8))
                 size = 8 * rng.randrange(1, 9) + (0 if aligned else rng.randrange(8))
-                segs.append(Segment(start, rng.randbytes(size)))
+                data = rng.randbytes(size)
+                segs.append(store.segment(start, data) if store is not None else Segment(start, data))
                 at = start + size + 8 * rng.randrange(0, 4)
             memories.append(Memory(segs))
         # lanes: some address of some segments (not all), and addresses anywhere in any memory
@@ -294,8 +300,14 @@ def test_flat_memory_words_are_the_memories_bytes(aligned: bool) -> None:
             for a in range((seg.start + 7) & ~7, seg.end - 7, 8):
                 got = int(flat.words[base[k] + (a - origin[k]) // 8])
                 assert got == int.from_bytes(seg.data[a - seg.start:a - seg.start + 8], "little")
-        if aligned:  # the segments lanes start in, and nothing else
+        chunks = {id(seg.chunk) for memory in memories for seg in memory.segments}
+        several += len(chunks) > 1
+        if arena is not None and len(chunks) == 1:  # the chunk's own words
+            chunk = memories[0].segments[0].chunk
+            assert np.shares_memory(flat.words, np.frombuffer(chunk, np.uint8))
+        elif aligned:  # the segments lanes start in, and nothing else
             assert len(flat.words) == sum(len(seg.data) for seg in copied.values()) // 8 + READ_WORDS
+    assert (several > 0) == (arena == 256)  # small chunks: memories in several chunks, copied
 
 
 @pytest.mark.parametrize("segments", [0, 1], ids=["no-segments", "none-holding"])

@@ -284,3 +284,106 @@ def test_any_record_sequence_terminates(offsets):
 def test_memory_bounds_are_its_segments() -> None:
     mem = Memory([Segment(0x2000, b"\1" * 24), Segment(0x1000, b"\2" * 8), Segment(0x3000, b"")])
     assert mem.bounds == ([0x1000, 0x2000], [0x1008, 0x2018])
+
+
+def test_an_arena_segment_holds_its_bytes_read_only_at_a_word_aligned_place() -> None:
+    """A segment made by a SegmentArena has the bytes given, as a read-only view of its chunk at an offset congruent
+    to its start modulo 8; segments fill a chunk in order and a new chunk is taken when one is full; a segment
+    larger than a quarter of a chunk keeps its own bytes (by construction: known bytes at every alignment)."""
+    from unwind.core.memory import SegmentArena
+
+    arena = SegmentArena(chunk_bytes=256)
+    made = [arena.segment(0x1000 + 64 * k + k % 8, bytes([k]) * (20 + k)) for k in range(12)]
+    for k, seg in enumerate(made):
+        assert bytes(seg.data) == bytes([k]) * (20 + k) and seg.start == 0x1000 + 64 * k + k % 8
+        assert seg.at % 8 == seg.start % 8
+        assert bytes(seg.chunk[seg.at:seg.at + len(seg.data)]) == bytes(seg.data)
+        with pytest.raises(TypeError):
+            seg.data[0] = 1  # type: ignore[index]
+    chunks = [seg.chunk for seg in made]
+    assert chunks[0] is chunks[1] and chunks[-1] is not chunks[0]  # a second chunk once the first was full
+    for a, b in zip(made, made[1:]):  # in one chunk, in order and apart
+        if a.chunk is b.chunk:
+            assert a.at + len(a.data) <= b.at
+    big = arena.segment(0x5000, bytes(65))
+    assert big.chunk is None and bytes(big.data) == bytes(65)
+
+
+def test_a_memory_of_arena_segments_names_their_chunk_only_when_all_share_one() -> None:
+    """``Memory.chunk`` is the chunk every segment is in (and ``places`` where each begins), ``None`` when they are
+    in several or any keeps its own bytes; reads give bytes either way."""
+    from unwind.core.memory import SegmentArena
+
+    arena = SegmentArena(chunk_bytes=64)
+    one = [arena.segment(0x1000, bytes(range(8))), arena.segment(0x2003, bytes(range(8, 16)))]
+    m = Memory(one)
+    assert m.chunk is one[0].chunk and m.places == [one[0].at, one[1].at]
+    assert m.read(0x2003, 4) == bytes(range(8, 12)) and type(m.read(0x1000, 8)) is bytes
+    assert m.read_u64(0x1000) == int.from_bytes(bytes(range(8)), "little")
+    other = arena.segment(0x3000, bytes(range(16, 48)))  # too large for what is left of the chunk: a new one
+    assert other.chunk is not one[0].chunk
+    assert Memory(one + [other]).chunk is None
+    assert Memory(one + [Segment(0x4000, bytes(8))]).chunk is None
+    assert Memory([]).chunk is None
+
+
+def test_a_dumps_segments_are_read_into_the_arena() -> None:
+    """A dump read from a file has its segments in one chunk of the shared arena, holding the bytes of the file's
+    PT_LOAD segments as pyelftools reads them."""
+    import io
+    import lzma
+    from pathlib import Path
+
+    from elftools.elf.elffile import ELFFile
+
+    from unwind.formats.dump import Dump
+
+    path = sorted((Path(__file__).resolve().parents[2] / "corpora" / "riscv").glob("*/stop-*.bin.xz"))[0]
+    memory = Dump.open(path).memory
+    elf = ELFFile(io.BytesIO(lzma.decompress(path.read_bytes())))
+    loads = {s["p_vaddr"]: s.data() for s in elf.iter_segments() if s["p_type"] == "PT_LOAD" and s["p_filesz"]}
+    assert memory.chunk is not None and len(memory.segments) == len(loads)
+    for seg, at in zip(memory.segments, memory.places):
+        assert seg.chunk is memory.chunk and at % 8 == seg.start % 8
+        assert bytes(memory.chunk[at:at + len(seg.data)]) == loads[seg.start]
+
+
+def test_an_arena_chunk_is_private_to_a_process_forked_after_it() -> None:
+    """A process forked after the arena took a chunk fills its own copy of it: what the child reads in never shows
+    in the parent's chunk (a worker of a fleet triage reads its dumps while the parent keeps its own)."""
+    import os
+
+    from unwind.core.memory import SegmentArena
+
+    arena = SegmentArena(chunk_bytes=4096)
+    first = arena.segment(0x1000, bytes(range(64)))
+    pid = os.fork()
+    if pid == 0:  # the child: its next segment goes right after the first, where the parent's would
+        arena.segment(0x2000, b"\xaa" * 64)
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    after = first.at + len(first.data)
+    assert bytes(first.chunk[after:after + 64]) == bytes(64)
+    assert bytes(first.data) == bytes(range(64))
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["nothing-left", "one-view-left"])
+def test_a_full_arena_chunk_is_filled_again_once_nothing_refers_to_its_bytes(keep: bool) -> None:
+    """A full chunk is kept and filled again once no segment, memory or view of its bytes is left; a chunk whose
+    bytes something still refers to (one segment's data alone) is not, and keeps what it holds."""
+    import gc
+
+    from unwind.core.memory import SegmentArena
+
+    arena = SegmentArena(chunk_bytes=256)
+    first = [arena.segment(0x1000 + 64 * k, bytes([k]) * 60) for k in range(4)]  # fills the first chunk
+    chunk_one = first[0].chunk.obj
+    kept = first[2].data if keep else None
+    del first
+    gc.collect()
+    second = [arena.segment(0x2000 + 64 * k, bytes([9]) * 60) for k in range(4)]  # the first chunk is full
+    assert (second[0].chunk.obj is chunk_one) is not keep
+    for seg in second:
+        assert bytes(seg.data) == bytes([9]) * 60 and seg.at % 8 == seg.start % 8
+    if kept is not None:
+        assert bytes(kept) == bytes([2]) * 60

@@ -13,6 +13,8 @@ cdef class Memory:
     cdef public object _lo
     cdef public object _hi
     cdef public list _words
+    cdef public object chunk
+    cdef public list places
     cdef object __weakref__
 
     @cython.locals(i=cython.Py_ssize_t)

@@ -9,10 +9,12 @@ past a captured segment: a read that is not wholly inside one raises
 from __future__ import annotations
 
 import itertools
+import mmap
 import struct
 import sys
+import threading
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 _U64 = struct.Struct("<Q")
@@ -60,15 +62,102 @@ class LeftOut(MemoryFault):
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """One captured range: ``data`` holds the bytes at ``[start, start + len(data))``."""
+    """One captured range: ``data`` holds the bytes at ``[start, start + len(data))``; a segment made by a
+    :class:`SegmentArena` has them as a read-only view of its chunk and says where they are in it (``chunk``,
+    ``at``)."""
 
     start: int
-    data: bytes
+    data: bytes | memoryview
+    #: a read-only view of the arena chunk holding ``data`` (``None``: its own bytes), and where ``data`` begins in it
+    chunk: memoryview | None = field(default=None, compare=False, repr=False)
+    at: int = field(default=0, compare=False, repr=False)
 
     @property
     def end(self) -> int:
         """First address past the segment."""
         return self.start + len(self.data)
+
+
+class SegmentArena:
+    """Chunks of memory holding the captured bytes of many dumps side by side, so that a batch over many dumps
+    reads all their segments as one array of words without copying them (:class:`unwind.session.batch.FlatMemory`).
+
+    Each segment's bytes are copied in once, when the dump is read, at a chunk offset congruent to its start
+    address modulo 8 (so an 8-aligned address is a whole word of the chunk), and the segment's ``data`` is a
+    read-only view of them. A chunk is an anonymous mapping, whose pages are taken only as segments fill it.
+    A full chunk is kept (up to :attr:`SPARE_CHUNKS` of them) and filled again once nothing refers to its bytes
+    any more, so a process reading dump after dump reuses its pages (as the heap reused a freed dump's bytes);
+    a chunk not kept is freed once no segment in it is left. A segment larger than a quarter of a chunk keeps
+    its own bytes.
+    """
+
+    #: the bytes of one chunk (a multiple of 8)
+    CHUNK_BYTES = 32 << 20
+    #: the most full chunks kept to be filled again
+    SPARE_CHUNKS = 1
+
+    def __init__(self, chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.chunk_bytes = chunk_bytes
+        self._chunk: mmap.mmap | None = None
+        self._view: memoryview | None = None  # the chunk, read-only: what its segments' data are views of
+        self._used = 0
+        self._spare: list[mmap.mmap] = []
+        self._lock = threading.Lock()  # dumps read in threads take their places one at a time
+
+    def segment(self, start: int, data: bytes | bytearray | memoryview) -> Segment:
+        """A segment of ``data`` at ``start``, its bytes copied into the arena."""
+        n = len(data)
+        if not n or n > self.chunk_bytes // 4:
+            return Segment(start, bytes(data))
+        chunk, view, at = self._place(start, n)
+        chunk[at:at + n] = data
+        return Segment(start, view[at:at + n], view, at)
+
+    def segments(self, data: memoryview, loads: list[tuple[int, int, int]]) -> list[Segment]:
+        """The segments of one file: ``data[offset:end]`` at ``start`` for each ``(start, offset, end)`` of ``loads``.
+        Where every segment's offset is congruent to its start modulo 8, the file's bytes from the first
+        segment's to the last one's end are copied in at once; otherwise segment by segment."""
+        if not loads:
+            return []
+        lo, hi = min(off for _, off, _ in loads), max(end for _, _, end in loads)
+        if not 0 < hi - lo <= self.chunk_bytes // 4 or any((start - off) & 7 for start, off, _ in loads):
+            return [self.segment(start, data[off:end]) for start, off, end in loads]
+        chunk, view, at = self._place(lo, hi - lo)
+        chunk[at:at + hi - lo] = data[lo:hi]
+        shift = at - lo
+        return [Segment(start, view[off + shift:end + shift], view, off + shift) for start, off, end in loads]
+
+    def _place(self, start: int, n: int) -> tuple[mmap.mmap, memoryview, int]:
+        """Room for ``n`` bytes at a chunk offset congruent to ``start`` modulo 8 (``n`` at most a quarter of a
+        chunk): the chunk, its read-only view and the offset."""
+        with self._lock:
+            at = self._used + ((start - self._used) & 7)
+            if self._chunk is None or self._view is None or at + n > self.chunk_bytes:
+                if self._chunk is not None:
+                    self._spare = [self._chunk] + self._spare[:self.SPARE_CHUNKS - 1]
+                self._view = None  # its segments keep it: once they are gone nothing refers to the chunk's bytes
+                self._chunk = self._unused_chunk()
+                self._view = memoryview(self._chunk).toreadonly()
+                at = start & 7
+            self._used = at + n
+            return self._chunk, self._view, at
+
+    def _unused_chunk(self) -> mmap.mmap:
+        """A kept chunk whose bytes nothing refers to any more (no view of it is left: a resize to its own size, a
+        no-op, is refused while one is), else a new one."""
+        for k, chunk in enumerate(self._spare):
+            try:
+                chunk.resize(len(chunk))
+            except (BufferError, OSError, ValueError):
+                continue
+            del self._spare[k]
+            return chunk
+        # private: a process forked later fills its own copy of the chunk, never its parent's
+        return mmap.mmap(-1, self.chunk_bytes, flags=mmap.MAP_PRIVATE)
+
+
+#: the arena every dump's and vmcore's segments are read into
+ARENA = SegmentArena()
 
 
 #: the words of no segment (a :class:`WordCursor` before its first read)
@@ -79,7 +168,8 @@ class Memory:
     """Little-endian reads from a set of non-overlapping captured segments."""
 
     # one per dump, per task snapshot: the compiled build (memory.pxd) makes it an extension type
-    __slots__ = ("holes", "segments", "_starts", "_ends", "_sizes", "_hit", "_lo", "_hi", "_words", "__weakref__")
+    __slots__ = ("holes", "segments", "_starts", "_ends", "_sizes", "_hit", "_lo", "_hi", "_words", "chunk", "places",
+                 "__weakref__")
 
     def __init__(self, segments: Iterable[Segment],
                  holes: Iterable[tuple[int, int, type[MemoryFault]]] = ()) -> None:
@@ -97,6 +187,11 @@ class Memory:
         self._ends = [s.start + len(s.data) for s in segs]
         #: ``_sizes[k]``: the bytes of the first ``k`` segments (for :meth:`captured_size`)
         self._sizes = list(itertools.accumulate((len(s.data) for s in segs), initial=0))
+        #: the arena chunk holding every segment (:class:`SegmentArena`; ``None``: not all in one), and where
+        #: each segment begins in it
+        first = segs[0].chunk if segs else None
+        self.chunk = first if all(s.chunk is first for s in segs) else None
+        self.places = [s.at for s in segs]
         # The index of the last segment hit (-1: none), and its range: stack walks read many words from one stack.
         self._hit = 0 if segs else -1
         self._lo, self._hi = (self._starts[0], self._ends[0]) if segs else (0, 0)
@@ -189,7 +284,7 @@ class Memory:
         """Return ``size`` bytes at ``addr``."""
         seg = self.segments[self._find(addr, size)]
         off = addr - seg.start
-        return seg.data[off:off + size]
+        return bytes(seg.data[off:off + size])  # an arena segment's data is a view
 
     def read_u64(self, addr: int) -> int:
         """Return the little-endian 64-bit word at ``addr``."""

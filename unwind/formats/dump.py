@@ -26,7 +26,7 @@ from . import elfcore
 from unwind.core import registry
 from unwind.core.errors import DumpError
 from unwind.core.dumpinfo import DumpInfo
-from unwind.core.memory import ExcludedPage, LeftOut, Memory, MemoryFault, NotMapped, Segment
+from unwind.core.memory import ARENA, ExcludedPage, LeftOut, Memory, MemoryFault, NotMapped
 from .note import U64_MAX, Note, NoteError, note_bytes, read_note
 from .note_info import dump_info
 from .vmcore.notes import NoteError as ElfNoteError
@@ -415,10 +415,10 @@ class Dump:
 
     def _parse(self, data: bytes) -> None:
         elf = self._elf_header(data)
-        segments: list[Segment] = []
         prstatus: list[bytes] = []
         self.vmcoreinfo_text = ""
         meta_raw: bytes | None = None
+        loads: list[tuple[int, int, int]] = []  # each PT_LOAD's address and bytes in the file
         for seg in elfcore.program_headers(data, elf["e_phoff"], elf["e_phnum"]):
             end = seg["p_offset"] + seg["p_filesz"]
             if end > len(data):
@@ -427,7 +427,7 @@ class Dump:
                 if seg["p_vaddr"] + seg["p_filesz"] > U64_MAX:  # every segment's end is a u64 address
                     raise DumpError(f"{self.path}: PT_LOAD at {seg['p_vaddr']:#x} runs to the end of the 64-bit "
                                     "address space")
-                segments.append(Segment(seg["p_vaddr"], data[seg["p_offset"]:end]))
+                loads.append((seg["p_vaddr"], seg["p_offset"], end))
             elif seg["p_type"] == elfcore.PT_NOTE:
                 for note in parse_notes(data[seg["p_offset"]:end]):
                     if note.type == elfcore.NT_PRSTATUS and note.name == "CORE":
@@ -442,7 +442,7 @@ class Dump:
                                "commands, which read vmcores)")
             raise DumpError(f"{self.path}: missing the UNWIND note (not a dump written by unwind)")
         try:
-            self.memory = Memory(segments)
+            self.memory = Memory(ARENA.segments(memoryview(data), loads))
         except ValueError as e:
             raise DumpError(f"{self.path}: {e}") from None
         #: the note's JSON as the file holds it, less dropped keys (what a writer copies; walks read :attr:`info`)

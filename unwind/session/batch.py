@@ -80,24 +80,32 @@ class FlatMemory:
     Every segment of the memories given is in one table (``seg_mem``: each segment's memory, an index into
     those given; ``starts``, ``ends``), and each lane is given the segment of its memory that holds its first
     address (:meth:`holding`). A lane reads only from the one segment it was given, and checks ``[start,
-    end)`` (:attr:`lane_segments`) before every read: nothing is read outside a segment. So only the segments
-    lanes start in are copied into :attr:`words` (in the corpora a fifth to a quarter of the bytes are in others:
-    the stacks of running tasks, which the scalar walk takes, and the per-CPU stacks).
+    end)`` (:attr:`lane_segments`) before every read: nothing is read outside a segment.
 
     Each segment is placed so that an 8-aligned address is a whole word: the word of address ``a`` in a
-    lane's segment is ``base + (a - origin) // 8``. Built in one pass over the segments (numpy calls per
-    memory would cost more than the copy).
+    lane's segment is ``base + (a - origin) // 8``. Where every segment is in one chunk of the
+    :class:`~unwind.core.memory.SegmentArena` (as a dump's and a vmcore's are when read), :attr:`words` are that
+    chunk's, each segment where the arena put it: nothing is copied. Otherwise only the segments lanes start in
+    are copied into :attr:`words` (in the corpora a fifth to a quarter of the bytes are in others: the stacks of
+    running tasks, which the scalar walk takes, and the per-CPU stacks), in one pass over the segments (numpy
+    calls per memory would cost more than the copy).
     """
 
     def __init__(self, memories: Sequence[Memory], mem: np.ndarray, addr: np.ndarray) -> None:
         segs: list[Segment] = []
         starts: list[int] = []
         ends: list[int] = []
+        places: list[int] = []
+        held = {id(memory.chunk): memory.chunk for memory in memories if memory.segments}
+        chunk = next(iter(held.values())) if len(held) == 1 else None
         for memory in memories:  # lists joined a memory at a time (a chain of iterators costs each item a call)
-            segs += memory.segments
             lo, hi = memory.bounds
             starts += lo
             ends += hi
+            if chunk is not None:
+                places += memory.places
+            else:
+                segs += memory.segments
         self.seg_mem = np.repeat(np.arange(len(memories), dtype=np.int64),
                                  [len(memory.segments) for memory in memories])
         # through the array module, from lists the memories keep: numpy packs each int of an iterator alone
@@ -108,6 +116,13 @@ class FlatMemory:
         lanes_of = np.bincount(seg[found], minlength=len(self.starts))
         used = np.flatnonzero(lanes_of)  # the segments lanes start in, in table order
         seg_start, seg_end = self.starts.take(used), self.ends.take(used)
+        if chunk is not None:  # the arena placed each segment at an offset congruent to its start modulo 8
+            self.words = np.frombuffer(chunk, "<u8")
+            origins = seg_start & ~_U64(7)
+            bases = (np.frombuffer(array("q", places), np.int64).take(used)
+                     - (seg_start & _U64(7)).view(np.int64)) >> 3
+            self._place_lanes(found, seg, lanes_of, seg_start, seg_end, origins, bases, len(addr))
+            return
         sizes = seg_end - seg_start
         pieces: list[bytes] = [segs[s].data for s in used.tolist()]
         if not ((seg_start | sizes) & _U64(7)).any():  # the usual case: stacks are captured in whole words
@@ -129,9 +144,13 @@ class FlatMemory:
         # never empty: a refused lane reads (and drops) a word somewhere in it (:func:`word_index`)
         pieces.append(bytes(8 * READ_WORDS))
         self.words = np.frombuffer(b"".join(pieces), "<u8")
-        # per lane: its segment's place among those copied; a lane in no segment gets the empty segment [0, 0)
-        if not len(used):
-            n = len(addr)
+        self._place_lanes(found, seg, lanes_of, seg_start, seg_end, origins, bases, len(addr))
+
+    def _place_lanes(self, found: np.ndarray, seg: np.ndarray, lanes_of: np.ndarray, seg_start: np.ndarray,
+                     seg_end: np.ndarray, origins: np.ndarray, bases: np.ndarray, n: int) -> None:
+        """Per lane, its segment's bounds and place among the words (:attr:`lane_segments`); a lane in no segment
+        gets the empty segment [0, 0)."""
+        if not len(seg_start):
             self.lane_segments = (np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, np.int64))
         else:
             at = (np.cumsum(lanes_of != 0) - 1).take(seg, mode="clip")

@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass
 from typing import Iterable, Protocol
 
-from unwind.core.memory import ExcludedPage, LeftOut, Memory, MemoryFault, NotMapped, Segment
+from unwind.core.memory import ARENA, ExcludedPage, LeftOut, Memory, MemoryFault, NotMapped, Segment
 from .errors import TruncatedFault
 
 _U64 = struct.Struct("<Q")
@@ -251,11 +251,11 @@ class VirtualMemory:
                 run += self._read_chunk(addr, n)
             except MemoryFault:
                 if run:
-                    segments.append(Segment(run_start, bytes(run)))
+                    segments.append(ARENA.segment(run_start, run))
                 run, run_start = bytearray(), addr + n
             addr += n
         if run:
-            segments.append(Segment(run_start, bytes(run)))
+            segments.append(ARENA.segment(run_start, run))
         if self._span_bytes + end - start > CACHE_SPAN_BYTES:
             self._spans.clear()
             self._span_bytes = 0
