@@ -121,10 +121,24 @@ class FlatMemory:
             origins = seg_start & ~_U64(7)
             bases = (np.frombuffer(array("q", places), np.int64).take(used)
                      - (seg_start & _U64(7)).view(np.int64)) >> 3
-            self._place_lanes(found, seg, lanes_of, seg_start, seg_end, origins, bases, len(addr))
-            return
+        else:
+            self.words, origins, bases = self.copied([segs[s].data for s in used.tolist()], seg_start, seg_end)
+        # per lane: its segment's place among the words; a lane in no segment gets the empty segment [0, 0)
+        if not len(used):
+            n = len(addr)
+            self.lane_segments = (np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, np.int64))
+        else:
+            at = (np.cumsum(lanes_of != 0) - 1).take(seg, mode="clip")
+            zero = _U64(0)
+            self.lane_segments = (np.where(found, seg_start.take(at), zero), np.where(found, seg_end.take(at), zero),
+                                  np.where(found, origins.take(at), zero), np.where(found, bases.take(at), 0))
+
+    @staticmethod
+    def copied(pieces: list[bytes], seg_start: np.ndarray, seg_end: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The segments' bytes ``pieces`` (at ``[seg_start, seg_end)``) copied into one array of words, each padded
+        to whole words: ``(words, origins, bases)``."""
         sizes = seg_end - seg_start
-        pieces: list[bytes] = [segs[s].data for s in used.tolist()]
         if not ((seg_start | sizes) & _U64(7)).any():  # the usual case: stacks are captured in whole words
             origins = seg_start
             words = (sizes >> _U64(3)).astype(np.int64)
@@ -143,20 +157,7 @@ class FlatMemory:
             bases = np.array(base_list, np.int64)
         # never empty: a refused lane reads (and drops) a word somewhere in it (:func:`word_index`)
         pieces.append(bytes(8 * READ_WORDS))
-        self.words = np.frombuffer(b"".join(pieces), "<u8")
-        self._place_lanes(found, seg, lanes_of, seg_start, seg_end, origins, bases, len(addr))
-
-    def _place_lanes(self, found: np.ndarray, seg: np.ndarray, lanes_of: np.ndarray, seg_start: np.ndarray,
-                     seg_end: np.ndarray, origins: np.ndarray, bases: np.ndarray, n: int) -> None:
-        """Per lane, its segment's bounds and place among the words (:attr:`lane_segments`); a lane in no segment
-        gets the empty segment [0, 0)."""
-        if not len(seg_start):
-            self.lane_segments = (np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, _U64), np.zeros(n, np.int64))
-        else:
-            at = (np.cumsum(lanes_of != 0) - 1).take(seg, mode="clip")
-            zero = _U64(0)
-            self.lane_segments = (np.where(found, seg_start.take(at), zero), np.where(found, seg_end.take(at), zero),
-                                  np.where(found, origins.take(at), zero), np.where(found, bases.take(at), 0))
+        return np.frombuffer(b"".join(pieces), "<u8"), origins, bases
 
     @staticmethod
     def word_delta(origin: np.ndarray, base: np.ndarray) -> np.ndarray:
