@@ -322,6 +322,25 @@ def test_lanes_in_no_segment_get_the_empty_segment(segments: int) -> None:
     assert len(flat.words) == READ_WORDS
 
 
+@pytest.mark.parametrize("arena", [None, 1 << 16], ids=["own-bytes", "one-chunk"])
+def test_a_segment_at_the_top_of_the_address_space_ends_a_byte_short_in_a_batch(arena: int | None) -> None:
+    """A segment running to 2**64 (a vmcore snapshot's span may): its memory is made and read as any other, and a
+    lane starting in it gets its window less the last byte, whose word the batch therefore never reads; every
+    word before it reads back (by construction: known bytes at the top of the address space)."""
+    from unwind.core.memory import SegmentArena
+    from unwind.session.batch import FlatMemory
+
+    top, data = (1 << 64) - 64, bytes(range(64))
+    seg = SegmentArena(arena).segment(top, data) if arena is not None else Segment(top, data)
+    memory = Memory([seg])
+    assert memory.read((1 << 64) - 8, 8) == data[-8:]
+    flat = FlatMemory([memory], np.array([0], np.int64), np.array([top + 8], np.uint64))
+    start, end, origin, base = (a.tolist() for a in flat.lane_segments)
+    assert (start, end) == ([top], [(1 << 64) - 1])
+    for a in range(top, (1 << 64) - 8, 8):  # the words a lane may read: wholly before its window's end
+        assert int(flat.words[base[0] + (a - origin[0]) // 8]) == int.from_bytes(data[a - top:a - top + 8], "little")
+
+
 def test_a_new_flat_memory_is_built_after_the_last_one_is_let_go(monkeypatch: pytest.MonkeyPatch) -> None:
     """``FlatMemory.of`` keeps the last batch's flat memory for a batch of the same lanes; for other lanes it lets
     that one go before it builds the new one, so the new words can take the old words' pages."""

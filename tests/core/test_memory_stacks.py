@@ -310,14 +310,14 @@ def test_an_arena_segment_holds_its_bytes_read_only_at_a_word_aligned_place() ->
 
 
 def test_a_memory_of_arena_segments_names_their_chunk_only_when_all_share_one() -> None:
-    """``Memory.chunk`` is the chunk every segment is in (and ``places`` where each begins), ``None`` when they are
+    """``Memory.chunk`` is the chunk every segment is in (and its ``table`` where each begins), ``None`` when they are
     in several or any keeps its own bytes; reads give bytes either way."""
     from unwind.core.memory import SegmentArena
 
     arena = SegmentArena(chunk_bytes=64)
     one = [arena.segment(0x1000, bytes(range(8))), arena.segment(0x2003, bytes(range(8, 16)))]
     m = Memory(one)
-    assert m.chunk is one[0].chunk and m.places == [one[0].at, one[1].at]
+    assert m.chunk is one[0].chunk and list(m.table) == [0x1000, 0x1008, one[0].at, 0x2003, 0x200b, one[1].at]
     assert m.read(0x2003, 4) == bytes(range(8, 12)) and type(m.read(0x1000, 8)) is bytes
     assert m.read_u64(0x1000) == int.from_bytes(bytes(range(8)), "little")
     other = arena.segment(0x3000, bytes(range(16, 48)))  # too large for what is left of the chunk: a new one
@@ -343,7 +343,7 @@ def test_a_dumps_segments_are_read_into_the_arena() -> None:
     elf = ELFFile(io.BytesIO(lzma.decompress(path.read_bytes())))
     loads = {s["p_vaddr"]: s.data() for s in elf.iter_segments() if s["p_type"] == "PT_LOAD" and s["p_filesz"]}
     assert memory.chunk is not None and len(memory.segments) == len(loads)
-    for seg, at in zip(memory.segments, memory.places):
+    for seg, at in zip(memory.segments, memory.table[2::3]):
         assert seg.chunk is memory.chunk and at % 8 == seg.start % 8
         assert bytes(memory.chunk[at:at + len(seg.data)]) == loads[seg.start]
 

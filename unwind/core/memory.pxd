@@ -14,7 +14,7 @@ cdef class Memory:
     cdef public object _hi
     cdef public list _words
     cdef public object chunk
-    cdef public list places
+    cdef public object table
     cdef object __weakref__
 
     @cython.locals(i=cython.Py_ssize_t)

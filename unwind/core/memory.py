@@ -13,11 +13,14 @@ import mmap
 import struct
 import sys
 import threading
+from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Iterable
 
 _U64 = struct.Struct("<Q")
+#: the last address of the 64-bit address space
+_LAST_ADDRESS = (1 << 64) - 1
 _U32 = struct.Struct("<I")
 _U64_PAIR = struct.Struct("<QQ")
 #: the dumps' words are little-endian: a view of them as the host's 64-bit words is only made on such a host
@@ -168,7 +171,7 @@ class Memory:
     """Little-endian reads from a set of non-overlapping captured segments."""
 
     # one per dump, per task snapshot: the compiled build (memory.pxd) makes it an extension type
-    __slots__ = ("holes", "segments", "_starts", "_ends", "_sizes", "_hit", "_lo", "_hi", "_words", "chunk", "places",
+    __slots__ = ("holes", "segments", "_starts", "_ends", "_sizes", "_hit", "_lo", "_hi", "_words", "chunk", "table",
                  "__weakref__")
 
     def __init__(self, segments: Iterable[Segment],
@@ -187,11 +190,14 @@ class Memory:
         self._ends = [s.start + len(s.data) for s in segs]
         #: ``_sizes[k]``: the bytes of the first ``k`` segments (for :meth:`captured_size`)
         self._sizes = list(itertools.accumulate((len(s.data) for s in segs), initial=0))
-        #: the arena chunk holding every segment (:class:`SegmentArena`; ``None``: not all in one), and where
-        #: each segment begins in it
+        #: the arena chunk holding every segment (:class:`SegmentArena`; ``None``: not all in one)
         first = segs[0].chunk if segs else None
         self.chunk = first if all(s.chunk is first for s in segs) else None
-        self.places = [s.at for s in segs]
+        #: each segment's start, end and place in its chunk (:attr:`Segment.at`), three 64-bit words a segment, for
+        #: readers of many memories at once (:class:`unwind.session.batch.FlatMemory`): packed now, while the
+        #: segments' numbers are at hand, a batch reads them as one buffer. An end at 2**64 is written one
+        #: less: the table leaves out the last byte of the address space.
+        self.table = array("Q", [word for s in segs for word in (s.start, min(s.end, _LAST_ADDRESS), s.at)])
         # The index of the last segment hit (-1: none), and its range: stack walks read many words from one stack.
         self._hit = 0 if segs else -1
         self._lo, self._hi = (self._starts[0], self._ends[0]) if segs else (0, 0)

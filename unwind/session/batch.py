@@ -92,25 +92,14 @@ class FlatMemory:
     """
 
     def __init__(self, memories: Sequence[Memory], mem: np.ndarray, addr: np.ndarray) -> None:
-        segs: list[Segment] = []
-        starts: list[int] = []
-        ends: list[int] = []
-        places: list[int] = []
         held = {id(memory.chunk): memory.chunk for memory in memories if memory.segments}
         chunk = next(iter(held.values())) if len(held) == 1 else None
-        for memory in memories:  # lists joined a memory at a time (a chain of iterators costs each item a call)
-            lo, hi = memory.bounds
-            starts += lo
-            ends += hi
-            if chunk is not None:
-                places += memory.places
-            else:
-                segs += memory.segments
+        table = array("Q")
+        for memory in memories:  # each memory's packed segment table (Memory.table), end to end
+            table += memory.table
         self.seg_mem = np.repeat(np.arange(len(memories), dtype=np.int64),
                                  [len(memory.segments) for memory in memories])
-        # through the array module, from lists the memories keep: numpy packs each int of an iterator alone
-        self.starts = np.frombuffer(array(_WORD, starts), _U64)
-        self.ends = np.frombuffer(array(_WORD, ends), _U64)
+        self.starts, self.ends, places = np.frombuffer(table, _U64).reshape(-1, 3).T.copy()
         seg = self.holding(mem, addr)
         found = seg >= 0
         lanes_of = np.bincount(seg[found], minlength=len(self.starts))
@@ -119,10 +108,10 @@ class FlatMemory:
         if chunk is not None:  # the arena placed each segment at an offset congruent to its start modulo 8
             self.words = np.frombuffer(chunk, "<u8")
             origins = seg_start & ~_U64(7)
-            bases = (np.frombuffer(array("q", places), np.int64).take(used)
-                     - (seg_start & _U64(7)).view(np.int64)) >> 3
+            bases = (places.take(used) - (seg_start & _U64(7))).view(np.int64) >> 3
         else:
-            self.words, origins, bases = self.copied([segs[s].data for s in used.tolist()], seg_start, seg_end)
+            pieces = [piece.data for memory in memories for piece in memory.segments]
+            self.words, origins, bases = self.copied([pieces[s] for s in used.tolist()], seg_start, seg_end)
         # per lane: its segment's place among the words; a lane in no segment gets the empty segment [0, 0)
         if not len(used):
             n = len(addr)
