@@ -122,19 +122,18 @@ def batch_walk(jobs: list[Job]) -> Walked:
     short = hi < size
     top = np.where(short, _U64(0), hi - size)
     lo = np.where(short, _U64(1), lo)
-    state = np.stack([final, top, hi, mask, ~clear_mask, rth, krt, flat.word_delta(origin, base).view(_U64),
-                      lanes])[:, keep]
-    fp, lo = fp[keep], lo[keep]
-    meta = meta[keep] != 0
+    state = np.stack([final, top, hi, mask, ~clear_mask, rth, krt, flat.word_delta(origin, base).view(_U64)])
+    # the lanes kept walk on; the lane numbers are apart from the state, which the recorder would otherwise keep
+    # whole for the rows it holds of them
+    live, state, lanes, fp, lo, meta = narrowed(keep, int(np.count_nonzero(keep)), state, lanes, fp, lo, meta != 0)
     any_meta = bool(np.count_nonzero(meta))
     not_meta = ~meta
-    live = np.ones(len(fp), bool)
     # the record's words at fp, fp + 8 and fp + 16: one array, read from three places
     words = flat.words
     words1, words2 = words[1:], words[2:]
     step = 1
     while True:
-        final, top, hi, mask, keep_mask, rth, krt, delta, lanes = state
+        final, top, hi, mask, keep_mask, rth, krt, delta = state
         # kunwind_next() up to v6.12: the final frame ends the walk
         at_final = fp == final
         end = live & at_final
@@ -165,7 +164,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
                    stack=label_task)
         step += 1
         # unwind_consume_stack(), then the next record
-        live, state, fp, lo, meta, not_meta = narrowed(go, n, state, new_fp, fp + size, meta, not_meta)
+        live, state, lanes, fp, lo, meta, not_meta = narrowed(go, n, state, lanes, new_fp, fp + size, meta, not_meta)
     return rec.finish()
 
 

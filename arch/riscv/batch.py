@@ -177,15 +177,16 @@ def batch_walk(jobs: list[Job]) -> Walked:
         np.array([(w[0], w[2], 8 * (max(w) + 1)) if w is not None else (0, 0, MASK64) for w in regs_words],
                  _U64).take(job_of, axis=0).T, hi, word_delta.view(_U64), text_lo, text_span]))
     at_exception: list[tuple[np.ndarray, np.ndarray]] = []
-    state = np.vstack([np.stack([~_U64(0) - ts, ts1, ~ts1, task_pt_regs, lo16, hi, delta.view(_U64), lanes, rth,
-                                 exc_lo, exc_span]), text_lo, text_span])[:, keep]
-    fp, sp, pc = fp[keep], sp[keep], pc[keep]
-    live = np.ones(len(fp), bool)
+    state = np.vstack([np.stack([~_U64(0) - ts, ts1, ~ts1, task_pt_regs, lo16, hi, delta.view(_U64), rth, exc_lo,
+                                 exc_span]), text_lo, text_span])
+    # the lanes whose first pc is text walk on; the lane numbers are apart from the state, which the recorder
+    # would otherwise keep whole for the rows it holds of them
+    live, state, lanes, fp, sp, pc = narrowed(keep, int(np.count_nonzero(keep)), state, lanes, fp, sp, pc)
     # the record's fp and ra words: the words read from two places
     fp_words, ra_words = flat.words[STACKFRAME_FP // 8:], flat.words[STACKFRAME_RA // 8:]
     step = 1
     while True:
-        top, ts1, align_mask, task_pt_regs, lo16, hi, delta, lanes, rth, exc_lo, exc_span = state[:11]
+        top, ts1, align_mask, task_pt_regs, lo16, hi, delta, rth, exc_lo, exc_span = state[:10]
         # fp_is_valid(fp, sp): sp + 16 <= fp <= ALIGN(sp, THREAD_SIZE), 8-aligned (a sum that would wrap:
         # the scalar walk)
         room = live & (sp <= top)
@@ -203,7 +204,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
         at = word_index(fp, delta.view(np.int64))
         new_fp, ra = fp_words.take(at, mode="clip"), ra_words.take(at, mode="clip")
         # ftrace_graph_ret_addr() needs the scalar walk; the pc must be kernel text
-        taken = plain & (ra != rth) & kernel_text_lanes(ra, state[11:11 + ranges], state[11 + ranges:])
+        taken = plain & (ra != rth) & kernel_text_lanes(ra, state[10:10 + ranges], state[10 + ranges:])
         if not np.count_nonzero(taken):
             break
         rec.frames(step, lanes, taken, ra, sp=fp, fp=new_fp, source=_FRAME, stack=label_task)
@@ -221,7 +222,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
         if not n:
             break
         # sp = fp; fp, pc = the record's
-        live, state, fp, sp, pc = narrowed(go, n, state, new_fp, fp, ra)
+        live, state, lanes, fp, sp, pc = narrowed(go, n, state, lanes, new_fp, fp, ra)
     if at_exception:
         ended, regs = (np.concatenate(column) for column in zip(*at_exception))
         user, epc, status = user_mode_regs(flat.words, regs, by_lane.take(ended.view(np.int64), axis=1), ranges)

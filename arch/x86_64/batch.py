@@ -247,18 +247,19 @@ def batch_walk(jobs: list[Job]) -> Walked:
                                             np.array(regs_words, _U64).take(lanes_in.job_of, axis=0).T]))
     at_regs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     stext = text[:, 0, 0]
-    state = np.stack([lo, top, delta.view(_U64), lanes, table_of.astype(_U64), rth, rethook, stext,
+    state = np.stack([lo, top, delta.view(_U64), table_of.astype(_U64), rth, rethook, stext,
                       np.where(text[:, 0, 1] > stext, text[:, 0, 1] - stext, _U64(0))])
     # the lanes walked on, ordered by their ORC table (stable: by lane within one), so that each table's
-    # lanes are one slice at every step (Tables.orc_find); a narrowing keeps their order
+    # lanes are one slice at every step (Tables.orc_find); a narrowing keeps their order. The lane numbers are
+    # apart from the state, which the recorder would otherwise keep whole for the rows it holds of them
     keep = np.flatnonzero(keep)
     keep = keep[np.argsort(table_of[keep], kind="stable")]
     state = state[:, keep]
-    ip, sp, bp, not_signal = ip[keep], sp[keep], bp[keep], (~signal[keep]).astype(_U64)
+    lanes, ip, sp, bp, not_signal = lanes[keep], ip[keep], sp[keep], bp[keep], (~signal[keep]).astype(_U64)
     live = np.ones(len(ip), bool)
     step = 1
     while True:
-        lo, top, delta, lanes, table_of, rth, rethook, stext, text_span = state
+        lo, top, delta, table_of, rth, rethook, stext, text_span = state
         delta = delta.view(np.int64)
         # unwind_next_frame(): orc_find(signal ? ip : ip - 1); END_OF_STACK ends the walk (unwind_orc.c:485-510)
         look = ip - not_signal
@@ -296,7 +297,8 @@ def batch_walk(jobs: list[Job]) -> Walked:
             break
         rec.frames(step, lanes, go, new_ip, sp=cfa, fp=new_bp, source=_ORC_CALL, stack=label_task)
         step += 1
-        live, state, ip, sp, bp, not_signal = narrowed(go, n, state, new_ip, cfa, new_bp, orc.not_signal.take(entry))
+        live, state, lanes, ip, sp, bp, not_signal = narrowed(go, n, state, lanes, new_ip, cfa, new_bp,
+                                                              orc.not_signal.take(entry))
     if at_regs:
         ended, regs, prev_sp = (np.concatenate(column) for column in zip(*at_regs))
         user, regs_ip, regs_sp = user_mode_regs(words, regs, prev_sp, by_lane.take(ended.view(np.int64), axis=1))

@@ -35,7 +35,7 @@ import numpy as np
 from unwind.formats.dump import Dump
 from unwind.core.dumpinfo import DumpInfo
 from unwind.core.frame import Flag, Frame, Source
-from unwind.core.memory import Memory, Segment
+from unwind.core.memory import Memory
 from .result import Replay
 from unwind.core.target import Options, Task
 from unwind.core.walk import Stop, StopReason
