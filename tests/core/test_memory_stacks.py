@@ -281,9 +281,9 @@ def test_any_record_sequence_terminates(offsets):
         ss.consume(info, sp, 16)
 
 
-def test_memory_bounds_are_its_segments() -> None:
+def test_memory_table_is_its_segments() -> None:
     mem = Memory([Segment(0x2000, b"\1" * 24), Segment(0x1000, b"\2" * 8), Segment(0x3000, b"")])
-    assert mem.bounds == ([0x1000, 0x2000], [0x1008, 0x2018])
+    assert (list(mem.table[0::3]), list(mem.table[1::3])) == ([0x1000, 0x2000], [0x1008, 0x2018])
 
 
 def test_an_arena_segment_holds_its_bytes_read_only_at_a_word_aligned_place() -> None:

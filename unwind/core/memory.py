@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 _U64 = struct.Struct("<Q")
-#: the last address of the 64-bit address space
-_LAST_ADDRESS = (1 << 64) - 1
 _U32 = struct.Struct("<I")
 _U64_PAIR = struct.Struct("<QQ")
+#: the last address of the 64-bit address space
+_LAST_ADDRESS = (1 << 64) - 1
 #: the dumps' words are little-endian: a view of them as the host's 64-bit words is only made on such a host
 _LITTLE_ENDIAN_HOST = sys.byteorder == "little"
 
@@ -238,11 +238,6 @@ class Memory:
             view = memoryview(seg.data)[pad:end].cast("Q")
             hit = self._words[i] = (seg.start + pad, view)
         return hit
-
-    @property
-    def bounds(self) -> tuple[list[int], list[int]]:
-        """Each segment's start and end (the first address past it), in address order (not to be changed)."""
-        return self._starts, self._ends
 
     def captured(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """The captured parts of ``[lo, hi)`` as ``(start, end)`` ranges in address order."""
