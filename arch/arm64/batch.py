@@ -123,8 +123,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
     top = np.where(short, _U64(0), hi - size)
     lo = np.where(short, _U64(1), lo)
     state = np.stack([final, top, hi, mask, ~clear_mask, rth, krt, flat.word_delta(origin, base).view(_U64)])
-    # the lanes kept walk on; the lane numbers are apart from the state, which the recorder would otherwise keep
-    # whole for the rows it holds of them
+    # the lanes kept walk on (the lane numbers apart from the state: Recorder.frames())
     live, state, lanes, fp, lo, meta = narrowed(keep, int(np.count_nonzero(keep)), state, lanes, fp, lo, meta != 0)
     any_meta = bool(np.count_nonzero(meta))
     not_meta = ~meta

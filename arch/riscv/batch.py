@@ -179,8 +179,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
     at_exception: list[tuple[np.ndarray, np.ndarray]] = []
     state = np.vstack([np.stack([~_U64(0) - ts, ts1, ~ts1, task_pt_regs, lo16, hi, delta.view(_U64), rth, exc_lo,
                                  exc_span]), text_lo, text_span])
-    # the lanes whose first pc is text walk on; the lane numbers are apart from the state, which the recorder
-    # would otherwise keep whole for the rows it holds of them
+    # the lanes whose first pc is text walk on (the lane numbers apart from the state: Recorder.frames())
     live, state, lanes, fp, sp, pc = narrowed(keep, int(np.count_nonzero(keep)), state, lanes, fp, sp, pc)
     # the record's fp and ra words: the words read from two places
     fp_words, ra_words = flat.words[STACKFRAME_FP // 8:], flat.words[STACKFRAME_RA // 8:]

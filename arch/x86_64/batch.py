@@ -250,8 +250,8 @@ def batch_walk(jobs: list[Job]) -> Walked:
     state = np.stack([lo, top, delta.view(_U64), table_of.astype(_U64), rth, rethook, stext,
                       np.where(text[:, 0, 1] > stext, text[:, 0, 1] - stext, _U64(0))])
     # the lanes walked on, ordered by their ORC table (stable: by lane within one), so that each table's
-    # lanes are one slice at every step (Tables.orc_find); a narrowing keeps their order. The lane numbers are
-    # apart from the state, which the recorder would otherwise keep whole for the rows it holds of them
+    # lanes are one slice at every step (Tables.orc_find); a narrowing keeps their order (the lane numbers apart
+    # from the state: Recorder.frames())
     keep = np.flatnonzero(keep)
     keep = keep[np.argsort(table_of[keep], kind="stable")]
     state = state[:, keep]

@@ -279,7 +279,8 @@ class Recorder:
         does not know them.
 
         The arrays are kept as they are, to be read at :meth:`finish`: a walk makes new ones each step
-        (it never writes into one it gave here).
+        (it never writes into one it gave here). A row of a larger array keeps that array whole until then, so
+        a walk hands its lane numbers as an array of their own, not as a row of its state.
         """
         self._parts.append((go, index, lanes, pc, 0 if sp is None else sp, sp is not None, 0 if fp is None else fp,
                             fp is not None, flags, source, stack))
