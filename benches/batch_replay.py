@@ -11,8 +11,9 @@ Ours, on the committed corpora (``corpora/<arch>/*/stop-*.bin.xz``, every task, 
 - **scalar**: ``Session.replay(task, Options(), symbolize=False)`` of every task, on sessions just
   opened (**fresh**) and again (**warm**);
 - **batch, fresh**: ``replay_all(sessions, tasks=...)`` of all dumps of the arch in one batch, on
-  sessions just opened (their memory as words, per-dump constants, the call-site verdicts of their
-  newly opened images: everything the batch sets up);
+  sessions just opened (their memory as words, per-dump constants, each image's table of call-site verdicts:
+  everything the batch sets up), the process's first batch; the images are those the scalar walk before opened
+  and still holds (a load reuses an open image), so the verdicts themselves are decided already;
 - **batch, next**: the same on the dumps opened anew once more, after the process has walked them: a later
   batch of the process on sessions just opened, as a fleet worker walks its next chunk of dumps (its images
   open already, as a worker keeps them); the process's first batch (**fresh**) pays besides for what the
@@ -22,6 +23,8 @@ Ours, on the committed corpora (``corpora/<arch>/*/stop-*.bin.xz``, every task, 
   batches, in lockstep although under ``unwind.session.batch.MIN_TASKS``); **per dump + read**: one
   ``Session.replay_all`` per dump as ``unwind replay --all`` makes it (a corpus dump has fewer tasks than
   ``MIN_TASKS``: walked task by task), every replay read, all frames counted: compare it with **scalar warm**;
+- **faults**: the minor page faults (``getrusage``) of the fresh and the next batch, in the JSON as
+  ``fresh_minflt`` and ``next_minflt`` and printed below the table: a first batch grows the heap;
 - the batch figures count the frames the lockstep walked (its share of tasks is shown); set-up
   (lane inputs, memory, call-site flags, stops) is inside the time; the tasks it hands back are
   walked by ``Session.replay`` when read, which **batch + read** adds: every ``Replay`` of every
@@ -63,7 +66,7 @@ ROOT = REPO
 ARCHES = ("arm64", "riscv", "x86_64")
 
 OURS = IMPORT_ROOT + r"""
-import gc, glob, importlib, json, time
+import gc, glob, importlib, json, resource, time
 from unwind.session.batch import replay_all
 from unwind.session.replay import Options, load_session
 importlib.import_module("unwind.arch." + sys.argv[2] + ".batch")  # imports are start-up (benches/startup.py)
@@ -76,18 +79,20 @@ def scalar(sessions, tasks):
     return sum(len(s.replay(t, Options(), symbolize=False).frames) for s, ts in zip(sessions, tasks) for t in ts)
 def walked(batches):
     return sum(b.batched_frames for b in batches)
-WALL = {}
+WALL, FAULTS = {}, {}
 def timed(fn, key=None):
     gc.collect()  # garbage of earlier work is not this call's cost
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     w0, t0 = time.perf_counter(), time.process_time()
     out = fn()
     cpu, wall = time.process_time() - t0, time.perf_counter() - w0
     if key is not None:
         WALL[key] = min(WALL.get(key, 1e9), wall)
+        FAULTS[key] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
     return cpu, out
 sessions, tasks = opened()
 frames = scalar(sessions, tasks)  # warms these sessions' images (call-site verdicts) for the warm passes
-fresh_s, fresh_t = opened()  # each load opens its image again: its verdicts are decided anew
+fresh_s, fresh_t = opened()  # the images still open are reused: their verdicts are decided, their batch tables not
 t_fresh, batches = timed(lambda: replay_all(fresh_s, tasks=fresh_t, symbolize=False), "fresh")
 out = {"tasks": sum(map(len, tasks)), "frames": frames, "batched_frames": walked(batches),
        "batched_tasks": sum(b.batched(i) for b in batches for i in range(len(b))), "fresh": t_fresh}
@@ -113,6 +118,7 @@ for _ in range(passes):
     best["read"] = min(best["read"], t)
 out.update(best)
 out.update({k + "_wall": v for k, v in WALL.items()})
+out.update({k + "_minflt": FAULTS[k] for k in ("fresh", "next")})
 print(json.dumps(out))
 """
 
@@ -152,6 +158,12 @@ print(json.dumps(out))
 def _rate(runs: list[dict], time_key: str, frames_key: str) -> float:
     """Median over rounds of frames per CPU second, in millions (0 where nothing was walked)."""
     return statistics.median(r[frames_key] / r[time_key] / 1e6 if r[time_key] else 0.0 for r in runs)
+
+
+def _median_of(runs: list[dict], key: str) -> str:
+    """The median over rounds of ``key`` (a count), or ``-`` where no round has it."""
+    values = [r[key] for r in runs if key in r]
+    return f"{statistics.median(values):.0f}" if values else "-"
 
 
 def main() -> int:
@@ -205,6 +217,8 @@ def main() -> int:
               f"{_rate(runs, 'per_dump', 'batched_frames'):.2f} | {_rate(runs, 'read', 'frames'):.3f} | "
               f"{_rate(runs, 'per_dump_read', 'frames'):.3f} | "
               f"{fresh / fresh_scalar:.1f} | {warm / scalar:.1f} |")
+    print("\nminor page faults of a batch, median (first batch / next): " + ", ".join(
+        f"{arch} {_median_of(ours[arch], 'fresh_minflt')} / {_median_of(ours[arch], 'next_minflt')}" for arch in arches))
     if peer:
         print("\ndrgn's bare unwinder: the committed vmcores, the tasks drgn walks (drgn from pt_regs with the slim image: "
               "ORC on x86-64, frame pointers on arm64; its rate over the kernel-only tasks); M frames per CPU second, warm\n")
