@@ -24,7 +24,8 @@ Ours, on the committed corpora (``corpora/<arch>/*/stop-*.bin.xz``, every task, 
   ``Session.replay_all`` per dump as ``unwind replay --all`` makes it (a corpus dump has fewer tasks than
   ``MIN_TASKS``: walked task by task), every replay read, all frames counted: compare it with **scalar warm**;
 - **faults**: the minor page faults (``getrusage``) of the fresh and the next batch, in the JSON as
-  ``fresh_minflt`` and ``next_minflt`` and printed below the table: a first batch grows the heap;
+  ``fresh_minflt`` and ``next_minflt`` and printed below the table: a first batch touches pages new to the
+  process (its heap growing, code run for the first time);
 - the batch figures count the frames the lockstep walked (its share of tasks is shown); set-up
   (lane inputs, memory, call-site flags, stops) is inside the time; the tasks it hands back are
   walked by ``Session.replay`` when read, which **batch + read** adds: every ``Replay`` of every
@@ -160,10 +161,9 @@ def _rate(runs: list[dict], time_key: str, frames_key: str) -> float:
     return statistics.median(r[frames_key] / r[time_key] / 1e6 if r[time_key] else 0.0 for r in runs)
 
 
-def _median_of(runs: list[dict], key: str) -> str:
-    """The median over rounds of ``key`` (a count), or ``-`` where no round has it."""
-    values = [r[key] for r in runs if key in r]
-    return f"{statistics.median(values):.0f}" if values else "-"
+def _median_count(runs: list[dict], key: str) -> str:
+    """The median over rounds of the count ``key``."""
+    return f"{statistics.median(r[key] for r in runs):.0f}"
 
 
 def main() -> int:
@@ -217,8 +217,9 @@ def main() -> int:
               f"{_rate(runs, 'per_dump', 'batched_frames'):.2f} | {_rate(runs, 'read', 'frames'):.3f} | "
               f"{_rate(runs, 'per_dump_read', 'frames'):.3f} | "
               f"{fresh / fresh_scalar:.1f} | {warm / scalar:.1f} |")
-    print("\nminor page faults of a batch, median (first batch / next): " + ", ".join(
-        f"{arch} {_median_of(ours[arch], 'fresh_minflt')} / {_median_of(ours[arch], 'next_minflt')}" for arch in arches))
+    faults = (f"{arch} {_median_count(ours[arch], 'fresh_minflt')} / {_median_count(ours[arch], 'next_minflt')}"
+              for arch in arches)
+    print("\nminor page faults of a batch, median (first batch / next): " + ", ".join(faults))
     if peer:
         print("\ndrgn's bare unwinder: the committed vmcores, the tasks drgn walks (drgn from pt_regs with the slim image: "
               "ORC on x86-64, frame pointers on arm64; its rate over the kernel-only tasks); M frames per CPU second, warm\n")
