@@ -169,16 +169,17 @@ def batch_walk(jobs: list[Job]) -> Walked:
     word_delta = flat.word_delta(origin, base)
     delta = word_delta + STACKFRAME_SIZE // 8
     ts1 = ts - _U64(1)
-    # by lane number, for the lanes that meet an exception frame (user_mode_regs()): the pt_regs it leaves at the
-    # new sp, epc's and status's words and the bytes read from it (up to the last of epc, s0, status; all of memory
-    # where the offsets are unknown: never inside), the segment's end, the words' place and the text ranges
+    # for the lanes that meet an exception frame (user_mode_regs()), taken by lane number once the lockstep ends:
+    # per job, the pt_regs it leaves at the new sp, epc's and status's words and the bytes read from it (up to the
+    # last of epc, s0, status; all of memory where the offsets are unknown: never inside); per lane, the segment's
+    # end, the words' place and the text ranges
     regs_words = [c.regs_words if c is not None else None for c in consts]
-    by_lane = lanes_in.by_number(np.vstack([
-        np.array([(w[0], w[2], 8 * (max(w) + 1)) if w is not None else (0, 0, MASK64) for w in regs_words],
-                 _U64).take(job_of, axis=0).T, hi, word_delta.view(_U64), text_lo, text_span]))
+    job_regs = np.array([(w[0], w[2], 8 * (max(w) + 1)) if w is not None else (0, 0, MASK64) for w in regs_words],
+                        _U64)
+    exc_rows = (hi, word_delta.view(_U64), text_lo, text_span)
     at_exception: list[tuple[np.ndarray, np.ndarray]] = []
-    state = np.vstack([np.stack([~_U64(0) - ts, ts1, ~ts1, task_pt_regs, lo16, hi, delta.view(_U64), rth, exc_lo,
-                                 exc_span]), text_lo, text_span])
+    state = np.vstack([~_U64(0) - ts, ts1, ~ts1, task_pt_regs, lo16, hi, delta.view(_U64), rth, exc_lo, exc_span,
+                       text_lo, text_span])
     # the lanes whose first pc is text walk on (the lane numbers apart from the state: Recorder.frames())
     live, state, lanes, fp, sp, pc = narrowed(keep, int(np.count_nonzero(keep)), state, lanes, fp, sp, pc)
     # the record's fp and ra words: the words read from two places
@@ -224,7 +225,9 @@ def batch_walk(jobs: list[Job]) -> Walked:
         live, state, lanes, fp, sp, pc = narrowed(go, n, state, lanes, new_fp, fp, ra)
     if at_exception:
         ended, regs = (np.concatenate(column) for column in zip(*at_exception))
-        user, epc, status = user_mode_regs(flat.words, regs, by_lane.take(ended.view(np.int64), axis=1), ranges)
+        at = lanes_in.place_of(ended.view(np.int64))
+        lane = np.vstack([job_regs.take(job_of.take(at), axis=0).T, *(row.take(at, axis=-1) for row in exc_rows)])
+        user, epc, status = user_mode_regs(flat.words, regs, lane, ranges)
         if np.count_nonzero(user):
             rec.stop(ended[user], _USER_MODE, regs[user], epc[user], status[user])
     return rec.finish()

@@ -239,12 +239,13 @@ def batch_walk(jobs: list[Job]) -> Walked:
     rec.frames(0, lanes, keep, ip, sp=sp, fp=bp, source=_TASK, stack=label_task)
     # a word read must lie on the task stack and in the lane's captured segment: one window
     lo, top = window(np.maximum(low, seg_lo), np.minimum(high, seg_hi))
-    # by lane number, for the lanes that meet a REGS entry (user_mode_regs()): the task stack, the window, the
-    # words' place and the rethook trampoline, and :func:`pt_regs_words` (a size past every window where unknown)
+    # for the lanes that meet a REGS entry (user_mode_regs()), taken by lane number once the lockstep ends: per lane,
+    # the task stack, the window, the words' place and the rethook trampoline; per job, :func:`pt_regs_words` (a
+    # size past every window where unknown)
     regs_words = [c.pt_regs_words if c is not None and c.pt_regs_words is not None else (_NO_REGS, 0, 0, 0)
                   for c in consts]
-    by_lane = lanes_in.by_number(np.vstack([low, high, lo, top, delta.view(_U64), rethook,
-                                            np.array(regs_words, _U64).take(lanes_in.job_of, axis=0).T]))
+    job_regs = np.array(regs_words, _U64)
+    regs_rows = (low, high, lo, top, delta.view(_U64), rethook)
     at_regs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     stext = text[:, 0, 0]
     state = np.stack([lo, top, delta.view(_U64), table_of.astype(_U64), rth, rethook, stext,
@@ -301,7 +302,9 @@ def batch_walk(jobs: list[Job]) -> Walked:
                                                               orc.not_signal.take(entry))
     if at_regs:
         ended, regs, prev_sp = (np.concatenate(column) for column in zip(*at_regs))
-        user, regs_ip, regs_sp = user_mode_regs(words, regs, prev_sp, by_lane.take(ended.view(np.int64), axis=1))
+        at = lanes_in.place_of(ended.view(np.int64))
+        lane = np.vstack([*(row.take(at) for row in regs_rows), job_regs.take(lanes_in.job_of.take(at), axis=0).T])
+        user, regs_ip, regs_sp = user_mode_regs(words, regs, prev_sp, lane)
         if np.count_nonzero(user):
             ended, regs = ended[user], regs[user]
             rec.stop(ended, _USER_MODE, regs, regs_ip[user], regs_sp[user])

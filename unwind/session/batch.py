@@ -464,12 +464,11 @@ class Lanes(NamedTuple):
         """``values(constants)`` of each lane's job, as one array over the lanes."""
         return np.array([values(c) if c is not None else 0 for c in self.constants], dtype).take(self.job_of)
 
-    def by_number(self, rows: np.ndarray) -> np.ndarray:
-        """``rows`` (values over the lanes, one row each) by lane number: column ``n`` is lane ``n``'s (zero for a
-        task that has no lane), so lanes a lockstep has narrowed read theirs by the numbers they carry."""
-        out = np.zeros((len(rows), self.recorder.lanes), rows.dtype)
-        out[:, self.lanes] = rows
-        return out
+    def place_of(self, numbers: np.ndarray) -> np.ndarray:
+        """The place among the lanes (a column of :attr:`columns`, an index into :attr:`job_of`) of the lanes
+        numbered ``numbers`` (``int64``): lanes a lockstep has narrowed read their values over the lanes by the
+        numbers they carry."""
+        return self.lanes.searchsorted(numbers)
 
 
 class LaneReader:
