@@ -620,7 +620,9 @@ class Memo:
 
     def slot_of(self, keys: np.ndarray) -> np.ndarray:
         """Each key's slot in the table."""
-        return ((keys * _FIBONACCI) >> _U64(64 - self.SLOT_BITS)).astype(np.int64)
+        slot = keys * _FIBONACCI
+        slot >>= _U64(64 - self.SLOT_BITS)
+        return slot.view(np.int64)  # below 2 ** SLOT_BITS
 
     def lookup(self, keys: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """The answer for each of ``keys``."""
@@ -628,6 +630,11 @@ class Memo:
         values = self.slot_values.take(slot)
         lanes = np.flatnonzero(self.slot_keys.take(slot) != keys)
         while len(lanes):  # each round puts at least one key in its slot: the lanes left are fewer
+            if len(lanes) == len(keys):  # a table new to these keys: every lane missed, nothing to select
+                self.place(keys, slot, compute)
+                values = self.slot_values.take(slot)
+                lanes = np.flatnonzero(self.slot_keys.take(slot) != keys)
+                continue
             missed, where = keys.take(lanes), slot.take(lanes)
             self.place(missed, where, compute)
             held = self.slot_keys.take(where) == missed
