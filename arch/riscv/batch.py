@@ -94,14 +94,23 @@ STOPS = ((StopReason.END_OF_STACK, lambda target, constants, *_: FP_ZERO_DETAIL)
 _FP_ZERO, _FIRST_FRAME, _USER_MODE = range(3)
 
 
-# kernel/extable.c __kernel_text_address(), over lanes: core text, init text, the module area
-def kernel_text_lanes(pc: np.ndarray, lo: np.ndarray, span: np.ndarray) -> np.ndarray:
-    """Is each pc in one of its lane's text ranges ``[lo, lo + span)`` (``lo``, ``span``: ranges x lanes)?
-    ``lo <= pc < hi`` as one unsigned compare: ``pc - lo`` wraps past every span when ``pc < lo``. One range
-    at a time (a pc broadcast over the ranges costs numpy several times more)."""
+# kernel/extable.c __kernel_text_address(), over lanes: core text first, then init text and the module area
+def kernel_text_lanes(pc: np.ndarray, lo: np.ndarray, span: np.ndarray, among: np.ndarray | None = None
+                      ) -> np.ndarray:
+    """Is each pc in one of its lane's text ranges ``[lo, lo + span)`` (``lo``, ``span``: ranges x lanes, core text
+    the first)? ``lo <= pc < hi`` as one unsigned compare: ``pc - lo`` wraps past every span when ``pc < lo``.
+    ``among``: the lanes asked (the others are not text). As the kernel asks, a range after the first is
+    looked at only for the pcs asked that core text does not hold, one range at a time (a pc broadcast over
+    the ranges costs numpy several times more)."""
     hit = (pc - lo[0]) < span[0]
-    for r in range(1, len(lo)):
-        hit |= (pc - lo[r]) < span[r]
+    if among is not None:
+        hit &= among
+        rest = among ^ hit
+    else:
+        rest = ~hit
+    if len(lo) > 1 and np.count_nonzero(rest):
+        for r in range(1, len(lo)):
+            hit |= rest & ((pc - lo[r]) < span[r])
     return hit
 
 
@@ -191,21 +200,24 @@ def batch_walk(jobs: list[Job]) -> Walked:
         # the scalar walk)
         room = live & (sp <= top)
         valid = room & (fp >= sp + size) & (fp <= ((sp + ts1) & align_mask)) & ((fp & _U64(7)) == 0)
-        # its natural ends: a zero fp, and the first frame of the task (the record's fp, now sp, is task_pt_regs)
+        # its natural ends, where a lane's fp is not valid: a zero fp, and the first frame of the task (the record's
+        # fp, now sp, is task_pt_regs)
         invalid = room ^ valid
-        zero = invalid & (fp == 0)
-        if np.count_nonzero(zero):
-            rec.stop(lanes[zero], _FP_ZERO)
-        first = (invalid ^ zero) & (sp == task_pt_regs)
-        if np.count_nonzero(first):
-            rec.stop(lanes[first], _FIRST_FRAME, fp[first], sp[first], pc[first])
+        if np.count_nonzero(invalid):
+            zero = invalid & (fp == 0)
+            if np.count_nonzero(zero):
+                rec.stop(lanes[zero], _FP_ZERO)
+            first = (invalid ^ zero) & (sp == task_pt_regs)
+            if np.count_nonzero(first):
+                rec.stop(lanes[first], _FIRST_FRAME, fp[first], sp[first], pc[first])
         # the record {fp, ra} at fp - 16, on the task stack and in the lane's captured segment
         plain = valid & (lo16 <= fp) & (fp <= hi)
         at = word_index(fp, delta.view(np.int64))
         new_fp, ra = fp_words.take(at, mode="clip"), ra_words.take(at, mode="clip")
         # ftrace_graph_ret_addr() needs the scalar walk; the pc must be kernel text
-        taken = plain & (ra != rth) & kernel_text_lanes(ra, state[10:10 + ranges], state[10 + ranges:])
-        if not np.count_nonzero(taken):
+        taken = kernel_text_lanes(ra, state[10:10 + ranges], state[10 + ranges:], plain & (ra != rth))
+        n = int(np.count_nonzero(taken))
+        if not n:
             break
         rec.frames(step, lanes, taken, ra, sp=fp, fp=new_fp, source=_FRAME, stack=label_task)
         step += 1
@@ -218,9 +230,9 @@ def batch_walk(jobs: list[Job]) -> Walked:
             go = taken ^ exc
             e = np.flatnonzero(exc)
             at_exception.append((lanes.take(e), fp.take(e)))
-        n = int(np.count_nonzero(go))
-        if not n:
-            break
+            n -= len(e)
+            if not n:
+                break
         # sp = fp; fp, pc = the record's
         live, state, lanes, fp, sp, pc = narrowed(go, n, state, lanes, new_fp, fp, ra)
     if at_exception:
