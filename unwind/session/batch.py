@@ -334,7 +334,10 @@ class Recorder:
 
     def field(self, k: int, dtype: type, go: np.ndarray, sizes: list[int]) -> np.ndarray:
         """Field ``k`` of the frames reported (the parts' ``k``-th item, ``go`` selecting), in step order."""
-        return _joined([part[k] for part in self._parts], sizes, dtype).take(go)
+        values = [part[k] for part in self._parts]
+        if values and all(not isinstance(v, np.ndarray) and v == values[0] for v in values):
+            return np.full(len(go), values[0], dtype)  # one value for every frame: nothing to join or select
+        return _joined(values, sizes, dtype).take(go)
 
 
 def _joined(values: list[np.ndarray | int | bool], sizes: list[int], dtype: type) -> np.ndarray:
