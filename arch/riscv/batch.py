@@ -237,8 +237,7 @@ def batch_walk(jobs: list[Job]) -> Walked:
         live, state, lanes, fp, sp, pc = narrowed(go, n, state, lanes, new_fp, fp, ra)
     if at_exception:
         ended, regs = (np.concatenate(column) for column in zip(*at_exception))
-        at = lanes_in.place_of(ended.view(np.int64))
-        lane = np.vstack([job_regs.take(job_of.take(at), axis=0).T, *(row.take(at, axis=-1) for row in exc_rows)])
+        lane = lanes_in.of_numbers(ended.view(np.int64), job_regs, exc_rows)
         user, epc, status = user_mode_regs(flat.words, regs, lane, ranges)
         if np.count_nonzero(user):
             rec.stop(ended[user], _USER_MODE, regs[user], epc[user], status[user])

@@ -239,9 +239,9 @@ def batch_walk(jobs: list[Job]) -> Walked:
     rec.frames(0, lanes, keep, ip, sp=sp, fp=bp, source=_TASK, stack=label_task)
     # a word read must lie on the task stack and in the lane's captured segment: one window
     lo, top = window(np.maximum(low, seg_lo), np.minimum(high, seg_hi))
-    # for the lanes that meet a REGS entry (user_mode_regs()), taken by lane number once the lockstep ends: per lane,
-    # the task stack, the window, the words' place and the rethook trampoline; per job, :func:`pt_regs_words` (a
-    # size past every window where unknown)
+    # for the lanes that meet a REGS entry (user_mode_regs()), taken by lane number once the lockstep ends: per job,
+    # :func:`pt_regs_words` (a size past every window where unknown); per lane, the task stack, the window, the
+    # words' place and the rethook trampoline
     regs_words = [c.pt_regs_words if c is not None and c.pt_regs_words is not None else (_NO_REGS, 0, 0, 0)
                   for c in consts]
     job_regs = np.array(regs_words, _U64)
@@ -302,9 +302,8 @@ def batch_walk(jobs: list[Job]) -> Walked:
                                                               orc.not_signal.take(entry))
     if at_regs:
         ended, regs, prev_sp = (np.concatenate(column) for column in zip(*at_regs))
-        at = lanes_in.place_of(ended.view(np.int64))
-        lane = np.vstack([*(row.take(at) for row in regs_rows), job_regs.take(lanes_in.job_of.take(at), axis=0).T])
-        user, regs_ip, regs_sp = user_mode_regs(words, regs, prev_sp, lane)
+        user, regs_ip, regs_sp = user_mode_regs(words, regs, prev_sp,
+                                                lanes_in.of_numbers(ended.view(np.int64), job_regs, regs_rows))
         if np.count_nonzero(user):
             ended, regs = ended[user], regs[user]
             rec.stop(ended, _USER_MODE, regs, regs_ip[user], regs_sp[user])
@@ -319,10 +318,10 @@ def user_mode_regs(words: np.ndarray, regs: np.ndarray, sp: np.ndarray, lane: np
     """Where the ``pt_regs`` at ``regs`` (a REGS entry's CFA, ``sp`` the walk's) end the walk in user mode: the
     struct on the task stack and in the lane's captured segment (its window ``lo``, ``top``), the new sp not
     refused as going the wrong way on the task stack, ``ip`` not the rethook trampoline's, and ``cs & 3``.
-    ``lane`` holds per lane its stack's low and high, its window, the words' place (``delta``), the rethook
-    trampoline and :func:`pt_regs_words`. Returns that mask, ``regs->ip`` and ``regs->sp``; any other lane goes
+    ``lane`` holds per lane :func:`pt_regs_words`, its stack's low and high, its window, the words' place
+    (``delta``) and the rethook trampoline. Returns that mask, ``regs->ip`` and ``regs->sp``; any other lane goes
     to the scalar walk."""
-    low, high, lo, top, delta, rethook, size, ip_w, sp_w, cs_w = lane
+    size, ip_w, sp_w, cs_w, low, high, lo, top, delta, rethook = lane
     # stack_access_ok(sp, sizeof(pt_regs)), every word read (ip, sp, and bp and cs after them) inside the window
     inside = ((regs & _U64(7)) == 0) & (lo <= regs) & (top >= size - _U64(8)) & (regs <= top + _U64(8) - size)
     at = word_index(regs, delta.view(np.int64))

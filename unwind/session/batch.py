@@ -467,11 +467,12 @@ class Lanes(NamedTuple):
         """``values(constants)`` of each lane's job, as one array over the lanes."""
         return np.array([values(c) if c is not None else 0 for c in self.constants], dtype).take(self.job_of)
 
-    def place_of(self, numbers: np.ndarray) -> np.ndarray:
-        """The place among the lanes (a column of :attr:`columns`, an index into :attr:`job_of`) of the lanes
-        numbered ``numbers`` (``int64``): lanes a lockstep has narrowed read their values over the lanes by the
-        numbers they carry."""
-        return self.lanes.searchsorted(numbers)
+    def of_numbers(self, numbers: np.ndarray, per_job: np.ndarray, rows: Sequence[np.ndarray]) -> np.ndarray:
+        """The values of the lanes numbered ``numbers`` (``int64``: lanes a lockstep has narrowed carry their
+        numbers), one column a lane: ``per_job``'s row of each lane's job (one row per job) as rows, then ``rows``
+        (values over the lanes, along their last axis)."""
+        at = self.lanes.searchsorted(numbers)
+        return np.vstack([per_job.take(self.job_of.take(at), axis=0).T, *(row.take(at, axis=-1) for row in rows)])
 
 
 class LaneReader:
