@@ -12,9 +12,9 @@ figure and round by round, so load from other processes falls on both alike. Med
   per frame;
 - **batch fresh**: :func:`unwind.session.batch.replay_all` over every dump of an arch on sessions just
   opened (lane inputs, per-dump constants, call-site flags, stops), M frames walked per CPU second;
-- **triage**: ``unwind.cli.triage.triage_chunk`` of every committed dump in one process, ``CHUNK`` dumps a
-  call as a worker takes them (each dump opened, every task replayed with symbols and bucketed), after one
-  untimed pass that fills the caches: dumps and tasks per CPU second (one core).
+- **triage**: ``unwind.cli.triage.triage_dump`` of every committed dump in one process (each dump opened,
+  every task replayed with symbols and bucketed), after one untimed pass that fills the caches: dumps and
+  tasks per CPU second (one core).
 """
 
 from __future__ import annotations
@@ -69,15 +69,14 @@ print(json.dumps({"frames": sum(b.batched_frames for b in batches), "cpu": cpu})
 
 TRIAGE = IMPORT_ROOT + r"""
 import glob, json, time
-from unwind.cli.triage import CHUNK, triage_chunk
+from unwind.cli.triage import triage_dump
 paths = sorted(glob.glob(sys.argv[3] + "/*/*/stop-*.bin.xz"))
-chunks = [paths[i:i + CHUNK] for i in range(0, len(paths), CHUNK)]
-for c in chunks:
-    triage_chunk(c)
+for p in paths:
+    triage_dump(p)
 best, tasks = 1e9, 0
 for _ in range(int(sys.argv[4])):
     t0 = time.process_time()
-    tasks = sum(d.tasks or 0 for c in chunks for d in triage_chunk(c).dumps)
+    tasks = sum(d.tasks or 0 for p in paths for d in triage_dump(p).dumps)
     best = min(best, time.process_time() - t0)
 print(json.dumps({"dumps": len(paths), "tasks": tasks, "cpu": best}))
 """

@@ -15,8 +15,7 @@ import pytest
 from unwind import Options, Session
 from unwind.cli.main import main
 from unwind.core.frame import Flag
-from unwind.cli import triage
-from unwind.cli.triage import SkipTable, Tally, bucket, compare, function_name, signature, triage_chunk, triage_dump
+from unwind.cli.triage import SkipTable, bucket, compare, function_name, signature
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 DUMPS = sorted(str(p) for p in CORPORA.glob("*/*/stop-*.bin.xz"))
@@ -71,72 +70,6 @@ def test_buckets_equal_a_plain_replay_loop_on_every_corpus_dump() -> None:
     assert Counter({b.key: b.tasks for b in t.buckets()}) == tasks
     assert Counter({b.key: b.dumps for b in t.buckets()}) == dumps
     assert sum(tasks.values()) == t.to_json()["tasks"] > 6000
-
-
-RISCV = [d for d in DUMPS if "/riscv/" in d][:4]
-
-
-def _as_json(t: Tally) -> tuple[dict, list[dict]]:
-    return ({triage.bucket_id(k): b.to_json() for k, b in t.buckets.items()},
-            sorted((d.to_json() for d in t.dumps), key=lambda d: d["path"]))
-
-
-def _dump_by_dump(paths: list[str]) -> Tally:
-    """Each dump triaged on its own: fewer tasks than a lockstep batch takes, so each task by ``Session.replay``."""
-    out = Tally()
-    for p in paths:
-        out.merge(triage_dump(p))
-    return out
-
-
-def _lockstep_walks(monkeypatch: pytest.MonkeyPatch, paths: list[str], fail: bool = False) -> list[int]:
-    """The tasks each lockstep batch walk of these dumps' arch is handed (or, ``fail``, a walk that raises)."""
-    backend = type(Session.load(paths[0]).backend)
-    walk = backend.batch_walk
-    walks: list[int] = []
-
-    def spy(self, jobs):  # type: ignore[no-untyped-def]
-        walks.append(sum(len(job.tasks) for job in jobs))
-        if fail:
-            raise RuntimeError("a batch walk that breaks")
-        return walk(self, jobs)
-    monkeypatch.setattr(backend, "batch_walk", spy)
-    return walks
-
-
-def test_a_chunk_of_dumps_is_walked_in_one_lockstep_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker's chunk is one batch per arch, so fleet triage pays the batch's cost per dump; the buckets
-    are those of each dump's tasks walked one by one."""
-    alone = _as_json(_dump_by_dump(RISCV))
-    walks = _lockstep_walks(monkeypatch, RISCV)
-    assert not walks  # a single dump: too few tasks for a lockstep batch
-    chunk = triage_chunk(RISCV)
-    tasks = sum(len(Session.load(p).select(every=True)) for p in RISCV)
-    assert walks == [tasks] and tasks >= 128
-    assert _as_json(chunk) == alone
-
-
-def test_a_batch_that_raises_is_walked_again_and_only_the_dump_at_fault_fails(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    alone = _as_json(_dump_by_dump(RISCV))
-    walks = _lockstep_walks(monkeypatch, RISCV, fail=True)
-    assert _as_json(triage_chunk(RISCV)) == alone
-    assert len(walks) == 1
-    load = triage.load_session
-
-    def broken(path: str) -> Session:  # the second dump's tasks cannot be replayed at all
-        session = load(path)
-        if path == RISCV[1]:
-            def replay(*args: object, **kwargs: object) -> None:
-                raise RuntimeError("this dump's replay breaks")
-            session.replay = replay  # type: ignore[method-assign]
-        return session
-    monkeypatch.setattr(triage, "load_session", broken)
-    buckets, dumps = _as_json(triage_chunk(RISCV))
-    assert [d["ok"] for d in dumps] == [True, False, True, True]
-    assert dumps[1]["error"] == "internal error: RuntimeError: this dump's replay breaks"
-    assert sum(b["tasks"] for b in buckets.values()) == sum(d["tasks"] for d in dumps) > 0
-    assert not any(b["representative"]["path"] == RISCV[1] for b in buckets.values())
 
 
 def _oracle_names(text: str) -> list[str]:

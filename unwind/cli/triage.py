@@ -35,11 +35,9 @@ from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 from .main import INPUT_ERRORS, add_filter_arguments, task_filter
 from unwind.core.frame import Flag
 from unwind.formats.dump import file_start
-from unwind.session.batch import BatchReplay, replay_all
 from unwind.session.filters import TaskFilter, functions
-from unwind.session.replay import ReplayError, Session, load_session
-from unwind.session.result import Replay
-from unwind.core.target import Options, Task
+from unwind.session.replay import ReplayError, load_session
+from unwind.core.target import Options
 
 SCHEMA = 1
 #: frames kept in a signature unless ``depth`` says otherwise
@@ -223,87 +221,59 @@ def _capture_time(session: Any, path: str) -> float | None:
         return None
 
 
-@dataclass
-class _Opened:
-    """One dump of a chunk, opened: its session, its tasks and the tasks ``filters`` selects of them."""
-
-    path: str
-    session: Session
-    everyone: list[Task]
-    tasks: list[Task]
-    release: str
-    when: float | None
-
-
-def _open_dump(path: str, flt: TaskFilter, tally: Tally) -> _Opened:
-    """Open one dump and select its tasks; the filter values some task has go into ``tally``."""
-    session = load_session(path)
-    everyone = session.select(every=True)
-    for t in everyone:
-        tally.matched |= flt.task_values(t)
-    return _Opened(path, session, everyone, [t for t in everyone if flt.matches_task(t)],
-                   session.dump.release or "unknown", _capture_time(session, path))
-
-
-def _replay_chunk(opened: Sequence[_Opened], options: Options) -> list[BatchReplay]:
-    """Each opened dump's replays, the chunk's tasks walked in lockstep (:func:`unwind.session.batch.replay_all`:
-    each replay equals ``Session.replay``). A batch that raises is walked again dump by dump, task by task,
-    so that only the dump at fault fails."""
-    try:
-        return replay_all([o.session for o in opened], options, tasks=[o.tasks for o in opened])
-    except Exception:  # noqa: BLE001 - the same replays again, each dump's failure its own
-        return [replay_all([o.session], options, tasks=[o.tasks], lockstep=False)[0] for o in opened]
-
-
-def _bucket_dump(o: _Opened, replays: Iterable[Replay], options: Options, depth: int, skip: SkipTable,
-                 flt: TaskFilter, tally: Tally) -> None:
-    """Bucket one dump's replays (``o.tasks``, in order) into ``tally``, and record the dump."""
-    session = o.session
-    local: dict[tuple[str, str, tuple[str, ...]], Bucket] = {}
-    count = 0
-    for task, r in zip(o.tasks, replays):
-        if flt.function is not None and not flt.matches_functions(functions(session, r)):
-            continue
-        count += 1
-        printed = [f.symbol or hex(f.pc) for f in r.frames if not f.flags._value_ & _UNRELIABLE]
-        names = [function_name(p) for p in printed]
-        kind = "running" if task.running else "blocked"
-        state = "R" if task.running else (task.state or "?")
-        key = (kind, state, signature(session.backend.name, names, skip, depth))
-        b = local.get(key)
-        if b is None:
-            b = local[key] = Bucket(kind, state, key[2], dumps=1, first=o.when, last=o.when)
-        b.tasks += 1
-        b.releases[o.release] += 1
-        if not r.stop.clean:
-            b.errors += 1
-        rep = {"path": o.path, "pid": task.pid, "comm": task.comm, "cpu": task.running_cpu,
-               "trace": printed, "stop": str(r.stop)}
-        if b.representative is None or _rep_order(rep) < _rep_order(b.representative):
-            b.representative = rep
-    if flt.function is not None and (count or any(
-            flt.matches_functions(functions(session, session.replay(t, options))) for t in o.everyone
-            if not flt.matches_task(t))):
-        tally.matched.add(f"--function {flt.function}")
-    for b in local.values():
-        tally.add(b)
-    tally.dumps.append(DumpRecord(o.path, True, release=o.release, arch=session.backend.name, time=o.when,
-                                  tasks=count))
-
-
-def _failed(path: str, e: Exception) -> DumpRecord:
-    """The record of a dump that could not be replayed: its one-line reason."""
-    if isinstance(e, INPUT_ERRORS):
-        msg = _one_line(e)
-        return DumpRecord(path, False, error=msg[len(path) + 2:] if msg.startswith(f"{path}: ") else msg)
-    return DumpRecord(path, False, error=f"internal error: {type(e).__name__}: {_one_line(e)}")
-
-
 def triage_dump(path: str, depth: int = DEFAULT_DEPTH, complete: bool = False,
                 skip: SkipTable | None = None, filters: TaskFilter | None = None) -> Tally:
     """Replay every task of one dump (every one ``filters`` selects) and bucket them; a dump that fails is a
     record with its reason."""
-    return _triage([path], depth, complete, skip or _default_skip(), filters)
+    skip = skip or _default_skip()
+    tally = Tally()
+    try:
+        session = load_session(path)
+        everyone = session.select(every=True)
+        release = session.dump.release or "unknown"
+        when = _capture_time(session, path)
+        options = Options(complete=complete)
+        local: dict[tuple[str, str, tuple[str, ...]], Bucket] = {}
+        flt = filters or TaskFilter()
+        for t in everyone:
+            tally.matched |= flt.task_values(t)
+        tasks = [t for t in everyone if flt.matches_task(t)]
+        count = 0
+        for task in tasks:
+            r = session.replay(task, options)
+            if flt.function is not None and not flt.matches_functions(functions(session, r)):
+                continue
+            count += 1
+            printed = [f.symbol or hex(f.pc) for f in r.frames if not f.flags._value_ & _UNRELIABLE]
+            names = [function_name(p) for p in printed]
+            kind = "running" if task.running else "blocked"
+            state = "R" if task.running else (task.state or "?")
+            key = (kind, state, signature(session.backend.name, names, skip, depth))
+            b = local.get(key)
+            if b is None:
+                b = local[key] = Bucket(kind, state, key[2], dumps=1, first=when, last=when)
+            b.tasks += 1
+            b.releases[release] += 1
+            if not r.stop.clean:
+                b.errors += 1
+            rep = {"path": path, "pid": task.pid, "comm": task.comm, "cpu": task.running_cpu,
+                   "trace": printed, "stop": str(r.stop)}
+            if b.representative is None or _rep_order(rep) < _rep_order(b.representative):
+                b.representative = rep
+        for b in local.values():
+            tally.add(b)
+        if flt.function is not None and (count or any(
+                flt.matches_functions(functions(session, session.replay(t, options))) for t in everyone
+                if not flt.matches_task(t))):
+            tally.matched.add(f"--function {flt.function}")
+        tally.dumps.append(DumpRecord(path, True, release=release, arch=session.backend.name, time=when,
+                                      tasks=count))
+    except INPUT_ERRORS as e:
+        msg = _one_line(e)
+        tally.dumps.append(DumpRecord(path, False, error=msg[len(path) + 2:] if msg.startswith(f"{path}: ") else msg))
+    except Exception as e:  # noqa: BLE001 - a fleet run reports a dump the tool cannot read and goes on
+        tally.dumps.append(DumpRecord(path, False, error=f"internal error: {type(e).__name__}: {_one_line(e)}"))
+    return tally
 
 
 def _one_line(e: BaseException) -> str:
@@ -318,28 +288,11 @@ def _default_skip() -> SkipTable:
 
 def triage_chunk(paths: Sequence[str], depth: int = DEFAULT_DEPTH, complete: bool = False,
                  skip_path: str | None = None, filters: TaskFilter | None = None) -> Tally:
-    """The unit of work: several dumps, their tasks replayed in one batch, reduced to one tally on the worker."""
-    return _triage(paths, depth, complete, SkipTable.load(skip_path) if skip_path else _default_skip(), filters)
-
-
-def _triage(paths: Sequence[str], depth: int, complete: bool, skip: SkipTable,
-            filters: TaskFilter | None) -> Tally:
-    """Open ``paths``, replay all their tasks together, bucket each dump's; each dump that fails is a record
-    with its reason and the others go on."""
-    flt = filters or TaskFilter()
-    options = Options(complete=complete)
+    """The unit of work: several dumps, reduced to one tally on the worker."""
+    skip = SkipTable.load(skip_path) if skip_path else _default_skip()
     tally = Tally()
-    opened: list[_Opened] = []
     for p in paths:
-        try:
-            opened.append(_open_dump(p, flt, tally))
-        except Exception as e:  # noqa: BLE001 - a fleet run reports a dump the tool cannot read and goes on
-            tally.dumps.append(_failed(p, e))
-    for o, replays in zip(opened, _replay_chunk(opened, options)):
-        try:
-            _bucket_dump(o, replays, options, depth, skip, flt, tally)
-        except Exception as e:  # noqa: BLE001 - as above
-            tally.dumps.append(_failed(o.path, e))
+        tally.merge(triage_dump(p, depth, complete, skip, filters))
     return tally
 
 
