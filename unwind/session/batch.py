@@ -559,25 +559,27 @@ class Walked:
         its stop arguments."""
         if self._lists is None:
             rec, go, sizes = self.recorder, self._go, self._sizes
-            # each frame at its lane's offset plus its index among the lane's frames
+            # each frame at its lane's offset plus its index among the lane's frames; the frame (in step order) at
+            # each place in task order
             index = np.repeat(np.array([part[1] for part in rec._parts], np.int64), sizes).take(go)
-            at = self.offsets[self.lanes] + index
+            order = np.empty(len(index), np.int64)
+            order[self.offsets[self.lanes] + index] = np.arange(len(index))
 
             def ordered(values: np.ndarray, known: np.ndarray | None = None) -> list:
                 """``values`` in task order as Python ints, ``None`` where not ``known``."""
-                col = np.empty(len(at), object)
-                col[at] = values.astype(object)
-                if known is not None:
-                    col[at[~known]] = None
-                return col.tolist()
+                if known is None or known.all():
+                    return values.take(order).tolist()
+                if not known.any():
+                    return [None] * len(order)
+                col = values.astype(object)
+                col[~known] = None
+                return col.take(order).tolist()
 
             def named(codes: np.ndarray, table: Sequence[object]) -> list:
                 """What each of ``codes`` (indices into ``table``) stands for, in task order."""
                 objects = np.empty(len(table), object)
                 objects[:] = table
-                col = np.empty(len(at), object)
-                col[at] = objects[codes]
-                return col.tolist()
+                return objects.take(codes.take(order)).tolist()
             field = rec.field
             frames = list(map(Frame, ordered(self.pcs),
                               ordered(field(4, _U64, go, sizes), field(5, bool, go, sizes)),
