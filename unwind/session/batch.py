@@ -708,9 +708,9 @@ def apply_call_sites(checker: "CallSiteChecker", pcs: np.ndarray, flags: np.ndar
 
 class BatchReplay(Sequence["Replay"]):
     """The replays of one job's tasks, in task order; each :class:`~unwind.session.result.Replay` is built
-    when read. A task the batch handed back is walked by ``Session.replay`` then, each time it is read:
-    its replay is not kept, so a reader that takes each replay once and drops it leaves the garbage
-    collector nothing more to visit than a ``Session.replay`` loop does."""
+    each time it is read, from the frames the batch made (once, at the first read); a task the batch handed
+    back is walked by ``Session.replay`` then. No replay is kept, so a reader that takes each replay once
+    and drops it leaves the garbage collector nothing more to visit than a ``Session.replay`` loop does."""
 
     def __init__(self, job: Job, walked: Walked | None, first_lane: int, job_index: int, symbolize: bool,
                  reliable: bool, max_frames: int | None, lines: bool = False) -> None:
@@ -722,7 +722,6 @@ class BatchReplay(Sequence["Replay"]):
         self._reliable = reliable
         self._max_frames = max_frames
         self._lines = lines
-        self._built: dict[int, "Replay"] = {}
 
     @property
     def session(self) -> "Session":
@@ -763,12 +762,7 @@ class BatchReplay(Sequence["Replay"]):
             i += len(self)
         if not 0 <= i < len(self):
             raise IndexError(i)
-        r = self._built.get(i)
-        if r is None:
-            r = self._build(i)
-            if self.batched(i):  # its frames are kept with the batch anyway
-                self._built[i] = r
-        return r
+        return self._build(i)
 
     def __iter__(self) -> Iterator["Replay"]:
         if self._walked is None:  # every task walked by Session.replay
@@ -778,18 +772,19 @@ class BatchReplay(Sequence["Replay"]):
                              symbolize=self._symbolize, lines=self._lines)
             return
         for i in range(len(self)):
-            yield self[i]
+            yield self._build(i)
 
     def _build(self, i: int) -> "Replay":
         job, task = self.job, self.job.tasks[i]
         session = job.session
-        if not self.batched(i):
+        walked = self._walked
+        lane = self._first + i
+        code = walked.stop_codes()[lane] if walked is not None else -1
+        if code < 0:  # walked by the scalar path
             return session.replay(task, job.options, reliable=self._reliable, max_frames=self._max_frames,
                                   symbolize=self._symbolize, lines=self._lines)
-        walked = self._walked
         assert walked is not None
         rec = walked.recorder
-        lane = self._first + i
         frames_all, offsets, stop_args = walked.lists()
         target = session.target(task, job.options)
         frames = frames_all[offsets[lane]:offsets[lane + 1]]
@@ -797,7 +792,7 @@ class BatchReplay(Sequence["Replay"]):
             session.symbolize(frames, target)
         if self._lines:
             session.source_lines().fill(frames)
-        reason, detail = rec.stop_kinds[walked.stop_codes()[lane]]
+        reason, detail = rec.stop_kinds[code]
         constants = rec.constants[self._job_index]
         # the detail formatted when read, as the scalar walk's stops are
         stop = Stop(reason, partial(detail, target, constants, *stop_args[lane]), len(frames))
