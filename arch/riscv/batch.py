@@ -47,7 +47,7 @@ class DumpConstants(batch.DumpConstants):
     """What every walk of one dump shares, read from a scalar unwinder of its first task; ``None``
     from :meth:`of` when the batch cannot take the dump (no kernel text bounds)."""
 
-    __slots__ = ("text", "exc_frame", "return_to_handler", "pt", "regs_words")
+    __slots__ = ("text", "exc_frame", "return_to_handler", "pt", "regs_words", "lane_row")
 
     @classmethod
     def inputs(cls, job: Job) -> object | None:
@@ -82,8 +82,22 @@ class DumpConstants(batch.DumpConstants):
         # exception frame goes to the scalar walk)
         offsets = (unwinder.k.pt_epc, unwinder.k.pt_s0, unwinder.k.pt_status)
         c.regs_words = None if any(off % 8 or off < 0 for off in offsets) else tuple(off // 8 for off in offsets)
+        c.lane_row = lane_row(c.text, c.exc_frame, c.return_to_handler, align(c.pt.size, STACK_ALIGN))
         c._basis = unwinder.basis()  # made now: the scalar's per-dump basis, nothing of the session kept
         return c
+
+
+def lane_row(text: list[tuple[int, int]], exc_frame: tuple[int, int], return_to_handler: int, pt_regs_size: int
+             ) -> tuple[int, ...]:
+    """The words of a dump's constants that each of its lanes carries: the text ranges' starts, then their
+    lengths; the exception frame's start and length (an inverted range is empty); ``return_to_handler``; and
+    ``ALIGN(sizeof(struct pt_regs), STACK_ALIGN)``, how far below the stack's top ``task_pt_regs()`` is."""
+    lengths = [hi - lo if hi > lo else 0 for lo, hi in (*text, exc_frame)]
+    return (*(lo for lo, _ in text), *lengths[:-1], exc_frame[0], lengths[-1], return_to_handler, pt_regs_size)
+
+
+#: the lane row of a job the batch does not take (it has no lanes)
+_NO_ROW = (0,) * (2 * _TEXT_RANGES + 4)
 
 
 #: the stops a batch walk reports, by index
@@ -133,34 +147,28 @@ def user_mode_regs(words: np.ndarray, regs: np.ndarray, lane: np.ndarray, ranges
     return user, epc, status
 
 
-def spans(ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``[lo, hi)`` ranges (``... x 2``) as their starts and lengths (an inverted range is empty)."""
-    lo, hi = ranges[..., 0], ranges[..., 1]
-    return lo, np.where(hi > lo, hi - lo, _U64(0))
-
-
 def batch_walk(jobs: list[Job]) -> Walked:
     """``walk_stackframe()`` of every blocked task of ``jobs`` that the plain step can take, in lockstep."""
     lanes_in = gather_lanes(jobs, SOURCES, STOPS, DumpConstants, LANES)
-    rec, per_lane = lanes_in.recorder, lanes_in.per_lane
+    rec = lanes_in.recorder
     if lanes_in.columns is None:
         return rec.finish()
     pc, fp, sp, low, high = lanes_in.columns
     lanes = lanes_in.lanes.astype(_U64)
     consts = lanes_in.constants
     job_of = lanes_in.job_of
-    text_lo, text_span = spans(np.array([c.text if c is not None else [(0, 0)] * _TEXT_RANGES for c in consts],
-                                        _U64).take(job_of, axis=0).transpose(1, 0, 2))
-    used = text_span.any(axis=1)  # a range empty in every lane holds no pc: not checked (the first always is)
+    # each lane's job's lane_row(), taken over the lanes at once; a text range empty in every job holds no pc: not
+    # checked (core text always is)
+    per_job = np.array([c.lane_row if c is not None else _NO_ROW for c in consts], _U64).T
+    used = per_job[_TEXT_RANGES:2 * _TEXT_RANGES].any(axis=1)
     used[0] = True
-    text_lo, text_span = text_lo[used], text_span[used]
-    ranges = len(text_lo)
-    exc_frame = np.array([c.exc_frame if c is not None else (0, 0) for c in consts], _U64)
-    exc_lo, exc_span = spans(exc_frame.take(job_of, axis=0))
-    rth = per_lane(lambda c: c.return_to_handler)
+    ranges = int(np.count_nonzero(used))
+    rows = per_job[np.concatenate([used, used, np.ones(4, bool)])].take(job_of, axis=1)
+    text_lo, text_span = rows[:ranges], rows[ranges:2 * ranges]
+    exc_lo, exc_span, rth, pt_regs_size = rows[-4:]
     # thread_size(): the task stack's size; task_pt_regs(tsk) = top - ALIGN(sizeof(pt_regs), STACK_ALIGN)
     ts = high - low
-    task_pt_regs = high - per_lane(lambda c: align(c.pt.size, STACK_ALIGN))
+    task_pt_regs = high - pt_regs_size
     size = _U64(STACKFRAME_SIZE)
     flat, seg_lo, seg_hi, origin, base = locate_lanes(jobs, job_of, lanes_in.tasks, fp - size)
 

@@ -1,5 +1,6 @@
-"""The lockstep walk's kernel text check (``kernel_text_lanes``) against its definition: a pc is text when it
-lies in one of its lane's ranges, ``lo <= pc < hi``, compared here as Python integers."""
+"""The lockstep walk's kernel text check (``kernel_text_lanes``, over the ranges as ``lane_row`` gives them) against
+its definition: a pc is text when it lies in one of its lane's ranges, ``lo <= pc < hi``, compared here as Python
+integers."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from unwind.arch.riscv.batch import kernel_text_lanes, spans
+from unwind.arch.riscv.batch import kernel_text_lanes, lane_row
 
 _TOP = (1 << 64) - 1
 
@@ -32,6 +33,7 @@ def test_a_pc_is_text_when_a_range_of_its_lane_holds_it(ranges: int, asked: bool
     among = [rng.random() < 0.7 for _ in per_lane]
     want = [(a or not asked) and any(lo <= pc < hi for lo, hi in lane) for pc, lane, a in zip(pcs, per_lane, among)]
     assert any(want) and not all(want)
-    lo, span = spans(np.array(per_lane, np.uint64).transpose(1, 0, 2))
+    rows = np.array([lane_row(lane, (0, 0), 0, 0) for lane in per_lane], np.uint64).T
+    lo, span = rows[:ranges], rows[ranges:2 * ranges]
     got = kernel_text_lanes(np.array(pcs, np.uint64), lo, span, np.array(among) if asked else None)
     assert got.tolist() == want
