@@ -86,6 +86,18 @@ def test_a_small_batch_is_the_scalar_walk(corpus) -> None:
     assert not any(b.batched_frames for b in replay_all(sessions, symbolize=False, lockstep=False))
 
 
+def test_each_arch_of_one_call_is_counted_against_min_tasks_on_its_own() -> None:
+    """Sessions of two arches in one ``replay_all``: a small group of one arch is walked task by task, and a large
+    group of the other in lockstep, whichever comes first."""
+    big = [load_session(p) for p in _dumps("riscv")]
+    small = load_session(_dumps("arm64")[0])
+    assert sum(len(s.dump.tasks()) for s in big) >= MIN_TASKS > len(small.dump.tasks())
+    for sessions in ([*big, small], [small, *big]):
+        batches = {id(b.session): b for b in replay_all(sessions, symbolize=False)}
+        assert batches[id(small)].batched_frames == 0
+        assert sum(batches[id(s)].batched_frames for s in big) > 0
+
+
 def test_each_dump_alone_replays_the_same(corpus) -> None:
     """``Session.replay_all`` of one dump (its own batch), symbols off as ``unwind diff`` asks."""
     arch, sessions = corpus

@@ -11,6 +11,9 @@ from typing import TypeVar
 
 _C = TypeVar("_C", bound=type)
 
+#: ``cython.compiled``: ``True`` in a compiled module (Cython sets it), ``False`` interpreted
+compiled = False
+
 
 def cclass(cls: _C) -> _C:
     """``@cython.cclass``: an extension type when compiled (as the module's ``.pxd`` declares it too)."""

@@ -32,6 +32,11 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
+try:
+    import cython  # cython.compiled: whether this module runs compiled (Cython's stand-in when interpreted)
+except ImportError:
+    from unwind.core import nocython as cython
+
 from unwind.formats.dump import Dump
 from unwind.core.dumpinfo import DumpInfo
 from unwind.core.frame import Flag, Frame, Source
@@ -800,9 +805,11 @@ class BatchReplay(Sequence["Replay"]):
 
 
 #: the fewest tasks of one arch walked in lockstep: a smaller batch, every replay read, costs more CPU than
-#: ``Session.replay`` task by task (numpy's per-call cost, ~35-70 calls per step, outweighs so few lanes;
-#: measured on the corpora: docs/benchmarks.md "Batch replay"). The answers are the same either way.
-MIN_TASKS = 128
+#: ``Session.replay`` task by task (numpy's per-call cost, ~35-70 calls per step, outweighs so few lanes). The
+#: compiled build's task-by-task walk is several times faster, so it gains from a batch only at about eight
+#: times the tasks (measured on the corpora by ``benches/batch_threshold.py``: docs/benchmarks.md "Why a small
+#: batch is walked task by task"). The answers are the same either way.
+MIN_TASKS = 1024 if cython.compiled else 128
 
 
 def replay_all(sessions: "Sequence[Session]", options: Options | None = None, *,
@@ -833,9 +840,8 @@ def replay_all(sessions: "Sequence[Session]", options: Options | None = None, *,
         backend = jobs[indices[0]].session.backend
         group = [jobs[i] for i in indices]
         walked = None
-        if lockstep is None:
-            lockstep = sum(len(job.tasks) for job in group) >= MIN_TASKS
-        if lockstep and not reliable and batch_options(options):
+        together = lockstep if lockstep is not None else sum(len(job.tasks) for job in group) >= MIN_TASKS
+        if together and not reliable and batch_options(options):
             walked = backend.batch_walk(group)
         first = 0
         for n, i in enumerate(indices):
