@@ -770,12 +770,6 @@ class BatchReplay(Sequence["Replay"]):
         return self._build(i)
 
     def __iter__(self) -> Iterator["Replay"]:
-        if self._walked is None:  # every task walked by Session.replay
-            job, replay = self.job, self.job.session.replay
-            for task in job.tasks:
-                yield replay(task, job.options, reliable=self._reliable, max_frames=self._max_frames,
-                             symbolize=self._symbolize, lines=self._lines)
-            return
         for i in range(len(self)):
             yield self._build(i)
 
