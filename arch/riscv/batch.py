@@ -87,13 +87,13 @@ class DumpConstants(batch.DumpConstants):
         return c
 
 
-def lane_row(text: list[tuple[int, int]], exc_frame: tuple[int, int], return_to_handler: int, pt_regs_size: int
+def lane_row(text: list[tuple[int, int]], exc_frame: tuple[int, int], return_to_handler: int, regs_below_top: int
              ) -> tuple[int, ...]:
     """The words of a dump's constants that each of its lanes carries: the text ranges' starts, then their
     lengths; the exception frame's start and length (an inverted range is empty); ``return_to_handler``; and
     ``ALIGN(sizeof(struct pt_regs), STACK_ALIGN)``, how far below the stack's top ``task_pt_regs()`` is."""
     lengths = [hi - lo if hi > lo else 0 for lo, hi in (*text, exc_frame)]
-    return (*(lo for lo, _ in text), *lengths[:-1], exc_frame[0], lengths[-1], return_to_handler, pt_regs_size)
+    return (*(lo for lo, _ in text), *lengths[:-1], exc_frame[0], lengths[-1], return_to_handler, regs_below_top)
 
 
 #: the lane row of a job the batch does not take (it has no lanes)
@@ -165,10 +165,10 @@ def batch_walk(jobs: list[Job]) -> Walked:
     ranges = int(np.count_nonzero(used))
     rows = per_job[np.concatenate([used, used, np.ones(4, bool)])].take(job_of, axis=1)
     text_lo, text_span = rows[:ranges], rows[ranges:2 * ranges]
-    exc_lo, exc_span, rth, pt_regs_size = rows[-4:]
+    exc_lo, exc_span, rth, regs_below_top = rows[-4:]
     # thread_size(): the task stack's size; task_pt_regs(tsk) = top - ALIGN(sizeof(pt_regs), STACK_ALIGN)
     ts = high - low
-    task_pt_regs = high - pt_regs_size
+    task_pt_regs = high - regs_below_top
     size = _U64(STACKFRAME_SIZE)
     flat, seg_lo, seg_hi, origin, base = locate_lanes(jobs, job_of, lanes_in.tasks, fp - size)
 
