@@ -28,8 +28,8 @@ Ours, on the committed corpora (``corpora/<arch>/*/stop-*.bin.xz``, every task, 
   walked them in one batch and dropped them (untimed), then opened this arch's dumps and walked them as **fresh**
   does: a fleet worker's first chunk of kernels it has not batched, after an earlier chunk. It pays what fresh pays
   per image (each image's batch constants and its table of call-site verdicts) and per dump, not what a process
-  pays once: numpy's first call of each operation (a set-up inside numpy, 5-90 µs apiece, ~0.9 ms over a
-  batch's operations) and the pages its heap first takes (in the JSON as ``warm_process``);
+  pays once: numpy's first call of each operation (a set-up inside numpy, 5-90 µs apiece) and the pages its heap
+  first takes, together ~0.9 ms of riscv's first batch (in the JSON as ``warm_process``);
 - **faults**: the minor page faults (``getrusage``) of the fresh batch, the fresh one in a warm process and the next
   batch, in the JSON as ``fresh_minflt`` (of ``ours`` and of ``warm_process``) and ``next_minflt`` and printed below
   the table: a first batch touches pages new to the
