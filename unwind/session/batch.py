@@ -57,7 +57,6 @@ _U64 = np.uint64
 #: unsigned long in half the time it takes for an unsigned long long), else ``Q``
 _WORD = "L" if array("L").itemsize == 8 else "Q"
 _BOUNDARY = Flag.BOUNDARY.value
-_CALLSITE_BITS = {"ok": Flag.CALLSITE_OK.value, "bad": Flag.CALLSITE_BAD.value, "unknown": 0}
 _FLAGS = tuple(Flag(value) for value in range(max(f.value for f in Flag) << 1))
 
 
@@ -702,7 +701,7 @@ def apply_call_sites(checker: "CallSiteChecker", pcs: np.ndarray, flags: np.ndar
         memo = memos[checker.backend.name] = Memo()
 
     def verdicts(new: np.ndarray) -> np.ndarray:
-        return np.array([_CALLSITE_BITS[checker.check(pc).status] for pc in new.tolist()], np.int64)
+        return np.array([checker.check(pc).flag for pc in new.tolist()], np.int64)
     checked = (flags & _BOUNDARY) == 0
     if checked.all():
         return flags | memo.lookup(pcs, verdicts)
