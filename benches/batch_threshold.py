@@ -22,9 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import IMPORT_ROOT, REPO, run_child  # noqa: E402
-
-ARCHES = ("arm64", "riscv", "x86_64")
+from benchkit import ARCHES, IMPORT_ROOT, REPO, run_child  # noqa: E402
 
 CHILD = IMPORT_ROOT + r"""
 import gc, glob, json, time
