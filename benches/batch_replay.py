@@ -103,7 +103,8 @@ def timed(fn, key=None):
     return cpu, out
 sessions, tasks = opened()
 frames = scalar(sessions, tasks)  # warms these sessions' images (call-site verdicts) for the warm passes
-if len(sys.argv) > 6:  # a warm process: one batch of another arch's dumps walked just before, untimed
+warm_process = len(sys.argv) > 6  # one batch of another arch's dumps walked just before, untimed; fresh timed only
+if warm_process:
     importlib.import_module("unwind.arch." + sys.argv[5] + ".batch")
     other_s, other_t = opened(sorted(glob.glob(sys.argv[6] + "/*/stop-*.bin.xz"))[:2])
     replay_all(other_s, tasks=other_t, symbolize=False, lockstep=True)
@@ -113,7 +114,7 @@ t_fresh, batches = timed(lambda: replay_all(fresh_s, tasks=fresh_t, symbolize=Fa
 out = {"tasks": sum(map(len, tasks)), "frames": frames, "batched_frames": walked(batches),
        "batched_tasks": sum(b.batched(i) for b in batches for i in range(len(b))), "fresh": t_fresh}
 del batches
-if len(sys.argv) > 6:
+if warm_process:
     print(json.dumps({**out, "fresh_minflt": FAULTS["fresh"], "fresh_wall": WALL["fresh"]}))
     sys.exit()
 fresh_s, fresh_t = opened()
